@@ -1,0 +1,37 @@
+# reval — the README's commands. Everything runs from the project venv (.venv).
+PY      ?= .venv/bin/python
+PYTEST  ?= .venv/bin/pytest
+
+.PHONY: setup demo test test-fast bench lint clean
+
+# CPU torch: the wheel that lies on this machine kind's disk (torch==2.13.0, pip finds it via
+# /opt/wheels); a plain `pip install torch` would pull a ~3 GB CUDA build instead. GPU servers
+# bring their own CUDA torch (hosts.yaml: venv.system_site_packages).
+setup: .venv/.done
+.venv/.done: pyproject.toml
+	python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+	$(PY) -m pip install -q -e ".[payload,orchestrator,dev]"
+	touch $@
+
+demo: setup
+	.venv/bin/reval demo
+
+# The whole suite runs inside a private network namespace (scripts/netns-run): nothing a test
+# does can leave the machine, and sshd/iptables fault injection stay inside it.
+test: setup
+	scripts/netns-run $(PYTEST) -q -ra $(ARGS)
+
+test-fast: setup
+	$(PYTEST) -q -ra -m "not ssh and not slow" $(ARGS)
+
+bench: setup
+	$(PY) -m remote_payload bench $(ARGS)
+	scripts/netns-run $(PY) -m orchestrator.bench $(ARGS)
+
+lint: setup
+	.venv/bin/ruff check orchestrator remote_payload tests
+
+clean:
+	rm -rf .venv .cache runs .reval

@@ -1,0 +1,198 @@
+"""How commands and files reach a host: `LocalTransport` (the `local` host: a folder, no SSH) and
+`SSHTransport` (the system OpenSSH client, multiplexed through a ControlMaster socket so that every
+command after the first reuses one authenticated connection; rsync rides the same socket).
+
+Why the OpenSSH client and not paramiko: it reads ~/.ssh/config (aliases, User, Port, IdentityFile,
+ProxyJump) exactly as the user's own `ssh` does, verifies known_hosts the same way, and rsync can share
+its connection. Every remote command is a single string built with shlex.quote by the caller.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import HostKeyError, HostUnreachable, RemoteCommandError
+
+if TYPE_CHECKING:
+    from .inventory import Host
+
+
+@dataclass
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class Transport:
+    """Interface. `cmd` is a POSIX shell command string run with `sh -c` semantics in the host's login dir."""
+
+    host: "Host"
+
+    def run(self, cmd: str, *, check: bool = True, timeout_s: float | None = None,
+            input: str | bytes | None = None) -> Completed:  # noqa: A002
+        raise NotImplementedError
+
+    def popen(self, cmd: str, **kw) -> subprocess.Popen:
+        """Start `cmd` with stdout piped (bytes), for streaming (log follow)."""
+        raise NotImplementedError
+
+    def rsync_rsh(self) -> list[str] | None:
+        """The `-e` argument for rsync to reach this host, or None for a local path."""
+        raise NotImplementedError
+
+    def rsync_target(self, path: str) -> str:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def _finish(self, cmd: str, p: Completed, check: bool) -> Completed:
+        if check and p.returncode != 0:
+            raise RemoteCommandError(self.host.name, cmd, p.returncode, p.stderr, p.stdout)
+        return p
+
+
+class LocalTransport(Transport):
+    def __init__(self, host: "Host"):
+        self.host = host
+
+    def run(self, cmd, *, check=True, timeout_s=None, input=None):  # noqa: A002
+        data = input.encode() if isinstance(input, str) else input
+        try:
+            p = subprocess.run(["/bin/sh", "-c", cmd], input=data, capture_output=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as e:
+            raise HostUnreachable(f"{self.host.name}: command timed out after {timeout_s}s: {cmd[:120]}") from e
+        res = Completed(p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
+        return self._finish(cmd, res, check)
+
+    def popen(self, cmd, **kw):
+        return subprocess.Popen(["/bin/sh", "-c", cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, **kw)
+
+    def rsync_rsh(self):
+        return None
+
+    def rsync_target(self, path):
+        return path
+
+
+_CONTROL_DIR = None
+
+
+def _control_dir() -> str:
+    # Short path: unix socket paths are limited to ~100 bytes.
+    global _CONTROL_DIR
+    if _CONTROL_DIR is None:
+        _CONTROL_DIR = tempfile.mkdtemp(prefix="reval-cm-", dir="/tmp")
+    return _CONTROL_DIR
+
+
+class SSHTransport(Transport):
+    # ssh's own exit code for connection/auth failures
+    SSH_ERROR = 255
+
+    def __init__(self, host: "Host", *, connect_timeout_s: float = 10, batch: bool = True):
+        self.host = host
+        self.connect_timeout_s = connect_timeout_s
+        self.batch = batch
+        self._control = os.path.join(_control_dir(), f"{abs(hash((host.name, host.address, host.port))):x}")
+
+    def ssh_options(self) -> list[str]:
+        """The `-o` options shared by ssh and rsync (pure: no I/O)."""
+        h = self.host
+        opts = [
+            "-o", f"ConnectTimeout={int(self.connect_timeout_s)}",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+            "-o", "ControlMaster=auto", "-o", f"ControlPath={self._control}", "-o", "ControlPersist=60",
+            "-o", f"StrictHostKeyChecking={'accept-new' if h.host_key_policy == 'accept-new' else 'yes'}",
+        ]
+        if self.batch:
+            opts += ["-o", "BatchMode=yes"]  # never prompt (parallel workers)
+        if h.user:
+            opts += ["-l", h.user]
+        if h.port:
+            opts += ["-p", str(h.port)]
+        if h.identity_file:
+            opts += ["-i", os.path.expanduser(h.identity_file), "-o", "IdentitiesOnly=yes"]
+        if h.proxy_jump:
+            opts += ["-J", h.proxy_jump]
+        if h.known_hosts_file:
+            opts += ["-o", f"UserKnownHostsFile={os.path.expanduser(h.known_hosts_file)}"]
+        if h.ssh_config_file:
+            opts = ["-F", os.path.expanduser(h.ssh_config_file)] + opts
+        return opts
+
+    def ssh_argv(self, cmd: str) -> list[str]:
+        return ["ssh", *self.ssh_options(), self.host.address, "--", cmd]
+
+    def run(self, cmd, *, check=True, timeout_s=None, input=None):  # noqa: A002
+        data = input.encode() if isinstance(input, str) else input
+        try:
+            p = subprocess.run(self.ssh_argv(cmd), input=data, capture_output=True, timeout=timeout_s,
+                               stdin=None if data is not None else subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as e:
+            raise HostUnreachable(f"{self.host.name}: no answer within {timeout_s}s", hint="check the host is up, "
+                                  f"then: reval hosts check {self.host.name}") from e
+        res = Completed(p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
+        if res.returncode == self.SSH_ERROR:
+            raise classify_ssh_failure(self.host, res.stderr)
+        return self._finish(cmd, res, check)
+
+    def popen(self, cmd, **kw):
+        return subprocess.Popen(self.ssh_argv(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, **kw)
+
+    def rsync_rsh(self):
+        return ["ssh", *self.ssh_options()]
+
+    def rsync_target(self, path):
+        return f"{self.host.address}:{path}"
+
+    def close(self):
+        subprocess.run(["ssh", *self.ssh_options(), "-O", "exit", self.host.address],
+                       capture_output=True, timeout=10)
+
+
+def classify_ssh_failure(host: "Host", stderr: str) -> Exception:
+    """Turn ssh's exit-255 stderr into a clear error with the fix."""
+    s = stderr or ""
+    last = (s.strip().splitlines() or ["connection failed"])[-1]
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in s or "Host key verification failed" in s and "Offending" in s:
+        where = ""
+        for line in s.splitlines():
+            if "Offending" in line and " in " in line:
+                where = line.split(" in ", 1)[1].strip()  # /path/known_hosts:7
+        return HostKeyError(
+            f"{host.name}: host key for {host.address} CHANGED ({where or 'known_hosts'}); refusing to connect",
+            hint=f"if the server was really reinstalled: ssh-keygen -R {shlex.quote(host.address)}"
+                 + (f" -f {where.rsplit(':', 1)[0]}" if where else "")
+                 + f" ; then reval hosts check {host.name} --accept-new")
+    if "Host key verification failed" in s or "No matching host key" in s or "host key is not known" in s:
+        return HostKeyError(
+            f"{host.name}: host key for {host.address} is not known; refusing to connect",
+            hint=f"verify it, then: reval hosts check {host.name} --accept-new "
+                 "(or set host_key: accept-new in hosts.yaml)")
+    if "Permission denied" in s:
+        return HostUnreachable(f"{host.name}: authentication failed ({last})",
+                               hint="check user / identity_file in hosts.yaml or ~/.ssh/config")
+    return HostUnreachable(f"{host.name}: unreachable ({last})",
+                           hint=f"check the host is up and reachable, then: reval hosts check {host.name}")
+
+
+def get_transport(host: "Host") -> Transport:
+    return LocalTransport(host) if host.is_local else SSHTransport(host)
+
+
+def q(s: str | os.PathLike) -> str:
+    return shlex.quote(str(s))
+
+
+def remote_path(host: "Host", *parts: str) -> str:
+    """A path under the host's workdir (no validation here: callers validate names first)."""
+    return str(Path(host.workdir, *parts))

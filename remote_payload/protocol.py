@@ -1,0 +1,145 @@
+"""The run-directory contract: the only thing the two halves share.
+
+Stdlib only. The payload (server side) writes a run directory; the orchestrator (laptop side)
+reads it, and may import this module for the names, the validation and the atomic helpers.
+
+    <workdir>/runs/<run>/
+      run.json       what was asked (argv, hashes, paths, host, GPUs, created_at, controller version)
+      status.json    state, pid, pgid, started_at, finished_at, exit_code   (owned by the wrapper)
+      eval.log       stdout+stderr of the payload, append-only
+      events.jsonl   structured progress, one JSON object a line
+      results.json   written once, atomically, at the end
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PROTOCOL_VERSION = 1
+RESULTS_SCHEMA = "reval.results/1"
+# Bump when any metric definition changes: runs with different versions are not comparable.
+METRICS_VERSION = "dflash-metrics/1"
+
+RUN_JSON = "run.json"
+STATUS_JSON = "status.json"
+EVAL_LOG = "eval.log"
+EVENTS_JSONL = "events.jsonl"
+RESULTS_JSON = "results.json"
+RUN_FILES = (RUN_JSON, STATUS_JSON, EVAL_LOG, EVENTS_JSONL, RESULTS_JSON)
+
+# status.json "state"
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+LOST = "lost"  # never written by the server: the controller's verdict for `running` with no live process
+TERMINAL_STATES = (SUCCEEDED, FAILED, CANCELLED)
+
+# Exit codes of the payload (`python -m remote_payload ...`), a subset of reval's documented set.
+EXIT_OK = 0
+EXIT_FAILED = 1  # the eval failed (crash, or a suspect result under --strict)
+EXIT_BAD_INPUT = 3  # bad input: missing key, shape mismatch, bad cache, bad option
+EXIT_CANCELLED = 103
+
+_RUN_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class ProtocolError(ValueError):
+    """A run name, path or file that breaks the contract."""
+
+
+def validate_run_name(name: str) -> str:
+    """Return `name` if it is a legal run name, else raise with the rule and the fix."""
+    if not isinstance(name, str) or not _RUN_NAME.match(name) or name in (".", "..") or name.startswith("."):
+        raise ProtocolError(
+            f"invalid run name {name!r}: use 1-64 characters from A-Z a-z 0-9 . _ - (not starting with '.')"
+        )
+    return name
+
+
+def default_run_name(drafter_path: str, now: float | None = None) -> str:
+    """`<drafter-name>-<UTC timestamp>`, sanitised to the run-name alphabet."""
+    base = Path(str(drafter_path).rstrip("/")).name or "run"
+    if base.endswith(".pt"):
+        base = base[:-3]
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).lstrip(".") or "run"
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    return validate_run_name(f"{base[: 64 - len(stamp) - 1]}-{stamp}")
+
+
+def safe_join(root: str | os.PathLike, *parts: str) -> Path:
+    """Join `parts` under `root` and refuse anything that would land outside it (`..`, absolute parts)."""
+    root_p = Path(root).resolve()
+    p = root_p.joinpath(*parts).resolve()
+    if p != root_p and root_p not in p.parents:
+        raise ProtocolError(f"path {'/'.join(parts)!r} escapes {str(root_p)!r}")
+    return p
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write via a temp file in the same directory + fsync + os.replace: readers see old or new, never half."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def append_event(path: str | os.PathLike, event: dict) -> None:
+    """Append one event line; one write() call so a reader never sees half a line from us."""
+    event = {"t": round(time.time(), 3), **event}
+    line = json.dumps(event, default=str) + "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+
+
+def read_events(path: str | os.PathLike) -> list[dict]:
+    """Parse events.jsonl, ignoring a trailing partial line (a writer may be mid-line)."""
+    out = []
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return out
+    for line in text.splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def comparability_key(results: dict) -> dict:
+    """What must be equal for two results to be ranked against each other."""
+    c = results.get("comparability", {})
+    return {k: c.get(k) for k in ("cache_fingerprint", "prompt_set", "num_prompts", "max_blocks", "block_size",
+                                  "metrics_version")}

@@ -1,0 +1,44 @@
+"""`python -m remote_payload COMMAND ...` — all a GPU box needs.
+
+Sub-commands are imported lazily so that the torch-free ones (wrap, dummy) start fast and run where
+torch is missing. Each module exposes `add_arguments(parser)` and `main(args) -> int`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    # name: (module, one-line help)
+    "eval": ("remote_payload.run", "evaluate a drafter on a cache of target hidden states"),
+    "extract": ("remote_payload.target", "run a target model over prompts and write a hidden-state cache"),
+    "import-cache": ("remote_payload.cache", "convert a seeds-layout cache (completions.json + aux/last_hidden)"),
+    "fixtures": ("remote_payload.fixtures", "build the tiny offline fixture models + cache (demo, tests)"),
+    "bench": ("remote_payload.bench", "time eval at real Qwen3.6-27B-DFlash sizes vs a naive loop"),
+    "wrap": ("remote_payload.wrapper", "run a command detached-safe: status.json, eval.log, exit code"),
+    "dummy": ("remote_payload.dummy", "a torch-free stand-in job that logs and emits events (tests)"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m remote_payload", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    # Only import the module of the command asked for (torch stays out of `wrap`).
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (mod, help_) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        if name == wanted:
+            m = importlib.import_module(mod)
+            m.add_arguments(sp)
+            sp.set_defaults(func=m.main)
+    args = p.parse_args(argv)
+    if not getattr(args, "func", None):
+        p.print_help()
+        return 0 if not argv else 3
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

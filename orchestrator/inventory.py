@@ -23,6 +23,7 @@ class Host:
     known_hosts_file: str | None = None
     ssh_config_file: str | None = None
     host_key_policy: str = "strict"  # strict | accept-new
+    connect_timeout_s: float = 10
     workdir: str = "~/.reval"
     python: str = "python3"
     venv: VenvSpec = field(default_factory=VenvSpec)

@@ -8,8 +8,11 @@ its connection. Every remote command is a single string built with shlex.quote b
 """
 from __future__ import annotations
 
+import atexit
+import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -83,6 +86,7 @@ class LocalTransport(Transport):
 
 
 _CONTROL_DIR = None
+_OPEN: dict[str, "SSHTransport"] = {}  # control socket -> a transport that may own a master
 
 
 def _control_dir() -> str:
@@ -90,24 +94,39 @@ def _control_dir() -> str:
     global _CONTROL_DIR
     if _CONTROL_DIR is None:
         _CONTROL_DIR = tempfile.mkdtemp(prefix="reval-cm-", dir="/tmp")
+        atexit.register(close_all)
     return _CONTROL_DIR
+
+
+def close_all() -> None:
+    """Close every ControlMaster this process opened (they would otherwise linger ControlPersist seconds)."""
+    global _CONTROL_DIR
+    for t in list(_OPEN.values()):
+        t.close()
+    if _CONTROL_DIR and os.path.isdir(_CONTROL_DIR) and not os.listdir(_CONTROL_DIR):
+        shutil.rmtree(_CONTROL_DIR, ignore_errors=True)
+        _CONTROL_DIR = None
 
 
 class SSHTransport(Transport):
     # ssh's own exit code for connection/auth failures
     SSH_ERROR = 255
 
-    def __init__(self, host: "Host", *, connect_timeout_s: float = 10, batch: bool = True):
+    def __init__(self, host: "Host", *, connect_timeout_s: float | None = None, batch: bool = True):
         self.host = host
-        self.connect_timeout_s = connect_timeout_s
+        self.connect_timeout_s = connect_timeout_s or host.connect_timeout_s
         self.batch = batch
-        self._control = os.path.join(_control_dir(), f"{abs(hash((host.name, host.address, host.port))):x}")
+        # One socket per distinct connection (same address with another key/known_hosts = another socket).
+        ident = repr((host.address, host.user, host.port, host.identity_file, host.proxy_jump,
+                      host.known_hosts_file, host.ssh_config_file, host.host_key_policy))
+        self._control = os.path.join(_control_dir(), hashlib.sha256(ident.encode()).hexdigest()[:16])
+        _OPEN[self._control] = self
 
     def ssh_options(self) -> list[str]:
         """The `-o` options shared by ssh and rsync (pure: no I/O)."""
         h = self.host
         opts = [
-            "-o", f"ConnectTimeout={int(self.connect_timeout_s)}",
+            "-o", f"ConnectTimeout={max(1, round(self.connect_timeout_s))}",
             "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
             "-o", "ControlMaster=auto", "-o", f"ControlPath={self._control}", "-o", "ControlPersist=60",
             "-o", f"StrictHostKeyChecking={'accept-new' if h.host_key_policy == 'accept-new' else 'yes'}",
@@ -155,8 +174,10 @@ class SSHTransport(Transport):
         return f"{self.host.address}:{path}"
 
     def close(self):
-        subprocess.run(["ssh", *self.ssh_options(), "-O", "exit", self.host.address],
-                       capture_output=True, timeout=10)
+        _OPEN.pop(self._control, None)
+        if os.path.exists(self._control):
+            subprocess.run(["ssh", *self.ssh_options(), "-O", "exit", self.host.address],
+                           capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
 
 
 def classify_ssh_failure(host: "Host", stderr: str) -> Exception:

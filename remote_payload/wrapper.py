@@ -1,0 +1,251 @@
+"""`python -m remote_payload wrap --run-dir D [--run-json F] [--gpus auto|none|0,1] -- CMD...`
+
+The detached-safe parent of one run (stdlib only). The controller starts it with
+`setsid nohup ... >/dev/null 2>&1 </dev/null &`, so no PTY and no SSH session keeps it alive. It:
+  1. becomes a process-group leader (the controller cancels the run with one `kill -TERM -PGID`),
+  2. writes run.json (from --run-json) before anything starts,
+  3. takes a GPU lock per chosen GPU (flock on <locks-dir>/gpu<N>.lock, holding run name + pid; the kernel
+     drops a lock when its last holder dies, so a lock of a dead run is reclaimed without any sweeping),
+  4. writes status.json `running` {pid, pgid, started_at, host, gpus, device},
+  5. runs CMD with PYTHONUNBUFFERED=1, stdout+stderr appended to eval.log, forwarding TERM/INT,
+  6. writes the final state (succeeded | failed | cancelled) with finished_at and exit_code exactly once.
+Its own exit code: the child's, or 103 when cancelled, or 3 when it could not start (no free GPU, bad CMD).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import protocol
+
+# A GPU counts as free when our locks don't hold it and it is idle by nvidia-smi's numbers.
+FREE_MEMORY_MIB = 1024
+FREE_UTILIZATION_PCT = 10
+NVIDIA_SMI_ARGV = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total,utilization.gpu",
+                   "--format=csv,noheader,nounits"]
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--run-dir", required=True, help="the run directory (created by the controller)")
+    p.add_argument("--run-json", help="a JSON file with what was asked; written to run.json before start")
+    p.add_argument("--gpus", default="none", help="auto (one free GPU, CPU when the host has none) | none | 0,1")
+    p.add_argument("--locks-dir", help="where gpu<N>.lock files live (default: <run-dir>/../../locks)")
+    p.add_argument("cmd", nargs="+", help="the command to run (after --)")
+
+
+@dataclass
+class Gpu:
+    index: int
+    memory_used_mib: int
+    memory_total_mib: int
+    utilization_pct: int
+
+
+class StartError(Exception):
+    """The run could not start (recorded as failed, exit 3)."""
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """Rows of `index, memory.used, memory.total, utilization.gpu` (csv, noheader, nounits)."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) != 4:
+            continue
+        try:
+            idx, used, total = int(parts[0]), int(float(parts[1])), int(float(parts[2]))
+            util = int(float(parts[3])) if parts[3].replace(".", "", 1).isdigit() else 0
+        except ValueError:
+            continue
+        gpus.append(Gpu(idx, used, total, util))
+    return gpus
+
+
+def is_idle(g: Gpu) -> bool:
+    return g.memory_used_mib < FREE_MEMORY_MIB and g.utilization_pct < FREE_UTILIZATION_PCT
+
+
+def query_gpus() -> list[Gpu]:
+    try:
+        p = subprocess.run(NVIDIA_SMI_ARGV, capture_output=True, text=True, timeout=30)
+    except (FileNotFoundError, PermissionError, subprocess.TimeoutExpired):
+        return []
+    return parse_nvidia_smi(p.stdout) if p.returncode == 0 else []
+
+
+def _try_lock(locks_dir: Path, index: int, run: str) -> int | None:
+    """flock gpu<index>.lock without blocking; return the fd (kept open for the run's life) or None if held."""
+    locks_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(locks_dir / f"gpu{index}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"run": run, "pid": os.getpid(), "locked_at": protocol.now_iso()}).encode() + b"\n")
+    return fd
+
+
+def _lock_holder(locks_dir: Path, index: int) -> str:
+    try:
+        info = json.loads((locks_dir / f"gpu{index}.lock").read_text() or "{}")
+        return f"run {info.get('run')!r} (pid {info.get('pid')})"
+    except (OSError, ValueError):
+        return "another run"
+
+
+def acquire_gpus(spec: str, locks_dir: Path, run: str) -> tuple[list[Gpu], list[int]]:
+    """Choose and lock GPUs for `spec` (auto | none | '0,1'); return (gpus, lock fds). Raises StartError."""
+    spec = (spec or "none").strip()
+    if spec in ("none", "cpu", ""):
+        return [], []
+    gpus = query_gpus()
+    by_index = {g.index: g for g in gpus}
+    fds: list[int] = []
+    if spec == "auto":
+        for g in sorted(gpus, key=lambda g: (g.memory_used_mib, g.index)):
+            if is_idle(g) and (fd := _try_lock(locks_dir, g.index, run)) is not None:
+                return [g], [fd]
+        if not gpus:
+            return [], []  # a host without GPUs runs on CPU (status says device cpu)
+        busy = ", ".join(f"GPU {g.index}: {g.memory_used_mib} MiB used, {g.utilization_pct}%" for g in gpus)
+        raise StartError(f"no free GPU ({busy}); wait for a run to finish, or pass --gpus N to choose one")
+    try:
+        wanted = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise StartError(f"--gpus {spec!r}: use auto, none, or GPU indices like 0,1") from None
+    chosen = []
+    for idx in wanted:
+        if idx not in by_index:
+            for fd in fds:
+                os.close(fd)
+            have = ", ".join(str(i) for i in sorted(by_index)) or "none"
+            raise StartError(f"GPU {idx} does not exist on this host (GPUs: {have}); pass --gpus with one of them")
+        fd = _try_lock(locks_dir, idx, run)
+        if fd is None:
+            for f in fds:
+                os.close(f)
+            raise StartError(f"GPU {idx} is in use by {_lock_holder(locks_dir, idx)}; choose another with --gpus")
+        fds.append(fd)
+        chosen.append(by_index[idx])
+    return chosen, fds
+
+
+class Wrapper:
+    def __init__(self, run_dir: Path, cmd: list[str]):
+        self.run_dir = run_dir
+        self.cmd = cmd
+        self.child: subprocess.Popen | None = None
+        self.cancel_signal: int | None = None
+        self.base: dict = {}
+        self.finished = False
+
+    def on_signal(self, signum, _frame) -> None:
+        # TERM/INT from `reval kill` (sent to the whole group, so the child has it too); forward in case
+        # it was sent to us alone. Only remember it: the final status is written once, in finish().
+        self.cancel_signal = self.cancel_signal or signum
+        if self.child and self.child.poll() is None:
+            try:
+                self.child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def write_status(self, **fields) -> None:
+        protocol.atomic_write_json(self.run_dir / protocol.STATUS_JSON, {**self.base, **fields})
+
+    def log(self, line: str) -> None:
+        with open(self.run_dir / protocol.EVAL_LOG, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    def finish(self, state: str, exit_code: int, t0: float, **extra) -> None:
+        if self.finished:  # exactly once
+            return
+        self.finished = True
+        self.log(f"[reval] {state} · exit {exit_code} · {time.time() - t0:.1f}s · {protocol.now_iso()}")
+        self.write_status(state=state, finished_at=protocol.now_iso(), exit_code=exit_code, **extra)
+
+
+def main(args) -> int:
+    try:
+        os.setsid()  # a fresh session + process group (a no-op error when `setsid` already made us leader)
+    except OSError:
+        pass
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    run_dir = Path(args.run_dir).resolve()
+    run = run_dir.name
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    w = Wrapper(run_dir, cmd)
+    signal.signal(signal.SIGTERM, w.on_signal)
+    signal.signal(signal.SIGINT, w.on_signal)
+    t0 = time.time()
+    pid = os.getpid()
+    w.base = {"state": protocol.RUNNING, "run": run, "pid": pid, "pgid": os.getpgid(0),
+              "started_at": protocol.now_iso(), "host": socket.gethostname(), "cmd": cmd}
+
+    run_info: dict = {}
+    if args.run_json:
+        try:
+            run_info = json.loads(Path(args.run_json).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            w.finish(protocol.FAILED, protocol.EXIT_BAD_INPUT, t0, error=f"--run-json {args.run_json}: {e}")
+            return protocol.EXIT_BAD_INPUT
+
+    locks_dir = Path(args.locks_dir) if args.locks_dir else run_dir.parent.parent / "locks"
+    try:
+        if not cmd:
+            raise StartError("no command to run (give it after --)")
+        gpus, _lock_fds = acquire_gpus(args.gpus, locks_dir, run)
+    except StartError as e:
+        w.log(f"[reval] could not start: {e}")
+        w.finish(protocol.FAILED, protocol.EXIT_BAD_INPUT, t0, error=str(e))
+        return protocol.EXIT_BAD_INPUT
+    visible = ",".join(str(g.index) for g in gpus)
+    w.base.update(gpus=[g.index for g in gpus], device="cuda" if gpus else "cpu",
+                  gpu_info=[vars(g) for g in gpus])
+    run_info.update(gpus=w.base["gpus"], device=w.base["device"], wrapper_pid=pid)
+    protocol.atomic_write_json(run_dir / protocol.RUN_JSON, run_info)
+    if args.run_json and Path(args.run_json).resolve().parent == run_dir:
+        Path(args.run_json).unlink(missing_ok=True)  # the staged copy the controller uploaded
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": visible}
+    where = f"GPU {visible}" if gpus else "CPU (no GPU on this host)" if args.gpus == "auto" else "CPU"
+    w.log(f"[reval] {run} started {w.base['started_at']} on {w.base['host']} · {where} · pid {pid}"
+          f" · {shlex.join(cmd)}")
+    logf = open(run_dir / protocol.EVAL_LOG, "ab", buffering=0)
+    try:
+        # The lock fds are inherited on purpose: the GPU stays locked while the child lives, even if we die.
+        w.child = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=env, pass_fds=_lock_fds)
+    except OSError as e:
+        logf.close()
+        w.log(f"[reval] could not start {cmd[0]!r}: {e}")
+        w.finish(protocol.FAILED, 127, t0, error=f"could not start {cmd[0]!r}: {e}")
+        return 127
+    w.write_status()  # running, with pid/pgid: the controller waits for this file
+    logf.close()
+    while True:
+        try:
+            rc = w.child.wait()
+            break
+        except InterruptedError:
+            continue
+    signame = signal.Signals(-rc).name if rc < 0 else None
+    exit_code = 128 - rc if rc < 0 else rc
+    extra = {"signal": signame} if signame else {}
+    if w.cancel_signal is not None:
+        w.finish(protocol.CANCELLED, exit_code, t0, cancelled_by=signal.Signals(w.cancel_signal).name, **extra)
+        return protocol.EXIT_CANCELLED
+    w.finish(protocol.SUCCEEDED if rc == 0 else protocol.FAILED, exit_code, t0, **extra)
+    return exit_code

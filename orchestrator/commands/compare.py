@@ -1,0 +1,54 @@
+"""`reval compare RUN... [--baseline RUN]`: rank pulled runs side by side (offline), optionally pulling first."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .. import compare, report
+from ..errors import ConfigError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="compare pulled runs: tau, streak, DDTree, position accuracy",
+                       description="Compare pulled runs (runs/<host>/<run>/) side by side. RUN is a name, "
+                                   "HOST/NAME or a path. Refuses to rank runs that are not comparable.")
+    p.add_argument("runs", nargs="+", metavar="RUN")
+    p.add_argument("--baseline", metavar="RUN", help="show every metric also as ratio and delta against RUN")
+    p.add_argument("--per-position", action="store_true", help="add per-position acceptance/accuracy tables")
+    p.add_argument("--per-prompt", action="store_true", help="add a per-prompt tau table")
+    p.add_argument("--format", choices=("table", "md", "csv", "json"), default="table")
+    p.add_argument("--plot", metavar="FILE.png", help="write acceptance curves, histogram and DDTree plots")
+    p.add_argument("--allow-incomparable", action="store_true",
+                   help="show runs that differ in cache/prompts/max-blocks/metrics anyway (marked, not ranked)")
+    p.add_argument("--runs-dir", default=str(compare.DEFAULT_RUNS_ROOT), metavar="DIR",
+                   help="where pulled runs live (default: ./runs)")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    paths = [compare.resolve_run(s, args.runs_dir) for s in args.runs]
+    runs = [compare.load_run(p) for p in paths]
+    baseline = compare.load_run(compare.resolve_run(args.baseline, args.runs_dir)) if args.baseline else None
+    if baseline is not None and baseline.results is None:
+        raise ConfigError(f"baseline {args.baseline!r} has no results ({baseline.state})",
+                          hint="pick a finished run as --baseline")
+    cmp = compare.build_comparison(runs, baseline)
+    if not args.allow_incomparable:
+        compare.require_comparable(cmp)
+    tables = [compare.main_table(cmp)]
+    if args.per_position:
+        tables += compare.per_position_tables(cmp)
+    if args.per_prompt:
+        tables.append(compare.per_prompt_table(cmp))
+    if args.plot:
+        from .. import plots  # matplotlib only when asked
+        print(f"plot    {plots.save_comparison_plot(cmp, args.plot)}", file=sys.stderr)
+    if args.format == "json":
+        sys.stdout.write(report.render_json(compare.comparison_json(cmp, args.per_position, args.per_prompt)))
+    elif args.format == "md":
+        sys.stdout.write(report.render_markdown(tables))
+    elif args.format == "csv":
+        sys.stdout.write(report.render_csv(tables))
+    else:
+        report.print_tables(tables)
+    return 0

@@ -1,0 +1,91 @@
+"""Realistic synthetic results.json files (schema reval.results/1) for compare/sweep tests.
+
+Metrics are derived from generated acceptance walks (so tau, streak, histogram and per-position curves
+agree with each other as the payload's would), not typed in by hand."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from remote_payload import protocol
+
+BLOCK = 16
+
+
+def _walk(rng: random.Random, p_accept: float, num_blocks: int) -> list[int]:
+    """Acceptance lengths incl. bonus (1..16): each draft position accepted with p_accept until a miss."""
+    out = []
+    for _ in range(num_blocks):
+        acc = 0
+        while acc < BLOCK - 1 and rng.random() < p_accept:
+            acc += 1
+        out.append(acc + 1)
+    return out
+
+
+def make_results(run: str, *, quality: float = 0.8, num_prompts: int = 4, max_blocks: int = 12, seed: int = 0,
+                 cache_fingerprint: str = "sha256:cafe", prompt_set: str = "sha256:p1", step: int | None = None,
+                 suspect: bool = False, metrics_version: str = protocol.METRICS_VERSION,
+                 drafter_name: str = "tiny-dflash", total_s: float = 12.5) -> dict:
+    rng = random.Random(f"{run}-{seed}-{quality}")
+    per_prompt, all_lengths = [], []
+    for i in range(num_prompts):
+        lengths = _walk(rng, quality, max_blocks)
+        all_lengths += lengths
+        per_prompt.append({"name": f"prompt-{i}", "prompt_len": 20, "seq_len": 20 + sum(lengths),
+                           "acceptance_lengths": lengths, "tau": sum(lengths) / len(lengths),
+                           "first_block": {"draft": "a b c", "target": "a b d"}})
+    tau = sum(p["tau"] for p in per_prompt) / num_prompts
+    tau_pooled = sum(all_lengths) / len(all_lengths)
+    hist = [0] * (BLOCK + 1)
+    for L in all_lengths:
+        hist[L] += 1
+    accs = [L - 1 for L in all_lengths]
+    uncond = [sum(a >= k for a in accs) / len(accs) for k in range(1, BLOCK)]
+    cond = [sum(a >= k for a in accs) / max(1, sum(a >= k - 1 for a in accs)) for k in range(1, BLOCK)]
+    pos_acc = [round(quality ** (0.6 * k), 4) for k in range(1, BLOCK)]
+    budgets = [16, 32, 64, 128, 256, 512]
+    ddtree = {str(b): round(tau * (1.2 + 0.08 * i), 4) for i, b in enumerate(budgets)}
+    path = f"/ckpt/step-{step}" if step is not None else f"/models/{drafter_name}"
+    return {
+        "schema": protocol.RESULTS_SCHEMA, "run": run, "created_at": "2026-11-30T10:00:00Z",
+        "drafter": {"path": path, "name": drafter_name, "layout": "zlab", "step": step,
+                    "content_hash": f"sha256:{run}", "target_layer_ids": [1, 2], "fc_layer_ids": [1, 2],
+                    "num_parameters": 1000},
+        "target": {"path": "/models/target", "embed_key": "model.embed_tokens.weight", "lm_head_key": None},
+        "cache": {"path": "/eval/cache", "fingerprint": cache_fingerprint, "layer_ids": [1, 2],
+                  "num_prompts_total": num_prompts},
+        "options": {"num_prompts": num_prompts, "max_blocks": max_blocks, "block_size": BLOCK,
+                    "ddtree_budgets": budgets, "tree_widths": [4, 8], "device": "cpu", "dtype": "float32",
+                    "batch_size": 8, "strict": False},
+        "comparability": {"cache_fingerprint": cache_fingerprint, "prompt_set": prompt_set,
+                          "num_prompts": num_prompts, "max_blocks": max_blocks, "block_size": BLOCK,
+                          "metrics_version": metrics_version},
+        "definitions": {"tau": "mean acceptance length incl. bonus token, macro-averaged over prompts"},
+        "metrics": {"tau": tau, "tau_pooled": tau_pooled, "streak": tau - 1, "streak_pooled": tau_pooled - 1,
+                    "num_prompts": num_prompts, "num_rounds": len(all_lengths),
+                    "num_anchors": len(all_lengths) * BLOCK, "acceptance_histogram": hist,
+                    "per_position_acceptance_unconditional": uncond, "per_position_acceptance_conditional": cond,
+                    "position_accuracy": pos_acc, "position_1_accuracy": pos_acc[0],
+                    "ddtree_tau": ddtree, "ddtree_best": {"budget": 512, "tau": ddtree["512"]},
+                    "tree_width_tau": {"4": round(tau * 1.3, 4), "8": round(tau * 1.45, 4)}},
+        "per_prompt": per_prompt,
+        "health": {"suspect": suspect, "reasons": ["position-1 accuracy 0.000"] if suspect else []},
+        "timing": {"load_s": 1.0, "eval_s": total_s - 1.0, "anchors_per_s": 100.0, "total_s": total_s},
+        "environment": {"torch": "2.13.0", "cuda": None, "gpu": None, "hostname": "test"},
+    }
+
+
+def write_run(root: Path, host: str, run: str, results: dict | None = None, *, state: str = "succeeded",
+              **kw) -> Path:
+    """A pulled run dir `root/host/run/` with run.json, status.json and (unless state != succeeded) results."""
+    d = Path(root) / host / run
+    d.mkdir(parents=True, exist_ok=True)
+    protocol.atomic_write_json(d / protocol.RUN_JSON, {"run": run, "host": host, "argv": ["eval"]})
+    protocol.atomic_write_json(d / protocol.STATUS_JSON, {
+        "state": state, "exit_code": 0 if state == "succeeded" else 1,
+        "started_at": "2026-11-30T10:00:00Z", "finished_at": "2026-11-30T10:02:41Z"})
+    if state == "succeeded":
+        protocol.atomic_write_json(d / protocol.RESULTS_JSON, results or make_results(run, **kw))
+    (d / protocol.EVAL_LOG).write_text("log\n")
+    return d

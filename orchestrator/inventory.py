@@ -1,7 +1,28 @@
-"""hosts.yaml: hosts and groups, validated on load (file:line, did-you-mean). Owned by the inventory module."""
+"""hosts.yaml: hosts and groups, validated on load. Every problem is ONE line naming the file, the line
+and the fix ("did you mean"), raised as ConfigError (exit 3).
+
+    hosts:
+      local: {local: true, workdir: .reval/local, python: current, venv: {mode: python}}
+      ct129: {ssh: ct129, workdir: ~/reval, venv: {system_site_packages: true}}   # an ~/.ssh/config alias
+    groups:
+      gpu-boxes: [ct129]
+
+Default file: `-i FILE` > $REVAL_HOSTS > ./hosts.yaml > the built-in `local` host only.
+"""
 from __future__ import annotations
 
+import difflib
+import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import ConfigError
+
+VENV_MODES = ("managed", "python")
+HOST_KEY_POLICIES = ("strict", "accept-new")
 
 
 @dataclass
@@ -35,3 +56,249 @@ class Host:
     @property
     def is_local(self) -> bool:
         return self.local
+
+
+def builtin_local_host() -> Host:
+    """The embedded default: a folder under the current directory, the controller's own interpreter."""
+    return Host(name="local", local=True, workdir=".reval/local", python=sys.executable,
+                venv=VenvSpec(mode="python"))
+
+
+@dataclass
+class Inventory:
+    path: str | None               # None: the built-in inventory
+    hosts: dict[str, Host]
+    groups: dict[str, list[str]]
+
+    def get(self, name: str) -> Host:
+        if name in self.hosts:
+            return self.hosts[name]
+        raise ConfigError(f"unknown host {name!r} in {self.path or 'the built-in inventory'}"
+                          + _did_you_mean(name, self.hosts), hint=f"known hosts: {', '.join(self.hosts)}")
+
+    def resolve(self, name: str) -> list[Host]:
+        """A host name or a group name -> its hosts, in inventory order."""
+        if name in self.hosts:
+            return [self.hosts[name]]
+        if name in self.groups:
+            return [self.hosts[h] for h in self.groups[name]]
+        known = list(self.hosts) + list(self.groups)
+        raise ConfigError(f"unknown host or group {name!r} in {self.path or 'the built-in inventory'}"
+                          + _did_you_mean(name, known),
+                          hint=f"hosts: {', '.join(self.hosts)}" + (f"; groups: {', '.join(self.groups)}"
+                                                                     if self.groups else ""))
+
+
+def default_inventory_path(explicit: str | None = None) -> str | None:
+    if explicit:
+        return explicit
+    if os.environ.get("REVAL_HOSTS"):
+        return os.environ["REVAL_HOSTS"]
+    return "hosts.yaml" if os.path.exists("hosts.yaml") else None
+
+
+def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
+    """Load and validate an inventory (path None: the default lookup order)."""
+    path = default_inventory_path(str(path) if path else None)
+    if path is None:
+        local = builtin_local_host()
+        return Inventory(None, {"local": local}, {})
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"inventory {path} not found",
+                          hint="create it (see the shipped hosts.yaml) or pass -i FILE / set REVAL_HOSTS") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read inventory {path}: {e.strerror}") from None
+    return parse_inventory(text, str(path))
+
+
+# --- validation ------------------------------------------------------------------------------------------
+# yaml key -> (Host field, accepted python types, a word for the error)
+_HOST_KEYS = {
+    "local": ("local", (bool,), "true or false"),
+    "ssh": ("address", (str,), "an ~/.ssh/config alias"),
+    "address": ("address", (str,), "a hostname or IP"),
+    "user": ("user", (str,), "a user name"),
+    "port": ("port", (int,), "a port number"),
+    "identity_file": ("identity_file", (str,), "a key file path"),
+    "proxy_jump": ("proxy_jump", (str,), "[user@]host[:port]"),
+    "known_hosts_file": ("known_hosts_file", (str,), "a file path"),
+    "ssh_config_file": ("ssh_config_file", (str,), "a file path"),
+    "host_key": ("host_key_policy", (str,), "strict or accept-new"),
+    "connect_timeout_s": ("connect_timeout_s", (int, float), "seconds"),
+    "workdir": ("workdir", (str,), "a directory path"),
+    "python": ("python", (str,), "an interpreter path or name"),
+    "venv": ("venv", (dict,), "a mapping (mode, system_site_packages, wheelhouse, path)"),
+    "gpus": ("gpus", (str, int, list), "auto, none, or a list of GPU indices"),
+    "env": ("env", (dict,), "a mapping of NAME: value"),
+    "tags": ("tags", (list,), "a list of words"),
+}
+_VENV_KEYS = {
+    "mode": ((str,), "managed or python"),
+    "system_site_packages": ((bool,), "true or false"),
+    "wheelhouse": ((str,), "a local folder of wheels"),
+    "path": ((str,), "a directory on the host"),
+}
+_TOP_KEYS = ("hosts", "groups")
+
+
+def _did_you_mean(word: str, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" — did you mean {close[0]!r}?" if close else ""
+
+
+class _Checker:
+    """Walks the composed yaml node tree so that every error can name its line."""
+
+    def __init__(self, text: str, path: str):
+        self.path = path
+        self.loader = yaml.SafeLoader(text)
+
+    def fail(self, node, msg: str, hint: str | None = None):
+        line = node.start_mark.line + 1 if node is not None else 1
+        raise ConfigError(f"{self.path} line {line}: {msg}", hint=hint)
+
+    def value(self, node):
+        return self.loader.construct_object(node, deep=True)
+
+    def mapping(self, node, what: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
+        """[(key, key_node, value_node)] of a mapping node; duplicate keys are an error (PyYAML keeps the last)."""
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, f"{what} must be a mapping (key: value lines)")
+        seen: dict[str, yaml.Node] = {}
+        out = []
+        for k, v in node.value:
+            key = self.value(k)
+            if not isinstance(key, str):
+                self.fail(k, f"{what}: key {key!r} must be a name")
+            if key in seen:
+                self.fail(k, f"duplicate {what} key {key!r} (first at line {seen[key].start_mark.line + 1})",
+                          hint="yaml keeps only the last one: remove or rename one of them")
+            seen[key] = k
+            out.append((key, k, v))
+        return out
+
+    def typed(self, node, types: tuple, where: str, expect: str):
+        val = self.value(node)
+        if isinstance(val, bool) and bool not in types or not isinstance(val, types):
+            self.fail(node, f"{where} must be {expect}, got {type(val).__name__} {val!r}")
+        return val
+
+
+def parse_inventory(text: str, path: str = "hosts.yaml") -> Inventory:
+    c = _Checker(text, path)
+    try:
+        root = c.loader.get_single_node()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{line}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    if root is None:
+        raise ConfigError(f"{path}: empty inventory", hint="add a `hosts:` mapping (see the shipped hosts.yaml)")
+    top = {}
+    for key, knode, vnode in c.mapping(root, "top-level"):
+        if key not in _TOP_KEYS:
+            c.fail(knode, f"unknown top-level key {key!r}{_did_you_mean(key, _TOP_KEYS)}",
+                   hint="top-level keys: hosts, groups")
+        top[key] = (knode, vnode)
+    if "hosts" not in top:
+        c.fail(root, "missing `hosts:` mapping")
+    hosts: dict[str, Host] = {}
+    for name, knode, vnode in c.mapping(top["hosts"][1], "hosts"):
+        hosts[name] = _parse_host(c, name, knode, vnode, Path(path).parent)
+    groups: dict[str, list[str]] = {}
+    if "groups" in top:
+        for gname, knode, vnode in c.mapping(top["groups"][1], "groups"):
+            if gname in hosts:
+                c.fail(knode, f"group {gname!r} has the name of a host", hint="rename the group or the host")
+            if not isinstance(vnode, yaml.SequenceNode):
+                c.fail(vnode, f"group {gname!r} must be a list of host names")
+            members = []
+            for item in vnode.value:
+                member = c.value(item)
+                if member not in hosts:
+                    c.fail(item, f"group {gname!r} names unknown host {member!r}{_did_you_mean(str(member), hosts)}",
+                           hint=f"known hosts: {', '.join(hosts)}")
+                members.append(member)
+            groups[gname] = members
+    if "local" not in hosts:
+        hosts["local"] = builtin_local_host()
+    return Inventory(path, hosts, groups)
+
+
+def _parse_host(c: _Checker, name: str, knode, vnode, base_dir: Path) -> Host:
+    if vnode is None or isinstance(vnode, yaml.ScalarNode) and c.value(vnode) is None:
+        c.fail(knode, f"host {name!r} has no settings", hint="give it `ssh: ALIAS` or `address: HOST` (or local: true)")
+    host = Host(name=name)
+    given: dict[str, yaml.Node] = {}
+    for key, kn, vn in c.mapping(vnode, f"host {name!r}"):
+        if key not in _HOST_KEYS:
+            c.fail(kn, f"unknown key {key!r} in host {name!r}{_did_you_mean(key, _HOST_KEYS)}",
+                   hint=f"host keys: {', '.join(_HOST_KEYS)}")
+        attr, types, expect = _HOST_KEYS[key]
+        val = c.typed(vn, types, f"host {name!r}: {key}", expect)
+        given[key] = vn
+        if key == "venv":
+            val = _parse_venv(c, name, vn, base_dir)
+        elif key == "host_key" and val not in HOST_KEY_POLICIES:
+            c.fail(vn, f"host {name!r}: host_key {val!r} is not one of {', '.join(HOST_KEY_POLICIES)}"
+                   + _did_you_mean(val, HOST_KEY_POLICIES))
+        elif key == "port" and not 0 < val < 65536:
+            c.fail(vn, f"host {name!r}: port {val} is out of range 1-65535")
+        elif key == "gpus":
+            val = _parse_gpus(c, name, vn, val)
+        elif key == "env":
+            for ek, ev in val.items():
+                if not isinstance(ek, str) or not ek.replace("_", "a").isalnum() or ek[0].isdigit():
+                    c.fail(vn, f"host {name!r}: env name {ek!r} is not a valid variable name")
+                if isinstance(ev, (dict, list)) or ev is None:
+                    c.fail(vn, f"host {name!r}: env {ek} must be a plain value, got {ev!r}")
+            val = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in val.items()}
+        elif key == "tags":
+            val = [str(t) for t in val]
+        setattr(host, attr, val)
+    if "ssh" in given and "address" in given:
+        c.fail(given["address"], f"host {name!r}: give either `ssh:` (an ~/.ssh/config alias) or `address:`, not both")
+    if host.local and host.address:
+        c.fail(given.get("ssh") or given["address"], f"host {name!r}: a local host has no ssh/address")
+    if not host.local and not host.address:
+        c.fail(knode, f"host {name!r}: missing `ssh:` (an ~/.ssh/config alias) or `address:`",
+               hint="or set `local: true` for a folder on this machine")
+    if host.python == "current":
+        if not host.local:
+            c.fail(given["python"], f"host {name!r}: python: current means this controller's interpreter; "
+                   "only a local host can use it", hint="give the server's interpreter, e.g. python3")
+        host.python = sys.executable
+    return host
+
+
+def _parse_venv(c: _Checker, name: str, node, base_dir: Path) -> VenvSpec:
+    spec = VenvSpec()
+    for key, kn, vn in c.mapping(node, f"host {name!r} venv"):
+        if key not in _VENV_KEYS:
+            c.fail(kn, f"unknown key {key!r} in host {name!r} venv{_did_you_mean(key, _VENV_KEYS)}",
+                   hint=f"venv keys: {', '.join(_VENV_KEYS)}")
+        types, expect = _VENV_KEYS[key]
+        val = c.typed(vn, types, f"host {name!r}: venv.{key}", expect)
+        if key == "mode" and val not in VENV_MODES:
+            c.fail(vn, f"host {name!r}: venv.mode {val!r} is not one of {', '.join(VENV_MODES)}"
+                   + _did_you_mean(val, VENV_MODES))
+        if key == "wheelhouse":
+            val = str((base_dir / os.path.expanduser(val)).resolve())  # relative to the inventory file
+        setattr(spec, key, val)
+    return spec
+
+
+def _parse_gpus(c: _Checker, name: str, node, val) -> str:
+    if isinstance(val, str):
+        if val in ("auto", "none"):
+            return val
+        parts = val.split(",")
+    elif isinstance(val, int):
+        parts = [str(val)]
+    else:
+        parts = [str(v) for v in val]
+    if not parts or not all(p.strip().isdigit() for p in parts):
+        c.fail(node, f"host {name!r}: gpus {val!r} must be auto, none, or GPU indices like [0, 1]")
+    return ",".join(p.strip() for p in parts)

@@ -1,0 +1,173 @@
+"""hosts.yaml loading: every bad input is one ConfigError line naming file, line and the fix (exit 3)."""
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import EXIT_BAD_INPUT, ConfigError
+from orchestrator.inventory import load_inventory, parse_inventory
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse(text: str):
+    return parse_inventory(textwrap.dedent(text), "hosts.yaml")
+
+
+def error_of(text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as ei:
+        parse(text)
+    assert ei.value.exit_code == EXIT_BAD_INPUT
+    assert "\n" not in str(ei.value)  # one line
+    return ei.value
+
+
+def test_full_host_parses_into_dataclass():
+    inv = parse("""
+        hosts:
+          gpu1:
+            address: gpu1.example.internal
+            user: eval
+            port: 2200
+            identity_file: ~/.ssh/id_ed25519
+            proxy_jump: bastion.example.internal
+            host_key: accept-new
+            workdir: /scratch/reval
+            python: python3.11
+            venv: {mode: managed, system_site_packages: true, wheelhouse: wheels}
+            gpus: [0, 1]
+            env: {HF_HUB_OFFLINE: 1, DEBUG: true}
+            tags: [h100, fast]
+          alias:
+            ssh: ct129
+        groups:
+          boxes: [gpu1, alias]
+    """)
+    h = inv.get("gpu1")
+    assert (h.address, h.user, h.port, h.host_key_policy, h.gpus) == (
+        "gpu1.example.internal", "eval", 2200, "accept-new", "0,1")
+    assert h.venv.system_site_packages is True and h.venv.wheelhouse.endswith("/wheels")
+    assert h.env == {"HF_HUB_OFFLINE": "1", "DEBUG": "true"} and h.tags == ["h100", "fast"]
+    assert inv.get("alias").address == "ct129" and not inv.get("alias").is_local
+    assert [x.name for x in inv.resolve("boxes")] == ["gpu1", "alias"]
+    assert [x.name for x in inv.resolve("alias")] == ["alias"]
+    assert inv.get("local").is_local  # the built-in local host is always there
+
+
+@pytest.mark.parametrize("text, pattern", [
+    ("""
+     hosts:
+       ct129:
+         ssh: ct129
+         wrkdir: /x
+     """, r"line 5: unknown key 'wrkdir' in host 'ct129' — did you mean 'workdir'\?"),
+    ("""
+     hosts:
+       a: {ssh: a}
+       b: {ssh: b}
+       a: {ssh: c}
+     """, r"line 5: duplicate hosts key 'a' \(first at line 3\)"),
+    ("""
+     hosts:
+       a: {ssh: a}
+     groups:
+       g: [a, bb]
+     """, r"line 5: group 'g' names unknown host 'bb'"),
+    ("""
+     hosts:
+       a:
+         ssh: a
+         port: twenty
+     """, r"line 5: host 'a': port must be a port number, got str 'twenty'"),
+    ("""
+     hosts:
+       a:
+         workdir: /x
+     """, r"line 3: host 'a': missing `ssh:` .* or `address:`"),
+    ("""
+     hosts:
+       a:
+         ssh: a
+         venv: {mode: managd}
+     """, r"line 5: host 'a': venv.mode 'managd' is not one of managed, python — did you mean 'managed'\?"),
+    ("""
+     hosts:
+       a:
+         ssh: a
+         venv: {system_site_package: true}
+     """, r"line 5: unknown key 'system_site_package' in host 'a' venv — did you mean 'system_site_packages'\?"),
+    ("""
+     hosts:
+       a: {ssh: a, host_key: yes}
+     """, r"line 3: host 'a': host_key must be strict or accept-new, got bool True"),
+    ("""
+     hosts:
+       a: {ssh: a, gpus: "0,x"}
+     """, r"line 3: host 'a': gpus '0,x' must be auto, none, or GPU indices"),
+    ("""
+     hosts:
+       a: {ssh: a, python: current}
+     """, r"line 3: host 'a': python: current .* only a local host"),
+    ("""
+     hostz:
+       a: {ssh: a}
+     """, r"line 2: unknown top-level key 'hostz' — did you mean 'hosts'\?"),
+    ("""
+     hosts:
+       a: {ssh: a, address: b}
+     """, r"line 3: host 'a': give either `ssh:` .* or `address:`, not both"),
+    ("""
+     hosts:
+       a: {ssh: a
+     """, r"hosts.yaml line \d+: not valid YAML"),
+])
+def test_bad_inventory_is_one_line_with_file_and_line(text, pattern):
+    e = error_of(text)
+    assert str(e).startswith("hosts.yaml ")
+    assert re.search(pattern, str(e)), str(e)
+
+
+def test_unknown_host_or_group_on_the_command_line_suggests():
+    inv = parse("""
+        hosts:
+          ct129: {ssh: ct129}
+        groups:
+          gpu-boxes: [ct129]
+    """)
+    with pytest.raises(ConfigError, match=r"unknown host or group 'gpu-box' .* did you mean 'gpu-boxes'\?"):
+        inv.resolve("gpu-box")
+    with pytest.raises(ConfigError, match="did you mean 'ct129'"):
+        inv.get("ct12")
+
+
+def test_default_lookup_order(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("REVAL_HOSTS", raising=False)
+    inv = load_inventory()
+    assert inv.path is None and list(inv.hosts) == ["local"]
+    assert inv.get("local").python == sys.executable and inv.get("local").venv.mode == "python"
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  cwd: {ssh: cwd}\n")
+    assert "cwd" in load_inventory().hosts
+    (tmp_path / "env.yaml").write_text("hosts:\n  fromenv: {ssh: e}\n")
+    monkeypatch.setenv("REVAL_HOSTS", str(tmp_path / "env.yaml"))
+    assert "fromenv" in load_inventory().hosts
+    (tmp_path / "flag.yaml").write_text("hosts:\n  fromflag: {ssh: f}\n")
+    assert "fromflag" in load_inventory(tmp_path / "flag.yaml").hosts
+    with pytest.raises(ConfigError, match="inventory .*missing.yaml not found"):
+        load_inventory(tmp_path / "missing.yaml")
+
+
+def test_shipped_hosts_yaml_and_its_commented_examples_are_valid():
+    text = (REPO / "hosts.yaml").read_text()
+    inv = parse_inventory(text, "hosts.yaml")
+    assert list(inv.hosts) == ["local"] and inv.get("local").is_local
+    # Uncomment the examples: they must load too, and name placeholder hosts only.
+    uncommented = "\n".join(re.sub(r"^(\s*)# (?=[a-z0-9_-]+:|  )", r"\1", line) for line in text.splitlines())
+    inv = parse_inventory(uncommented, "hosts.yaml")
+    assert {"gpu1", "gpu2", "gpu3"} <= set(inv.hosts) and inv.groups == {"gpu-boxes": ["gpu1", "gpu2"]}
+    for h in inv.hosts.values():
+        assert h.is_local or h.address == h.name or h.address.endswith(".example.internal")

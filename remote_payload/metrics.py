@@ -64,8 +64,9 @@ def _leading_true(mask: np.ndarray) -> np.ndarray:
     return np.cumprod(mask, axis=1).sum(axis=1).astype(np.int64)
 
 
-def _targets(g: np.ndarray, prompt_len: int, n: int, width: int) -> np.ndarray:
-    """-> [n, width] int: g[a+k] for anchor a = prompt_len + j, k = 1..width; -1 past the sequence end."""
+def target_tokens(g: Sequence[int], prompt_len: int, n: int, width: int) -> np.ndarray:
+    """-> [n, width] int: g[a+k] for anchor a = prompt_len + j, k = 1..width; -1 past the sequence end
+    (the rows to score the drafts against; set target_rank to -1 where this is -1)."""
     g = np.asarray(g, dtype=np.int64)
     pos = prompt_len + np.arange(n)[:, None] + np.arange(1, width + 1)[None, :]
     return np.where(pos < len(g), g[np.minimum(pos, len(g) - 1)], -1)
@@ -75,7 +76,7 @@ def accept_lengths_vanilla(drafts: np.ndarray, g: Sequence[int], prompt_len: int
     """drafts [n, bs-1] int, g [seq_len] int -> acc [n]: LCP(drafts[j], g[a+1 : a+bs]), cut at the end."""
     drafts = np.asarray(drafts)
     n, width = drafts.shape
-    return _leading_true(drafts == _targets(np.asarray(g), prompt_len, n, width))
+    return _leading_true(drafts == target_tokens(np.asarray(g), prompt_len, n, width))
 
 
 def accept_lengths_width(target_rank: np.ndarray, k: int) -> np.ndarray:
@@ -254,7 +255,7 @@ def position_hits(drafts: np.ndarray, g: Sequence[int], prompt_len: int) -> tupl
     hits[k-1] = #(draft k == g[a+k]), totals[k-1] = #(anchors with a+k < seq_len)."""
     drafts = np.asarray(drafts)
     n, width = drafts.shape
-    t = _targets(np.asarray(g), prompt_len, n, width)
+    t = target_tokens(np.asarray(g), prompt_len, n, width)
     return (drafts == t).sum(axis=0).astype(np.int64), (t >= 0).sum(axis=0).astype(np.int64)
 
 

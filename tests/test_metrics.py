@@ -14,13 +14,13 @@ from remote_payload import metrics as m
 
 def correct_rows(g, prompt_len, n, width):
     """[n, width] drafts equal to g[a+1 .. a+width]; 0 past the end (never matches)."""
-    t = m._targets(np.asarray(g), prompt_len, n, width)
+    t = m.target_tokens(np.asarray(g), prompt_len, n, width)
     return np.where(t >= 0, t, 0)
 
 
 def ranks_of(drafts, g, prompt_len):
     """target_rank for argmax drafts with no ties: 0 where the draft is g, 1 where it is not, -1 past the end."""
-    t = m._targets(np.asarray(g), prompt_len, *np.asarray(drafts).shape)
+    t = m.target_tokens(np.asarray(g), prompt_len, *np.asarray(drafts).shape)
     return np.where(t < 0, -1, np.where(drafts == t, 0, 1))
 
 
@@ -253,3 +253,16 @@ def test_ddtree_confident_drafter_spends_the_budget_on_the_chain():
     ranks[:, 3] = 1
     got = m.ddtree_accept_lengths(lp, ranks, [15, 16, 17])
     assert got[15].tolist() == [3] * 8 and got[16].tolist() == [4] * 8 and got[17].tolist() == [5] * 8
+
+
+def test_ddtree_vectorised_on_cuda_equals_heap():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here; the same code path runs on CPU in the tests above")
+    rng = np.random.default_rng(6)
+    n, depth, k = 64, 15, 128
+    lp = torch.tensor(sorted_logprobs(rng, (n, depth, k)), dtype=torch.float32).to(torch.bfloat16).float()
+    ranks = random_targets(rng, n, depth, k)
+    got = m.ddtree_accept_lengths(lp.cuda(), torch.tensor(ranks).cuda(), [1, 16, 128])
+    for b in (1, 16, 128):
+        assert got[b].tolist() == [m.ddtree_accept_heap(lp[j].numpy(), ranks[j], b) for j in range(n)], b

@@ -1,0 +1,387 @@
+"""Strict loading of drafters and of the target's embedding/lm_head, plus drafter/cache feature checks.
+
+The seeds' worst bug was a key that did not resolve being skipped silently (zero accuracy after "Loaded").
+Here every parameter is loaded exactly once with the right shape, or a `CheckpointError` names the key,
+the file and the closest keys that do exist. Nothing is evaluated after an error.
+
+Drafter layouts (`load_drafter`):
+(a) z-lab folder: config.json + model.safetensors, or model-0000x-of-0000y.safetensors listed in
+    model.safetensors.index.json; bare keys (fc.weight, hidden_norm.weight, norm.weight, layers.i.*).
+    A single .safetensors file with config.json beside it is read the same way.
+(b) team .pt/.pth file (torch.load weights_only=True): a state dict, bare or wrapped as {"model": sd} or
+    {"state_dict": sd}; the prefixes "module." then "drafter." are stripped, each only when EVERY key has it.
+    Config: the file's "config" entry, else config.json next to the file.
+    fc_layer_ids rule: the config's `fc_layer_ids` if present; else, if fc.weight is [H, k*H] with
+    k < len(target_layer_ids), the FIRST k target layers (the team's 4-of-5 layout); else all of them.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from remote_payload.config import DrafterConfig
+from remote_payload.drafter import DFlashDrafter, TargetHead
+from remote_payload.errors import CheckpointError, ConfigError, FeatureMismatchError
+
+INDEX_JSON = "model.safetensors.index.json"
+SINGLE_SAFETENSORS = "model.safetensors"
+STRIPPED_PREFIXES = ("module.", "drafter.")
+PT_WRAPPERS = ("model", "state_dict")
+EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
+              "language_model.model.embed_tokens.weight")
+LM_HEAD_KEYS = ("lm_head.weight", "model.language_model.lm_head.weight", "language_model.lm_head.weight")
+STATS_KEYS = ("fc.weight", "hidden_norm.weight", "norm.weight")
+NOTHING_DONE = "Nothing was evaluated."
+
+
+@dataclass
+class DrafterInfo:
+    path: str
+    layout: str  # "zlab" | "pt"
+    name: str
+    step: int | None
+    content_hash: str  # "sha256:<hex>" over the weight files, in name order
+    num_parameters: int
+    weight_stats: dict  # key -> {"mean", "std"} for fc / hidden_norm / norm
+    config_source: str
+    weight_files: list[str] = field(default_factory=list)
+    stripped_prefix: str = ""
+    fc_layer_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class HeadInfo:
+    source: str  # the index file (or the single model.safetensors)
+    embed_key: str
+    embed_file: str
+    lm_head_key: str | None  # None when tied
+    lm_head_file: str | None
+    tied: bool
+    vocab_size: int
+    hidden_size: int
+
+
+# ---- small helpers ------------------------------------------------------------------------------
+def _closest(key: str, keys, n: int = 3) -> str:
+    keys = list(keys)
+    close = difflib.get_close_matches(key, keys, n=n, cutoff=0.5) or difflib.get_close_matches(key, keys, n=n,
+                                                                                                cutoff=0.0)
+    return ", ".join(repr(k) for k in close) if close else "(the file has no keys)"
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read {what} {path}: {e}") from e
+
+
+def _device_str(device) -> str:
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return str(dev)
+
+
+def _open_safetensors(path: Path, device):
+    try:
+        return safe_open(str(path), framework="pt", device=_device_str(device))
+    except FileNotFoundError as e:
+        raise CheckpointError(f"weight file {path} does not exist. {NOTHING_DONE}") from e
+    except Exception as e:  # SafetensorsError for truncated/corrupt headers
+        raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {e}. "
+                              f"Re-copy the file. {NOTHING_DONE}") from e
+
+
+def sha256_files(paths: list[Path], chunk_bytes: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths, key=lambda p: p.name):
+        with open(p, "rb") as f:
+            while chunk := f.read(chunk_bytes):
+                h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+_STEP = re.compile(r"(?:step|checkpoint|ckpt|iter)[-_]?(\d+)", re.IGNORECASE)
+
+
+def parse_step(path: str | Path, field_value=None) -> int | None:
+    """A `step` field wins; else `step-4000`, `step4000`, `checkpoint-4000`, ... in the path's last 3 parts."""
+    if isinstance(field_value, int) and not isinstance(field_value, bool):
+        return field_value
+    p = Path(path)
+    for part in [p.stem, *[q.name for q in list(p.parents)[:2]]]:
+        m = _STEP.search(part)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _check_keys(expected: dict[str, tuple], found: dict[str, tuple], source: str, cfg: DrafterConfig,
+                cfg_source: str) -> None:
+    missing = [k for k in expected if k not in found]
+    unexpected = [k for k in found if k not in expected]
+    if missing:
+        more = f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else ""
+        raise CheckpointError(f"drafter needs {missing[0]!r} but {source} has no such key{more}. "
+                              f"Closest: {_closest(missing[0], found)}. {NOTHING_DONE}")
+    if unexpected:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise CheckpointError(f"{source} has {unexpected[0]!r}{more}, which the drafter described by {cfg_source} "
+                              f"({cfg.num_hidden_layers} layers) does not have. "
+                              f"Closest: {_closest(unexpected[0], expected)}. {NOTHING_DONE}")
+    for k, shape in expected.items():
+        if tuple(found[k]) != tuple(shape):
+            hint = ""
+            if k == "fc.weight":
+                hint = (f" (fc.weight is [hidden_size, n_layers*hidden_size]; {cfg_source} says fc_layer_ids="
+                        f"{cfg.fc_layer_ids}, hidden_size={cfg.hidden_size})")
+            raise CheckpointError(f"{source}: {k!r} has shape {list(found[k])} but {cfg_source} needs "
+                                  f"{list(shape)}{hint}. {NOTHING_DONE}")
+
+
+def _strip_prefixes(sd: dict) -> tuple[dict, str]:
+    stripped = ""
+    for prefix in STRIPPED_PREFIXES:
+        if sd and all(k.startswith(prefix) for k in sd):
+            sd = {k[len(prefix):]: v for k, v in sd.items()}
+            stripped += prefix
+    return sd, stripped
+
+
+def _build(cfg: DrafterConfig, sd: dict[str, Tensor]) -> DFlashDrafter:
+    """Parameters are the loaded tensors themselves (meta init + assign): no second copy."""
+    with torch.device("meta"):
+        model = DFlashDrafter(cfg)
+    model.load_state_dict(sd, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def _expected_shapes(cfg: DrafterConfig) -> dict[str, tuple]:
+    with torch.device("meta"):
+        return {k: tuple(v.shape) for k, v in DFlashDrafter(cfg).state_dict().items()}
+
+
+def _stats(sd: dict[str, Tensor]) -> dict:
+    out = {}
+    for k in STATS_KEYS:
+        std, mean = torch.std_mean(sd[k].float())
+        out[k] = {"mean": round(float(mean), 6), "std": round(float(std), 6)}
+    return out
+
+
+# ---- drafters -----------------------------------------------------------------------------------
+def load_drafter(path, *, device="cpu", dtype=torch.float32) -> tuple[DFlashDrafter, DrafterInfo]:
+    """Load a drafter strictly (layouts in the module doc). Raises a PayloadError subclass on bad input."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"drafter checkpoint {p} does not exist: pass a z-lab folder (config.json + "
+                              f"*.safetensors) or a .pt file")
+    if p.is_dir():
+        return _load_zlab(p, p / "config.json", device, dtype)
+    if p.suffix == ".safetensors":
+        return _load_zlab(p, p.parent / "config.json", device, dtype)
+    if p.suffix in (".pt", ".pth", ".bin"):
+        return _load_pt(p, device, dtype)
+    raise CheckpointError(f"drafter checkpoint {p}: unknown file type {p.suffix!r}; expected a folder, "
+                          f".safetensors or .pt")
+
+
+def _load_zlab(p: Path, cfg_path: Path, device, dtype) -> tuple[DFlashDrafter, DrafterInfo]:
+    folder = p if p.is_dir() else p.parent
+    if not cfg_path.exists():
+        pts = sorted(x.name for x in folder.glob("*.pt"))
+        hint = f"; for the .pt layout pass the file itself ({pts[0]})" if pts else ""
+        raise ConfigError(f"drafter {p} has no {cfg_path.name} next to its weights{hint}")
+    cfg = DrafterConfig.from_dict(_read_json(cfg_path, "drafter config"), source=str(cfg_path))
+    if p.is_file():
+        key_file = None
+        files = [p]
+    elif (folder / INDEX_JSON).exists():
+        weight_map = _read_json(folder / INDEX_JSON, "index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{folder / INDEX_JSON} has no 'weight_map'. {NOTHING_DONE}")
+        key_file = {k: folder / v for k, v in weight_map.items()}
+        files = sorted(set(key_file.values()))
+    elif (folder / SINGLE_SAFETENSORS).exists():
+        key_file = None
+        files = [folder / SINGLE_SAFETENSORS]
+    else:
+        present = ", ".join(sorted(x.name for x in folder.iterdir())[:8]) or "nothing"
+        raise CheckpointError(f"drafter folder {folder} has neither {INDEX_JSON} nor {SINGLE_SAFETENSORS} "
+                              f"(it holds: {present})")
+    handles = {f: _open_safetensors(f, device) for f in files}
+    found: dict[str, tuple] = {}
+    owner: dict[str, Path] = {}
+    for f, h in handles.items():
+        for k in h.keys():
+            if key_file is not None and key_file.get(k) != f:
+                continue  # a key the index places elsewhere (or not at all) is not read from this shard
+            found[k] = tuple(h.get_slice(k).get_shape())
+            owner[k] = f
+    if key_file is not None:
+        for k, f in key_file.items():
+            if k not in found:
+                raise CheckpointError(f"{folder / INDEX_JSON} maps {k!r} to {f.name}, which has no such key. "
+                                      f"Closest: {_closest(k, handles[f].keys())}. {NOTHING_DONE}")
+    source = str(files[0]) if len(files) == 1 else f"{folder / INDEX_JSON} (+{len(files)} shards)"
+    _check_keys(_expected_shapes(cfg), found, source, cfg, str(cfg_path))
+    sd = {}
+    for k, f in owner.items():
+        try:
+            sd[k] = handles[f].get_tensor(k).to(dtype)  # safe_open already placed it on `device`
+        except Exception as e:
+            raise CheckpointError(f"{f}: cannot read {k!r} ({e}); the file is corrupt. {NOTHING_DONE}") from e
+    model = _build(cfg, sd)
+    info = DrafterInfo(
+        path=str(p), layout="zlab", name=folder.name if p.is_dir() else p.stem, step=parse_step(p),
+        content_hash=sha256_files(files), num_parameters=sum(t.numel() for t in sd.values()),
+        weight_stats=_stats(sd), config_source=str(cfg_path), weight_files=[str(f) for f in files],
+        fc_layer_ids=list(cfg.fc_layer_ids))
+    return model, info
+
+
+def _torch_load(p: Path):
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):  # legacy (non-zip) format cannot be memory-mapped: read it whole
+            raise
+        return torch.load(p, map_location="cpu", weights_only=True)
+
+
+def _load_pt(p: Path, device, dtype) -> tuple[DFlashDrafter, DrafterInfo]:
+    try:
+        obj = _torch_load(p)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"cannot read {p} as a weights-only torch checkpoint: {first}. Save it with plain "
+                              f"tensors/dicts (torch.save({{'model': state_dict, 'config': cfg}})). "
+                              f"{NOTHING_DONE}") from e
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{p} holds a {type(obj).__name__}, not a state dict. {NOTHING_DONE}")
+    wrapper = next((w for w in PT_WRAPPERS if isinstance(obj.get(w), dict)), None)
+    sd = obj[wrapper] if wrapper else {k: v for k, v in obj.items() if isinstance(v, Tensor)}
+    sd, stripped = _strip_prefixes(sd)
+    bad = [k for k, v in sd.items() if not isinstance(v, Tensor)]
+    if bad:
+        raise CheckpointError(f"{p}: entry {bad[0]!r} of the state dict is not a tensor. {NOTHING_DONE}")
+
+    if isinstance(obj.get("config"), dict):
+        raw_cfg, cfg_source = obj["config"], f"{p} ['config']"
+    elif (p.parent / "config.json").exists():
+        raw_cfg, cfg_source = _read_json(p.parent / "config.json", "drafter config"), str(p.parent / "config.json")
+    else:
+        raise ConfigError(f"{p} has no 'config' entry and there is no config.json next to it: put the drafter's "
+                          f"config.json in {p.parent}")
+    cfg = DrafterConfig.from_dict(raw_cfg, source=cfg_source)
+    fc = sd.get("fc.weight")
+    if "fc_layer_ids" not in raw_cfg and fc is not None and fc.dim() == 2 and fc.shape[0] == cfg.hidden_size:
+        k, rem = divmod(fc.shape[1], cfg.hidden_size)
+        if rem == 0 and 0 < k < len(cfg.target_layer_ids):
+            cfg.fc_layer_ids = cfg.target_layer_ids[:k]  # documented rule: the first k tapped layers
+
+    _check_keys(_expected_shapes(cfg), {k: tuple(v.shape) for k, v in sd.items()}, str(p), cfg, cfg_source)
+    sd = {k: v.to(device=device, dtype=dtype) for k, v in sd.items()}  # one copy out of the mmap
+    model = _build(cfg, sd)
+    generic = p.stem in ("model", "pytorch_model", "drafter", "state_dict", "checkpoint", "weights")
+    info = DrafterInfo(
+        path=str(p), layout="pt", name=p.parent.name if generic else p.stem, step=parse_step(p, obj.get("step")),
+        content_hash=sha256_files([p]), num_parameters=sum(t.numel() for t in sd.values()),
+        weight_stats=_stats(sd), config_source=cfg_source, weight_files=[str(p)], stripped_prefix=stripped,
+        fc_layer_ids=list(cfg.fc_layer_ids))
+    return model, info
+
+
+# ---- the target's embedding and lm_head ---------------------------------------------------------
+def _tie_flag(target_dir: Path) -> bool:
+    cfg_path = target_dir / "config.json"
+    if not cfg_path.exists():
+        return False
+    cfg = _read_json(cfg_path, "target config")
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    return cfg.get("tie_word_embeddings") is True or text.get("tie_word_embeddings") is True
+
+
+def load_target_head(target_dir, *, vocab_size: int, hidden_size: int, device="cpu",
+                     dtype=torch.float32) -> tuple[TargetHead, HeadInfo]:
+    """Borrow embed_tokens and lm_head from the target's safetensors (only those two tensors, memory-mapped)."""
+    d = Path(target_dir)
+    if (d / INDEX_JSON).exists():
+        source = d / INDEX_JSON
+        weight_map = _read_json(source, "index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{source} has no 'weight_map'. {NOTHING_DONE}")
+    elif (d / SINGLE_SAFETENSORS).exists():
+        source = d / SINGLE_SAFETENSORS
+        with _open_safetensors(source, "cpu") as h:
+            weight_map = {k: SINGLE_SAFETENSORS for k in h.keys()}
+    else:
+        raise CheckpointError(f"target {d} has neither {INDEX_JSON} nor {SINGLE_SAFETENSORS}: pass the target "
+                              f"model's folder (its embed_tokens and lm_head are needed)")
+
+    embed_key = next((k for k in EMBED_KEYS if k in weight_map), None)
+    if embed_key is None:
+        raise CheckpointError(f"{source} has no embedding: tried {', '.join(map(repr, EMBED_KEYS))}. "
+                              f"Closest: {_closest(EMBED_KEYS[0], weight_map)}. {NOTHING_DONE}")
+    lm_key = next((k for k in LM_HEAD_KEYS if k in weight_map), None)
+    tied = lm_key is None and _tie_flag(d)
+    if lm_key is None and not tied:
+        raise CheckpointError(f"{source} has no lm_head: tried {', '.join(map(repr, LM_HEAD_KEYS))}, and "
+                              f"{d / 'config.json'} does not say tie_word_embeddings: true. "
+                              f"Closest: {_closest(LM_HEAD_KEYS[0], weight_map)}. {NOTHING_DONE}")
+
+    def load(key: str) -> Tensor:
+        f = d / weight_map[key]
+        with _open_safetensors(f, device) as h:
+            if key not in h.keys():
+                raise CheckpointError(f"{source} maps {key!r} to {f.name}, which has no such key. "
+                                      f"Closest: {_closest(key, h.keys())}. {NOTHING_DONE}")
+            t = h.get_tensor(key).to(dtype)
+        if tuple(t.shape) != (vocab_size, hidden_size):
+            raise CheckpointError(f"target {key!r} in {f} is {list(t.shape)} but the drafter needs "
+                                  f"[{vocab_size}, {hidden_size}] (vocab_size, hidden_size): is this the drafter's "
+                                  f"target model? {NOTHING_DONE}")
+        return t
+
+    embed = load(embed_key)
+    lm_head = embed if tied else load(lm_key)
+    info = HeadInfo(source=str(source), embed_key=embed_key, embed_file=str(d / weight_map[embed_key]),
+                    lm_head_key=lm_key, lm_head_file=None if tied else str(d / weight_map[lm_key]), tied=tied,
+                    vocab_size=vocab_size, hidden_size=hidden_size)
+    return TargetHead(embed=embed, lm_head=lm_head), info
+
+
+# ---- drafter vs cache ---------------------------------------------------------------------------
+def check_features(cfg: DrafterConfig, cache_layer_ids: list[int], cache_hidden_size: int) -> list[int]:
+    """Indices into the cache's layer list, in fc's input order; FeatureMismatchError if it cannot serve."""
+    need, have, H = list(cfg.fc_layer_ids), list(cache_layer_ids), cfg.hidden_size
+    want = f"drafter fc expects {len(need) * H} input features ({len(need)} layers x {H}: {need})"
+    held = f"the cache holds {len(have) * cache_hidden_size} ({len(have)} layers x {cache_hidden_size}: {have})"
+    if cache_hidden_size != H:
+        raise FeatureMismatchError(f"{want}; {held}: hidden sizes differ, so the cache comes from another target "
+                                   f"model. Extract a cache with this drafter's target.")
+    missing = [layer for layer in need if layer not in have]
+    if missing:
+        layers = ",".join(str(x) for x in sorted(set(have) | set(need)))
+        raise FeatureMismatchError(f"{want}; {held}, without layers {missing}. Re-extract with --layers {layers}, "
+                                   f"or evaluate a {len(have)}-layer drafter.")
+    return [have.index(layer) for layer in need]
+
+
+def select_features(feats: Tensor, indices: list[int], hidden_size: int) -> Tensor:
+    """feats [T, n_cache*H] -> [T, len(indices)*H] in `indices` order; a view when they are consecutive."""
+    n = len(indices)
+    if indices == list(range(indices[0], indices[0] + n)):
+        return feats[:, indices[0] * hidden_size:(indices[0] + n) * hidden_size]
+    T = feats.shape[0]
+    idx = torch.tensor(indices, device=feats.device)
+    return feats.view(T, -1, hidden_size).index_select(1, idx).reshape(T, n * hidden_size)

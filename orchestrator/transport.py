@@ -36,6 +36,7 @@ class Transport:
     """Interface. `cmd` is a POSIX shell command string run with `sh -c` semantics in the host's login dir."""
 
     host: "Host"
+    workdir: str | None = None  # absolute, set by resolve_workdir()
 
     def run(self, cmd: str, *, check: bool = True, timeout_s: float | None = None,
             input: str | bytes | None = None) -> Completed:  # noqa: A002
@@ -212,6 +213,35 @@ def get_transport(host: "Host") -> Transport:
 
 def q(s: str | os.PathLike) -> str:
     return shlex.quote(str(s))
+
+
+def workdir_expr(host: "Host") -> str:
+    """A shell expression for the host's workdir: on a server `~` and relative paths are under $HOME;
+    a local host's relative workdir is under the current directory."""
+    wd = host.workdir
+    if host.is_local:
+        return q(os.path.abspath(os.path.expanduser(wd)))
+    if wd in ("~", ""):
+        return '"$HOME"'
+    if wd.startswith("~/"):
+        return '"$HOME"/' + q(wd[2:])
+    return q(wd) if wd.startswith("/") else '"$HOME"/' + q(wd)
+
+
+def resolve_workdir(transport: Transport) -> str:
+    """The host's workdir as an absolute path (`~` resolved once per transport, then cached)."""
+    cached = getattr(transport, "workdir", None)
+    if cached:
+        return cached
+    host = transport.host
+    if host.is_local:
+        path = os.path.abspath(os.path.expanduser(host.workdir))
+    elif host.workdir.startswith("/"):
+        path = host.workdir
+    else:
+        path = transport.run(f"printf '%s' {workdir_expr(host)}", timeout_s=60).stdout
+    transport.workdir = path
+    return path
 
 
 def remote_path(host: "Host", *parts: str) -> str:

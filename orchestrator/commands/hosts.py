@@ -1,0 +1,95 @@
+"""`reval hosts` (the inventory as a table) and `reval hosts check [HOST|GROUP] [--accept-new] [--json]`."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from ..hostcheck import HostCheck, check_hosts, describe_address, exit_code
+from ..inventory import Inventory, load_inventory
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("hosts", help="the inventory as a table; `hosts check` probes the hosts",
+                       description="Show the inventory (hosts.yaml). `reval hosts check [HOST|GROUP]` checks each "
+                                   "host in parallel: reachable, host key, python, disk, GPUs, payload and venv.")
+    p.set_defaults(func=main_list)
+    hsub = p.add_subparsers(dest="hosts_command", metavar="check")
+    c = hsub.add_parser("check", help="check hosts in parallel (one SSH round trip each)")
+    c.add_argument("target", nargs="?", metavar="HOST|GROUP", help="default: every host in the inventory")
+    c.add_argument("--accept-new", action="store_true",
+                   help="record the host key of a host seen for the first time (a changed key is still refused)")
+    c.add_argument("--json", action="store_true", help="print the results as JSON")
+    c.add_argument("--jobs", type=int, default=16, metavar="N", help="hosts checked at once (default 16)")
+    c.set_defaults(func=main_check)
+
+
+def inventory_table(inv: Inventory) -> Table:
+    t = Table(title=f"hosts ({inv.path or 'built-in'})", title_justify="left")
+    for col in ("host", "address", "workdir", "python / venv", "gpus", "tags"):
+        t.add_column(col)
+    for h in inv.hosts.values():
+        venv = h.venv.mode + (" +system-site" if h.venv.system_site_packages else "") + \
+            (" +wheelhouse" if h.venv.wheelhouse else "")
+        t.add_row(h.name, describe_address(h), h.workdir, f"{h.python} ({venv})", h.gpus, ", ".join(h.tags))
+    return t
+
+
+def gpu_summary(r: HostCheck) -> str:
+    if r.gpus is None:
+        return "no GPU (CPU runs)" if r.reachable and r.python else "-"
+    if r.gpu_error:
+        return r.gpu_error
+    return "\n".join(f"{g['index']}: {g['name']} {_gb(g['memory_used_mib'])}/{_gb(g['memory_total_mib'])} GB "
+                     f"{g['utilization_pct'] if g['utilization_pct'] is not None else '?'}%" for g in r.gpus)
+
+
+def _gb(mib) -> str:
+    return "?" if mib is None else f"{mib / 1024:.0f}"
+
+
+def check_table(results: list[HostCheck]) -> Table:
+    t = Table(title_justify="left")
+    for col in ("host", "status", "python", "disk free", "GPUs", "payload", "venv", "time"):
+        t.add_column(col)
+    for r in results:
+        status = "ok" if r.ok else ("UNREACHABLE" if not r.reachable else "FAILED")
+        disk = f"{r.disk_free_bytes / 1e9:.0f} GB" if r.disk_free_bytes is not None else "-"
+        t.add_row(r.host, status, r.python or "-", disk, gpu_summary(r), r.payload if r.reachable else "-",
+                  r.venv if r.reachable else "-", f"{r.elapsed_s:.1f}s")
+    return t
+
+
+def failure_lines(results) -> list[str]:
+    out = []
+    for r in results:
+        if not r.ok:
+            out.append(f"{r.host}: {r.error}")
+            out += [f"  fix: {line}" for line in (r.hint or "").splitlines()]
+    return out
+
+
+def main_list(args: argparse.Namespace) -> int:
+    inv = load_inventory(args.inventory)
+    con = Console()
+    con.print(inventory_table(inv))
+    for g, members in inv.groups.items():
+        con.print(f"group {g}: {', '.join(members)}", highlight=False)
+    return 0
+
+
+def main_check(args: argparse.Namespace) -> int:
+    inv = load_inventory(args.inventory)
+    hosts = inv.resolve(args.target) if args.target else list(inv.hosts.values())
+    results = check_hosts(hosts, accept_new=args.accept_new, max_workers=args.jobs)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
+    else:
+        con = Console()
+        con.print(check_table(results))
+        for line in failure_lines(results):
+            con.print(line, highlight=False, markup=False)
+    return exit_code(results)

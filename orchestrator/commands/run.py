@@ -1,0 +1,120 @@
+"""`reval run HOST --drafter PATH --target PATH --cache PATH [--name NAME] [--gpus auto|0,1] [--detach]
+[--num-prompts N] [--max-blocks M] [-- extra payload args]`: sync -> launch -> follow -> pull -> summary."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from remote_payload import protocol
+
+from .. import __version__
+from ..environment import ensure_env
+from ..errors import EXIT_STILL_RUNNING, ConfigError
+from ..inventory import load_inventory
+from ..launch import describe, launch, normalize_gpus
+from ..sync import sync_payload
+from ..transport import get_transport
+from .runs import detached_message, finish_run, make_sink, out
+
+
+def _add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drafter", help="drafter checkpoint (dir or .pt) on the host")
+    p.add_argument("--target", help="target model dir on the host (embed_tokens / lm_head are borrowed)")
+    p.add_argument("--cache", help="hidden-state cache dir on the host")
+    p.add_argument("--name", help="run name (default <drafter-name>-<UTC time>); refused if already used")
+    p.add_argument("--gpus", help="auto (one free GPU; CPU on a host without GPUs) | none | 0,1 "
+                                  "(default: the host's gpus in hosts.yaml)")
+    p.add_argument("--detach", action="store_true", help="start it and return (exit 101); follow later with logs -f")
+    p.add_argument("--num-prompts", type=int, help="evaluate the first N prompts of the cache")
+    p.add_argument("--max-blocks", type=int, help="at most M draft rounds per prompt")
+    p.add_argument("--payload", choices=("eval", "dummy"), default="eval",
+                   help="what to run: the eval, or a torch-free stand-in (tests, demos of the plumbing)")
+    p.add_argument("--give-up-s", type=float, default=120.0, help="stop reconnecting after this long (exit 4)")
+
+
+_OPTIONS = argparse.ArgumentParser(prog="reval run", add_help=False)
+_add_options(_OPTIONS)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run an eval on a host: sync, launch detached, follow live, pull, summarize",
+                       description=__doc__)
+    p.add_argument("host", help="an inventory host")
+    _add_options(p)
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="options after HOST, then -- extra payload args")
+    p.set_defaults(func=cmd_run)
+
+
+def payload_argv(args) -> list[str]:
+    """`python -m remote_payload ...` arguments, without --run-dir (the launcher adds it) (pure)."""
+    if args.payload == "dummy":
+        return ["dummy", *args.extra]
+    argv = ["eval", "--drafter", args.drafter, "--target", args.target, "--cache", args.cache]
+    if args.num_prompts is not None:
+        argv += ["--num-prompts", str(args.num_prompts)]
+    if args.max_blocks is not None:
+        argv += ["--max-blocks", str(args.max_blocks)]
+    return argv + list(args.extra)
+
+
+def _split_extra(args) -> argparse.Namespace:
+    """argparse hands everything after HOST to `extra`: options before `--` are ours, the rest the payload's."""
+    extra = list(args.extra or [])
+    if "--" in extra:
+        i = extra.index("--")
+        opts, extra = extra[:i], extra[i + 1:]
+    else:
+        opts, extra = extra, []
+    ns, unknown = _OPTIONS.parse_known_args(opts, namespace=args)
+    if unknown:
+        raise ConfigError(f"reval run: unrecognized arguments: {' '.join(unknown)}",
+                          hint="payload arguments go after --, e.g. reval run HOST ... -- --batch-size 32")
+    ns.extra = extra
+    return ns
+
+
+def cmd_run(args) -> int:
+    args = _split_extra(args)
+    if args.payload == "eval":
+        missing = [f"--{k}" for k in ("drafter", "target", "cache") if not getattr(args, k)]
+        if missing:
+            raise ConfigError(f"reval run: missing {', '.join(missing)}",
+                              hint="reval run HOST --drafter PATH --target PATH --cache PATH")
+    for k in ("num_prompts", "max_blocks"):
+        if getattr(args, k) is not None and getattr(args, k) < 1:
+            raise ConfigError(f"--{k.replace('_', '-')} must be at least 1")
+    inv = load_inventory(args.inventory)
+    host = inv.get(args.host)
+    gpus = normalize_gpus(args.gpus or host.gpus)
+    name = args.name or protocol.default_run_name(args.drafter or args.payload)
+    try:
+        protocol.validate_run_name(name)
+    except protocol.ProtocolError as e:
+        raise ConfigError(str(e)) from None
+
+    t0 = time.monotonic()
+    t = get_transport(host)
+    synced = sync_payload(t, host)
+    env = ensure_env(t, host)
+    changed = (f"{synced.files_changed} of {synced.files_total} files changed ({synced.bytes / 1024:.0f} KB)"
+               if synced.files_changed or synced.files_deleted else "unchanged")
+    out(f"sync    payload: {changed} · venv: {'reused' if env.reused else 'built'} ({env.key})")
+    run_json = {"argv": sys.argv[1:], "payload_argv": payload_argv(args), "drafter": args.drafter,
+                "target": args.target, "cache": args.cache, "payload_hash": synced.manifest_hash,
+                "venv_key": env.key, "gpus_requested": gpus, "created_at": protocol.now_iso(),
+                "controller_version": __version__}
+    info = launch(host, t, name=name, payload_argv=payload_argv(args), gpus=gpus, run_json=run_json,
+                  python=env.python)
+    out(f"launch  {describe(info, gpus)}")
+    if args.detach:
+        out(detached_message(name, host.name))
+        return EXIT_STILL_RUNNING
+    sink = make_sink()
+    try:
+        return finish_run(t, name, python=env.python, log_offset=0, sink=sink, give_up_s=args.give_up_s,
+                          started=t0)
+    except KeyboardInterrupt:
+        sink.close()
+        out(detached_message(name, host.name))
+        return EXIT_STILL_RUNNING

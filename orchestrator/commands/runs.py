@@ -1,0 +1,275 @@
+"""`reval logs RUN [-f]`, `reval status [RUN]`, `reval ls [HOST]`, `reval pull RUN|--all`, `reval kill RUN`.
+
+RUN is `name` (looked up in runs/ here, then on every inventory host) or `host/name`."""
+from __future__ import annotations
+
+import calendar
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from remote_payload import protocol
+
+from ..errors import (EXIT_CANCELLED, EXIT_EVAL_FAILED, EXIT_OK, EXIT_PARTIAL, EXIT_STILL_RUNNING, RevalError,
+                      RunNotFound)
+from ..follow import PlainSink, RichSink, follow
+from ..inventory import load_inventory
+from ..pull import pull
+from ..runs import (RunState, kill_run, list_runs, load_follow_state, local_registry, remote_run_dir, resolve_run,
+                    result_summary, run_state)
+from ..transport import Transport, get_transport, q, resolve_workdir
+
+LAST_LINES = 15
+
+
+def out(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def err(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def make_sink():
+    """rich live display on a terminal, plain lines otherwise."""
+    if sys.stdout.isatty():
+        from rich.console import Console
+        return RichSink(Console())
+    return PlainSink()
+
+
+def detached_message(name: str, host: str) -> str:
+    return f"detached: {name} keeps running on {host}. Re-attach: reval logs {name} -f"
+
+
+def _epoch(iso: str | None) -> float | None:
+    try:
+        return float(calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ")))
+    except (TypeError, ValueError):
+        return None
+
+
+def duration_text(status: dict) -> str:
+    """`2m41s` from started_at/finished_at (pure)."""
+    a, b = _epoch(status.get("started_at")), _epoch(status.get("finished_at"))
+    if a is None or b is None:
+        return "?"
+    s = int(b - a)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def last_lines(path: Path, n: int = LAST_LINES) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()[-n:]
+    except FileNotFoundError:
+        return []
+
+
+def report_final(host: str, name: str, state: str, status: dict, pulled: Path) -> int:
+    """Print the end of a run (done / failed / cancelled / lost) and return its exit code."""
+    where = f"pulled to {pulled}/"
+    if state == protocol.SUCCEEDED:
+        try:
+            results = json.loads((pulled / protocol.RESULTS_JSON).read_text())
+        except (FileNotFoundError, ValueError):
+            err(f"failed  {name} exited 0 but wrote no readable results.json · {where}")
+            for line in last_lines(pulled / protocol.EVAL_LOG):
+                err(f"        {line}")
+            return EXIT_EVAL_FAILED
+        out(f"done    {name} succeeded in {duration_text(status)} · {where}")
+        out(f"        {result_summary(results)}")
+        health = results.get("health") or {}
+        if health.get("suspect"):
+            err(f"warning: SUSPECT RESULT — {'; '.join(health.get('reasons') or ['see results.json health'])}")
+        return EXIT_OK
+    if state == protocol.CANCELLED:
+        out(f"cancelled {name} on {host} after {duration_text(status)} · {where}")
+        return EXIT_CANCELLED
+    if state == protocol.LOST:
+        err(f"lost    {name}: status.json on {host} says running but its process group {status.get('pgid')} is "
+            f"gone (host rebooted? OOM killer?); no result · {where}")
+    else:
+        why = status.get("error") or f"exit {status.get('exit_code')}"
+        err(f"failed  {name} on {host} ({why}) after {duration_text(status)} · {where}")
+    lines = last_lines(pulled / protocol.EVAL_LOG)
+    if lines:
+        err("        last lines of eval.log:")
+        for line in lines:
+            err(f"        | {line}")
+    return EXIT_EVAL_FAILED
+
+
+def finish_run(t: Transport, name: str, *, python: str, log_offset: int, sink, give_up_s: float = 120.0,
+               started: float | None = None) -> int:
+    """Follow until the run is over, pull it, print how it ended; the exit code."""
+    workdir = resolve_workdir(t)
+    try:
+        res = follow(t, name, workdir=workdir, python=python, log_offset=log_offset, sink=sink,
+                     give_up_s=give_up_s)
+    finally:
+        sink.close()
+    pulled = pull(t, name, workdir=workdir)
+    return report_final(t.host.name, name, res.state, res.status, pulled.path)
+
+
+# -- commands ----------------------------------------------------------------------------------------------
+def register(sub) -> None:
+    p = sub.add_parser("logs", help="print a run's eval.log; -f follows it live (resumes where it stopped)")
+    p.add_argument("run", metavar="RUN", help="name or host/name")
+    p.add_argument("-f", "--follow", action="store_true", help="follow until the run ends, then pull it")
+    p.add_argument("--host", help="the run's host (when the name alone is ambiguous)")
+    p.add_argument("--from-start", action="store_true", help="with -f: from the log's first byte")
+    p.add_argument("--give-up-s", type=float, default=120.0, help="stop reconnecting after this long (exit 4)")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("status", help="a run's state (running / succeeded / failed / cancelled / lost)")
+    p.add_argument("run", metavar="RUN", nargs="?", help="name or host/name (default: every run known here)")
+    p.add_argument("--host", help="the run's host")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("ls", help="the runs on a host or group (default: every inventory host)")
+    p.add_argument("host", metavar="HOST", nargs="?", help="a host or group")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("pull", help="copy a run directory to runs/<host>/<run>/")
+    p.add_argument("run", metavar="RUN", nargs="?", help="name or host/name")
+    p.add_argument("--all", action="store_true", help="every run on every host (or --host)")
+    p.add_argument("--host", help="a host or group")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("kill", help="cancel a run: TERM its process group, wait, KILL, confirm it is gone")
+    p.add_argument("run", metavar="RUN", help="name or host/name")
+    p.add_argument("--host", help="the run's host")
+    p.add_argument("--grace-s", type=float, default=10.0, help="seconds between TERM and KILL")
+    p.set_defaults(func=cmd_kill)
+
+
+def _python(host, name: str) -> str:
+    return load_follow_state(host.name, name).get("python") or host.python
+
+
+def cmd_logs(args) -> int:
+    inv = load_inventory(args.inventory)
+    host, name = resolve_run(inv, args.run, args.host)
+    t = get_transport(host)
+    if not args.follow:
+        state = run_state(t, name)
+        if state is None:
+            raise RunNotFound(f"no run {name!r} on {host.name}", hint=f"list runs: reval ls {host.name}")
+        p = t.popen(f"cat {q(remote_run_dir(resolve_workdir(t), name) + '/' + protocol.EVAL_LOG)} 2>/dev/null")
+        data, _ = p.communicate()
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return EXIT_OK
+    offset = 0 if args.from_start else int(load_follow_state(host.name, name).get("log_offset", 0))
+    sink = make_sink()
+    try:
+        return finish_run(t, name, python=_python(host, name), log_offset=offset, sink=sink,
+                          give_up_s=args.give_up_s)
+    except KeyboardInterrupt:
+        sink.close()
+        out(detached_message(name, host.name))
+        return EXIT_STILL_RUNNING
+
+
+def states_table(states: list[RunState], unreachable: dict[str, str]):
+    """A rich Table of runs (pure)."""
+    from rich.table import Table
+    table = Table(box=None, pad_edge=False)
+    for col in ("host", "run", "state", "started", "took", "exit", "gpus"):
+        table.add_column(col)
+    for s in states:
+        st = s.status
+        table.add_row(s.host, s.name, s.state, st.get("started_at", ""),
+                      duration_text(st) if st.get("finished_at") else "", str(st.get("exit_code", "")),
+                      ",".join(map(str, st.get("gpus", []))) or (st.get("device") or ""))
+    for h, why in unreachable.items():
+        table.add_row(h, "", "unreachable", why, "", "", "")
+    return table
+
+
+def _print_table(table) -> None:
+    from rich.console import Console
+    Console(width=160 if not sys.stdout.isatty() else None).print(table)
+
+
+def _per_host(hosts, fn) -> tuple[dict, dict[str, str]]:
+    """Run fn(transport) on every host in parallel: ({host: result}, {host: why unreachable})."""
+    def one(h):
+        try:
+            return h.name, fn(get_transport(h)), None
+        except RevalError as e:
+            return h.name, None, str(e)
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as ex:
+        done = list(ex.map(one, hosts))
+    return ({n: r for n, r, e in done if e is None}, {n: e for n, r, e in done if e is not None})
+
+
+def cmd_status(args) -> int:
+    inv = load_inventory(args.inventory)
+    if args.run:
+        host, name = resolve_run(inv, args.run, args.host)
+        s = run_state(get_transport(host), name)
+        if s is None:
+            raise RunNotFound(f"no run {name!r} on {host.name}", hint=f"list runs: reval ls {host.name}")
+        st = s.status
+        extra = f" · exit {st['exit_code']}" if "exit_code" in st else ""
+        extra += f" · {st['error']}" if st.get("error") else ""
+        took = f" · {duration_text(st)}" if st.get("finished_at") else f" · since {st.get('started_at')}"
+        out(f"{name} on {host.name}: {s.state}{took}{extra}")
+        return EXIT_OK
+    known = local_registry()
+    hosts = [inv.hosts[h] for h in sorted({h for h, _ in known}) if h in inv.hosts]
+    found, unreachable = _per_host(hosts, list_runs)
+    wanted = set(known)
+    states = [s for h in found.values() for s in h if (s.host, s.name) in wanted]
+    _print_table(states_table(states, unreachable))
+    return EXIT_PARTIAL if unreachable else EXIT_OK
+
+
+def cmd_ls(args) -> int:
+    inv = load_inventory(args.inventory)
+    hosts = inv.resolve(args.host) if args.host else list(inv.hosts.values())
+    found, unreachable = _per_host(hosts, list_runs)
+    _print_table(states_table([s for h in hosts for s in found.get(h.name, [])], unreachable))
+    return EXIT_PARTIAL if unreachable else EXIT_OK
+
+
+def cmd_pull(args) -> int:
+    inv = load_inventory(args.inventory)
+    if not args.all:
+        if not args.run:
+            raise RevalError("reval pull: give a RUN or --all", hint="reval pull HOST/NAME ; reval pull --all")
+        host, name = resolve_run(inv, args.run, args.host)
+        t = get_transport(host)
+        res = pull(t, name, workdir=resolve_workdir(t))
+        s = run_state(t, name)
+        out(f"pulled  {host.name}/{name} ({s.state if s else '?'}) -> {res.path}/ · {', '.join(res.files)}")
+        return EXIT_OK
+    hosts = inv.resolve(args.host) if args.host else list(inv.hosts.values())
+
+    def pull_all(t):
+        workdir = resolve_workdir(t)
+        return [(s, pull(t, s.name, workdir=workdir)) for s in list_runs(t)]
+    found, unreachable = _per_host(hosts, pull_all)
+    for h in hosts:
+        for s, res in found.get(h.name, []):
+            out(f"pulled  {h.name}/{s.name} ({s.state}) -> {res.path}/")
+    for h, why in unreachable.items():
+        err(f"failed  {h}: {why}")
+    return EXIT_PARTIAL if unreachable else EXIT_OK
+
+
+def cmd_kill(args) -> int:
+    inv = load_inventory(args.inventory)
+    host, name = resolve_run(inv, args.run, args.host)
+    t = get_transport(host)
+    before = run_state(t, name)
+    if before is not None and before.terminal:
+        out(f"{name} on {host.name} already ended: {before.state}; nothing to kill")
+        return EXIT_OK
+    s = kill_run(t, name, grace_s=args.grace_s)
+    out(f"cancelled {name} on {host.name}: process group {s.status.get('pgid')} is gone · status {s.state}")
+    return EXIT_OK

@@ -1,0 +1,231 @@
+"""Follow a run live: one long-lived remote stream (`python -m remote_payload stream`, framed: log bytes,
+events, status, heartbeats) per connection, resumed after a drop at the exact byte offset.
+
+The offset into eval.log only ever advances past whole lines that were handed to the sink, and it is
+saved locally (runs/<host>/<run>/.follow.json), so a reconnect — or a later `reval logs -f` — asks the
+server for the bytes after the last line shown: no line lost, no line twice. Silence longer than
+`stall_s` (the server sends a heartbeat every second) counts as a dropped connection; reconnects back
+off exponentially (capped at `max_backoff_s`) and give up after `give_up_s` with exit 4.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from remote_payload import protocol
+
+from .errors import HostKeyError, HostUnreachable, RevalError, RunNotFound
+from .runs import save_follow_state, verdict
+from .transport import SSHTransport, Transport, classify_ssh_failure, q
+
+
+@dataclass
+class Frame:
+    tag: str                     # L (log) | E (events) | S (status) | H (heartbeat) | D (done) | X (error)
+    offset: int = 0
+    data: bytes = b""
+
+
+class FrameParser:
+    """Incremental parser of the stream's frames (see remote_payload/stream.py)."""
+
+    def __init__(self):
+        self.buf = b""
+
+    def feed(self, chunk: bytes) -> list[Frame]:
+        self.buf += chunk
+        frames = []
+        while True:
+            nl = self.buf.find(b"\n")
+            if nl < 0:
+                return frames
+            head = self.buf[:nl].split()
+            if not head:
+                self.buf = self.buf[nl + 1:]
+                continue
+            tag = head[0].decode()
+            if tag in ("H", "D"):
+                frames.append(Frame(tag))
+                self.buf = self.buf[nl + 1:]
+                continue
+            offset, size = (int(head[1]), int(head[2])) if tag in ("L", "E") else (0, int(head[1]))
+            if len(self.buf) < nl + 1 + size:
+                return frames  # the body is still on its way
+            frames.append(Frame(tag, offset, self.buf[nl + 1: nl + 1 + size]))
+            self.buf = self.buf[nl + 1 + size:]
+
+
+@dataclass
+class FollowResult:
+    state: str                   # succeeded | failed | cancelled | lost
+    status: dict = field(default_factory=dict)
+    log_offset: int = 0
+    reconnects: int = 0
+
+
+def stream_command(workdir: str, python: str, run_dir: str, log_offset: int, events_offset: int) -> str:
+    """The remote command of one stream connection (pure)."""
+    return (f"cd {q(workdir + '/payload')} && exec {q(python)} -m remote_payload stream --run-dir {q(run_dir)} "
+            f"--log-offset {int(log_offset)} --events-offset {int(events_offset)}")
+
+
+class PlainSink:
+    """Non-TTY output: the log lines as they are, notes on stderr."""
+
+    def __init__(self, out=None, err=None):
+        self.out, self.err = out or sys.stdout, err or sys.stderr
+
+    def line(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def event(self, ev: dict) -> None:
+        pass
+
+    def status(self, st: dict) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        self.err.write(text + "\n")
+        self.err.flush()
+
+    def close(self) -> None:
+        pass
+
+
+class RichSink(PlainSink):
+    """TTY output: a progress bar from events.jsonl (stage, i/n), the log lines printed above it."""
+
+    def __init__(self, console):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self.progress = Progress(TextColumn("[bold]{task.fields[stage]}"), TextColumn("{task.description}"),
+                                 BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 console=console, transient=True)
+        self.task = None
+        self.progress.start()
+
+    def line(self, text: str) -> None:
+        from rich.text import Text
+        self.progress.console.print(Text(text), highlight=False)
+
+    def event(self, ev: dict) -> None:
+        n, i = ev.get("n"), ev.get("i")
+        if not isinstance(n, int) or not isinstance(i, int):
+            return
+        fields = dict(completed=i, total=max(n, 1), description=str(ev.get("message", ""))[:60],
+                      stage=str(ev.get("stage", "")))
+        if self.task is None:
+            self.task = self.progress.add_task(**fields)
+        else:
+            self.progress.update(self.task, **fields)
+
+    def note(self, text: str) -> None:
+        self.progress.console.print(f"[dim]{text}[/dim]")
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def _stop(p: subprocess.Popen) -> str:
+    """End our own ssh/stream child (by its pid) and return its stderr."""
+    if p.poll() is None:
+        p.kill()
+    try:
+        _, err = p.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        err = b""
+    return (err or b"").decode(errors="replace")
+
+
+def follow(transport: Transport, name: str, *, workdir: str, python: str, log_offset: int = 0, sink=None,
+           stall_s: float = 3.0, give_up_s: float = 60.0, max_backoff_s: float = 5.0,
+           save: bool = True) -> FollowResult:
+    """Stream eval.log from `log_offset` until the run is terminal (or lost) and drained."""
+    sink = sink or PlainSink()
+    host = transport.host
+    run_dir = f"{workdir}/runs/{name}"
+    res = FollowResult(state=protocol.RUNNING, log_offset=log_offset)
+    events_offset = 0
+    pending = b""  # the tail of events.jsonl after its last newline (only sent once the run is over)
+    attempt, down_since = 0, None
+    while True:
+        p = transport.popen(stream_command(workdir, python, run_dir, res.log_offset, events_offset))
+        parser = FrameParser()
+        done = got_frames = False
+        try:
+            fd = p.stdout.fileno()
+            while not done:
+                ready, _, _ = select.select([fd], [], [], stall_s)
+                if not ready:
+                    break  # silence: the connection is stalled
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break  # EOF: the stream ended without D (connection dropped, stream killed)
+                attempt, down_since, got_frames = 0, None, True
+                for fr in parser.feed(chunk):
+                    if fr.tag == "L":
+                        skip = res.log_offset - fr.offset  # >0 only if the server re-sent bytes we have
+                        if skip < 0:
+                            raise RuntimeError(f"log stream gap: have {res.log_offset}, got {fr.offset}")
+                        data = fr.data[skip:] if skip else fr.data
+                        if data:
+                            text = data.decode("utf-8", errors="replace")
+                            for line in text[:-1].split("\n") if text.endswith("\n") else text.split("\n"):
+                                sink.line(line)
+                            res.log_offset += len(data)
+                            if save:
+                                save_follow_state(host.name, name, log_offset=res.log_offset)
+                    elif fr.tag == "E":
+                        if fr.offset + len(fr.data) <= events_offset:
+                            continue
+                        data = pending + fr.data[max(0, events_offset - fr.offset):]
+                        events_offset = fr.offset + len(fr.data)
+                        lines = data.split(b"\n")
+                        pending = lines.pop()
+                        for raw in lines:
+                            try:
+                                sink.event(json.loads(raw))
+                            except ValueError:
+                                continue
+                    elif fr.tag == "S":
+                        st = json.loads(fr.data)
+                        res.status = {k: v for k, v in st.items() if k != "alive"}
+                        res.state = verdict(res.status, bool(st.get("alive")))
+                        sink.status(st)
+                    elif fr.tag == "D":
+                        done = True
+                        break
+                    elif fr.tag == "X":
+                        raise RunNotFound(f"{host.name}: {fr.data.decode(errors='replace')}",
+                                          hint=f"list runs: reval ls {host.name}")
+        finally:
+            err = _stop(p)
+        if done:
+            return res
+        if isinstance(transport, SSHTransport) and p.returncode == SSHTransport.SSH_ERROR:
+            e = classify_ssh_failure(host, err)
+            if isinstance(e, HostKeyError):
+                raise e
+        elif not got_frames and p.returncode not in (0, -9):
+            # The remote command itself failed (no python or payload there): retrying will not help.
+            last = (err.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+            raise RevalError(f"{host.name}: cannot follow {name}: {last}",
+                             hint=f"re-sync the payload: reval sync {host.name}", exit_code=1)
+        now = time.monotonic()
+        down_since = down_since or now
+        if now - down_since > give_up_s:
+            raise HostUnreachable(
+                f"{host.name}: connection lost for {give_up_s:.0f}s while following {name}",
+                hint=f"the run goes on on the host. Re-attach: reval logs {name} -f --host {host.name}")
+        delay = min(max_backoff_s, 0.25 * 2 ** attempt)
+        attempt += 1
+        res.reconnects += 1
+        sink.note(f"connection to {host.name} dropped; reconnecting in {delay:.1f}s (at byte {res.log_offset})")
+        time.sleep(delay)

@@ -1,0 +1,130 @@
+"""Start a run detached on a host: one remote shell script (one SSH round trip) that claims the run name
+(`mkdir` is atomic, so a used name is refused), stages run.json, and starts the payload's wrapper with
+`setsid nohup ... &` (no PTY; it survives the SSH connection), then waits for the wrapper's status.json.
+
+GPU choice happens on the host, inside the wrapper (remote_payload/wrapper.py): nvidia-smi, idle GPUs
+only, an flock per GPU under <workdir>/locks/ holding the run name + pid. Choosing and locking in the
+same process on the same machine is what makes two concurrent launches unable to share a GPU.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from remote_payload import protocol
+
+from .errors import ConfigError, RevalError
+from .inventory import Host
+from .runs import remote_run_dir, save_follow_state
+from .transport import Transport, q, resolve_workdir
+
+STARTUP_WAIT_S = 15.0
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass
+class LaunchInfo:
+    host: str
+    name: str
+    run_dir: str                 # on the host
+    pid: int
+    pgid: int
+    device: str                  # cuda | cpu
+    gpus: list[int] = field(default_factory=list)
+    gpu_info: list[dict] = field(default_factory=list)
+    status: dict = field(default_factory=dict)
+
+
+def normalize_gpus(spec: str | None) -> str:
+    """auto | none | '0,1' (validated: indices only)."""
+    spec = (spec or "auto").strip().lower()
+    if spec in ("auto", "none", "cpu"):
+        return "none" if spec == "cpu" else spec
+    if not re.fullmatch(r"\d+(,\d+)*", spec):
+        raise ConfigError(f"--gpus {spec!r}: use auto, none, or GPU indices like 0 or 0,1")
+    return spec
+
+
+def wrapper_argv(python: str, run_dir: str, locks_dir: str, gpus: str, payload_argv: list[str]) -> list[str]:
+    """The wrapper command line: `wrap ... -- python -m remote_payload <payload_argv> --run-dir <run_dir>` (pure)."""
+    return [python, "-m", "remote_payload", "wrap", "--run-dir", run_dir, "--run-json", f"{run_dir}/.run.json.in",
+            "--gpus", gpus, "--locks-dir", locks_dir, "--",
+            python, "-m", "remote_payload", *payload_argv, "--run-dir", run_dir]
+
+
+def launch_script(workdir: str, name: str, argv: list[str], env: dict, wait_s: float = STARTUP_WAIT_S) -> str:
+    """The remote shell script (pure; every dynamic part shlex-quoted). Reads run.json on stdin."""
+    for k in env:
+        if not _ENV_NAME.match(str(k)):
+            raise ConfigError(f"environment variable name {k!r} in hosts.yaml is not valid",
+                              hint="use letters, digits and _ (not starting with a digit)")
+    d = remote_run_dir(workdir, name)
+    env_words = " ".join(q(f"{k}={v}") for k, v in {**env, "PYTHONUNBUFFERED": "1"}.items())
+    ticks = int(wait_s / 0.02)
+    return "\n".join([
+        f"wd={q(workdir)}; d={q(d)}",
+        'mkdir -p "$wd/runs" "$wd/locks" || exit 1',
+        'if ! mkdir "$d" 2>/dev/null; then echo "@@EXISTS"; exit 0; fi',
+        'cat > "$d/.run.json.in" || exit 1',
+        'cd "$wd/payload" || { rm -rf "$d"; echo "@@NOPAYLOAD"; exit 0; }',
+        # setsid: a new session, no controlling terminal; nohup: HUP ignored where setsid is missing
+        'if command -v setsid >/dev/null 2>&1; then det=setsid; else det=; fi',
+        f"env {env_words} $det nohup {' '.join(q(a) for a in argv)} >/dev/null 2>&1 </dev/null &",
+        f'i=0; while [ ! -s "$d/status.json" ] && [ $i -lt {ticks} ]; do sleep 0.02; i=$((i+1)); done',
+        'echo "@@STATUS"; cat "$d/status.json" 2>/dev/null; exit 0',
+    ])
+
+
+def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[str], gpus: str = "auto",
+           run_json: dict, python: str) -> LaunchInfo:
+    """Start `python -m remote_payload <payload_argv> --run-dir <run dir>` detached under the wrapper.
+
+    Refuses an invalid or already-used name (exit 3). On a start failure (no free GPU, ...) the run dir is
+    removed again, so nothing half-written stays behind."""
+    try:
+        protocol.validate_run_name(name)
+    except protocol.ProtocolError as e:
+        raise ConfigError(str(e)) from None
+    gpus = normalize_gpus(gpus)
+    workdir = resolve_workdir(transport)
+    d = remote_run_dir(workdir, name)
+    argv = wrapper_argv(python, d, f"{workdir}/locks", gpus, payload_argv)
+    script = launch_script(workdir, name, argv, host.env)
+    staged = json.dumps({**run_json, "run": name, "host": host.name, "python": python}, default=str)
+    out = transport.run(script, input=staged, timeout_s=STARTUP_WAIT_S + 60).stdout
+    if "@@EXISTS" in out:
+        raise ConfigError(f"run name {name!r} is already used on {host.name}",
+                          hint=f"pick another with --name (e.g. --name {name}-2), or leave --name out for a "
+                               f"timestamped one; see it: reval status {host.name}/{name}")
+    if "@@NOPAYLOAD" in out:
+        raise ConfigError(f"{host.name}: no payload in {workdir}/payload", hint=f"run: reval sync {host.name}")
+    body = out.split("@@STATUS", 1)[-1].strip()
+    try:
+        status = json.loads(body) if body else {}
+    except ValueError:
+        status = {}
+    if not status:
+        raise RevalError(f"{host.name}: the run wrapper did not start within {STARTUP_WAIT_S:.0f}s",
+                         hint=f"look at {d}/eval.log on the host; check: reval hosts check {host.name}",
+                         exit_code=1)
+    if status.get("state") == protocol.FAILED and status.get("error"):
+        transport.run(f"rm -rf {q(d)}", check=False, timeout_s=60)
+        raise ConfigError(f"{host.name}: {status['error']}")
+    save_follow_state(host.name, name, run_dir=d, python=python, log_offset=0, launched_at=protocol.now_iso())
+    return LaunchInfo(host=host.name, name=name, run_dir=d, pid=int(status.get("pid", 0)),
+                      pgid=int(status.get("pgid", 0)), device=status.get("device", "cpu"),
+                      gpus=list(status.get("gpus", [])), gpu_info=list(status.get("gpu_info", [])), status=status)
+
+
+def describe(info: LaunchInfo, requested_gpus: str) -> str:
+    """The `launch` line for the screen (pure)."""
+    if info.gpus:
+        mem = {g["index"]: g for g in info.gpu_info}
+        where = ", ".join(
+            f"GPU {i}" + (f" ({'free, ' if requested_gpus == 'auto' else ''}"
+                          f"{(mem[i]['memory_total_mib'] - mem[i]['memory_used_mib']) / 1024:.0f} GB)"
+                          if i in mem else "") for i in info.gpus)
+    else:
+        where = "CPU (no GPU on this host)" if requested_gpus == "auto" else "CPU"
+    return f"{info.name} on {info.host} · {where} · log {info.run_dir}/eval.log on the server"

@@ -45,9 +45,13 @@ DEFINITIONS: dict[str, str] = {
     "probable prefixes under the product of the per-position draft distributions (bonus root not counted; "
     "equal scores: the lexicographically smaller rank tuple first; a target tied with other tokens takes the "
     "first of their ranks); a round accepts while the target's token is a child",
-    "ddtree_best": "the budget with the largest ddtree_tau, and that tau",
+    "ddtree_best": "the budget with the largest ddtree_tau (equal tau: the smaller budget), and that tau",
     "tree_width_tau": "per width k: tau (macro) of the acceptance walk with a tree that keeps the top-k draft "
     "tokens at every depth; a round accepts while g at that depth is among them (rank < k)",
+    "position_hits": "per prompt, k=1..block_size-1: anchors whose draft k equals g[a+k] (teacher-forced)",
+    "position_totals": "per prompt, k=1..block_size-1: anchors with a+k < seq_len",
+    "ddtree_acceptance_lengths": "per prompt and budget: the acceptance lengths (incl. bonus) of the DDTree walk",
+    "tree_width_acceptance_lengths": "per prompt and width: the acceptance lengths (incl. bonus) of the width-k walk",
     "degenerate_drafts": "the most common draft token and its share of all draft tokens; suspect above 0.5",
 }
 
@@ -276,6 +280,55 @@ def position_accuracy(per_prompt_hits: Sequence[tuple[np.ndarray, np.ndarray]]) 
         "position_1_accuracy": pooled[0] if pooled else None,
         "num_anchors": int(totals[:, 0].sum()) if totals.size else 0,
     }
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return float(np.mean(xs)) if len(xs) else None
+
+
+def prompt_metrics(drafts: np.ndarray, target_rank, topk_logprobs, g: Sequence[int], prompt_len: int,
+                   max_blocks: int, bs: int, budgets: Sequence[int] = (), widths: Sequence[int] = ()) -> dict:
+    """One prompt's per-anchor arrays (module docstring; target_rank -1 past the end, topk_logprobs
+    numpy or torch on any device, None when budgets is empty) -> its JSON-ready per_prompt record:
+    prompt_len, seq_len, acceptance_lengths, tau, position_hits, position_totals, position_accuracy,
+    ddtree_acceptance_lengths, ddtree_tau, tree_width_acceptance_lengths, tree_width_tau
+    (budget/width keys are strings, as JSON keeps them)."""
+    seq_len = len(g)
+    lengths = walk(accept_lengths_vanilla(drafts, g, prompt_len), prompt_len, seq_len, max_blocks, bs)
+    hits, totals = position_hits(drafts, g, prompt_len)
+    tree_acc = ddtree_accept_lengths(topk_logprobs, target_rank, budgets) if budgets else {}
+    dd = {str(b): walk(a, prompt_len, seq_len, max_blocks, bs) for b, a in tree_acc.items()}
+    ranks = np.asarray(target_rank.cpu() if hasattr(target_rank, "cpu") else target_rank)
+    wide = {str(k): walk(accept_lengths_width(ranks, k), prompt_len, seq_len, max_blocks, bs) for k in widths}
+    return {
+        "prompt_len": prompt_len,
+        "seq_len": seq_len,
+        "acceptance_lengths": lengths,
+        "tau": _mean(lengths),
+        "position_hits": hits.tolist(),
+        "position_totals": totals.tolist(),
+        "position_accuracy": [_ratio(h, t) for h, t in zip(hits, totals)],
+        "ddtree_acceptance_lengths": dd,
+        "ddtree_tau": {b: _mean(w) for b, w in dd.items()},
+        "tree_width_acceptance_lengths": wide,
+        "tree_width_tau": {k: _mean(w) for k, w in wide.items()},
+    }
+
+
+def aggregate(records: Sequence[dict], bs: int) -> dict:
+    """per_prompt records from `prompt_metrics` -> results.json `metrics`: the vanilla walk's numbers
+    (`summarize`), position accuracy (`position_accuracy`), ddtree_tau, ddtree_best, tree_width_tau
+    (each tau macro over prompts, like the headline tau)."""
+    out = summarize([r["acceptance_lengths"] for r in records], bs)
+    out.update(position_accuracy([(np.array(r["position_hits"]), np.array(r["position_totals"]))
+                                  for r in records]))
+    for key, per in (("ddtree_tau", "ddtree_acceptance_lengths"), ("tree_width_tau", "tree_width_acceptance_lengths")):
+        names = records[0][per] if records else {}
+        out[key] = {name: summarize([r[per][name] for r in records], bs)["tau"] for name in names}
+    scored = [(tau, int(b)) for b, tau in out["ddtree_tau"].items() if tau is not None]
+    best = max(scored, key=lambda t: (t[0], -t[1]), default=None)  # equal tau: the smaller budget
+    out["ddtree_best"] = {"budget": best[1], "tau": best[0]} if best else None
+    return out
 
 
 def degenerate_drafts(drafts: np.ndarray, max_share: float = 0.5) -> tuple[bool, int | None, float]:

@@ -3,6 +3,7 @@ and "two implementations agree" checks (brute force == heap == vectorised torch)
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
 import sys
 
@@ -266,3 +267,27 @@ def test_ddtree_vectorised_on_cuda_equals_heap():
     got = m.ddtree_accept_lengths(lp.cuda(), torch.tensor(ranks).cuda(), [1, 16, 128])
     for b in (1, 16, 128):
         assert got[b].tolist() == [m.ddtree_accept_heap(lp[j].numpy(), ranks[j], b) for j in range(n)], b
+
+
+def test_prompt_metrics_and_aggregate_hand_computed():
+    pytest.importorskip("torch")
+    t = m.target_tokens(G, 2, 7, 3)
+    good = ranks_of(hand_drafts(), G, 2)  # rank 0 where the draft is right, 1 where wrong
+    bad = np.where(t < 0, -1, 5)  # a second prompt: every target outside the top-2
+    # K=2 and a confident top-1: budget 3 is the greedy chain; budget 14 is all 2+4+8 prefixes
+    topk = np.tile(np.array([-0.01, -6.0]), (7, 3, 1))
+    recs = [m.prompt_metrics(hand_drafts(), good, topk, G, 2, 10, 4, budgets=[3, 14], widths=[2]),
+            m.prompt_metrics(np.full((7, 3), X), bad, topk, G, 2, 10, 4, budgets=[3, 14], widths=[2])]
+    assert recs[0]["acceptance_lengths"] == [3, 1, 4] and recs[1]["acceptance_lengths"] == [1] * 7
+    assert recs[0]["ddtree_acceptance_lengths"] == {"3": [3, 1, 4], "14": [4, 4]}
+    assert recs[0]["tree_width_acceptance_lengths"] == {"2": [4, 4]}
+    assert recs[0]["position_accuracy"] == pytest.approx([6 / 7, 5 / 6, 4 / 5])
+    agg = m.aggregate(recs, 4)
+    json.dumps({"metrics": agg, "per_prompt": recs}, allow_nan=False)
+    assert agg["tau"] == pytest.approx((8 / 3 + 1) / 2) and agg["tau_pooled"] == pytest.approx(15 / 10)
+    assert agg["ddtree_tau"] == pytest.approx({"3": (8 / 3 + 1) / 2, "14": 2.5})
+    assert agg["tree_width_tau"] == {"2": 2.5}
+    assert agg["ddtree_best"] == {"budget": 14, "tau": 2.5}
+    assert agg["position_accuracy"] == pytest.approx([6 / 14, 5 / 12, 4 / 10])
+    assert agg["num_anchors"] == 14 and agg["num_rounds"] == 10
+    assert set(agg) | set(recs[0]) <= set(m.DEFINITIONS) | {"prompt_len", "seq_len"}

@@ -222,7 +222,7 @@ def _load_zlab(p: Path, cfg_path: Path, device, dtype) -> tuple[DFlashDrafter, D
     found: dict[str, tuple] = {}
     owner: dict[str, Path] = {}
     for f, h in handles.items():
-        for k in h.keys():
+        for k in h.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
             if key_file is not None and key_file.get(k) != f:
                 continue  # a key the index places elsewhere (or not at all) is not read from this shard
             found[k] = tuple(h.get_slice(k).get_shape())
@@ -323,7 +323,7 @@ def load_target_head(target_dir, *, vocab_size: int, hidden_size: int, device="c
     elif (d / SINGLE_SAFETENSORS).exists():
         source = d / SINGLE_SAFETENSORS
         with _open_safetensors(source, "cpu") as h:
-            weight_map = {k: SINGLE_SAFETENSORS for k in h.keys()}
+            weight_map = dict.fromkeys(h.keys(), SINGLE_SAFETENSORS)
     else:
         raise CheckpointError(f"target {d} has neither {INDEX_JSON} nor {SINGLE_SAFETENSORS}: pass the target "
                               f"model's folder (its embed_tokens and lm_head are needed)")
@@ -342,7 +342,7 @@ def load_target_head(target_dir, *, vocab_size: int, hidden_size: int, device="c
     def load(key: str) -> Tensor:
         f = d / weight_map[key]
         with _open_safetensors(f, device) as h:
-            if key not in h.keys():
+            if key not in set(h.keys()):
                 raise CheckpointError(f"{source} maps {key!r} to {f.name}, which has no such key. "
                                       f"Closest: {_closest(key, h.keys())}. {NOTHING_DONE}")
             t = h.get_tensor(key).to(dtype)

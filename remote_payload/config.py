@@ -84,7 +84,7 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     step = (num_target_layers - 4) / (num_draft_layers - 1)
-    return [int(round(1 + i * step)) for i in range(num_draft_layers)]
+    return [round(1 + i * step) for i in range(num_draft_layers)]
 
 
 _KNOWN = {f.name for f in dataclasses.fields(DrafterConfig)} | {"dflash_config", "rope_parameters"}

@@ -21,19 +21,19 @@ from safetensors.torch import load_file, save_file
 from remote_payload.config import DrafterConfig
 from remote_payload.drafter import DFlashDrafter, TargetHead
 
-TINY_TARGET = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=8, vocab_size=96)
+TINY_TARGET = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 96}
 
 
 def tiny_drafter_config(**overrides) -> DrafterConfig:
-    d = dict(
-        hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-        num_hidden_layers=2, num_target_layers=6, vocab_size=96, block_size=16, rms_norm_eps=1e-6,
-        rope_theta=10000.0, rope_scaling=None, max_position_embeddings=512, sliding_window=5,
-        layer_types=["sliding_attention", "full_attention"],
-        dflash_config={"mask_token_id": 95, "target_layer_ids": [1, 3, 4]},
-        architectures=["DFlashDraftModel"], model_type="qwen3",
-    )
+    d = {
+        "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "num_hidden_layers": 2, "num_target_layers": 6, "vocab_size": 96, "block_size": 16,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None, "max_position_embeddings": 512,
+        "sliding_window": 5, "layer_types": ["sliding_attention", "full_attention"],
+        "dflash_config": {"mask_token_id": 95, "target_layer_ids": [1, 3, 4]},
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+    }
     for k, v in overrides.items():
         if k in ("mask_token_id", "target_layer_ids"):
             d["dflash_config"] = {**d["dflash_config"], k: v}

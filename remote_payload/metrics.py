@@ -146,8 +146,8 @@ def ddtree_accept_lengths(topk_logprobs, target_rank, budgets: Sequence[int],
     target's prefix of depth d (scores summed in depth order in float64, like the beam and the heap;
     its logprob is read from topk_logprobs at its rank, so a tied target takes the first tied rank)
     is in the tree if its score >= theta_B. Anchors where a target prefix scores exactly theta_B and
-    another prefix does too depend on the tie rule: they go to the heap reference. Candidate (beam i, rank r)
-    is skipped when (i+1)(r+1) > B: that many candidates already score at least as high.
+    another prefix does too depend on the tie rule: they go to the heap reference. Candidate
+    (beam i, rank r) is skipped when (i+1)(r+1) > B: that many candidates already score as high.
     Memory: about max_elements float64 values per depth step (anchors are chunked).
     """
     import torch
@@ -155,8 +155,7 @@ def ddtree_accept_lengths(topk_logprobs, target_rank, budgets: Sequence[int],
     lp = torch.as_tensor(topk_logprobs).to(torch.float64)
     n, depth, k = lp.shape
     dev = lp.device
-    rank = torch.as_tensor(np.asarray(target_rank) if not torch.is_tensor(target_rank) else target_rank)
-    rank = rank.to(device=dev, dtype=torch.long)
+    rank = torch.as_tensor(target_rank, device=dev).long()
     budgets = sorted({int(b) for b in budgets})
     if not budgets or budgets[0] < 1:
         raise ValueError(f"DDTree budgets must be positive node counts; got {budgets}")

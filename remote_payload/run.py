@@ -1,0 +1,472 @@
+"""`python -m remote_payload eval`: evaluate one drafter on a cache of target hidden states.
+
+    [1/5] tokenizer  [2/5] cached completions  [3/5] cached hidden states  [4/5] drafter + target head
+    [5/5] drafting at every anchor, then the walks and metrics (metrics.py) -> results.json
+
+The drafter's output at anchor a depends only on the cached features (< a) and the bonus token g[a], so
+the drafter runs ONCE at every anchor the walk could reach (teacher-forced), in large batches over a
+prompt's anchors with the prompt's context K/V computed once; every walk (vanilla, DDTree per budget,
+width-k) then hops over those per-anchor results. This reproduces online greedy speculative decoding
+exactly, and gives position-k accuracy at every anchor for free.
+
+Run directory (protocol.py): events.jsonl as we go, results.json once at the end (atomically), and
+status.json only when no wrapper owns it (a standalone run). A PayloadError (bad input) exits 3 with one
+line; anything else keeps its traceback and exits 1; nothing half-written either way.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import socket
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import __version__, metrics, protocol
+from .cache import open_cache, parse_layer_ids
+from .checkpoint import check_features, load_drafter, load_target_head, select_features
+from .errors import PayloadError
+
+STEPS = 5
+DEFAULT_BUDGETS = (16, 32, 64, 128, 256, 512)
+DEFAULT_WIDTHS = (4, 8)
+# Health guards (the seeds' harness printed "Loaded" and then drafted gibberish at 0.000 accuracy).
+SUSPECT_POS1_ACCURACY = 0.05
+SUSPECT_DRAFT_SHARE = 0.5
+
+
+@dataclass
+class EvalOptions:
+    drafter: str
+    target: str
+    cache: str
+    run_dir: str
+    name: str
+    num_prompts: int | None = None
+    max_blocks: int = 30
+    device: str = "auto"
+    dtype: str = "auto"
+    batch_size: int = 0  # anchors per drafter forward; 0 = auto
+    ddtree_budgets: list[int] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
+    tree_widths: list[int] = field(default_factory=lambda: list(DEFAULT_WIDTHS))
+    cache_layers: list[int] | None = None
+    strict: bool = False
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drafter", required=True, help="z-lab folder (config.json + safetensors) or team .pt file")
+    p.add_argument("--target", required=True,
+                   help="target model folder: its embed_tokens/lm_head (via model.safetensors.index.json) "
+                        "and tokenizer.json are borrowed")
+    p.add_argument("--cache", required=True, help="hidden-state cache (from `extract`, or the seeds' layout)")
+    p.add_argument("--cache-layers", type=parse_layer_ids, default=None,
+                   help="layer ids of a seeds-layout cache, e.g. 1,16,31,46,61 (aux_hidden..., last_hidden)")
+    p.add_argument("--run-dir", default=None, help="run directory (default: runs/<name>)")
+    p.add_argument("--name", default=None, help="run name (default: <drafter>-<UTC timestamp>)")
+    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of the cache (default: all)")
+    p.add_argument("--max-blocks", type=int, default=30, help="draft rounds per prompt (default 30)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: cuda when available)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                   help="auto: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--batch-size", type=int, default=0, help="anchors per drafter forward (0: auto)")
+    p.add_argument("--ddtree-budgets", type=_int_list, default=list(DEFAULT_BUDGETS),
+                   help="DDTree node budgets (default 16,32,64,128,256,512)")
+    p.add_argument("--tree-widths", type=_int_list, default=list(DEFAULT_WIDTHS),
+                   help="width-k trees, the seeds' DDTree-4/DDTree-8 (default 4,8)")
+    p.add_argument("--strict", action="store_true", help="a suspect result fails the run (exit 1)")
+
+
+def options_from_args(args: argparse.Namespace) -> EvalOptions:
+    name = args.name or protocol.default_run_name(args.drafter)
+    protocol.validate_run_name(name)
+    if args.max_blocks < 1:
+        raise PayloadError(f"--max-blocks must be >= 1, got {args.max_blocks}")
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise PayloadError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    return EvalOptions(drafter=args.drafter, target=args.target, cache=args.cache,
+                       run_dir=args.run_dir or str(Path("runs") / name), name=name, num_prompts=args.num_prompts,
+                       max_blocks=args.max_blocks, device=args.device, dtype=args.dtype,
+                       batch_size=args.batch_size, ddtree_budgets=sorted(set(args.ddtree_budgets)),
+                       tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
+                       strict=args.strict)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        opts = options_from_args(args)
+    except (PayloadError, protocol.ProtocolError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return protocol.EXIT_BAD_INPUT
+    run_dir = Path(opts.run_dir)
+    if (run_dir / protocol.RESULTS_JSON).exists():
+        print(f"error: {run_dir} already holds results.json: pick another --name/--run-dir", file=sys.stderr)
+        return protocol.EXIT_BAD_INPUT
+    run_dir.mkdir(parents=True, exist_ok=True)
+    own_status = not (run_dir / protocol.STATUS_JSON).exists()  # else the wrapper owns status.json
+    started = protocol.now_iso()
+    if not (run_dir / protocol.RUN_JSON).exists():
+        protocol.atomic_write_json(run_dir / protocol.RUN_JSON, {
+            "run": opts.name, "argv": sys.argv, "options": asdict(opts), "host": socket.gethostname(),
+            "created_at": started, "payload_version": __version__})
+    if own_status:
+        _write_status(run_dir, protocol.RUNNING, started)
+    rc = protocol.EXIT_FAILED
+    try:
+        results = evaluate(opts, Reporter(run_dir / protocol.EVENTS_JSONL))
+        protocol.atomic_write_json(run_dir / protocol.RESULTS_JSON, results)
+        print(f"results: {run_dir / protocol.RESULTS_JSON}")
+        rc = protocol.EXIT_FAILED if (opts.strict and results["health"]["suspect"]) else protocol.EXIT_OK
+        if rc:
+            print("error: --strict: the result is SUSPECT (see the warning above); exit 1", file=sys.stderr)
+    except PayloadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        protocol.append_event(run_dir / protocol.EVENTS_JSONL, {"stage": "error", "message": str(e)})
+        rc = e.exit_code
+    except Exception as e:  # unexpected: keep the traceback
+        traceback.print_exc()
+        protocol.append_event(run_dir / protocol.EVENTS_JSONL, {"stage": "error", "message": repr(e)})
+        rc = protocol.EXIT_FAILED
+    if own_status:
+        _write_status(run_dir, protocol.SUCCEEDED if rc == 0 else protocol.FAILED, started, rc)
+    return rc
+
+
+def _write_status(run_dir: Path, state: str, started: str, exit_code: int | None = None) -> None:
+    st = {"state": state, "pid": os.getpid(), "pgid": os.getpgid(0), "started_at": started,
+          "host": socket.gethostname(), "owner": "payload"}
+    if state != protocol.RUNNING:
+        st.update(finished_at=protocol.now_iso(), exit_code=exit_code)
+    protocol.atomic_write_json(run_dir / protocol.STATUS_JSON, st)
+
+
+class Reporter:
+    """Human lines on stdout (the seeds' style) + the same progress as events.jsonl."""
+
+    def __init__(self, events_path: Path | None):
+        self.events_path = events_path
+
+    def step(self, k: int, stage: str, title: str) -> None:
+        print(f"\n[{k}/{STEPS}] {title}", flush=True)
+        self.event(stage=stage, step=k, steps=STEPS, message=title)
+
+    def line(self, text: str, **event) -> None:
+        print(text, flush=True)
+        if event:
+            self.event(message=text.strip(), **event)
+
+    def event(self, **event) -> None:
+        if self.events_path is not None:
+            protocol.append_event(self.events_path, event)
+
+
+# ---------------------------------------------------------------------------------------------- eval
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise PayloadError(f"--device {name}: CUDA is not available on this host; use --device cpu")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def load_tokenizer(target: str):
+    """tokenizers.Tokenizer from the target folder, or None (decoding is then shown as ids)."""
+    path = Path(target) / "tokenizer.json"
+    if not path.exists():
+        return None
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(path))
+
+
+def decode(tok, ids) -> str:
+    ids = [int(i) for i in ids if int(i) >= 0]
+    if tok is None:
+        return " ".join(map(str, ids))
+    return tok.decode(ids, skip_special_tokens=False)
+
+
+@dataclass
+class AnchorOutputs:
+    """Per-anchor results of one prompt, anchors a = prompt_len + j (metrics.py conventions)."""
+
+    drafts: np.ndarray  # [n, bs-1] int
+    target_rank: np.ndarray  # [n, bs-1] int, -1 past the end
+    ddtree_acc: dict[int, np.ndarray]  # budget -> [n] int
+
+
+@torch.inference_mode()
+def draft_all_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, prompt_len: int, n: int,
+                      *, batch_size: int, budgets: list[int]) -> AnchorOutputs:
+    """feats [T, n_fc*H] (on the drafter's device), ids [T] -> outputs at anchors prompt_len..prompt_len+n-1."""
+    from .drafter import logits_topk
+    bs = drafter.cfg.block_size
+    dev = feats.device
+    ctx = drafter.precompute_context(feats)  # context K/V once per prompt
+    g = ids.cpu().numpy()
+    targets = metrics.target_tokens(g, prompt_len, n, bs - 1)  # [n, bs-1], -1 past the end
+    k = min(max(budgets) if budgets else 1, drafter.cfg.vocab_size)  # top-k per row, for DDTree
+    drafts, ranks, acc = [], [], {b: [] for b in budgets}
+    ids_dev = ids.to(dev)
+    for s in range(0, n, batch_size):
+        anchors = torch.arange(prompt_len + s, prompt_len + min(n, s + batch_size), device=dev)  # [m]
+        hidden = drafter.draft_hidden(ctx, anchors, ids_dev[anchors], head)  # [m, bs, H]
+        tgt = torch.as_tensor(targets[s:s + len(anchors)], device=dev)  # [m, bs-1]
+        out = logits_topk(hidden, head, k, target_ids=tgt.clamp(min=0))
+        rank = out.target_ranks.masked_fill(tgt < 0, -1)
+        if not torch.isfinite(out.topk_logprobs[..., 0]).all():
+            raise PayloadError("drafter produced NaN/inf logits: check the weights' dtype and the cache features")
+        if budgets:
+            for b, a in metrics.ddtree_accept_lengths(out.topk_logprobs, rank, budgets).items():
+                acc[b].append(a)
+        drafts.append(out.argmax_ids.cpu().numpy())
+        ranks.append(rank.cpu().numpy())
+    width = bs - 1
+    cat = (lambda xs, shape: np.concatenate(xs) if xs else np.zeros(shape, dtype=np.int64))
+    return AnchorOutputs(drafts=cat(drafts, (0, width)), target_rank=cat(ranks, (0, width)),
+                         ddtree_acc={b: cat(v, (0,)) for b, v in acc.items()})
+
+
+def _stats(x: torch.Tensor) -> tuple[float, float]:
+    x = x.float()
+    return x.mean().item(), x.std().item()
+
+
+def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
+    t0 = time.perf_counter()
+    device = resolve_device(opts.device)
+    dtype = resolve_dtype(opts.dtype, device)
+    rep.line(f"DFlash drafter eval · {opts.name} · device {device} ({dtype_name(dtype)})")
+
+    rep.step(1, "tokenizer", "Loading tokenizer...")
+    tok = load_tokenizer(opts.target)
+    rep.line(f"  vocab_size={tok.get_vocab_size() if tok else 'n/a (no tokenizer.json: tokens shown as ids)'}")
+
+    rep.step(2, "completions", f"Loading cached completions from {opts.cache}...")
+    cache = open_cache(opts.cache, seeds_layer_ids=opts.cache_layers)
+    prompts = cache.prompts[: opts.num_prompts] if opts.num_prompts else cache.prompts
+    rep.line(f"  Loaded {len(cache.prompts)} cached completions")
+    rep.line(f"  Got {len(prompts)} valid completions (layers {cache.layer_ids}, hidden {cache.hidden_size})")
+
+    rep.step(3, "load_cache", f"Loading cached hidden states from {opts.cache}...")
+    loaded, feature_stats = [], {}
+    for i, p in enumerate(prompts):
+        ids, feats_all = cache.load(cache.prompts.index(p))  # validated: shapes, NaN/inf
+        mean, std = _stats(feats_all)
+        if not std > 0:
+            raise PayloadError(f"cache {opts.cache}: prompt {p.name!r} features are constant (std {std}); "
+                               f"re-extract it")
+        feature_stats[p.name] = {"mean": mean, "std": std}
+        loaded.append((ids, feats_all))
+        rep.line(f"  [{i + 1}/{len(prompts)}] {p.name}: {p.seq_len} tokens aux_mean={mean:.4f} aux_std={std:.4f}",
+                 stage="load_cache", step=3, steps=STEPS, i=i + 1, n=len(prompts))
+
+    rep.step(4, "load_drafter", f"Loading drafter {opts.drafter}...")
+    t_load = time.perf_counter()
+    drafter, info = load_drafter(opts.drafter, device=device, dtype=dtype)
+    cfg = drafter.cfg
+    layer_idx = check_features(cfg, cache.layer_ids, cache.hidden_size)
+    rep.line(f"  layout={info.layout} params={info.num_parameters:,} fc layers {cfg.fc_layer_ids} "
+             f"block_size={cfg.block_size} layers={cfg.num_hidden_layers} ({', '.join(cfg.layer_types)})")
+    for key, st in info.weight_stats.items():
+        rep.line(f"  {key}: mean={st['mean']:.4f} std={st['std']:.4f}")
+    head, hinfo = load_target_head(opts.target, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                                   device=device, dtype=dtype)
+    rep.line(f"  target head: embed {hinfo.embed_key!r}, lm_head "
+             f"{'tied to embed' if hinfo.tied else repr(hinfo.lm_head_key)} from {Path(hinfo.source).name}")
+    e_mean, e_std = _stats(head.embed)
+    rep.line(f"  embed_tokens: mean={e_mean:.4f} std={e_std:.4f}")
+    load_s = time.perf_counter() - t_load
+    rep.line(f"  loaded in {load_s:.2f}s", stage="load_drafter", step=4, steps=STEPS)
+
+    rep.step(5, "eval", f"Evaluating {len(prompts)} prompts x {opts.max_blocks} blocks...")
+    bs = cfg.block_size
+    batch = opts.batch_size or (128 if device.type == "cuda" else 32)
+    budgets, widths = opts.ddtree_budgets, opts.tree_widths
+    walks, hits, per_prompt, all_drafts, all_targets = [], [], [], [], []
+    tree_walks = {b: [] for b in budgets}
+    width_walks = {w: [] for w in widths}
+    prompt_hash = hashlib.sha256()
+    t_eval = time.perf_counter()
+    n_anchors_total = 0
+    for i, (p, (ids, feats_all)) in enumerate(zip(prompts, loaded)):
+        feats = select_features(feats_all, layer_idx, cache.hidden_size).to(device=device, dtype=dtype)
+        rep.line(f"  [{i + 1}/{len(prompts)}] {p.name}: {p.seq_len} tokens", stage="eval", step=5, steps=STEPS,
+                 i=i + 1, n=len(prompts))
+        g = ids.cpu().numpy()
+        prompt_hash.update(g.astype(np.int64).tobytes() + p.prompt_len.to_bytes(8, "little"))
+        n = metrics.num_anchors(p.prompt_len, p.seq_len, opts.max_blocks, bs)
+        out = draft_all_anchors(drafter, head, feats, ids, p.prompt_len, n, batch_size=batch, budgets=budgets)
+        n_anchors_total += n
+        acc = metrics.accept_lengths_vanilla(out.drafts, g, p.prompt_len)
+        lengths = metrics.walk(acc, p.prompt_len, p.seq_len, opts.max_blocks, bs)
+        walks.append(lengths)
+        hits.append(metrics.position_hits(out.drafts, g, p.prompt_len))
+        t_trees = {b: metrics.walk(out.ddtree_acc[b], p.prompt_len, p.seq_len, opts.max_blocks, bs)
+                   for b in budgets}
+        w_trees = {w: metrics.walk(metrics.accept_lengths_width(out.target_rank, w), p.prompt_len, p.seq_len,
+                                   opts.max_blocks, bs) for w in widths}
+        for b in budgets:
+            tree_walks[b].append(t_trees[b])
+        for w in widths:
+            width_walks[w].append(w_trees[w])
+        all_drafts.append(out.drafts)
+        all_targets.append(metrics.target_tokens(g, p.prompt_len, n, bs - 1))
+        pp_pos = metrics.position_accuracy([hits[-1]])["position_accuracy"]
+        tau_p = float(np.mean(lengths)) if lengths else None
+        first = {"draft": decode(tok, out.drafts[0]) if n else "",
+                 "target": decode(tok, all_targets[-1][0]) if n else ""}
+        per_prompt.append({
+            "name": p.name, "prompt_len": p.prompt_len, "seq_len": p.seq_len, "num_anchors": n,
+            "acceptance_lengths": lengths, "tau": tau_p, "position_accuracy": pp_pos,
+            "ddtree_tau": {str(b): _mean(t_trees[b]) for b in budgets},
+            "tree_width_tau": {str(w): _mean(w_trees[w]) for w in widths},
+            "first_block": first,
+        })
+        if i == 0 and n:
+            rep.line(f"      first block, drafted: {first['draft']!r}")
+            rep.line(f"      first block, target : {first['target']!r}")
+        rep.line(f"      {len(lengths)} rounds · tau {_fmt(tau_p)} · position-1 accuracy {_fmt(pp_pos[0])}",
+                 stage="eval_prompt", i=i + 1, n=len(prompts),
+                 metrics={"tau": tau_p, "position_1_accuracy": pp_pos[0]})
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    eval_s = time.perf_counter() - t_eval
+
+    m = metrics.summarize(walks, bs)
+    m.update(metrics.position_accuracy(hits))
+    m["ddtree_tau"] = {str(b): metrics.summarize(tree_walks[b], bs)["tau"] for b in budgets}
+    if budgets:
+        best = max(budgets, key=lambda b: m["ddtree_tau"][str(b)] or 0)
+        m["ddtree_best"] = {"budget": best, "tau": m["ddtree_tau"][str(best)]}
+    m["tree_width_tau"] = {str(w): metrics.summarize(width_walks[w], bs)["tau"] for w in widths}
+    health = assess_health(m, np.concatenate(all_drafts), np.concatenate(all_targets), tok, rep)
+    health.update(feature_stats=feature_stats, weight_stats=info.weight_stats,
+                  embed_stats={"mean": e_mean, "std": e_std})
+
+    fingerprint = cache.fingerprint
+    results = {
+        "schema": protocol.RESULTS_SCHEMA,
+        "run": opts.name,
+        "created_at": protocol.now_iso(),
+        "drafter": {"path": str(opts.drafter), "name": info.name, "layout": info.layout, "step": info.step,
+                    "content_hash": info.content_hash, "target_layer_ids": list(cfg.target_layer_ids),
+                    "fc_layer_ids": list(cfg.fc_layer_ids), "num_parameters": info.num_parameters},
+        "target": {"path": str(opts.target), "embed_key": hinfo.embed_key,
+                   "lm_head_key": None if hinfo.tied else hinfo.lm_head_key, "tied": hinfo.tied},
+        "cache": {"path": str(opts.cache), "fingerprint": fingerprint, "layer_ids": list(cache.layer_ids),
+                  "num_prompts_total": len(cache.prompts)},
+        "options": {"num_prompts": len(prompts), "max_blocks": opts.max_blocks, "block_size": bs,
+                    "ddtree_budgets": budgets, "tree_widths": widths, "device": str(device),
+                    "dtype": dtype_name(dtype), "batch_size": batch, "strict": opts.strict},
+        "comparability": {"cache_fingerprint": fingerprint, "prompt_set": "sha256:" + prompt_hash.hexdigest(),
+                          "num_prompts": len(prompts), "max_blocks": opts.max_blocks, "block_size": bs,
+                          "metrics_version": protocol.METRICS_VERSION},
+        "definitions": metrics.DEFINITIONS,
+        "metrics": m,
+        "per_prompt": per_prompt,
+        "health": health,
+        "timing": {"load_s": round(load_s, 3), "eval_s": round(eval_s, 3),
+                   "anchors_per_s": round(n_anchors_total / eval_s, 1) if eval_s > 0 else None,
+                   "total_s": round(time.perf_counter() - t0, 3)},
+        "environment": {"torch": torch.__version__, "cuda": torch.version.cuda,
+                        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                        "hostname": socket.gethostname(), "python": platform.python_version(),
+                        "payload_version": __version__},
+    }
+    print_summary(results)
+    rep.event(stage="done", step=STEPS, steps=STEPS, metrics=headline(results))
+    return results
+
+
+def assess_health(m: dict, drafts: np.ndarray, targets: np.ndarray, tok, rep: Reporter) -> dict:
+    """Flag results that look like a broken load rather than a weak drafter (loud warning + reasons)."""
+    reasons, hints = [], []
+    pos1 = m.get("position_1_accuracy")
+    if pos1 is not None and pos1 < SUSPECT_POS1_ACCURACY:
+        reasons.append(f"position-1 accuracy {pos1:.3f} over {m['num_anchors']} anchors")
+    degenerate, token, share = metrics.degenerate_drafts(drafts, SUSPECT_DRAFT_SHARE)
+    valid = targets[targets >= 0]
+    target_share = float((valid == token).mean()) if valid.size and token is not None else 0.0
+    if degenerate and share > 2 * target_share:  # the target itself does not repeat that token
+        reasons.append(f"drafts repeat one token ({decode(tok, [token])!r}, {share:.0%} of drafts vs "
+                       f"{target_share:.0%} of target tokens)")
+    if reasons:
+        hints.append("weights loaded but the drafts look like gibberish: check weight key paths, the target "
+                     "(embed_tokens/lm_head) and dtypes")
+        rep.line(f"\nwarning: SUSPECT RESULT — {'; '.join(reasons)}.\n         {hints[0]}. "
+                 "results.json marked suspect.", stage="suspect")
+    return {"suspect": bool(reasons), "reasons": reasons, "hints": hints,
+            "top_draft_token": {"id": token, "share": share, "target_share": target_share}}
+
+
+def _mean(xs) -> float | None:
+    return float(np.mean(xs)) if len(xs) else None
+
+
+def _fmt(x, nd=3) -> str:
+    return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def headline(results: dict) -> dict:
+    m = results["metrics"]
+    return {"tau": m["tau"], "streak": m["streak"], "ddtree_best": m.get("ddtree_best"),
+            "tree_width_tau": m.get("tree_width_tau"), "position_1_accuracy": m["position_1_accuracy"],
+            "num_rounds": m["num_rounds"], "num_prompts": m["num_prompts"],
+            "suspect": results["health"]["suspect"]}
+
+
+def print_summary(results: dict) -> None:
+    m, o = results["metrics"], results["options"]
+    rows = [("tau (incl. bonus, macro)", _fmt(m["tau"], 2)), ("tau pooled", _fmt(m["tau_pooled"], 2)),
+            ("streak (excl. bonus)", _fmt(m["streak"], 2))]
+    rows += [(f"DDTree-{b} tau", _fmt(v, 2)) for b, v in m["ddtree_tau"].items()]
+    rows += [(f"width-{w} tree tau", _fmt(v, 2)) for w, v in m["tree_width_tau"].items()]
+    rows += [("position-1 accuracy", _fmt(m["position_1_accuracy"])),
+             ("position accuracy k=1..15", " ".join(_fmt(x, 2) for x in m["position_accuracy"])),
+             ("acceptance histogram 1..16", " ".join(str(x) for x in m["acceptance_histogram"][1:])),
+             ("rounds / prompts / anchors", f"{m['num_rounds']} / {m['num_prompts']} / {m['num_anchors']}"),
+             ("max blocks", str(o["max_blocks"])),
+             ("load / eval", f"{results['timing']['load_s']:.2f}s / {results['timing']['eval_s']:.2f}s"),
+             ("suspect", "YES: " + "; ".join(results["health"]["reasons"]) if results["health"]["suspect"] else "no")]
+    w = max(len(k) for k, _ in rows)
+    print("\n" + "=" * 70)
+    print(f"Summary: {results['run']}")
+    print("=" * 70)
+    for k, v in rows:
+        print(f"  {k:<{w}}  {v}")
+    print("=" * 70, flush=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    sys.exit(main(p.parse_args()))

@@ -1,0 +1,73 @@
+"""Helpers for the run tests (launch, follow, the run commands): a local host in a temp dir with the payload
+synced, a fake nvidia-smi (a seam: the GPU machine is not here), and process-group inspection via /proc."""
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.inventory import Host, VenvSpec
+from orchestrator.sync import sync_payload
+from orchestrator.transport import LocalTransport, resolve_workdir
+from remote_payload import protocol
+
+
+def local_host(workdir: Path, name: str = "local", **kw) -> Host:
+    return Host(name=name, local=True, workdir=str(workdir), python=sys.executable, venv=VenvSpec(mode="python"),
+                gpus="none", **kw)
+
+
+def synced_local(workdir: Path, **kw) -> tuple[Host, LocalTransport, str]:
+    host = local_host(workdir, **kw)
+    t = LocalTransport(host)
+    sync_payload(t, host)
+    return host, t, resolve_workdir(t)
+
+
+def fake_nvidia_smi(bin_dir: Path, rows: list[tuple[int, int, int, int]]) -> Path:
+    """An `nvidia-smi` that prints `index, memory.used, memory.total, utilization.gpu` rows."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    body = "".join(f"echo '{i}, {u}, {t}, {p}'\n" for i, u, t, p in rows)
+    path = bin_dir / "nvidia-smi"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids whose process group is `pgid`."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(d))
+    return out
+
+
+def wait_status(run_dir: Path, states=protocol.TERMINAL_STATES, timeout_s: float = 60) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            st = protocol.read_json(run_dir / protocol.STATUS_JSON)
+            if st.get("state") in states:
+                return st
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"{run_dir} did not reach {states} within {timeout_s}s")
+
+
+def wait_lines(path: Path, n: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not reach {n} lines within {timeout_s}s")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import platform
 import socket
@@ -141,7 +140,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         protocol.append_event(run_dir / protocol.EVENTS_JSONL, {"stage": "error", "message": str(e)})
         rc = e.exit_code
-    except Exception as e:  # unexpected: keep the traceback
+    except Exception as e:  # noqa: BLE001 — unexpected: keep the traceback, exit 1
         traceback.print_exc()
         protocol.append_event(run_dir / protocol.EVENTS_JSONL, {"stage": "error", "message": repr(e)})
         rc = protocol.EXIT_FAILED
@@ -216,7 +215,7 @@ class AnchorOutputs:
 
     drafts: np.ndarray  # [n, bs-1] int
     target_rank: np.ndarray  # [n, bs-1] int, -1 past the end
-    ddtree_acc: dict[int, np.ndarray]  # budget -> [n] int
+    topk_logprobs: torch.Tensor | None  # [n, bs-1, K] fp32 sorted descending, on the device (DDTree)
 
 
 @torch.inference_mode()
@@ -230,25 +229,25 @@ def draft_all_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, pro
     g = ids.cpu().numpy()
     targets = metrics.target_tokens(g, prompt_len, n, bs - 1)  # [n, bs-1], -1 past the end
     k = min(max(budgets) if budgets else 1, drafter.cfg.vocab_size)  # top-k per row, for DDTree
-    drafts, ranks, acc = [], [], {b: [] for b in budgets}
+    drafts, ranks, topk = [], [], []
     ids_dev = ids.to(dev)
     for s in range(0, n, batch_size):
         anchors = torch.arange(prompt_len + s, prompt_len + min(n, s + batch_size), device=dev)  # [m]
         hidden = drafter.draft_hidden(ctx, anchors, ids_dev[anchors], head)  # [m, bs, H]
         tgt = torch.as_tensor(targets[s:s + len(anchors)], device=dev)  # [m, bs-1]
         out = logits_topk(hidden, head, k, target_ids=tgt.clamp(min=0))
-        rank = out.target_ranks.masked_fill(tgt < 0, -1)
         if not torch.isfinite(out.topk_logprobs[..., 0]).all():
             raise PayloadError("drafter produced NaN/inf logits: check the weights' dtype and the cache features")
+        drafts.append(out.argmax_ids)
+        ranks.append(out.target_ranks.masked_fill(tgt < 0, -1))
         if budgets:
-            for b, a in metrics.ddtree_accept_lengths(out.topk_logprobs, rank, budgets).items():
-                acc[b].append(a)
-        drafts.append(out.argmax_ids.cpu().numpy())
-        ranks.append(rank.cpu().numpy())
+            topk.append(out.topk_logprobs)
     width = bs - 1
-    cat = (lambda xs, shape: np.concatenate(xs) if xs else np.zeros(shape, dtype=np.int64))
-    return AnchorOutputs(drafts=cat(drafts, (0, width)), target_rank=cat(ranks, (0, width)),
-                         ddtree_acc={b: cat(v, (0,)) for b, v in acc.items()})
+    if not drafts:
+        empty = np.zeros((0, width), dtype=np.int64)
+        return AnchorOutputs(empty, empty, torch.zeros(0, width, k) if budgets else None)
+    return AnchorOutputs(drafts=torch.cat(drafts).cpu().numpy(), target_rank=torch.cat(ranks).cpu().numpy(),
+                         topk_logprobs=torch.cat(topk) if budgets else None)
 
 
 def _stats(x: torch.Tensor) -> tuple[float, float]:
@@ -307,9 +306,7 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     bs = cfg.block_size
     batch = opts.batch_size or (128 if device.type == "cuda" else 32)
     budgets, widths = opts.ddtree_budgets, opts.tree_widths
-    walks, hits, per_prompt, all_drafts, all_targets = [], [], [], [], []
-    tree_walks = {b: [] for b in budgets}
-    width_walks = {w: [] for w in widths}
+    per_prompt, all_drafts, all_targets = [], [], []
     prompt_hash = hashlib.sha256()
     t_eval = time.perf_counter()
     n_anchors_total = 0
@@ -322,48 +319,25 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
         n = metrics.num_anchors(p.prompt_len, p.seq_len, opts.max_blocks, bs)
         out = draft_all_anchors(drafter, head, feats, ids, p.prompt_len, n, batch_size=batch, budgets=budgets)
         n_anchors_total += n
-        acc = metrics.accept_lengths_vanilla(out.drafts, g, p.prompt_len)
-        lengths = metrics.walk(acc, p.prompt_len, p.seq_len, opts.max_blocks, bs)
-        walks.append(lengths)
-        hits.append(metrics.position_hits(out.drafts, g, p.prompt_len))
-        t_trees = {b: metrics.walk(out.ddtree_acc[b], p.prompt_len, p.seq_len, opts.max_blocks, bs)
-                   for b in budgets}
-        w_trees = {w: metrics.walk(metrics.accept_lengths_width(out.target_rank, w), p.prompt_len, p.seq_len,
-                                   opts.max_blocks, bs) for w in widths}
-        for b in budgets:
-            tree_walks[b].append(t_trees[b])
-        for w in widths:
-            width_walks[w].append(w_trees[w])
+        rec = metrics.prompt_metrics(out.drafts, out.target_rank, out.topk_logprobs, g, p.prompt_len,
+                                     opts.max_blocks, bs, budgets=budgets, widths=widths)
         all_drafts.append(out.drafts)
         all_targets.append(metrics.target_tokens(g, p.prompt_len, n, bs - 1))
-        pp_pos = metrics.position_accuracy([hits[-1]])["position_accuracy"]
-        tau_p = float(np.mean(lengths)) if lengths else None
         first = {"draft": decode(tok, out.drafts[0]) if n else "",
                  "target": decode(tok, all_targets[-1][0]) if n else ""}
-        per_prompt.append({
-            "name": p.name, "prompt_len": p.prompt_len, "seq_len": p.seq_len, "num_anchors": n,
-            "acceptance_lengths": lengths, "tau": tau_p, "position_accuracy": pp_pos,
-            "ddtree_tau": {str(b): _mean(t_trees[b]) for b in budgets},
-            "tree_width_tau": {str(w): _mean(w_trees[w]) for w in widths},
-            "first_block": first,
-        })
+        per_prompt.append({"name": p.name, "num_anchors": n, **rec, "first_block": first})
+        tau_p, pos1 = rec["tau"], rec["position_accuracy"][0]
         if i == 0 and n:
             rep.line(f"      first block, drafted: {first['draft']!r}")
             rep.line(f"      first block, target : {first['target']!r}")
-        rep.line(f"      {len(lengths)} rounds · tau {_fmt(tau_p)} · position-1 accuracy {_fmt(pp_pos[0])}",
-                 stage="eval_prompt", i=i + 1, n=len(prompts),
-                 metrics={"tau": tau_p, "position_1_accuracy": pp_pos[0]})
+        rep.line(f"      {len(rec['acceptance_lengths'])} rounds · tau {_fmt(tau_p)} · position-1 accuracy "
+                 f"{_fmt(pos1)}", stage="eval_prompt", i=i + 1, n=len(prompts),
+                 metrics={"tau": tau_p, "position_1_accuracy": pos1})
     if device.type == "cuda":
         torch.cuda.synchronize()
     eval_s = time.perf_counter() - t_eval
 
-    m = metrics.summarize(walks, bs)
-    m.update(metrics.position_accuracy(hits))
-    m["ddtree_tau"] = {str(b): metrics.summarize(tree_walks[b], bs)["tau"] for b in budgets}
-    if budgets:
-        best = max(budgets, key=lambda b: m["ddtree_tau"][str(b)] or 0)
-        m["ddtree_best"] = {"budget": best, "tau": m["ddtree_tau"][str(best)]}
-    m["tree_width_tau"] = {str(w): metrics.summarize(width_walks[w], bs)["tau"] for w in widths}
+    m = metrics.aggregate(per_prompt, bs)
     health = assess_health(m, np.concatenate(all_drafts), np.concatenate(all_targets), tok, rep)
     health.update(feature_stats=feature_stats, weight_stats=info.weight_stats,
                   embed_stats={"mean": e_mean, "std": e_std})
@@ -422,10 +396,6 @@ def assess_health(m: dict, drafts: np.ndarray, targets: np.ndarray, tok, rep: Re
                  "results.json marked suspect.", stage="suspect")
     return {"suspect": bool(reasons), "reasons": reasons, "hints": hints,
             "top_draft_token": {"id": token, "share": share, "target_share": target_share}}
-
-
-def _mean(xs) -> float | None:
-    return float(np.mean(xs)) if len(xs) else None
 
 
 def _fmt(x, nd=3) -> str:

@@ -60,6 +60,22 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _pids_mentioning(text: str) -> list[int]:
+    """Live processes whose command line or cwd mentions `text` (runs detached under a test host's dir)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(f"/proc/{d}/cwd")
+        except OSError:
+            continue
+        if text in cmd or (cwd + "/").startswith(text):
+            out.append(int(d))
+    return out
+
+
 def _kill(pids: list[int]) -> None:
     for p in pids:
         try:
@@ -177,6 +193,8 @@ class SshHosts:
         self._rules.clear()
         for i in range(len(self.hosts)):
             self.stop(i)
+        # Detached runs (setsid) left on "the servers" are no longer sshd's descendants: end them by pid.
+        _kill(_pids_mentioning(str(self.root) + "/"))
 
 
 def make_ssh_hosts(root: Path, n: int, *, known: bool = True, host_key: str = "strict",

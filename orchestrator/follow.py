@@ -60,6 +60,12 @@ class FrameParser:
             self.buf = self.buf[nl + 1 + size:]
 
 
+def split_lines(data: bytes) -> list[bytes]:
+    """Lines with their newline kept (a last piece without one stays as it is); only on b"\n"."""
+    parts = data.split(b"\n")
+    return [x + b"\n" for x in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
 @dataclass
 class FollowResult:
     state: str                   # succeeded | failed | cancelled | lost
@@ -174,14 +180,13 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
                         skip = res.log_offset - fr.offset  # >0 only if the server re-sent bytes we have
                         if skip < 0:
                             raise RuntimeError(f"log stream gap: have {res.log_offset}, got {fr.offset}")
-                        data = fr.data[skip:] if skip else fr.data
-                        if data:
-                            text = data.decode("utf-8", errors="replace")
-                            for line in text[:-1].split("\n") if text.endswith("\n") else text.split("\n"):
-                                sink.line(line)
-                            res.log_offset += len(data)
-                            if save:
-                                save_follow_state(host.name, name, log_offset=res.log_offset)
+                        for raw in split_lines(fr.data[skip:]):
+                            try:
+                                sink.line(raw.rstrip(b"\n").decode("utf-8", errors="replace"))
+                            finally:  # a line handed to the sink counts as shown, even if Ctrl-C hit it
+                                res.log_offset += len(raw)
+                        if save:
+                            save_follow_state(host.name, name, log_offset=res.log_offset)
                     elif fr.tag == "E":
                         if fr.offset + len(fr.data) <= events_offset:
                             continue
@@ -207,6 +212,8 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
                                           hint=f"list runs: reval ls {host.name}")
         finally:
             err = _stop(p)
+            if save:
+                save_follow_state(host.name, name, log_offset=res.log_offset)
         if done:
             return res
         if isinstance(transport, SSHTransport) and p.returncode == SSHTransport.SSH_ERROR:

@@ -6,6 +6,7 @@ and `plots.py` draws the curves. A pulled run lives in `runs/<host>/<run>/` (rem
 from __future__ import annotations
 
 import calendar
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from remote_payload import protocol
 
 from .errors import ConfigError, RunNotFound
 
-DEFAULT_RUNS_ROOT = Path("runs")
+DEFAULT_RUNS_ROOT = Path(os.environ.get("REVAL_RUNS_DIR", "runs"))  # same as runs.local_runs_root()
 
 # comparability_key field -> the words used when telling the user what differs
 FIELD_WORDS = {"cache_fingerprint": "cache", "prompt_set": "prompt set", "num_prompts": "num_prompts",

@@ -1,0 +1,71 @@
+"""`reval sweep --checkpoints SPEC --hosts GROUP ...`: evaluate a night of checkpoints over a group's hosts."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+
+from .. import report, sweep
+from ..inventory import load_inventory
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sweep", help="evaluate every new checkpoint over a group's hosts; report vs baseline and previous",
+        description="Find checkpoints (HOST:/dir/glob or a local dir/glob), skip those the ledger already has, "
+                    "run the rest one per free GPU over the hosts, pull, and report. Killed? Run the same "
+                    "command again: it re-attaches, pulls what finished and launches only what is missing. "
+                    "Exit 0 ok, 1 an eval failed, 2 partial (a host failed or was unreachable).")
+    p.add_argument("--checkpoints", action="append", required=True, metavar="SPEC",
+                   help="'HOST:/root/ckpt/step-*' or a local './ckpt/step-*' (synced to the hosts); repeatable")
+    p.add_argument("--hosts", action="append", required=True, metavar="GROUP|HOST", help="where to run; repeatable")
+    p.add_argument("--target", help="target model folder on the hosts")
+    p.add_argument("--cache", help="hidden-state cache on the hosts")
+    p.add_argument("--num-prompts", type=int)
+    p.add_argument("--max-blocks", type=int)
+    p.add_argument("--latest", type=int, metavar="N", help="only the N newest checkpoints (by step, then mtime)")
+    p.add_argument("--since", metavar="WHEN", help="only checkpoints modified since: 36h, 7d, or 2026-11-30")
+    p.add_argument("--baseline", metavar="RUN", help="a pulled run to compare every checkpoint with")
+    p.add_argument("--threshold", type=float, default=0.1,
+                   help="tau change that counts as improved/regressed (default 0.1)")
+    p.add_argument("--force", action="store_true", help="re-run checkpoints the ledger already has")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout (progress on stderr)")
+    p.add_argument("--sweep-dir", default="sweeps", help="ledger and per-sweep reports (default ./sweeps)")
+    p.add_argument("--max-ssh", type=int, default=8, help="concurrent SSH operations (default 8)")
+    p.add_argument("--poll-s", type=float, default=1.0, help="seconds between status checks of a run")
+    p.add_argument("--retries", type=int, default=3, help="attempts per SSH operation on transport errors")
+    p.add_argument("--payload", choices=("eval", "dummy"), default="eval", help=argparse.SUPPRESS)
+    p.add_argument("eval_args", nargs="*", metavar="-- EVAL-ARGS",
+                   help="more options for the eval payload (e.g. -- --dtype bf16 --batch-size 64)")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    opts = sweep.SweepOptions(
+        checkpoints=args.checkpoints, hosts=args.hosts, target=args.target, cache=args.cache,
+        num_prompts=args.num_prompts, max_blocks=args.max_blocks, eval_args=list(args.eval_args),
+        latest=args.latest, since=args.since, baseline=args.baseline, threshold=args.threshold, force=args.force,
+        sweep_dir=args.sweep_dir, max_ssh=args.max_ssh, poll_s=args.poll_s, retries=max(1, args.retries),
+        payload=args.payload)
+    if opts.payload == "eval" and not (opts.target and opts.cache):
+        from ..errors import ConfigError
+        raise ConfigError("reval sweep needs --target and --cache (paths on the hosts)",
+                          hint="e.g. --target /root/models/Qwen3.6-27B --cache /root/eval/cache")
+    err = Console(stderr=True, highlight=False)
+    sw = sweep.Sweep(opts, load_inventory(args.inventory), log=lambda line: err.print(line, markup=False))
+    rep = sw.run()
+    sweep.write_report_files(rep)
+    if args.json:
+        sys.stdout.write(json.dumps(sweep.report_json(rep), indent=2, default=str) + "\n")
+    else:
+        out = Console(highlight=False)
+        report.print_tables([sweep.report_table(rep)], out)
+        for o in rep.outcomes:
+            out.print(sweep.outcome_text(o), markup=False)
+    words = {0: "ok", 1: "an eval failed", 2: "partial: a host failed or was unreachable"}
+    err.print(f"report  {rep.files.get('markdown')}" + (f" · plots {rep.files['plot']}" if "plot" in rep.files
+                                                          else ""), markup=False)
+    err.print(f"exit {rep.exit_code} ({words[rep.exit_code]})", markup=False)
+    return rep.exit_code

@@ -1,0 +1,127 @@
+"""The sweep ledger: which checkpoint was evaluated how, so that a re-run does nothing new unless something
+changed. A local JSON file (default `sweeps/ledger.json`), keyed by `ledger_key(...)` = sha256 over the
+checkpoint content hash, the cache fingerprint, the payload version and the eval options.
+
+An entry is written when a run is launched (state `launched`, with host + run name) and updated when it
+ends, so the ledger alone is enough to re-attach after the controller was killed. It also caches content
+hashes by (location, size, mtime) so an unchanged multi-GB checkpoint is not re-hashed every night.
+One controller at a time: `Ledger.lock()` holds an flock for the sweep's life.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from remote_payload import protocol
+
+from .errors import ConfigError
+
+LEDGER_SCHEMA = "reval.ledger/1"
+
+LAUNCHED = "launched"  # on top of the run states in protocol (succeeded, failed, cancelled, lost)
+
+
+def ledger_key(content_hash: str, cache_fingerprint: str, payload_version: str, options: dict) -> str:
+    """Pure: the identity of one evaluation. `options` are the eval options that change the numbers."""
+    blob = json.dumps({"checkpoint": content_hash, "cache": cache_fingerprint, "payload": payload_version,
+                       "options": options}, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class LedgerEntry:
+    key: str
+    checkpoint: str              # display name, e.g. step-4000
+    source: str                  # where it was found: HOST:/path or a local path
+    content_hash: str
+    step: int | None = None
+    host: str | None = None      # where it ran
+    run: str | None = None       # run name on that host
+    state: str = LAUNCHED        # launched | succeeded | failed | cancelled | lost
+    sweep: str = ""              # the sweep that ran it
+    updated_at: str = ""
+    exit_code: int | None = None
+    error: str | None = None
+    tau: float | None = None
+    suspect: bool = False
+    local_path: str | None = None  # the pulled run directory
+    config: str = ""             # ledger_key without the checkpoint: runs with the same config are a series
+
+
+class Ledger:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._mutex = threading.Lock()
+        self._lock_fd: int | None = None
+        self.entries: dict[str, LedgerEntry] = {}
+        self.hashes: dict[str, dict] = {}
+        if self.path.exists():
+            try:
+                data = json.loads(self.path.read_text(encoding="utf-8"))
+            except ValueError as e:
+                raise ConfigError(f"ledger {self.path} is not valid JSON ({e})",
+                                  hint="restore it from a backup, or move it away to start a fresh ledger "
+                                       "(everything would be evaluated again)") from e
+            names = {f.name for f in fields(LedgerEntry)}
+            self.entries = {k: LedgerEntry(**{n: v for n, v in e.items() if n in names})
+                            for k, e in data.get("entries", {}).items()}
+            self.hashes = data.get("hashes", {})
+
+    def lock(self) -> None:
+        """Take the controller lock (non-blocking): a second `reval sweep` on the same ledger is refused."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = Path(f"{self.path}.lock").read_text(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(f"another reval sweep is using {self.path} ({holder})",
+                              hint="wait for it to finish (or stop it); a killed one releases the lock") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}".encode())
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def get(self, key: str) -> LedgerEntry | None:
+        return self.entries.get(key)
+
+    def put(self, entry: LedgerEntry) -> None:
+        with self._mutex:
+            entry.updated_at = protocol.now_iso()
+            self.entries[entry.key] = entry
+            self._save()
+
+    def series(self, config: str) -> list[LedgerEntry]:
+        """Finished entries of one eval configuration (same cache/payload/options), oldest step first."""
+        done = [e for e in self.entries.values() if e.config == config and e.state != LAUNCHED]
+        return sorted(done, key=lambda e: (e.step is None, e.step or 0, e.updated_at))
+
+    def cached_hash(self, location: str, size: int, mtime: float) -> str | None:
+        h = self.hashes.get(location)
+        return h["hash"] if h and h.get("size") == size and h.get("mtime") == mtime else None
+
+    def remember_hash(self, location: str, size: int, mtime: float, content_hash: str) -> None:
+        with self._mutex:
+            self.hashes[location] = {"size": size, "mtime": mtime, "hash": content_hash}
+            self._save()
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        protocol.atomic_write_json(self.path, {"schema": LEDGER_SCHEMA,
+                                               "entries": {k: asdict(e) for k, e in self.entries.items()},
+                                               "hashes": self.hashes})
+
+
+def entry_from(entry: LedgerEntry, **changes) -> LedgerEntry:
+    return LedgerEntry(**{**asdict(entry), **changes})
+

@@ -1,0 +1,335 @@
+"""reval sweep: discovery (two hash implementations agree), the ledger, scheduling over hosts, a host going
+away mid-sweep, a killed controller, ledger skips and --force, the report and its exit codes.
+
+The payload here is `python -m remote_payload dummy` (torch-free, seconds) unless a test says otherwise: the
+sweep machinery is what is under test; the eval itself has its own tests."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cli, ledger, sweep
+from orchestrator.errors import ConfigError
+from orchestrator.inventory import Host, Inventory, VenvSpec, load_inventory
+from orchestrator.transport import LocalTransport
+from remote_payload import protocol
+from tests.resultsgen import write_run
+
+DUMMY = ["--lines", "4", "--interval-s", "0.1"]
+
+
+def make_checkpoints(root: Path, steps: list[int]) -> Path:
+    d = root / "ckpts"
+    for s in steps:
+        c = d / f"step-{s}"
+        (c / "sub").mkdir(parents=True)
+        (c / "config.json").write_text(json.dumps({"step": s}))
+        (c / "model.safetensors").write_bytes(os.urandom(2048) + s.to_bytes(4, "little"))
+        (c / "sub" / "extra.bin").write_bytes(b"x" * s)
+    return d
+
+
+def local_inventory(root: Path, n: int) -> Inventory:
+    hosts = {f"loc{i}": Host(name=f"loc{i}", local=True, workdir=str(root / f"loc{i}"), python=sys.executable,
+                             venv=VenvSpec(mode="python"), gpus="none") for i in range(1, n + 1)}
+    return Inventory(path=None, hosts=hosts, groups={"locs": list(hosts)})
+
+
+def opts(ckpt_glob: str, hosts: list[str], tmp: Path, **kw) -> sweep.SweepOptions:
+    return sweep.SweepOptions(checkpoints=[ckpt_glob], hosts=hosts, payload="dummy", eval_args=DUMMY,
+                              sweep_dir=str(tmp / "sweeps"), poll_s=0.2, backoff_s=0.2, **kw)
+
+
+def remote_run_dirs(workdirs: list[Path]) -> dict[str, str]:
+    """run name -> host workdir name, over every host; fails on a run name seen twice."""
+    seen: dict[str, str] = {}
+    for w in workdirs:
+        for d in (w / "runs").glob("*") if (w / "runs").is_dir() else []:
+            assert d.name not in seen, f"run {d.name} on two hosts"
+            seen[d.name] = w.name
+    return seen
+
+
+# ---- pure parts -----------------------------------------------------------------------------------------
+
+def test_parse_checkpoint_spec(tmp_path):
+    inv = local_inventory(tmp_path, 1)
+    assert sweep.parse_checkpoint_spec("loc1:/root/ckpt/step-*", inv) == ("loc1", "/root/ckpt", "step-*")
+    assert sweep.parse_checkpoint_spec("./ckpts/step-*", inv) == (None, "./ckpts", "step-*")
+    with pytest.raises(ConfigError, match="unknown host 'ct129'"):
+        sweep.parse_checkpoint_spec("ct129:/x/step-*", inv)
+    with pytest.raises(ConfigError, match="glob may only be in the last part"):
+        sweep.parse_checkpoint_spec("/x/*/step-1", inv)
+    with pytest.raises(ConfigError, match="glob may only be in the last part"):
+        sweep.parse_checkpoint_spec("/x/step-$(reboot)", inv)
+
+
+def test_select_latest_and_since():
+    cks = [sweep.Checkpoint(f"step-{s}", f"/c/step-{s}", None, 1, 1000 + s, step=s) for s in (300, 100, 200, 1000)]
+    cks.append(sweep.Checkpoint("final", "/c/final", None, 1, 5000))
+    assert [c.name for c in sweep.select(cks)] == ["step-100", "step-200", "step-300", "step-1000", "final"]
+    assert [c.name for c in sweep.select(cks, latest=2)] == ["step-1000", "final"]
+    assert [c.name for c in sweep.select(cks, since=1250)] == ["step-300", "step-1000", "final"]
+    assert sweep.parse_since("36h", now=200000.0) == 200000.0 - 36 * 3600
+    assert sweep.parse_since("2026-11-30") == datetime(2026, 11, 30, tzinfo=timezone.utc).timestamp()
+    with pytest.raises(ConfigError, match="--since 'yesterday'"):
+        sweep.parse_since("yesterday")
+
+
+def test_verdicts_and_exit_codes():
+    O = sweep.Outcome
+    assert sweep.verdict(O("b", 2, "succeeded", tau=5.02, prev_tau=4.33), 0.1) == "improved"
+    assert sweep.verdict(O("b", 2, "succeeded", tau=4.95, prev_tau=5.02), 0.1) == "within noise"
+    assert sweep.verdict(O("b", 2, "succeeded", tau=4.0, prev_tau=5.02), 0.1) == "regressed"
+    assert sweep.verdict(O("b", 2, "succeeded", tau=9.0, prev_tau=5.0, suspect=True), 0.1) == "suspect"
+    assert sweep.verdict(O("b", 2, "failed"), 0.1) == "failed"
+    assert sweep.verdict(O("a", 1, "succeeded", tau=4.0), 0.1) == "new"
+    ok, failed, gone = O("a", 1, "succeeded", tau=4.0), O("b", 2, "failed"), O("c", 3, "unreachable")
+    assert sweep.sweep_exit_code([ok], {}) == 0
+    assert sweep.sweep_exit_code([ok, gone], {}) == 2
+    assert sweep.sweep_exit_code([ok, gone, failed], {}) == 1
+    assert sweep.sweep_exit_code([ok], {"h3": "unreachable"}) == 2
+    earlier_failure = O("d", 4, "failed", earlier=True)
+    assert sweep.sweep_exit_code([ok, earlier_failure], {}) == 0  # reported, but not this sweep's failure
+
+
+def test_ledger_key_and_run_names():
+    k1 = ledger.ledger_key("sha256:a", "sha256:c", "v1", {"max_blocks": 30, "num_prompts": 10})
+    assert k1 == ledger.ledger_key("sha256:a", "sha256:c", "v1", {"num_prompts": 10, "max_blocks": 30})
+    for changed in (("sha256:b", "sha256:c", "v1", {"max_blocks": 30, "num_prompts": 10}),
+                    ("sha256:a", "sha256:d", "v1", {"max_blocks": 30, "num_prompts": 10}),
+                    ("sha256:a", "sha256:c", "v2", {"max_blocks": 30, "num_prompts": 10}),
+                    ("sha256:a", "sha256:c", "v1", {"max_blocks": 20, "num_prompts": 10})):
+        assert ledger.ledger_key(*changed) != k1
+    ck = sweep.Checkpoint("step 4000 (final)", "/x", None, 1, 1)
+    name = sweep.run_name_for(ck, k1)
+    assert name == f"step_4000_final_-{k1[7:15]}" and protocol.validate_run_name(name)
+    assert sweep.free_gpus("0, 5, 0\n1, 30000, 95\n2, 100, 3\n", "auto") == [0, 2]
+    assert sweep.free_gpus("0, 5, 0\n1, 30000, 95\n2, 100, 3\n", "2") == [2]
+    assert sweep.free_gpus("", "auto") == []
+
+
+def test_content_hash_and_listing_agree_with_the_remote_scripts(tmp_path):
+    d = make_checkpoints(tmp_path, [10, 20, 300])
+    (d / "step-20" / "sub" / "B.bin").write_bytes(b"upper case sorts first in C order")
+    single = d / "ckpt-7.pt"
+    single.write_bytes(b"a team .pt checkpoint")
+    t = LocalTransport(Host(name="l", local=True))
+    paths = [str(p) for p in sorted(d.iterdir())]
+    remote = {}
+    for line in t.run(sweep.hash_script(paths)).stdout.splitlines():
+        h, p = line.split("\t", 1)
+        remote[p] = "sha256:" + h
+    assert remote == {p: sweep.local_content_hash(p) for p in paths}
+    assert len(set(remote.values())) == 4
+    before = sweep.local_content_hash(d / "step-10")
+    (d / "step-10" / "sub" / "extra.bin").write_bytes(b"changed")
+    assert sweep.local_content_hash(d / "step-10") != before
+    listed = {}
+    for line in t.run(sweep.list_script(str(d), "step-*")).stdout.splitlines():
+        p, size, mtime = line.split("\t")
+        listed[os.path.basename(p)] = (int(size), int(mtime))
+    assert listed == {c.name: (c.size, c.mtime) for c in sweep._local_matches(str(d), "step-*")}
+
+
+def test_ledger_persists_and_refuses_a_second_controller(tmp_path):
+    lg = ledger.Ledger(tmp_path / "ledger.json")
+    lg.lock()
+    e = ledger.LedgerEntry("sha256:k", "step-1", "/c/step-1", "sha256:h", 1, "h1", "step-1-abc", "succeeded",
+                           "s1", tau=4.2, config="sha256:cfg")
+    lg.put(e)
+    lg.remember_hash("/c/step-1", 10, 99, "sha256:h")
+    other = ledger.Ledger(tmp_path / "ledger.json")
+    assert other.get("sha256:k").tau == 4.2 and other.cached_hash("/c/step-1", 10, 99) == "sha256:h"
+    assert other.cached_hash("/c/step-1", 11, 99) is None  # size changed: hash again
+    with pytest.raises(ConfigError, match="another reval sweep is using"):
+        other.lock()
+    lg.unlock()
+    other.lock()
+    other.unlock()
+    (tmp_path / "ledger.json").write_text("{broken")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        ledger.Ledger(tmp_path / "ledger.json")
+
+
+# ---- sweeps on local hosts (no SSH): scheduling, ledger skip, --force, report -------------------------------
+
+def test_local_sweep_ledger_skip_force_and_report(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ck = make_checkpoints(tmp_path, [100, 200, 300, 400])
+    inv = local_inventory(tmp_path, 2)
+    write_run(tmp_path / "runs", "ref", "zlab_full", quality=0.9)
+    log: list[str] = []
+    rep = sweep.Sweep(opts(f"{ck}/step-*", ["locs"], tmp_path, baseline="zlab_full"), inv, log=log.append).run()
+    sweep.write_report_files(rep)
+    assert rep.exit_code == 0, log
+    assert [o.checkpoint for o in rep.outcomes] == ["step-100", "step-200", "step-300", "step-400"]
+    assert all(o.state == "succeeded" and o.tau is not None for o in rep.outcomes)
+    assert {o.host for o in rep.outcomes} == {"loc1", "loc2"}  # both hosts got work
+    assert rep.outcomes[0].verdict == "new" and rep.outcomes[1].prev_checkpoint == "step-100"
+    assert rep.outcomes[1].verdict == "within noise"  # the dummy gives every checkpoint the same tau
+    # the dummy's results differ from the baseline's cache: ratio shown, marked not comparable
+    assert rep.outcomes[0].base_ratio is not None and "not comparable" in rep.outcomes[0].base_note
+    runs1 = remote_run_dirs([tmp_path / "loc1", tmp_path / "loc2"])
+    assert len(runs1) == 4
+    md = (rep.sweep_dir / "report.md").read_text()
+    assert "| step-300 |" in md and "within noise" in md
+    assert (rep.sweep_dir / "plots.png").read_bytes()[:4] == b"\x89PNG"
+    js = json.loads((rep.sweep_dir / "report.json").read_text())
+    assert js["exit_code"] == 0 and len(js["checkpoints"]) == 4
+    assert "4 checkpoints · 0 already evaluated (skipped) · 4 to run on 2 host(s), 2 slot(s)" in log
+
+    # the same sweep again: nothing new
+    log.clear()
+    rep2 = sweep.Sweep(opts(f"{ck}/step-*", ["locs"], tmp_path), inv, log=log.append).run()
+    assert rep2.exit_code == 0 and [o.state for o in rep2.outcomes] == ["skipped"] * 4
+    assert all(o.earlier for o in rep2.outcomes)
+    assert remote_run_dirs([tmp_path / "loc1", tmp_path / "loc2"]) == runs1
+    assert not any(line.startswith("launch") for line in log)
+
+    # one checkpoint changes: only that one runs
+    (ck / "step-300" / "config.json").write_text('{"step": 300, "retrained": true}')
+    os.utime(ck / "step-300" / "config.json", (time.time() + 5, time.time() + 5))
+    rep3 = sweep.Sweep(opts(f"{ck}/step-*", ["locs"], tmp_path), inv, log=log.append).run()
+    assert [o.state for o in rep3.outcomes] == ["skipped", "skipped", "succeeded", "skipped"]
+    assert len(remote_run_dirs([tmp_path / "loc1", tmp_path / "loc2"])) == 5
+
+    # --force re-runs everything, under new run names
+    rep4 = sweep.Sweep(opts(f"{ck}/step-*", ["locs"], tmp_path, force=True, latest=2), inv, log=log.append).run()
+    assert [(o.checkpoint, o.state) for o in rep4.outcomes] == [("step-300", "succeeded"), ("step-400", "succeeded")]
+    assert len(remote_run_dirs([tmp_path / "loc1", tmp_path / "loc2"])) == 7
+
+
+def test_failed_eval_is_reported_not_retried(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    ck = make_checkpoints(tmp_path, [1, 2])
+    inv_path = tmp_path / "hosts.yaml"
+    inv_path.write_text(f"hosts:\n  loc1:\n    local: true\n    workdir: {tmp_path / 'loc1'}\n"
+                        f"    python: {sys.executable}\n    venv: {{mode: python}}\n    gpus: none\n")
+    argv = ["-i", str(inv_path), "sweep", "--checkpoints", f"{ck}/step-*", "--hosts", "loc1", "--payload", "dummy",
+            "--sweep-dir", str(tmp_path / "sweeps"), "--poll-s", "0.2", "--json",
+            "--", "--lines", "2", "--interval-s", "0.05", "--exit-code", "1"]
+    rc = cli.main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 1, err
+    js = json.loads(out)
+    assert [c["state"] for c in js["checkpoints"]] == ["failed", "failed"]
+    assert js["checkpoints"][0]["error"].startswith("exit 1")
+    assert "exit 1 (an eval failed)" in err
+    assert len(list((tmp_path / "loc1" / "runs").iterdir())) == 2
+    # run again: failed evals are reported from the ledger, not launched again (and not this sweep's failure)
+    rc = cli.main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 0 and [c["state"] for c in json.loads(out)["checkpoints"]] == ["failed", "failed"]
+    assert len(list((tmp_path / "loc1" / "runs").iterdir())) == 2
+
+
+def test_sweep_needs_target_and_cache_for_a_real_eval(tmp_path, capsys):
+    rc = cli.main(["sweep", "--checkpoints", f"{tmp_path}/step-*", "--hosts", "local"])
+    assert rc == 3 and "needs --target and --cache" in capsys.readouterr().err
+
+
+# ---- real sshd hosts --------------------------------------------------------------------------------------
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_sweep_over_three_hosts_one_goes_away_then_resumes(ssh_hosts, tmp_path, monkeypatch):
+    cluster = ssh_hosts(3)
+    monkeypatch.chdir(tmp_path)
+    ck = make_checkpoints(tmp_path, [1000, 2000, 3000, 4000, 5000, 6000, 7000])
+    inv = load_inventory(cluster.inventory_path)
+    o = opts(f"{ck}/step-*", ["cluster"], tmp_path, retries=2)
+    o.eval_args = ["--lines", "10", "--interval-s", "0.3"]  # ~3 s per run
+    log: list[str] = []
+    sw = sweep.Sweep(o, inv, log=log.append)
+    result: dict = {}
+    th = threading.Thread(target=lambda: result.update(rep=sw.run()))
+    th.start()
+    # take ssh3 away once it has a run going
+    deadline = time.monotonic() + 120
+    while not any(e.host == "ssh3" for e in sw.ledger.entries.values()):
+        assert time.monotonic() < deadline and th.is_alive(), log
+        time.sleep(0.05)
+    cluster.stop(2)
+    th.join(timeout=240)
+    assert not th.is_alive()
+    rep = result["rep"]
+    states = {o.checkpoint: o.state for o in rep.outcomes}
+    assert rep.exit_code == 2, log
+    gone = [c for c, s in states.items() if s == "unreachable"]
+    assert 1 <= len(gone) <= 1 and all(s in ("succeeded", "unreachable") for s in states.values()), states
+    assert sum(s == "succeeded" for s in states.values()) == 6
+    assert "ssh3" in rep.hosts_down and any("ssh3: gone" in line for line in log)
+    workdirs = [h.workdir for h in cluster.hosts]
+    before = remote_run_dirs(workdirs)
+    assert len(before) == 7  # the one on ssh3 kept running there (the host was only cut off)
+
+    # the host comes back: the same command re-attaches to its run and pulls it, launching nothing new
+    cluster.start(2)
+    log.clear()
+    rep2 = sweep.Sweep(o, load_inventory(cluster.inventory_path), log=log.append).run()
+    assert rep2.exit_code == 0, log
+    by = {o.checkpoint: o for o in rep2.outcomes}
+    assert by[gone[0]].state == "succeeded" and by[gone[0]].host == "ssh3" and not by[gone[0]].earlier
+    assert sum(o.earlier for o in rep2.outcomes) == 6
+    assert any(line.startswith(f"attach  {gone[0]}") for line in log)
+    assert not any(line.startswith("launch") for line in log)
+    assert remote_run_dirs(workdirs) == before
+    assert rep2.sweep_id == rep.sweep_id  # the unfinished sweep was resumed, not a new one
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_killed_controller_resumes_without_repeating_runs(ssh_hosts, tmp_path):
+    cluster = ssh_hosts(2)
+    ck = make_checkpoints(tmp_path, [10, 20, 30, 40, 50, 60])
+    argv = [sys.executable, "-m", "orchestrator", "-i", str(cluster.inventory_path), "sweep",
+            "--checkpoints", f"{ck}/step-*", "--hosts", "cluster", "--payload", "dummy", "--poll-s", "0.2",
+            "--sweep-dir", str(tmp_path / "sweeps"), "--json", "--", "--lines", "8", "--interval-s", "0.25"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ledger_path = tmp_path / "sweeps" / "ledger.json"
+    deadline = time.monotonic() + 120
+    try:
+        while True:  # kill it while some runs are finished and others still going
+            assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+            try:
+                entries = json.loads(ledger_path.read_text())["entries"].values()
+            except (OSError, ValueError):
+                entries = []
+            if any(e["state"] == "succeeded" for e in entries) and any(e["state"] == "launched" for e in entries):
+                break
+            time.sleep(0.05)
+        os.kill(p.pid, signal.SIGKILL)
+    finally:
+        p.wait()
+        p.stdout.close()
+        p.stderr.close()
+    workdirs = [h.workdir for h in cluster.hosts]
+    finished_before = {e["run"]: e for e in json.loads(ledger_path.read_text())["entries"].values()
+                       if e["state"] == "succeeded"}
+    started = {n: protocol.read_json(w / "runs" / n / "status.json")["started_at"]
+               for n, host in remote_run_dirs(workdirs).items() for w in workdirs if w.name == host}
+
+    r = subprocess.run(argv, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    js = json.loads(r.stdout)
+    assert [c["state"] for c in js["checkpoints"]] == ["succeeded"] * 6
+    assert not any(c["earlier"] for c in js["checkpoints"])  # one sweep, resumed
+    after = remote_run_dirs(workdirs)
+    assert len(after) == 6  # every checkpoint ran exactly once
+    for n, t0 in started.items():  # nothing that had started was started again
+        host = next(w for w in workdirs if w.name == after[n])
+        assert protocol.read_json(host / "runs" / n / "status.json")["started_at"] == t0
+    final_runs = {c["run"] for c in js["checkpoints"]}
+    assert set(finished_before) <= final_runs  # finished before the kill: pulled and reported, not re-run
+    assert "resume  sweep" in r.stderr

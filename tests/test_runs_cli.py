@@ -1,0 +1,205 @@
+"""`reval run / logs / status / ls / pull / kill` through the CLI runner (orchestrator.cli.main): the local
+host end to end with the dummy payload (a seam standing in for the eval), a real eval when the fixture
+builder is there, and the same commands over a real sshd."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cli
+from orchestrator.commands import run as run_cmd
+from orchestrator.commands import runs as runs_cmd
+from remote_payload import protocol
+from tests.runtools import group_members, wait_lines
+
+FAST = ["--", "--lines", "5", "--interval-s", "0"]
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """A fresh current directory: built-in `local` host (workdir .reval/local), local registry runs/."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("REVAL_HOSTS", raising=False)
+    monkeypatch.delenv("REVAL_RUNS_DIR", raising=False)
+    return tmp_path
+
+
+def reval(capsys, *argv) -> tuple[int, str, str]:
+    rc = cli.main(list(argv))
+    o, e = capsys.readouterr()
+    return rc, o, e
+
+
+def test_run_local_end_to_end(here, capsys):
+    rc, out, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "e2e", *FAST)
+    assert rc == 0, err
+    assert "sync    payload:" in out and "launch  e2e on local · CPU (no GPU on this host)" in out
+    assert sum("[5/5] prompt5" in line for line in out.splitlines()) == 1  # the log, streamed once
+    assert "done    e2e succeeded" in out and "tau 4.00 · streak 3.00" in out and "position-1 accuracy" in out
+    pulled = here / "runs" / "local" / "e2e"
+    assert protocol.read_json(pulled / "status.json")["state"] == "succeeded"
+    assert (pulled / "eval.log").read_bytes() == (here / ".reval/local/runs/e2e/eval.log").read_bytes()
+    assert json.loads((pulled / "results.json").read_text())["run"] == "e2e"
+    rc, out, _ = reval(capsys, "status", "e2e")
+    assert rc == 0 and "e2e on local: succeeded" in out
+    rc, out, _ = reval(capsys, "ls")
+    assert rc == 0 and "e2e" in out and "succeeded" in out
+    rc, out, _ = reval(capsys, "logs", "local/e2e")
+    assert rc == 0 and out.splitlines()[-1].startswith("[reval] succeeded")
+
+
+def test_crashing_payload_fails_with_log_tail_and_nothing_marked_success(here, capsys):
+    rc, out, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "boom", "--", "--lines", "6",
+                         "--interval-s", "0", "--crash")
+    assert rc == 1
+    assert "failed  boom on local (exit 1)" in err and "last lines of eval.log" in err
+    assert "RuntimeError: dummy crash at prompt 4 of 6" in err
+    pulled = here / "runs" / "local" / "boom"
+    st = protocol.read_json(pulled / "status.json")
+    assert (st["state"], st["exit_code"]) == ("failed", 1)
+    assert not (pulled / "results.json").exists() and "done" not in out
+    rc, out, _ = reval(capsys, "status", "local/boom")
+    assert "failed" in out and "exit 1" in out
+
+
+def test_detach_kill_group_gone_then_logs_f_cancelled(here, capsys):
+    rc, out, _ = reval(capsys, "run", "local", "--payload", "dummy", "--name", "k1", "--detach", "--",
+                       "--lines", "1000", "--interval-s", "0.05")
+    assert rc == 101
+    assert "detached: k1 keeps running on local. Re-attach: reval logs k1 -f" in out
+    run_dir = here / ".reval/local/runs/k1"
+    wait_lines(run_dir / "eval.log", 6)
+    pgid = protocol.read_json(run_dir / "status.json")["pgid"]
+    assert len(group_members(pgid)) == 2  # the wrapper and the payload
+    rc, out, _ = reval(capsys, "status", "k1")
+    assert "running" in out
+    rc, out, _ = reval(capsys, "kill", "k1")
+    assert rc == 0 and "cancelled k1" in out
+    assert group_members(pgid) == []
+    assert protocol.read_json(run_dir / "status.json")["state"] == "cancelled"
+    rc, out, _ = reval(capsys, "logs", "k1", "-f")
+    assert rc == 103 and "cancelled k1" in out
+    rc, out, _ = reval(capsys, "kill", "k1")
+    assert rc == 0 and "already ended: cancelled" in out
+
+
+def test_ctrl_c_detaches_and_logs_f_resumes_exactly(here, capsys, monkeypatch):
+    class InterruptAfter(runs_cmd.PlainSink):
+        def __init__(self, n):
+            super().__init__()
+            self.n = n
+
+        def line(self, text):
+            super().line(text)
+            self.n -= 1
+            if self.n == 0:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_cmd, "make_sink", lambda: InterruptAfter(4))
+    rc, out1, _ = reval(capsys, "run", "local", "--payload", "dummy", "--name", "cc", "--", "--lines", "40",
+                        "--interval-s", "0.02")
+    assert rc == 101 and out1.splitlines()[-1] == "detached: cc keeps running on local. Re-attach: reval logs cc -f"
+    monkeypatch.setattr(runs_cmd, "make_sink", runs_cmd.PlainSink)
+    rc, out2, _ = reval(capsys, "logs", "cc", "-f")
+    assert rc == 0
+    shown = [line for line in out1.splitlines() if not line.startswith(("sync ", "launch ", "detached:"))]
+    shown += out2.splitlines()[:-2]  # minus the done/summary lines
+    assert shown == (here / ".reval/local/runs/cc/eval.log").read_text().splitlines()
+
+
+def test_lost_run_is_reported_lost_never_success(here, capsys):
+    assert reval(capsys, "run", "local", "--payload", "dummy", "--name", "first", *FAST)[0] == 0  # payload synced
+    d = here / ".reval/local/runs/ghost"
+    d.mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    protocol.atomic_write_json(d / "status.json", {"state": "running", "pid": dead.pid, "pgid": dead.pid,
+                                                   "started_at": protocol.now_iso()})
+    (d / "eval.log").write_text("[reval] ghost started\nloading...\n")
+    rc, out, _ = reval(capsys, "status", "local/ghost")
+    assert rc == 0 and "ghost on local: lost" in out
+    rc, out, err = reval(capsys, "logs", "local/ghost", "-f")
+    assert rc == 1 and "lost    ghost" in err and "done" not in out
+    rc, out, _ = reval(capsys, "ls", "local")
+    assert "lost" in out
+
+
+def test_not_found_hostile_and_ambiguous_names(here, capsys):
+    for argv in (["status", "nope"], ["logs", "local/nope"], ["kill", "local/nope"], ["pull", "local/nope"]):
+        rc, _, err = reval(capsys, *argv)
+        assert rc == 102, (argv, err)
+    for bad in ("../x", "a;b", "$(touch PWN)", "a b"):
+        rc, _, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", bad)
+        assert rc == 3 and "invalid run name" in err
+        rc, _, err = reval(capsys, "status", f"local/{bad}")
+        assert rc == 3
+    assert not (here / ".reval").exists() and not list(here.rglob("PWN"))
+    (here / "hosts.yaml").write_text("hosts:\n  a: {local: true, workdir: wa, python: current, venv: {mode: python}}\n"
+                                     "  b: {local: true, workdir: wb, python: current, venv: {mode: python}}\n")
+    for h in ("a", "b"):
+        rc, _, err = reval(capsys, "run", h, "--payload", "dummy", "--name", "same", *FAST)
+        assert rc == 0, err
+    rc, _, err = reval(capsys, "status", "same")
+    assert rc == 3 and "exists on several hosts: a, b" in err and "a/same" in err
+    rc, out, _ = reval(capsys, "status", "b/same")
+    assert rc == 0 and "same on b: succeeded" in out
+
+
+def test_unknown_options_and_missing_paths_are_bad_input(here, capsys):
+    rc, _, err = reval(capsys, "run", "local", "--drafter", "/d")
+    assert rc == 3 and "missing --target, --cache" in err
+    rc, _, err = reval(capsys, "run", "local", "--payload", "dummy", "--bogus")
+    assert rc == 3 and "unrecognized arguments: --bogus" in err
+    rc, _, err = reval(capsys, "run", "local", "--payload", "dummy", "--gpus", "0;reboot")
+    assert rc == 3
+    assert not (here / ".reval" / "local" / "runs").exists() or not list((here / ".reval/local/runs").iterdir())
+
+
+@pytest.mark.slow
+def test_real_eval_through_the_same_path(here, capsys, tmp_path_factory):
+    fixtures = pytest.importorskip("remote_payload.fixtures", reason="the fixture builder (payload issue) is not here")
+    fx = Path(tmp_path_factory.getbasetemp()) / "fixtures-quick"
+    build = subprocess.run([sys.executable, "-m", "remote_payload", "fixtures", "--out", str(fx), "--quick"],
+                           capture_output=True, text=True, timeout=900,
+                           cwd=Path(fixtures.__file__).resolve().parent.parent)
+    assert build.returncode == 0, build.stderr[-2000:]
+    paths = json.loads((fx / "fixtures.json").read_text())["paths"]
+    p = {k: str(fx / v) for k, v in paths.items()}
+    rc, out, err = reval(capsys, "run", "local", "--drafter", p["drafter_good"], "--target", p["target"],
+                         "--cache", p["cache"], "--num-prompts", "2", "--max-blocks", "3", "--name", "real",
+                         "--", "--device", "cpu")
+    assert rc == 0, err + out
+    assert "done    real succeeded" in out and "tau " in out
+    res = json.loads((here / "runs/local/real/results.json").read_text())
+    assert res["schema"] == protocol.RESULTS_SCHEMA and res["metrics"]["num_prompts"] == 2
+    assert res["metrics"]["tau"] >= 1.0
+    events = protocol.read_events(here / "runs/local/real/events.jsonl")
+    assert events and all("stage" in e for e in events)
+
+
+@pytest.mark.ssh
+def test_run_kill_ls_pull_over_ssh(ssh_hosts, here, capsys):
+    c = ssh_hosts(2)
+    inv = str(c.inventory_path)
+    rc, out, err = reval(capsys, "-i", inv, "run", "ssh1", "--payload", "dummy", "--name", "r1", *FAST)
+    assert rc == 0, err
+    assert "done    r1 succeeded" in out
+    assert (here / "runs/ssh1/r1/eval.log").read_bytes() == (c.hosts[0].workdir / "runs/r1/eval.log").read_bytes()
+    rc, out, _ = reval(capsys, "-i", inv, "run", "ssh2", "--payload", "dummy", "--name", "r2", "--detach", "--",
+                       "--lines", "1000", "--interval-s", "0.05")
+    assert rc == 101
+    wait_lines(c.hosts[1].workdir / "runs/r2/eval.log", 5)
+    pgid = protocol.read_json(c.hosts[1].workdir / "runs/r2/status.json")["pgid"]
+    rc, out, _ = reval(capsys, "-i", inv, "kill", "r2")  # found by searching the hosts
+    assert rc == 0 and group_members(pgid) == []
+    c.stop(0)  # ssh1 down: ls reports it and still lists ssh2
+    rc, out, _ = reval(capsys, "-i", inv, "ls")
+    assert rc == 2 and "unreachable" in out and "r2" in out and "cancelled" in out
+    rc, out, err = reval(capsys, "-i", inv, "pull", "--all")
+    assert rc == 2 and "pulled  ssh2/r2 (cancelled)" in out and "failed  ssh1" in err
+    assert protocol.read_json(here / "runs/ssh2/r2/status.json")["state"] == "cancelled"

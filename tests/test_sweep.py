@@ -49,13 +49,13 @@ def opts(ckpt_glob: str, hosts: list[str], tmp: Path, **kw) -> sweep.SweepOption
                               sweep_dir=str(tmp / "sweeps"), poll_s=0.2, backoff_s=0.2, **kw)
 
 
-def remote_run_dirs(workdirs: list[Path]) -> dict[str, str]:
-    """run name -> host workdir name, over every host; fails on a run name seen twice."""
-    seen: dict[str, str] = {}
+def remote_run_dirs(workdirs: list[Path]) -> dict[str, Path]:
+    """run name -> the host workdir holding it, over every host; fails on a run name seen twice."""
+    seen: dict[str, Path] = {}
     for w in workdirs:
         for d in (w / "runs").glob("*") if (w / "runs").is_dir() else []:
             assert d.name not in seen, f"run {d.name} on two hosts"
-            seen[d.name] = w.name
+            seen[d.name] = w
     return seen
 
 
@@ -256,7 +256,7 @@ def test_sweep_over_three_hosts_one_goes_away_then_resumes(ssh_hosts, tmp_path, 
     th.start()
     # take ssh3 away once it has a run going
     deadline = time.monotonic() + 120
-    while not any(e.host == "ssh3" for e in sw.ledger.entries.values()):
+    while not list((cluster.hosts[2].workdir / "runs").glob("*/status.json")):
         assert time.monotonic() < deadline and th.is_alive(), log
         time.sleep(0.05)
     cluster.stop(2)
@@ -280,7 +280,7 @@ def test_sweep_over_three_hosts_one_goes_away_then_resumes(ssh_hosts, tmp_path, 
     assert rep2.exit_code == 0, log
     by = {o.checkpoint: o for o in rep2.outcomes}
     assert by[gone[0]].state == "succeeded" and by[gone[0]].host == "ssh3" and not by[gone[0]].earlier
-    assert sum(o.earlier for o in rep2.outcomes) == 6
+    assert [o.state for o in rep2.outcomes] == ["succeeded"] * 7  # the resumed sweep reports all of them
     assert any(line.startswith(f"attach  {gone[0]}") for line in log)
     assert not any(line.startswith("launch") for line in log)
     assert remote_run_dirs(workdirs) == before
@@ -318,7 +318,7 @@ def test_killed_controller_resumes_without_repeating_runs(ssh_hosts, tmp_path):
     finished_before = {e["run"]: e for e in json.loads(ledger_path.read_text())["entries"].values()
                        if e["state"] == "succeeded"}
     started = {n: protocol.read_json(w / "runs" / n / "status.json")["started_at"]
-               for n, host in remote_run_dirs(workdirs).items() for w in workdirs if w.name == host}
+               for n, w in remote_run_dirs(workdirs).items() if (w / "runs" / n / "status.json").exists()}
 
     r = subprocess.run(argv, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
@@ -328,8 +328,7 @@ def test_killed_controller_resumes_without_repeating_runs(ssh_hosts, tmp_path):
     after = remote_run_dirs(workdirs)
     assert len(after) == 6  # every checkpoint ran exactly once
     for n, t0 in started.items():  # nothing that had started was started again
-        host = next(w for w in workdirs if w.name == after[n])
-        assert protocol.read_json(host / "runs" / n / "status.json")["started_at"] == t0
+        assert protocol.read_json(after[n] / "runs" / n / "status.json")["started_at"] == t0
     final_runs = {c["run"] for c in js["checkpoints"]}
     assert set(finished_before) <= final_runs  # finished before the kill: pulled and reported, not re-run
     assert "resume  sweep" in r.stderr

@@ -1,0 +1,99 @@
+"""Benchmarks of the run path, for orchestrator.bench's table (BENCHES += RUN_BENCHES):
+
+- live-progress latency: a line appended to eval.log on the server -> handed to the follower's sink, over a
+  real sshd on loopback; median over ~50 lines (target: under 0.5 s);
+- `reval run` overhead on the `local` host over running the same payload directly (target: under +1 s).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from remote_payload import protocol
+
+from . import transport as transport_mod
+from .bench import BenchContext, Row, median_s
+from .follow import PlainSink, follow
+from .inventory import load_inventory
+from .sync import sync_payload
+
+LATENCY_LINES = 50
+
+
+class _Stamps(PlainSink):
+    """Records (line, arrival time) pairs."""
+
+    def __init__(self):
+        self.got: list[tuple[str, float]] = []
+
+    def line(self, text: str) -> None:
+        self.got.append((text, time.time()))
+
+    def note(self, text: str) -> None:
+        pass
+
+
+def bench_live_latency(ctx: BenchContext) -> list[Row]:
+    c = ctx.ssh_hosts(1)
+    host = load_inventory(c.inventory_path).get("ssh1")
+    t = transport_mod.get_transport(host)
+    sync_payload(t, host)
+    run_dir = c.hosts[0].workdir / "runs" / "latency"
+    run_dir.mkdir(parents=True)
+    # A live process group for the run (the "payload"), so the follower sees a running run.
+    holder = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    protocol.atomic_write_json(run_dir / "status.json", {"state": "running", "pid": holder.pid, "pgid": holder.pid,
+                                                         "started_at": protocol.now_iso()})
+    sink, done = _Stamps(), threading.Event()
+    th = threading.Thread(target=lambda: (follow(t, "latency", workdir=str(c.hosts[0].workdir),
+                                                 python=host.python, sink=sink, save=False), done.set()))
+    th.start()
+    try:
+        time.sleep(1.0)  # connected and streaming
+        with open(run_dir / "eval.log", "a", encoding="utf-8") as f:
+            for i in range(LATENCY_LINES):
+                f.write(f"line {i} written_at {time.time():.6f}\n")
+                f.flush()
+                time.sleep(0.1 + (i % 7) * 0.013)  # not in step with the server's poll
+        protocol.atomic_write_json(run_dir / "status.json", {"state": "succeeded", "pid": holder.pid,
+                                                             "pgid": holder.pid, "exit_code": 0})
+        th.join(60)
+    finally:
+        holder.kill()
+        holder.wait()
+    lat = [arrived - float(text.rsplit(" ", 1)[1]) for text, arrived in sink.got if "written_at" in text]
+    assert len(lat) == LATENCY_LINES and done.is_set(), f"follower got {len(lat)} of {LATENCY_LINES} lines"
+    return [Row(f"live-progress latency (median of {LATENCY_LINES} lines)", statistics.median(lat), 0.5,
+                "the 0.5 s target", 1.0)]
+
+
+def bench_run_overhead(ctx: BenchContext) -> list[Row]:
+    cwd = Path(tempfile.mkdtemp(dir=ctx.root))
+    env = {k: v for k, v in os.environ.items() if k not in ("REVAL_HOSTS", "REVAL_RUNS_DIR")}
+    reval = [sys.executable, "-m", "orchestrator"]
+    payload = ["--lines", "5", "--interval-s", "0.05"]
+    n = iter(range(10_000))
+
+    def ours():
+        subprocess.run([*reval, "run", "local", "--payload", "dummy", "--name", f"o{next(n)}", "--", *payload],
+                       cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
+
+    def direct():
+        d = cwd / "direct" / f"d{next(n)}"
+        d.mkdir(parents=True)
+        subprocess.run([sys.executable, "-m", "remote_payload", "dummy", "--run-dir", str(d), *payload],
+                       cwd=cwd / ".reval/local/payload", env=env, check=True, stdout=subprocess.DEVNULL)
+
+    ours()  # first sync of the payload, outside the timing
+    ours_s, direct_s = median_s(ours, ctx.repeat), median_s(direct, ctx.repeat)
+    return [Row("reval run on local vs payload directly", ours_s, direct_s, "the payload run directly (+1 s)",
+                (direct_s + 1.0) / direct_s)]
+
+
+RUN_BENCHES = [bench_live_latency, bench_run_overhead]

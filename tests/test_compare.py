@@ -272,3 +272,21 @@ def test_compare_modules_do_not_import_torch():
     code = ("import sys; import orchestrator.commands.compare, orchestrator.compare, orchestrator.report, "
             "orchestrator.plots; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_pull_then_compare(tmp_path, monkeypatch, capsys):
+    """--pull brings runs from their host (here a local-folder host, through the real pull) before comparing."""
+    monkeypatch.chdir(tmp_path)
+    work = tmp_path / "hostwork"
+    write_run(work, "runs", "step4000", quality=0.7, step=4000)   # the host's <workdir>/runs/<run>/
+    write_run(work, "runs", "zlab_full", quality=0.88)
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(f"hosts:\n  box:\n    local: true\n    workdir: {work}\n    python: {sys.executable}\n"
+                   "    venv: {mode: python}\n")
+    rc = cli.main(["-i", str(inv), "compare", "--pull", "box/step4000", "--baseline", "box/zlab_full",
+                   "--format", "csv"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert (tmp_path / "runs" / "box" / "step4000" / "results.json").exists()
+    assert f"pulled  box/zlab_full -> {tmp_path}/runs/box/zlab_full/" in err
+    assert [r["run"] for r in csv.DictReader(io.StringIO(out))] == ["zlab_full", "step4000"]

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from .. import compare, report
+from .. import compare, pull, report, runs
 from ..errors import ConfigError
+from ..inventory import load_inventory
+from ..transport import get_transport, resolve_workdir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,12 +23,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="write acceptance curves, histogram and DDTree plots")
     p.add_argument("--allow-incomparable", action="store_true",
                    help="show runs that differ in cache/prompts/max-blocks/metrics anyway (marked, not ranked)")
+    p.add_argument("--pull", action="store_true", help="pull the runs from their hosts first (HOST/NAME or NAME)")
     p.add_argument("--runs-dir", default=str(compare.DEFAULT_RUNS_ROOT), metavar="DIR",
                    help="where pulled runs live (default: ./runs)")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.pull:
+        for spec in list(args.runs) + ([args.baseline] if args.baseline else []):
+            print(f"pulled  {pull_spec(args.inventory, spec)}", file=sys.stderr)
     paths = [compare.resolve_run(s, args.runs_dir) for s in args.runs]
     runs = [compare.load_run(p) for p in paths]
     baseline = compare.load_run(compare.resolve_run(args.baseline, args.runs_dir)) if args.baseline else None
@@ -52,3 +59,13 @@ def main(args: argparse.Namespace) -> int:
     else:
         report.print_tables(tables)
     return 0
+
+
+def pull_spec(inventory_path: str | None, spec: str) -> str:
+    """Pull one RUN (HOST/NAME, or a NAME found on one host) into runs/<host>/<name>/; a path is left as is."""
+    if "/" in spec and Path(spec).is_dir():
+        return f"{spec} (a local folder: not pulled)"
+    inv = load_inventory(inventory_path)
+    host, name = runs.resolve_run(inv, spec)
+    t = get_transport(host)
+    return f"{host.name}/{name} -> {pull.pull(t, name, workdir=resolve_workdir(t)).path}/"

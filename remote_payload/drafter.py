@@ -3,9 +3,9 @@
 - `DFlashDrafter.naive_block`: one anchor, recomputes everything; the obviously-right reference
   (differentiable, fp32-friendly; also what training uses).
 - `precompute_context` + `draft_hidden` + `logits_topk`: many anchors at once. Context K/V are computed
-  ONCE per prompt (the context never passes through the layers) and shared by every anchor and round;
-  block queries score against the shared context K and against their own block K separately, and the
-  two are softmaxed jointly, so the cache is never copied per anchor.
+  ONCE per prompt (the context never passes through the layers) and shared by every anchor and round.
+  Each call writes only its blocks' K/V into slot rows after the context and runs one SDPA over
+  [context | slots] with a mask, so the context is never copied per anchor or round (a measured pitfall).
 
 Attention visibility (read from z-lab `dflash/model.py` `_attention_mask`, positions absolute):
 - full layers, `is_causal` unset: everything (all context, bidirectional inside the block);
@@ -33,11 +33,16 @@ class TargetHead:
 
 @dataclass
 class ContextKV:
-    """Per-layer context keys/values for B prompts, padded to the longest; built by `precompute_context`."""
+    """Per-layer context keys/values for B prompts, padded to the longest; built by `precompute_context`.
 
-    k: list[Tensor]  # per layer [B, kvh, T, d], k_norm + RoPE at positions 0..T-1 applied
-    v: list[Tensor]  # per layer [B, kvh, T, d]
-    lengths: Tensor  # [B] long: valid positions of each prompt (rows >= length are zero padding)
+    Rows [0, T) hold the context (k_norm + RoPE at positions 0..T-1 applied); rows [T, R) are slots that
+    `draft_hidden` overwrites with the current blocks' K/V (then zero padding up to an aligned R).
+    """
+
+    k: list[Tensor]  # per layer [B, kvh, R, d]
+    v: list[Tensor]  # per layer [B, kvh, R, d]
+    lengths: Tensor  # [B] long: valid positions of each prompt (context rows >= length are zero padding)
+    T: int  # context rows (the longest prompt)
 
 
 @dataclass
@@ -172,8 +177,12 @@ class DFlashDrafter(nn.Module):
         return F.linear(out[1:], head.lm_head.to(dt)).float()
 
     # ---- fast path ------------------------------------------------------------------------------
-    def precompute_context(self, feats: Tensor | list[Tensor]) -> ContextKV:
-        """feats [T, n_fc*H] for one prompt, or a list of [T_i, n_fc*H] (padded to max T_i) -> ContextKV."""
+    def precompute_context(self, feats: Tensor | list[Tensor], anchors_per_prompt: int = 1) -> ContextKV:
+        """feats [T, n_fc*H] for one prompt, or a list of [T_i, n_fc*H] (padded to max T_i) -> ContextKV.
+
+        Reserves block slots for `anchors_per_prompt` anchors per `draft_hidden` call (it grows them if a
+        call needs more, at the cost of one copy of the buffers).
+        """
         cfg, dt = self.cfg, self.dtype
         kvh, d = cfg.num_key_value_heads, cfg.head_dim
         items = [feats] if isinstance(feats, Tensor) else list(feats)
@@ -183,6 +192,7 @@ class DFlashDrafter(nn.Module):
         device = self.fc.weight.device
         lengths = torch.tensor([f.shape[0] for f in items], device=device)
         T = int(lengths.max())
+        R = _rows(T, anchors_per_prompt * cfg.block_size)
         cos, sin = rope_cos_sin(torch.arange(T, device=device), d, cfg.rope_theta)  # [T, d]
         ks: list[list[Tensor]] = [[] for _ in self.layers]
         vs: list[list[Tensor]] = [[] for _ in self.layers]
@@ -193,9 +203,9 @@ class DFlashDrafter(nn.Module):
                 att = layer.self_attn
                 k = apply_rope(att.k_norm(att.k_proj(ctx).view(n, kvh, d)), cos[:n, None], sin[:n, None])
                 v = att.v_proj(ctx).view(n, kvh, d)
-                ks[i].append(F.pad(k.transpose(0, 1), (0, 0, 0, T - n)))  # [kvh, T, d]
-                vs[i].append(F.pad(v.transpose(0, 1), (0, 0, 0, T - n)))
-        return ContextKV(k=[torch.stack(k) for k in ks], v=[torch.stack(v) for v in vs], lengths=lengths)
+                ks[i].append(F.pad(k.transpose(0, 1), (0, 0, 0, R - n)))  # [kvh, R, d]
+                vs[i].append(F.pad(v.transpose(0, 1), (0, 0, 0, R - n)))
+        return ContextKV(k=[torch.stack(k) for k in ks], v=[torch.stack(v) for v in vs], lengths=lengths, T=T)
 
     def draft_hidden(self, ctx: ContextKV, anchors: Tensor, bonus_ids: Tensor, head: TargetHead) -> Tensor:
         """Draft blocks for many anchors -> out = norm(x) [..., bs, H] (row k predicts position a+k).
@@ -203,6 +213,9 @@ class DFlashDrafter(nn.Module):
         anchors/bonus_ids: [n] (ctx holds ONE prompt) or [B, m] (m anchors for each of ctx's B prompts;
         pad unused slots with any valid anchor, e.g. 1). Anchor a sees context positions 0..a-1, so
         1 <= a <= that prompt's length.
+        Each layer writes the blocks' K/V into ctx's slot rows (overwriting the previous call's) and runs
+        ONE SDPA over [context | slots] with a mask: the context is never copied. Autograd through two
+        calls on the same ctx is therefore not supported (train with one call per `precompute_context`).
         """
         cfg, dt = self.cfg, self.dtype
         bs, H = cfg.block_size, cfg.hidden_size
@@ -216,48 +229,77 @@ class DFlashDrafter(nn.Module):
             raise ValueError(f"anchors are for {B} prompts but the context holds {ctx.lengths.numel()}")
         if bool((anchors < 1).any()) or bool((anchors > ctx.lengths[:, None]).any()):
             raise ValueError("every anchor a must satisfy 1 <= a <= its prompt's context length")
-        a_min, a_max = int(anchors.min()), int(anchors.max())
+        T, S = ctx.T, m * bs
+        _ensure_slots(ctx, S)
+        a_min = int(anchors.min())
         dev = anchors.device
         x = F.embedding(self._block_ids(bonus_ids), head.embed).to(dt).view(B * m * bs, H)
         q_pos = anchors[..., None] + torch.arange(bs, device=dev)  # [B, m, bs]
         cos, sin = rope_cos_sin(q_pos, d, cfg.rope_theta)
         cos, sin = cos[..., None, :], sin[..., None, :]  # [B, m, bs, 1, d]: broadcast over heads
-        kk = torch.arange(bs, device=dev)
-        scale = d**-0.5
+        masks: dict[tuple, tuple[int, Tensor]] = {}
         for i, layer in enumerate(self.layers):
             att = layer.self_attn
-            causal, window = cfg.layer_is_causal(i), cfg.layer_window(i)
-            # Context keys that any anchor here can see: [lo, a_max). Slicing is a view, no copy.
-            lo = 0 if window is None else max(0, min(a_min - window + 1, a_max - 1))
-            K, V = ctx.k[i][:, :, lo:a_max], ctx.v[i][:, :, lo:a_max]  # [B, kvh, Tc, d]
-            t = torch.arange(lo, a_max, device=dev)
-            vis_ctx = t < anchors[..., None, None]  # [B, m, 1, Tc]
-            if window is not None:
-                vis_ctx = vis_ctx & (q_pos[..., None] - t < window)  # [B, m, bs, Tc]
-            vis_blk = visible(kk[:, None], kk[None, :], causal=causal, window=window)  # [bs, bs]
+            key = (cfg.layer_is_causal(i), cfg.layer_window(i))
+            if key not in masks:
+                masks[key] = _slot_mask(anchors, q_pos, T, ctx.k[i].shape[2], g, a_min, *key)
+            lo, mask = masks[key]  # mask [B, 1, m*g*bs, R-lo]
 
             h = layer.input_layernorm(x)
             q = apply_rope(att.q_norm(att.q_proj(h).view(B, m, bs, nh, d)), cos, sin)
             kb = apply_rope(att.k_norm(att.k_proj(h).view(B, m, bs, kvh, d)), cos, sin)
             vb = att.v_proj(h).view(B, m, bs, kvh, d)
-            qg = q.view(B, m, bs, kvh, g, d).permute(0, 3, 1, 4, 2, 5)  # [B, kvh, m, g, bs, d]
-            kb, vb = kb.permute(0, 3, 1, 2, 4), vb.permute(0, 3, 1, 2, 4)  # [B, kvh, m, bs, d]
-            Tc = K.shape[2]
-            # One batched GEMM against the shared context K, one small one against each block's own K.
-            s_ctx = (qg.reshape(B, kvh, m * g * bs, d) @ K.transpose(-1, -2)).view(B, kvh, m, g, bs, Tc)
-            s_ctx = (s_ctx.float() * scale).masked_fill(~vis_ctx[:, None, :, None], float("-inf"))
-            s_blk = torch.einsum("bhmgqd,bhmkd->bhmgqk", qg, kb).float() * scale  # [B, kvh, m, g, bs, bs]
-            s_blk = s_blk.masked_fill(~vis_blk, float("-inf"))
-            # Joint softmax over [context | block]; every query sees at least its own block key.
-            mx = torch.maximum(s_ctx.amax(-1), s_blk.amax(-1))[..., None]
-            p_ctx, p_blk = (s_ctx - mx).exp(), (s_blk - mx).exp()
-            denom = p_ctx.sum(-1, keepdim=True) + p_blk.sum(-1, keepdim=True)
-            o = (p_ctx.to(dt).view(B, kvh, m * g * bs, Tc) @ V).view(B, kvh, m, g, bs, d).float()
-            o = (o + torch.einsum("bhmgqk,bhmkd->bhmgqd", p_blk, vb.float())) / denom
-            o = o.to(dt).permute(0, 2, 4, 1, 3, 5).reshape(B * m * bs, nh * d)  # heads back in q order
+            K, V = ctx.k[i], ctx.v[i]  # [B, kvh, R, d]
+            K[:, :, T:T + S] = kb.permute(0, 3, 1, 2, 4).reshape(B, kvh, S, d)  # slot j*bs+k = anchor j, row k
+            V[:, :, T:T + S] = vb.permute(0, 3, 1, 2, 4).reshape(B, kvh, S, d)
+            # GQA without repeating K/V: the g query heads sharing a kv head become extra query rows.
+            qg = q.view(B, m, bs, kvh, g, d).permute(0, 3, 1, 4, 2, 5).reshape(B, kvh, m * g * bs, d)
+            o = F.scaled_dot_product_attention(qg, K[:, :, lo:], V[:, :, lo:], attn_mask=mask, scale=d**-0.5)
+            o = o.view(B, kvh, m, g, bs, d).permute(0, 2, 4, 1, 3, 5).reshape(B * m * bs, nh * d)
             x = x + att.o_proj(o)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x).view(*shape, bs, H)
+
+
+_ALIGN_ROWS = 16  # SDPA's memory-efficient kernel wants the key length (mask's last dim) aligned
+
+
+def _rows(T: int, slots: int) -> int:
+    return -(-(T + slots) // _ALIGN_ROWS) * _ALIGN_ROWS
+
+
+def _ensure_slots(ctx: ContextKV, slots: int) -> None:
+    """Grow the slot rows after the context if a call needs more (one copy, then reused)."""
+    R = ctx.k[0].shape[2]
+    if ctx.T + slots <= R:
+        return
+    pad = _rows(ctx.T, slots) - R
+    ctx.k = [F.pad(k, (0, 0, 0, pad)) for k in ctx.k]
+    ctx.v = [F.pad(v, (0, 0, 0, pad)) for v in ctx.v]
+
+
+def _slot_mask(anchors: Tensor, q_pos: Tensor, T: int, R: int, g: int, a_min: int, causal: bool,
+               window: int | None) -> tuple[int, Tensor]:
+    """anchors [B, m], q_pos [B, m, bs] -> (lo, mask [B, 1, m*g*bs, R-lo]) over keys lo..R-1, True = attend.
+
+    Rows [0, T): context, visible iff t < a (and q_pos - t < window). Rows [T, T+m*bs): block slots,
+    anchor j's own bs rows only, under the block rule (causal / window). The rest: never.
+    `lo` skips context rows no query can see in a sliding layer (rounded down to keep alignment).
+    """
+    B, m, bs = q_pos.shape
+    dev = anchors.device
+    lo = 0 if window is None else max(0, a_min - window + 1) // _ALIGN_ROWS * _ALIGN_ROWS
+    t = torch.arange(lo, T, device=dev)
+    vis_ctx = (t < anchors[..., None, None]).expand(B, m, bs, T - lo)  # [B, m, bs, T-lo]
+    if window is not None:
+        vis_ctx = vis_ctx & (q_pos[..., None] - t < window)
+    kk = torch.arange(bs, device=dev)
+    rule = visible(kk[:, None], kk[None, :], causal=causal, window=window)  # [bs, bs]
+    own = torch.eye(m, dtype=torch.bool, device=dev)[:, None, :, None] & rule[None, :, None, :]  # [m, bs, m, bs]
+    vis_blk = own.reshape(1, m, bs, m * bs).expand(B, m, bs, m * bs)
+    never = torch.zeros(B, m, bs, R - T - m * bs, dtype=torch.bool, device=dev)
+    mask = torch.cat([vis_ctx, vis_blk, never], dim=-1)  # [B, m, bs, R-lo]
+    return lo, mask[:, None, :, None].expand(B, 1, m, g, bs, R - lo).reshape(B, 1, m * g * bs, R - lo)
 
 
 def logits_topk(hidden: Tensor, head: TargetHead, k: int, target_ids: Tensor | None = None) -> DraftLogits:

@@ -56,6 +56,23 @@ def test_multi_prompt_batch_equals_per_prompt():
     assert batched.shape == (3, 2, cfg.block_size, cfg.hidden_size)
 
 
+def test_reused_context_gives_the_same_drafts():
+    """Calls of different sizes on one ContextKV (slots grown, then stale slots left behind) == fresh ones."""
+    cfg = tiny_drafter_config()
+    model, head = random_drafter(cfg, seed=12), random_head(cfg)
+    feats = torch.randn(25, cfg.fc_in_features, generator=torch.Generator().manual_seed(13))
+    ctx = model.precompute_context(feats, anchors_per_prompt=2)
+    with torch.no_grad():
+        for anchors in ([3, 9], [1, 4, 8, 16, 20, 25], [24], [2, 7]):
+            a = torch.tensor(anchors)
+            bonus = a % cfg.vocab_size
+            reused = model.draft_hidden(ctx, a, bonus, head)
+            fresh = model.draft_hidden(model.precompute_context(feats), a, bonus, head)
+            torch.testing.assert_close(reused, fresh, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(F.linear(reused[:, 1:], head.lm_head),
+                                       _naive_logits(model, feats, a, bonus, head), atol=ATOL, rtol=1e-4)
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_sliding_window_hides_old_context(fast):
     """All-sliding drafter, window W: anchor a's block (queries at a..a+bs-1) sees context t > a-W only."""

@@ -242,7 +242,8 @@ def _load_zlab(p: Path, cfg_path: Path, device, dtype) -> tuple[DFlashDrafter, D
             raise CheckpointError(f"{f}: cannot read {k!r} ({e}); the file is corrupt. {NOTHING_DONE}") from e
     model = _build(cfg, sd)
     info = DrafterInfo(
-        path=str(p), layout="zlab", name=folder.name if p.is_dir() else p.stem, step=parse_step(p),
+        path=str(p), layout="zlab", name=p.stem if p.is_file() and p.stem != "model" else folder.name,
+        step=parse_step(p),
         content_hash=sha256_files(files), num_parameters=sum(t.numel() for t in sd.values()),
         weight_stats=_stats(sd), config_source=str(cfg_path), weight_files=[str(f) for f in files],
         fc_layer_ids=list(cfg.fc_layer_ids))

@@ -1,0 +1,334 @@
+"""The hidden-state cache: a target's greedy completions plus its tapped features, one format.
+
+reval layout (written by `extract` and `import-cache`):
+
+    CACHE/cache.json          {"format": "reval.cache/1", "target": {"path", "config_sha256"},
+                               "layer_ids": [1, 16, ...],   # hs[l+1] = output of decoder block l
+                               "hidden_size": H, "dtype": "bfloat16", "tokenizer": path | null,
+                               "prompts": [{"name", "prompt_len", "seq_len", "file"}], "created_at"}
+    CACHE/p0000.safetensors   ids int64 [T]; features [T, n_layers, H] (dtype as written)
+
+Seeds layout (the team's older caches, read directly or converted with `import-cache`):
+
+    SRC/completions.json      [{"name", "prompt_len", "token_ids", "file"?}, ...]  (or {"completions": [...]})
+                              aliases: token_ids | ids | tokens | full_ids; file | hs_file | hidden_states_file;
+                              prompt_len | prompt_length | num_prompt_tokens. Without a file: `<name>.pt`, else `<i>.pt`.
+    SRC/<name>.pt             torch dict: aux_hidden [1, T, k*H] (the first k tapped layers), last_hidden [1, T, H]
+    SRC/layers.json           optional sidecar {"layer_ids": [...]} (k+1 ids); or pass seeds_layer_ids / --layers
+
+`open_cache` auto-detects the layout. `Cache.load` returns the requested layers concatenated in the
+requested order, reading only those layers' slices from the reval layout.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from remote_payload.errors import FeatureMismatchError, PayloadError
+
+CACHE_FORMAT = "reval.cache/1"
+CACHE_JSON = "cache.json"
+SEEDS_JSON = "completions.json"
+SEEDS_LAYERS_JSON = "layers.json"
+_IDS_KEYS = ("token_ids", "ids", "tokens", "full_ids")
+_FILE_KEYS = ("file", "hs_file", "hidden_states_file")
+_PROMPT_LEN_KEYS = ("prompt_len", "prompt_length", "num_prompt_tokens")
+
+
+@dataclass
+class CachePrompt:
+    name: str
+    prompt_len: int
+    seq_len: int
+    file: str
+
+
+@dataclass
+class FeatureStats:
+    mean: float
+    std: float
+
+
+def parse_layer_ids(text: str) -> list[int]:
+    """'1,16,31' -> [1, 16, 31]; PayloadError on anything else."""
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PayloadError(f"--layers {text!r}: expected comma-separated layer ids, e.g. --layers 1,16,31,46,61")
+    if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+        raise PayloadError(f"--layers {text!r}: need distinct non-negative layer ids, e.g. --layers 1,16,31,46,61")
+    return ids
+
+
+def _first(entry: dict, keys: tuple[str, ...], what: str, where: str):
+    for k in keys:
+        if k in entry:
+            return entry[k]
+    raise PayloadError(f"{where}: entry has no {what} (expected one of {', '.join(keys)})")
+
+
+def _read_json(path: Path):
+    if not path.is_file():
+        raise PayloadError(f"cache: {path} is missing; point --cache at a directory written by `extract`")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PayloadError(f"cache: {path} is not valid JSON ({e}); re-extract or fix the file") from e
+
+
+def _check_prompt(p: CachePrompt, where: str) -> None:
+    if not (0 < p.prompt_len < p.seq_len):
+        raise PayloadError(f"{where}: prompt {p.name!r} has prompt_len {p.prompt_len} and seq_len {p.seq_len}; "
+                           "need 0 < prompt_len < seq_len (no completion?) — re-extract it")
+
+
+class Cache:
+    """A cache directory opened for reading (either layout). Features stay on disk until `load`."""
+
+    def __init__(self, path: Path, layout: str, layer_ids: list[int], hidden_size: int,
+                 prompts: list[CachePrompt], meta: dict):
+        self.path, self.layout = path, layout
+        self.layer_ids, self.hidden_size, self.prompts, self.meta = layer_ids, hidden_size, prompts, meta
+        self.dtype = meta.get("dtype")
+        self.tokenizer = meta.get("tokenizer")
+        self._fingerprint: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 over the index json, the layer ids and each data file's size + first 64 KiB (headers)."""
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            h.update((self.path / (CACHE_JSON if self.layout == "reval" else SEEDS_JSON)).read_bytes())
+            h.update(json.dumps(self.layer_ids).encode())
+            for p in self.prompts:
+                f = self.path / p.file
+                h.update(f"{p.file}:{f.stat().st_size}".encode())
+                with open(f, "rb") as fh:
+                    h.update(fh.read(1 << 16))
+            self._fingerprint = "sha256:" + h.hexdigest()
+        return self._fingerprint
+
+    def _indices(self, layer_ids: list[int] | None) -> list[int]:
+        wanted = self.layer_ids if layer_ids is None else list(layer_ids)
+        missing = [l for l in wanted if l not in self.layer_ids]
+        if missing:
+            raise FeatureMismatchError(
+                f"cache {self.path} holds layers {self.layer_ids}; layers {missing} of {wanted} were requested. "
+                f"Re-extract with --layers {','.join(str(l) for l in sorted(set(self.layer_ids) | set(wanted)))}")
+        return [self.layer_ids.index(l) for l in wanted]
+
+    def load(self, i: int, *, layer_ids: list[int] | None = None, device: str | torch.device = "cpu",
+             dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt i -> (ids LongTensor [T], feats [T, len(layer_ids) * H]) in the requested layer order."""
+        idx = self._indices(layer_ids)
+        p = self.prompts[i]
+        f = self.path / p.file
+        if not f.is_file():
+            raise PayloadError(f"cache {self.path}: prompt {p.name!r} file {p.file} is missing; re-extract")
+        if self.layout == "reval":
+            ids, parts = self._load_reval(f, idx)
+        else:
+            ids, parts = self._load_seeds(i, f, idx)
+        if ids.shape[0] != p.seq_len or any(x.shape != (p.seq_len, self.hidden_size) for x in parts):
+            raise PayloadError(f"cache {self.path}: prompt {p.name!r} has ids {tuple(ids.shape)} / features "
+                               f"{[tuple(x.shape) for x in parts]}, expected T={p.seq_len}, H={self.hidden_size}")
+        for j, x in zip(idx, parts):
+            if not torch.isfinite(x).all():
+                raise PayloadError(f"cache {self.path}: prompt {p.name!r} layer {self.layer_ids[j]} has NaN/inf "
+                                   "features; re-extract it (check the target's dtype)")
+        feats = torch.cat(parts, dim=-1)  # [T, n*H]
+        return ids.to(device), feats.to(device=device, dtype=dtype or feats.dtype)
+
+    def _load_reval(self, f: Path, idx: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        with safe_open(str(f), framework="pt") as st:
+            ids = st.get_tensor("ids").long()
+            sl = st.get_slice("features")
+            if idx == list(range(idx[0], idx[-1] + 1)):  # contiguous run: one read
+                x = sl[:, idx[0]:idx[-1] + 1, :]
+                return ids, list(x.unbind(1))
+            return ids, [sl[:, j:j + 1, :][:, 0] for j in idx]
+
+    def _load_seeds(self, i: int, f: Path, idx: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        d = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+        if not isinstance(d, dict) or "aux_hidden" not in d or "last_hidden" not in d:
+            raise PayloadError(f"seeds cache: {f} must hold a dict with aux_hidden and last_hidden")
+        aux, last = d["aux_hidden"].reshape(-1, d["aux_hidden"].shape[-1]), d["last_hidden"].reshape(-1, self.hidden_size)
+        n_aux = len(self.layer_ids) - 1
+        ids = torch.tensor(self.meta["ids"][i], dtype=torch.long)
+        parts = [aux[:, j * self.hidden_size:(j + 1) * self.hidden_size] if j < n_aux else last for j in idx]
+        return ids, parts
+
+    def stats(self, i: int) -> FeatureStats:
+        """Mean/std over all cached features of prompt i (the log's aux_mean= aux_std=)."""
+        _, x = self.load(i)
+        x = x.float()
+        return FeatureStats(mean=x.mean().item(), std=x.std().item())
+
+
+def open_cache(path: str | os.PathLike, *, seeds_layer_ids: list[int] | None = None) -> Cache:
+    """Open a cache directory of either layout (auto-detected); validates the index, not the features."""
+    path = Path(path)
+    if not path.is_dir():
+        raise PayloadError(f"cache: {path} is not a directory; pass the directory written by `extract`")
+    if (path / CACHE_JSON).exists():
+        cache = _open_reval(path)
+    elif (path / SEEDS_JSON).exists():
+        cache = _open_seeds(path, seeds_layer_ids)
+    else:
+        raise PayloadError(f"cache: {path} has neither {CACHE_JSON} nor {SEEDS_JSON}; "
+                           "create one with `python -m remote_payload extract`")
+    if not cache.prompts:
+        raise PayloadError(f"cache: {path} holds no prompts; re-extract with a non-empty prompt file")
+    for p in cache.prompts:
+        _check_prompt(p, f"cache {path}")
+        if not (path / p.file).is_file():
+            raise PayloadError(f"cache {path}: prompt {p.name!r} file {p.file} is missing; re-extract")
+    return cache
+
+
+def _open_reval(path: Path) -> Cache:
+    meta = _read_json(path / CACHE_JSON)
+    where = str(path / CACHE_JSON)
+    if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT:
+        raise PayloadError(f"{where}: format {meta.get('format') if isinstance(meta, dict) else None!r} "
+                           f"is not {CACHE_FORMAT!r}; re-extract with this payload")
+    try:
+        prompts = [CachePrompt(str(p["name"]), int(p["prompt_len"]), int(p["seq_len"]), str(p["file"]))
+                   for p in meta["prompts"]]
+        layer_ids, hidden_size = [int(x) for x in meta["layer_ids"]], int(meta["hidden_size"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise PayloadError(f"{where}: missing or malformed field ({e!r}); re-extract") from e
+    return Cache(path, "reval", layer_ids, hidden_size, prompts, meta)
+
+
+def _open_seeds(path: Path, layer_ids: list[int] | None) -> Cache:
+    where = str(path / SEEDS_JSON)
+    raw = _read_json(path / SEEDS_JSON)
+    entries = raw.get("completions") if isinstance(raw, dict) else raw
+    if not isinstance(entries, list):
+        raise PayloadError(f"{where}: expected a list of completions (or {{\"completions\": [...]}})")
+    if layer_ids is None:
+        side = path / SEEDS_LAYERS_JSON
+        if not side.exists():
+            raise PayloadError(f"seeds cache {path}: which layers are cached is unknown; pass --layers 1,16,31,46,61 "
+                               f"(first k = aux_hidden, last = last_hidden) or write {side}")
+        layer_ids = [int(x) for x in _read_json(side)["layer_ids"]]
+    if len(layer_ids) < 2:
+        raise PayloadError(f"seeds cache {path}: need >= 2 layer ids (aux layers + the last), got {layer_ids}")
+    prompts, all_ids = [], []
+    for i, e in enumerate(entries):
+        name = str(e.get("name", f"prompt-{i:03d}"))
+        ids = [int(t) for t in _first(e, _IDS_KEYS, "token ids", where)]
+        file = next((e[k] for k in _FILE_KEYS if k in e), None)
+        if file is None:
+            file = f"{name}.pt" if (path / f"{name}.pt").exists() else f"{i}.pt"
+        prompts.append(CachePrompt(name, int(_first(e, _PROMPT_LEN_KEYS, "prompt length", where)), len(ids), file))
+        all_ids.append(ids)
+    hidden_size = 0
+    if prompts and (path / prompts[0].file).is_file():
+        d = torch.load(path / prompts[0].file, map_location="cpu", weights_only=True, mmap=True)
+        hidden_size = int(d["last_hidden"].shape[-1])
+        if d["aux_hidden"].shape[-1] != (len(layer_ids) - 1) * hidden_size:
+            raise PayloadError(f"seeds cache {path}: aux_hidden has {d['aux_hidden'].shape[-1]} features = "
+                               f"{d['aux_hidden'].shape[-1] / hidden_size:g} layers of {hidden_size}, but layer ids "
+                               f"{layer_ids} say {len(layer_ids) - 1} aux layers + 1 last; fix --layers")
+    meta = {"dtype": None, "tokenizer": None, "ids": all_ids}
+    return Cache(path, "seeds", layer_ids, hidden_size, prompts, meta)
+
+
+class CacheWriter:
+    """Writes a reval-layout cache atomically: prompts go into a temp dir renamed to `out` on success.
+
+    with CacheWriter(out, layer_ids=[1, 2], hidden_size=64, target_path=..., ...) as w:
+        w.add(name, prompt_len, ids, features)   # ids [T] int, features [T, n_layers, H]
+    """
+
+    def __init__(self, out: str | os.PathLike, *, layer_ids: list[int], hidden_size: int,
+                 target_path: str | None = None, target_config_sha256: str | None = None,
+                 tokenizer_path: str | None = None):
+        self.out = Path(out)
+        if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
+            raise PayloadError(f"--out {self.out} already exists; remove it or choose another directory")
+        self.layer_ids, self.hidden_size = list(layer_ids), hidden_size
+        self.meta = {"format": CACHE_FORMAT,
+                     "target": {"path": target_path, "config_sha256": target_config_sha256},
+                     "layer_ids": self.layer_ids, "hidden_size": hidden_size, "dtype": None,
+                     "tokenizer": tokenizer_path, "prompts": [], "created_at": None}
+        self.tmp: Path | None = None
+
+    def __enter__(self) -> "CacheWriter":
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
+        return self
+
+    def add(self, name: str, prompt_len: int, ids: torch.Tensor, features: torch.Tensor) -> None:
+        # ids [T] int; features [T, n_layers, H]
+        n = len(self.meta["prompts"])
+        p = CachePrompt(name, int(prompt_len), int(ids.shape[0]), f"p{n:04d}.safetensors")
+        _check_prompt(p, f"cache {self.out}")
+        if features.shape != (p.seq_len, len(self.layer_ids), self.hidden_size):
+            raise ValueError(f"features {tuple(features.shape)} != {(p.seq_len, len(self.layer_ids), self.hidden_size)}")
+        save_file({"ids": ids.detach().to("cpu", torch.long).contiguous(),
+                   "features": features.detach().to("cpu").contiguous()}, str(self.tmp / p.file))
+        self.meta["dtype"] = str(features.dtype).removeprefix("torch.")
+        self.meta["prompts"].append(vars(p))
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        if not self.meta["prompts"]:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise PayloadError(f"cache {self.out}: no prompts were written; nothing was created")
+        self.meta["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        (self.tmp / CACHE_JSON).write_text(json.dumps(self.meta, indent=1) + "\n")
+        if self.out.exists():
+            self.out.rmdir()  # empty (checked in __init__)
+        os.replace(self.tmp, self.out)
+
+
+def import_seeds(src: str | os.PathLike, out: str | os.PathLike, layer_ids: list[int] | None = None,
+                 log=print) -> Cache:
+    """Convert a seeds-layout cache to the reval layout; returns the new cache."""
+    cache = open_cache(src, seeds_layer_ids=layer_ids)
+    if cache.layout != "seeds":
+        raise PayloadError(f"import-cache: {src} is already a reval cache ({CACHE_JSON}); use it directly")
+    with CacheWriter(out, layer_ids=cache.layer_ids, hidden_size=cache.hidden_size) as w:
+        for i, p in enumerate(cache.prompts):
+            ids, feats = cache.load(i)  # [T], [T, n*H]
+            w.add(p.name, p.prompt_len, ids, feats.view(p.seq_len, len(cache.layer_ids), cache.hidden_size))
+            log(f"[{i + 1}/{len(cache)}] {p.name}: {p.seq_len} tokens")
+    return open_cache(out)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", help="seeds-layout cache directory (completions.json + <name>.pt)")
+    p.add_argument("--out", required=True, help="new reval-layout cache directory")
+    p.add_argument("--layers", help="tapped layer ids, aux layers then the last, e.g. 1,16,31,46,61 "
+                                    f"(default: SRC/{SEEDS_LAYERS_JSON})")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        layer_ids = parse_layer_ids(args.layers) if args.layers else None
+        c = import_seeds(args.src, args.out, layer_ids)
+    except PayloadError as e:
+        print(f"error: {e}")
+        return e.exit_code
+    print(f"imported {len(c)} prompts, layers {c.layer_ids}, H={c.hidden_size} -> {c.path}")
+    return 0
+

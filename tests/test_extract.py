@@ -1,0 +1,108 @@
+"""remote_payload.target: extraction on a tiny random Qwen3 target vs a direct forward."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from remote_payload import fixtures
+from remote_payload.__main__ import main as payload_main
+from remote_payload.cache import open_cache
+
+LAYERS = [0, 2, 4]
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    """A random-init tiny Qwen3 (5 layers, H=64) saved in shards, with a trained WordLevel tokenizer."""
+    d = tmp_path_factory.mktemp("target")
+    tok = fixtures.train_tokenizer(random.Random(0))
+    torch.manual_seed(0)
+    model = fixtures.make_target(fixtures.Recipe(), tok.get_vocab_size(), tok.token_to_id("<|eos|>"),
+                                 tok.token_to_id("<|pad|>"))
+    fixtures.save_target(model, tok, d / "target")
+    return d / "target", tok, model.eval()
+
+
+def _reference_greedy(model, ids: list[int], n: int) -> list[int]:
+    """Greedy without a KV cache: argmax of a full forward each step."""
+    ids = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids
+
+
+def test_extract_matches_direct_forward(tiny_target, tmp_path, capsys):
+    target, tok, model = tiny_target
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"name": n, "prompt": p}) for n, p in fixtures.PROMPTS[:3]) + "\n")
+    out = tmp_path / "cache"
+    rc = payload_main(["extract", "--target", str(target), "--prompts", str(prompts), "--out", str(out),
+                       "--max-new-tokens", "12", "--layers", ",".join(map(str, LAYERS)), "--device", "cpu",
+                       "--num-prompts", "2"])
+    assert rc == 0
+    assert "[2/2] count-07: 15 tokens" in capsys.readouterr().out
+    c = open_cache(out)
+    assert c.layer_ids == LAYERS and c.hidden_size == 64 and c.dtype == "float32" and len(c) == 2
+    assert c.meta["target"]["path"] == str(target.resolve())
+    for i, (name, text) in enumerate(fixtures.PROMPTS[:2]):
+        p_ids = tok.encode(text).ids
+        ids, feats = c.load(i)
+        assert c.prompts[i].name == name and c.prompts[i].prompt_len == len(p_ids)
+        assert ids.tolist() == _reference_greedy(model, p_ids, 12)
+        with torch.no_grad():
+            hs = model(ids[None], output_hidden_states=True).hidden_states
+        assert len(hs) == 6  # embeddings + 5 blocks: hs[l+1] is block l's output
+        want = torch.cat([hs[l + 1][0] for l in LAYERS], -1)
+        torch.testing.assert_close(feats, want, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(feats[:, :64], hs[0][0])  # not the embeddings (the +1 offset)
+
+
+def test_extract_stops_at_eos(tiny_target, tmp_path):
+    target, tok, model = tiny_target
+    p_ids = tok.encode("count n07 n08").ids
+    first = _reference_greedy(model, p_ids, 1)[-1]
+    t2 = tmp_path / "t2"
+    t2.mkdir()
+    for f in target.iterdir():
+        (t2 / f.name).symlink_to(f)
+    (t2 / "generation_config.json").unlink()
+    (t2 / "generation_config.json").write_text(json.dumps({"eos_token_id": [first, 999]}))
+    (tmp_path / "p.txt").write_text("count n07 n08\n")
+    c = payload_main(["extract", "--target", str(t2), "--prompts", str(tmp_path / "p.txt"), "--out",
+                      str(tmp_path / "c"), "--max-new-tokens", "30", "--layers", "1", "--device", "cpu"])
+    assert c == 0
+    cache = open_cache(tmp_path / "c")
+    assert cache.prompts[0].name == "prompt-000"
+    assert cache.load(0)[0].tolist() == p_ids + [first]
+
+
+@pytest.mark.parametrize("case, match", [
+    ("empty_prompts", "holds no prompts"),
+    ("bad_layer", "layer ids [5] >= the target's 5 layers"),
+    ("no_tokenizer", "no tokenizer.json"),
+    ("no_weights", "no weights"),
+    ("no_config", "no config.json"),
+    ("bad_layers_arg", "expected comma-separated layer ids"),
+])
+def test_extract_bad_input_one_line_exit_3(tiny_target, tmp_path, capsys, case, match):
+    target, _, _ = tiny_target
+    t = tmp_path / "t"
+    t.mkdir()
+    for f in target.iterdir():
+        drop = {"no_tokenizer": "tokenizer.json", "no_config": "config.json"}.get(case)
+        if f.name == drop or (case == "no_weights" and f.name.startswith("model")):
+            continue
+        (t / f.name).symlink_to(f)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n\n" if case == "empty_prompts" else "count n01\n")
+    layers = {"bad_layer": "1,5", "bad_layers_arg": "1,x"}.get(case, "1,2")
+    rc = payload_main(["extract", "--target", str(t), "--prompts", str(prompts), "--out", str(tmp_path / "c"),
+                       "--max-new-tokens", "4", "--layers", layers, "--device", "cpu"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 3
+    assert len(out) == 1 and out[0].startswith("error: ") and match in out[0]
+    assert not (tmp_path / "c").exists()

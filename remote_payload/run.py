@@ -225,7 +225,7 @@ def draft_all_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, pro
     from .drafter import logits_topk
     bs = drafter.cfg.block_size
     dev = feats.device
-    ctx = drafter.precompute_context(feats)  # context K/V once per prompt
+    ctx = drafter.precompute_context(feats, anchors_per_prompt=batch_size)  # context K/V once per prompt
     g = ids.cpu().numpy()
     targets = metrics.target_tokens(g, prompt_len, n, bs - 1)  # [n, bs-1], -1 past the end
     k = min(max(budgets) if budgets else 1, drafter.cfg.vocab_size)  # top-k per row, for DDTree

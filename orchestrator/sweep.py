@@ -217,7 +217,7 @@ class SweepOptions:
     force: bool = False
     sweep_dir: str = "sweeps"
     max_ssh: int = 8              # concurrent SSH operations, all hosts together
-    poll_s: float = 1.0
+    poll_s: float = 10.0          # longest single wait (a long poll) on a running run's status
     retries: int = 3              # attempts per transport operation
     backoff_s: float = 1.0
     payload: str = "eval"         # eval | dummy (the torch-free stand-in: tests, bench)
@@ -251,6 +251,7 @@ class Job:
     config: str
     run: str
     host: str | None = None   # affinity: a re-attach job must run where its run is
+    staged: tuple[str, str] | None = None  # (host, path) once its checkpoint was copied there ahead of time
 
 
 @dataclass
@@ -466,13 +467,16 @@ class Sweep:
         self.config = config
 
     # -- workers --------------------------------------------------------------------------------------------
-    def _op(self, hs: HostSession, what: str, fn):
-        """One SSH operation: bounded, retried on transport errors; exhausted retries take the host out."""
-        def bounded():
+    def _op(self, hs: HostSession, what: str, fn, bounded: bool = True):
+        """One SSH operation, retried on transport errors; exhausted retries take the host out. Short
+        operations share `max_ssh` slots; the long polls on running runs (one per run) do not."""
+        def call():
+            if not bounded:
+                return fn()
             with self.ssh:
                 return fn()
         try:
-            return retrying(bounded, retries=self.opts.retries, backoff_s=self.opts.backoff_s,
+            return retrying(call, retries=self.opts.retries, backoff_s=self.opts.backoff_s,
                             what=f"{hs.host.name}: {what}", on_retry=self.log)
         except HostUnreachable as e:
             with self.lock:
@@ -489,12 +493,21 @@ class Sweep:
         return None
 
     def worker(self, hs: HostSession, gpu: str, reattach_only: bool = False) -> None:
+        held: list[Job] = []  # the next job, taken (and staged) while the current run goes on
+        try:
+            self._work(hs, gpu, reattach_only, held)
+        finally:
+            for job in held:
+                job.staged = None
+                self._requeue(job)
+
+    def _work(self, hs: HostSession, gpu: str, reattach_only: bool, held: list[Job]) -> None:
         while not hs.down:
-            job = self._take(hs, reattach_only)
+            job = held.pop() if held else self._take(hs, reattach_only)
             if job is None:
                 return
             try:
-                self.run_job(hs, job, gpu)
+                self.run_job(hs, job, gpu, held if not reattach_only else None)
             except HostUnreachable:
                 return
             except RevalError as e:  # bad input for this checkpoint (staging, name): reported, not retried
@@ -510,7 +523,8 @@ class Sweep:
             return ckpt.path
         dest = f"{hs.workdir}/checkpoints/{ckpt.content_hash.split(':')[-1][:16]}/{ckpt.name}"
         marker = f"{dest}.complete"
-        if self._op(hs, "stage", lambda: hs.transport.run(f"test -e {q(marker)}", check=False)).returncode == 0:
+        probe = f"test -e {q(marker)} && echo @@STAGED; mkdir -p {q(os.path.dirname(dest))}"
+        if "@@STAGED" in self._op(hs, "stage", lambda: hs.transport.run(probe)).stdout:
             return dest
         src = ckpt.path
         if ckpt.host is not None:  # relay: the source host -> here -> hs
@@ -520,7 +534,6 @@ class Sweep:
             relay.mkdir(parents=True, exist_ok=True)
             self._rsync(src_t.rsync_rsh(), src_t.rsync_target(ckpt.path), str(relay), ckpt.host)
             src = str(relay / ckpt.name)
-        self._op(hs, "stage", lambda: hs.transport.run(f"mkdir -p {q(os.path.dirname(dest))}"))
         self._op(hs, "stage", lambda: self._rsync(hs.transport.rsync_rsh(), src,
                                                  hs.transport.rsync_target(os.path.dirname(dest) + "/"),
                                                  hs.host.name))
@@ -537,13 +550,27 @@ class Sweep:
             raise ConfigError(f"{host}: copying the checkpoint failed (rsync exit {p.returncode}): "
                               f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
 
-    def run_job(self, hs: HostSession, job: Job, gpu: str) -> None:
+    def prefetch(self, hs: HostSession, held: list[Job]) -> None:
+        """Take this slot's next job now and copy its checkpoint while the current run goes on (the copy
+        then costs nothing on the critical path). Trouble here is left to the job itself."""
+        nxt = self._take(hs)
+        if nxt is None:
+            return
+        held.append(nxt)
+        if nxt.host is None:
+            try:
+                nxt.staged = (hs.host.name, self.stage_checkpoint(hs, nxt.ckpt))
+            except RevalError:
+                nxt.staged = None
+
+    def run_job(self, hs: HostSession, job: Job, gpu: str, held: list[Job] | None = None) -> None:
         c = job.ckpt
         entry = LedgerEntry(job.key, c.name, c.location, c.content_hash, c.step, hs.host.name, job.run,
                             LAUNCHED, self.sweep_id, config=job.config)
         if job.host is None:  # a fresh launch
             try:
-                path = self.stage_checkpoint(hs, c)
+                path = job.staged[1] if job.staged and job.staged[0] == hs.host.name else \
+                    self.stage_checkpoint(hs, c)
             except HostUnreachable:
                 self._requeue(job)
                 raise
@@ -566,6 +593,8 @@ class Sweep:
                 self.log(f"attach  {c.name}: run {job.run} already on {hs.host.name}")
         else:
             self.log(f"attach  {c.name}: run {job.run} on {hs.host.name}")
+        if held is not None and not held:
+            self.prefetch(hs, held)
         self.wait_and_pull(hs, job)
 
     def wait_and_pull(self, hs: HostSession, job: Job) -> None:
@@ -578,7 +607,10 @@ class Sweep:
                     return self.run_job(hs, job, "auto" if hs.gpus else "none")
                 if st.terminal:
                     break
-                time.sleep(self.opts.poll_s)
+                # long poll: one SSH command that returns as soon as status.json leaves `running` (or after
+                # poll_s), so the end of a run is seen within ~0.1 s without a round trip per 0.1 s
+                self._op(hs, "wait", lambda: hs.transport.run(wait_script(hs.workdir, job.run, self.opts.poll_s),
+                                                              timeout_s=self.opts.poll_s + 60), bounded=False)
             res = self._op(hs, "pull", lambda: pull.pull(hs.transport, job.run, workdir=hs.workdir))
         except HostUnreachable:
             self._record(job, hs, UNREACHABLE, error=hs.down)
@@ -658,6 +690,13 @@ class Sweep:
             return report
         finally:
             self.ledger.unlock()
+
+
+def wait_script(workdir: str, run: str, wait_s: float) -> str:
+    """Remote shell: wait until the run's status.json no longer says running, at most wait_s (pure)."""
+    st = f"{runs.remote_run_dir(workdir, run)}/{protocol.STATUS_JSON}"
+    return (f"i=0; while [ $i -lt {max(1, int(wait_s * 10))} ] && grep -q '\"state\": *\"running\"' {q(st)} "
+            "2>/dev/null; do sleep 0.1; i=$((i+1)); done; true")
 
 
 def failure_line(status: dict, run_dir: Path) -> str:

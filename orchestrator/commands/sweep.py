@@ -33,8 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="re-run checkpoints the ledger already has")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout (progress on stderr)")
     p.add_argument("--sweep-dir", default="sweeps", help="ledger and per-sweep reports (default ./sweeps)")
-    p.add_argument("--max-ssh", type=int, default=8, help="concurrent SSH operations (default 8)")
-    p.add_argument("--poll-s", type=float, default=1.0, help="seconds between status checks of a run")
+    p.add_argument("--max-ssh", type=int, default=8,
+                   help="concurrent short SSH operations over all hosts (default 8; one connection per host)")
+    p.add_argument("--poll-s", type=float, default=10.0,
+                   help="longest single wait on a run's status (a long poll that returns when the run ends)")
     p.add_argument("--retries", type=int, default=3, help="attempts per SSH operation on transport errors")
     p.add_argument("--payload", choices=("eval", "dummy"), default="eval", help=argparse.SUPPRESS)
     p.add_argument("eval_args", nargs="*", metavar="-- EVAL-ARGS",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, ledger, sweep
+from orchestrator import cli, compare, ledger, sweep
 from orchestrator.errors import ConfigError
 from orchestrator.inventory import Host, Inventory, VenvSpec, load_inventory
 from orchestrator.transport import LocalTransport
@@ -332,3 +332,31 @@ def test_killed_controller_resumes_without_repeating_runs(ssh_hosts, tmp_path):
     final_runs = {c["run"] for c in js["checkpoints"]}
     assert set(finished_before) <= final_runs  # finished before the kill: pulled and reported, not re-run
     assert "resume  sweep" in r.stderr
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_real_eval_sweep_of_trained_checkpoints(ssh_hosts, tmp_path, monkeypatch, request):
+    """The tiny trained drafters (checkpoints along training) evaluated for real over 3 sshd hosts."""
+    try:
+        fx = request.getfixturevalue("trained_fixtures")
+    except pytest.FixtureLookupError:
+        pytest.skip("needs the data engineer's `trained_fixtures` fixture (tests/conftest.py), not there yet")
+    root = Path(getattr(fx, "root", fx))
+    steps = sorted((root / "drafters").glob("step-*"))
+    assert len(steps) >= 2, steps
+    cluster = ssh_hosts(3)
+    monkeypatch.chdir(tmp_path)
+    o = sweep.SweepOptions(checkpoints=[f"{root}/drafters/step-*"], hosts=["cluster"], target=str(root / "target"),
+                           cache=str(root / "cache"), num_prompts=2, max_blocks=4,
+                           eval_args=["--device", "cpu", "--dtype", "fp32"], sweep_dir=str(tmp_path / "sweeps"),
+                           poll_s=2.0, backoff_s=0.2)
+    log: list[str] = []
+    rep = sweep.Sweep(o, load_inventory(cluster.inventory_path), log=log.append).run()
+    assert rep.exit_code == 0, log
+    assert [x.state for x in rep.outcomes] == ["succeeded"] * len(steps)
+    assert [x.checkpoint for x in rep.outcomes] == [s.name for s in steps]
+    assert rep.outcomes[-1].tau > rep.outcomes[0].tau  # trained beats untrained (step-0000)
+    first = compare.load_run(rep.outcomes[0].local_path)
+    cmp = compare.build_comparison([compare.load_run(x.local_path) for x in rep.outcomes[1:]], first)
+    assert not cmp.differences  # one cache, one prompt set, one set of options: comparable

@@ -152,3 +152,45 @@ def test_connection_cut_mid_follow_resumes_exactly(ssh_hosts, tmp_path):
     pulled = pull(t, "cut1", workdir=wd)
     assert (pulled.path / "eval.log").read_bytes() == server
     assert wait_status(c.hosts[0].workdir / "runs" / "cut1")["state"] == "succeeded"
+
+
+def test_rich_sink_renders_bar_and_lines_on_a_fixed_width_terminal():
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.follow import RichSink
+    buf = io.StringIO()
+    sink = RichSink(Console(file=buf, force_terminal=True, width=100, color_system=None))
+    sink.event({"stage": "eval", "i": 3, "n": 10, "message": "prompt3"})
+    sink.line("      [3/10] prompt3: 503 tokens [not markup]")
+    sink.progress.refresh()
+    sink.close()
+    text = buf.getvalue()
+    assert "[3/10] prompt3: 503 tokens [not markup]" in text  # printed verbatim, not as rich markup
+    assert "eval" in text and "3/10" in text and "prompt3" in text
+
+
+@pytest.mark.ssh
+def test_follow_gives_up_with_exit_4_and_the_reattach_command(ssh_hosts, tmp_path):
+    from orchestrator.errors import HostUnreachable
+    c = ssh_hosts(1)
+    host = load_inventory(c.inventory_path).get("ssh1")
+    t = SSHTransport(host)
+    sync_payload(t, host)
+    wd = resolve_workdir(t)
+    launch(host, t, name="gone", payload_argv=["dummy", "--lines", "100", "--interval-s", "0.05"], gpus="none",
+           run_json={}, python=sys.executable)
+    rec = Recorder()
+    threading.Thread(target=lambda: rec.first_line.wait(60) and c.cut(0, "reject")).start()
+    with pytest.raises(HostUnreachable) as e:
+        follow(t, "gone", workdir=wd, python=sys.executable, sink=rec, stall_s=0.5, give_up_s=2, max_backoff_s=0.5)
+    c.restore(0)
+    assert e.value.exit_code == 4 and "reval logs gone -f --host ssh1" in e.value.hint
+    assert rec.lines and "reconnecting" in rec.notes[-1], (rec.lines, rec.notes)
+    # the run went on meanwhile: re-attaching resumes after the last line shown
+    rest = Recorder()
+    res = follow(SSHTransport(host), "gone", workdir=wd, python=sys.executable, sink=rest,
+                 log_offset=load_follow_state("ssh1", "gone")["log_offset"])
+    assert res.state == "succeeded"
+    assert rec.lines + rest.lines == (c.hosts[0].workdir / "runs/gone/eval.log").read_text().splitlines()

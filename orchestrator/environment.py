@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .errors import ConfigError, RemoteCommandError
 from .inventory import Host
-from .sync import payload_requirements, push_tree, requirements_text
+from .sync import SyncResult, payload_requirements, push_tree, requirements_text, sync_payload
 from .transport import Transport, q, resolve_workdir
 
 READY = ".reval-ready"
@@ -45,16 +45,44 @@ def module_names(requirements: list[str]) -> list[str]:
             for r in requirements if r.strip()]
 
 
-_VERSION_PY = "import platform; print(platform.python_version())"
 _FIND_PY = ("import importlib.util as u, json, platform, sys; print(json.dumps({'version': platform.python_version(),"
             " 'missing': [m for m in sys.argv[1:] if u.find_spec(m) is None]}))")
 
 
-def ensure_env(transport: Transport, host: Host, *, requirements: list[str] | None = None) -> EnvInfo:
+def ensure_env(transport: Transport, host: Host, *, requirements: list[str] | None = None,
+               probe: tuple[int, str] | None = None) -> EnvInfo:
+    """The interpreter runs use on `host`, building the managed venv when its key has no ready venv.
+    `probe`: (exit code, stdout) of `probe_command(host, ...)` when the caller already ran it (provision)."""
     reqs = payload_requirements() if requirements is None else requirements
+    if probe is None:
+        p = transport.run(f"W={q(resolve_workdir(transport))}; " + probe_command(host, reqs), check=False,
+                          timeout_s=120)
+        probe = (p.returncode, p.stdout)
+        stderr = p.stderr
+    else:
+        stderr = ""
+    rc, out = probe
+    if rc == 127:
+        raise _no_python(host, host.python)
+    if rc != 0:
+        raise RemoteCommandError(host.name, f"{host.python}: environment probe", rc, stderr or out)
     if host.venv.mode == "python":
-        return _check_python(transport, host, reqs)
-    return _ensure_venv(transport, host, reqs)
+        info = json.loads(out.strip().splitlines()[-1])
+        if info["missing"]:
+            raise ConfigError(f"{host.name}: {host.python} cannot import {', '.join(info['missing'])}",
+                              hint=f"install them into that interpreter, or use `venv: {{mode: managed}}` "
+                                   f"for {host.name}")
+        return EnvInfo(host.python, f"python-{info['version']}", True, "existing")
+    return _ensure_venv(transport, host, reqs, out)
+
+
+def provision(transport: Transport, host: Host, *, venv: bool = True, method: str | None = None,
+              requirements: list[str] | None = None) -> tuple[SyncResult, EnvInfo | None]:
+    """sync_payload + ensure_env with their probes in ONE round trip: an unchanged host costs just that."""
+    reqs = payload_requirements() if requirements is None else requirements
+    synced = sync_payload(transport, host, method=method, requirements=reqs,
+                          also=probe_command(host, reqs) if venv else "")
+    return synced, (ensure_env(transport, host, requirements=reqs, probe=synced.also) if venv else None)
 
 
 def _no_python(host: Host, python: str) -> ConfigError:
@@ -62,37 +90,27 @@ def _no_python(host: Host, python: str) -> ConfigError:
                        hint=f"set `python:` for host {host.name} in hosts.yaml to an interpreter that exists there")
 
 
-def _check_python(transport: Transport, host: Host, reqs: list[str]) -> EnvInfo:
-    p = transport.run(f"{q(host.python)} -c {q(_FIND_PY)} {' '.join(q(m) for m in module_names(reqs))}",
-                      check=False, timeout_s=120)
-    if p.returncode == 127:
-        raise _no_python(host, host.python)
-    if p.returncode != 0:
-        raise RemoteCommandError(host.name, f"{host.python} -c <import check>", p.returncode, p.stderr)
-    info = json.loads(p.stdout.strip().splitlines()[-1])
-    if info["missing"]:
-        raise ConfigError(f"{host.name}: {host.python} cannot import {', '.join(info['missing'])}",
-                          hint=f"install them into that interpreter, or use `venv: {{mode: managed}}` for {host.name}")
-    return EnvInfo(host.python, f"python-{info['version']}", True, "existing")
+def _venvs_dir_sh(host: Host) -> str:
+    """The venvs dir as a shell expression (uses $W, the workdir, set by the caller)."""
+    return q(host.venv.path) if host.venv.path else '"$W"/venvs'
 
 
-def _venvs_dir(host: Host, workdir: str) -> str:
-    return host.venv.path or f"{workdir}/venvs"
+def probe_command(host: Host, reqs: list[str]) -> str:
+    """Shell snippet (needs $W): mode python -> JSON {version, missing modules}; managed -> the base python's
+    `-V`, uv's path (or an empty line), then the keys of the ready venvs. Exit 127: no such python."""
+    if host.venv.mode == "python":
+        return f"{q(host.python)} -c {q(_FIND_PY)} {' '.join(q(m) for m in module_names(reqs))}"
+    # `python -V` (no site import) is several times cheaper than `python -c`: this is the hot no-change path.
+    return (f"{q(host.python)} -V 2>&1 || exit 127; command -v uv || echo; "
+            f"for m in {_venvs_dir_sh(host)}/*/{READY}; do [ -f \"$m\" ] && basename \"$(dirname \"$m\")\"; "
+            "done; true")
 
 
-def _ensure_venv(transport: Transport, host: Host, reqs: list[str]) -> EnvInfo:
+def _ensure_venv(transport: Transport, host: Host, reqs: list[str], probe_out: str) -> EnvInfo:
     workdir = resolve_workdir(transport)
-    vdir = _venvs_dir(host, workdir)
-    # Round trip 1: the base python's version, uv's presence, and the keys of the venvs that are ready.
-    probe = (f"{q(host.python)} -c {q(_VERSION_PY)} || exit 127; command -v uv || echo; "
-             f"for m in {q(vdir)}/*/{READY}; do [ -f \"$m\" ] && basename \"$(dirname \"$m\")\"; done; true")
-    p = transport.run(probe, check=False, timeout_s=120)
-    if p.returncode == 127:
-        raise _no_python(host, host.python)
-    if p.returncode != 0:
-        raise RemoteCommandError(host.name, "venv probe", p.returncode, p.stderr)
-    version, uv, *ready = p.stdout.split("\n")
-    key = venv_key(reqs, version.strip(), host.venv.system_site_packages)
+    vdir = host.venv.path or f"{workdir}/venvs"
+    version, uv, *ready = probe_out.split("\n")
+    key = venv_key(reqs, version.split()[-1], host.venv.system_site_packages)  # "Python 3.11.7"
     vpy = f"{vdir}/{key}/bin/python"
     if key in ready:
         return EnvInfo(vpy, key, True, "existing")

@@ -35,6 +35,7 @@ REQUIREMENTS = "requirements.txt"
 # Never shipped (and never deleted on the host by --delete: the payload's own __pycache__ lives there).
 EXCLUDE_NAMES = (".git", "__pycache__", "runs", ".env*", "*.pt", "*.safetensors", "*.bin", "*.pyc")
 METHODS = ("rsync", "tar")
+ALSO_MARK = "@@reval-also@@"
 
 
 @dataclass
@@ -45,6 +46,7 @@ class SyncResult:
     manifest_hash: str
     files_deleted: int = 0
     files_total: int = 0
+    also: tuple[int, str] | None = None  # (exit code, stdout) of the `also` snippet run in the probe
 
 
 @dataclass
@@ -189,7 +191,7 @@ def _push_rsync(transport: Transport, files: dict[str, Path | bytes], manifest: 
                 shutil.copy2(content, out)
         Path(stage, MANIFEST).write_text(manifest.to_json())
         argv = rsync_argv(transport.rsync_rsh(), stage + "/", transport.rsync_target(dest + "/"), delete=True)
-        p = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        p = subprocess.run(argv, check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if p.returncode != 0:
         raise _transfer_error(transport, "rsync", p.returncode, p.stderr)
 
@@ -222,22 +224,34 @@ def _transfer_error(transport: Transport, what: str, rc: int, stderr: str) -> Re
 
 
 def sync_payload(transport: Transport, host: Host, *, method: str | None = None, source: Path | None = None,
-                 requirements: list[str] | None = None) -> SyncResult:
+                 requirements: list[str] | None = None, also: str = "") -> SyncResult:
     """Bring `<workdir>/payload` in line with the local payload. `method` (or $REVAL_SYNC_METHOD) forces
-    rsync or tar; `source`/`requirements` default to the installed remote_payload and its `payload` extra."""
+    rsync or tar; `source`/`requirements` default to the installed remote_payload and its `payload` extra.
+    `also`: a shell snippet (may use "$W", the workdir) run in the same round trip as the probe; its exit code
+    and stdout come back in `SyncResult.also` (environment.provision uses it to save a round trip)."""
     source = source or payload_source()
     reqs = payload_requirements() if requirements is None else requirements
     files = payload_files(source, reqs)
     manifest = build_manifest(files)
-    out = transport.run(_probe_command(host, "payload"), timeout_s=120).stdout
+    cmd = _probe_command(host, "payload")
+    if also:
+        cmd += f"; printf '\\n{ALSO_MARK}\\n'; ( {also}\n); echo \"{ALSO_MARK}$?\""
+    out = transport.run(cmd, timeout_s=120).stdout
+    also_result = None
+    if also:
+        out, _, also_out = out.partition(f"\n{ALSO_MARK}\n")
+        also_out, _, rc = also_out.rpartition(ALSO_MARK)
+        also_result = (int(rc.strip() or 1), also_out)
     workdir, rsync_path, manifest_text = (out.split("\n", 2) + ["", ""])[:3]
     transport.workdir = workdir
     try:
         remote = json.loads(manifest_text) if manifest_text.strip() else None
     except json.JSONDecodeError:
         remote = None
-    return push_tree(transport, files, "payload", remote, method=method, manifest=manifest,
-                     remote_rsync=bool(rsync_path.strip()))
+    result = push_tree(transport, files, "payload", remote, method=method, manifest=manifest,
+                       remote_rsync=bool(rsync_path.strip()))
+    result.also = also_result
+    return result
 
 
 def local_manifest_hash(requirements: list[str] | None = None) -> str:

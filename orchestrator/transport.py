@@ -35,11 +35,11 @@ class Completed:
 class Transport:
     """Interface. `cmd` is a POSIX shell command string run with `sh -c` semantics in the host's login dir."""
 
-    host: "Host"
+    host: Host
     workdir: str | None = None  # absolute, set by resolve_workdir()
 
     def run(self, cmd: str, *, check: bool = True, timeout_s: float | None = None,
-            input: str | bytes | None = None) -> Completed:  # noqa: A002
+            input: str | bytes | None = None) -> Completed:
         raise NotImplementedError
 
     def popen(self, cmd: str, **kw) -> subprocess.Popen:
@@ -63,13 +63,13 @@ class Transport:
 
 
 class LocalTransport(Transport):
-    def __init__(self, host: "Host"):
+    def __init__(self, host: Host):
         self.host = host
 
-    def run(self, cmd, *, check=True, timeout_s=None, input=None):  # noqa: A002
+    def run(self, cmd, *, check=True, timeout_s=None, input=None):
         data = input.encode() if isinstance(input, str) else input
         try:
-            p = subprocess.run(["/bin/sh", "-c", cmd], input=data, capture_output=True, timeout=timeout_s)
+            p = subprocess.run(["/bin/sh", "-c", cmd], check=False, input=data, capture_output=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as e:
             raise HostUnreachable(f"{self.host.name}: command timed out after {timeout_s}s: {cmd[:120]}") from e
         res = Completed(p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
@@ -87,7 +87,7 @@ class LocalTransport(Transport):
 
 
 _CONTROL_DIR = None
-_OPEN: dict[str, "SSHTransport"] = {}  # control socket -> a transport that may own a master
+_OPEN: dict[str, SSHTransport] = {}  # control socket -> a transport that may own a master
 
 
 def _control_dir() -> str:
@@ -113,7 +113,7 @@ class SSHTransport(Transport):
     # ssh's own exit code for connection/auth failures
     SSH_ERROR = 255
 
-    def __init__(self, host: "Host", *, connect_timeout_s: float | None = None, batch: bool = True):
+    def __init__(self, host: Host, *, connect_timeout_s: float | None = None, batch: bool = True):
         self.host = host
         self.connect_timeout_s = connect_timeout_s or host.connect_timeout_s
         self.batch = batch
@@ -151,10 +151,10 @@ class SSHTransport(Transport):
     def ssh_argv(self, cmd: str) -> list[str]:
         return ["ssh", *self.ssh_options(), self.host.address, "--", cmd]
 
-    def run(self, cmd, *, check=True, timeout_s=None, input=None):  # noqa: A002
+    def run(self, cmd, *, check=True, timeout_s=None, input=None):
         data = input.encode() if isinstance(input, str) else input
         try:
-            p = subprocess.run(self.ssh_argv(cmd), input=data, capture_output=True, timeout=timeout_s,
+            p = subprocess.run(self.ssh_argv(cmd), check=False, input=data, capture_output=True, timeout=timeout_s,
                                stdin=None if data is not None else subprocess.DEVNULL)
         except subprocess.TimeoutExpired as e:
             raise HostUnreachable(f"{self.host.name}: no answer within {timeout_s}s", hint="check the host is up, "
@@ -178,10 +178,10 @@ class SSHTransport(Transport):
         _OPEN.pop(self._control, None)
         if os.path.exists(self._control):
             subprocess.run(["ssh", *self.ssh_options(), "-O", "exit", self.host.address],
-                           capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+                           check=False, capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
 
 
-def classify_ssh_failure(host: "Host", stderr: str) -> Exception:
+def classify_ssh_failure(host: Host, stderr: str) -> Exception:
     """Turn ssh's exit-255 stderr into a clear error with the fix."""
     s = stderr or ""
     last = (s.strip().splitlines() or ["connection failed"])[-1]
@@ -207,7 +207,7 @@ def classify_ssh_failure(host: "Host", stderr: str) -> Exception:
                            hint=f"check the host is up and reachable, then: reval hosts check {host.name}")
 
 
-def get_transport(host: "Host") -> Transport:
+def get_transport(host: Host) -> Transport:
     return LocalTransport(host) if host.is_local else SSHTransport(host)
 
 
@@ -215,7 +215,7 @@ def q(s: str | os.PathLike) -> str:
     return shlex.quote(str(s))
 
 
-def workdir_expr(host: "Host") -> str:
+def workdir_expr(host: Host) -> str:
     """A shell expression for the host's workdir: on a server `~` and relative paths are under $HOME;
     a local host's relative workdir is under the current directory."""
     wd = host.workdir
@@ -244,6 +244,6 @@ def resolve_workdir(transport: Transport) -> str:
     return path
 
 
-def remote_path(host: "Host", *parts: str) -> str:
+def remote_path(host: Host, *parts: str) -> str:
     """A path under the host's workdir (no validation here: callers validate names first)."""
     return str(Path(host.workdir, *parts))

@@ -109,6 +109,7 @@ class SshHosts:
     client_key: Path
     known_hosts: Path
     inventory_path: Path
+    sshd_extra: list[str] = field(default_factory=list)  # more sshd_config lines (e.g. KexAlgorithms ...)
     _rules: list[list[str]] = field(default_factory=list)
 
     # -- daemons -------------------------------------------------------------------------------------
@@ -126,12 +127,11 @@ class SshHosts:
             "StrictModes no", "UsePAM no", "PermitRootLogin prohibit-password",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PubkeyAuthentication yes",
             "MaxStartups 200", "MaxSessions 200", "LogLevel ERROR",
-            "Subsystem sftp internal-sftp", "",
+            "Subsystem sftp internal-sftp", *self.sshd_extra, "",
         ]))
-        log = open(h.log, "ab")
-        h.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=log, stderr=log,
-                                  stdin=subprocess.DEVNULL)
-        log.close()
+        with open(h.log, "ab") as log:  # -r: no re-exec per connection (cheaper loopback "servers")
+            h.proc = subprocess.Popen([SSHD, "-D", "-e", "-r", "-f", str(cfg)], stdout=log, stderr=log,
+                                      stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:
             if h.proc.poll() is not None:
@@ -189,7 +189,7 @@ class SshHosts:
 
     def close(self) -> None:
         for rule in list(self._rules):
-            subprocess.run(["iptables", "-D", *rule], capture_output=True)
+            subprocess.run(["iptables", "-D", *rule], check=False, capture_output=True)
         self._rules.clear()
         for i in range(len(self.hosts)):
             self.stop(i)
@@ -198,7 +198,8 @@ class SshHosts:
 
 
 def make_ssh_hosts(root: Path, n: int, *, known: bool = True, host_key: str = "strict",
-                   first_address: int = 2, port: int = PORT, extra: dict | None = None) -> SshHosts:
+                   first_address: int = 2, port: int = PORT, extra: dict | None = None,
+                   sshd_extra: list[str] | None = None) -> SshHosts:
     """Start `n` sshd on 127.0.0.<first_address>... and write `root/hosts.yaml` for them.
 
     Hosts are named ssh1..sshN, grouped as `cluster`. `known=False` leaves known_hosts empty (unknown
@@ -224,7 +225,7 @@ def make_ssh_hosts(root: Path, n: int, *, known: bool = True, host_key: str = "s
     known_hosts.write_text("".join(known_lines) if known else "")
     inventory_path = root / "hosts.yaml"
     inventory_path.write_text(yaml.safe_dump({"hosts": inv, "groups": {"cluster": list(inv)}}, sort_keys=False))
-    cluster = SshHosts(root, hosts, client_key, known_hosts, inventory_path)
+    cluster = SshHosts(root, hosts, client_key, known_hosts, inventory_path, list(sshd_extra or []))
     try:
         for i in range(n):
             cluster.start(i)

@@ -1,6 +1,7 @@
 """`reval hosts` / `reval hosts check` through the CLI runner, against real sshd hosts."""
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -22,7 +23,7 @@ def run_cli(capsys, monkeypatch, *argv) -> tuple[int, str]:
 
 
 def render(table) -> str:
-    con = Console(width=160, record=True, color_system=None, file=open("/dev/null", "w"))
+    con = Console(width=160, record=True, color_system=None, file=io.StringIO())
     con.print(table)
     return con.export_text()
 

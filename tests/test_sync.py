@@ -1,24 +1,32 @@
 """sync_payload / ensure_env / `reval sync` against real sshd + real rsync (and the tar fallback)."""
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
-import base64
 from pathlib import Path
 
 import pytest
 
 from orchestrator import cli
-from orchestrator.environment import build_venv_script, ensure_env, venv_key
+from orchestrator.environment import build_venv_script, ensure_env, provision, venv_key
 from orchestrator.errors import ConfigError, RemoteCommandError
 from orchestrator.inventory import load_inventory
-from orchestrator.sync import (MANIFEST, Manifest, build_manifest, diff_manifests, is_excluded, payload_files,
-                               rsync_argv, safe_rel, sync_payload)
+from orchestrator.sync import (
+    MANIFEST,
+    Manifest,
+    build_manifest,
+    diff_manifests,
+    is_excluded,
+    payload_files,
+    rsync_argv,
+    safe_rel,
+    sync_payload,
+)
 from orchestrator.transport import get_transport
 
 HOSTILE = ["a b.py", "q'uote.py", 'dq"uote.py', "semi;colon.py", "$(touch PWNED).py", "`id`.py", "-dash.py"]
@@ -168,7 +176,7 @@ def test_sync_local_host_real_payload(tmp_path, monkeypatch):
     assert "torch" in (tmp_path / ".reval/local/payload/requirements.txt").read_text()
     # runs import the synced copy from <workdir>/payload
     out = subprocess.run([sys.executable, "-c", "import remote_payload.protocol as p; print(p.__file__)"],
-                         cwd=tmp_path / ".reval/local/payload", capture_output=True, text=True)
+                         cwd=tmp_path / ".reval/local/payload", capture_output=True, text=True, check=False)
     assert out.stdout.startswith(str(tmp_path))
     assert ensure_env(get_transport(h), h).python == sys.executable
 
@@ -243,6 +251,11 @@ def test_managed_venv_built_offline_from_wheelhouse_then_reused(ssh_hosts, tmp_p
     assert out.strip() == "1.0"
     again = ensure_env(t, h, requirements=["revaltiny==1.0"])
     assert again.reused and again.key == built.key
+    # provision (one combined probe round trip) agrees with sync_payload + ensure_env done separately
+    synced, env = provision(t, h, requirements=["revaltiny==1.0"])
+    assert env == again and synced.manifest_hash == sync_payload(t, h, requirements=["revaltiny==1.0"]).manifest_hash
+    synced, env = provision(t, h, requirements=["revaltiny==1.0"])
+    assert synced.method == "none" and env.reused
 
 
 def test_venv_key_and_build_script_are_pure():

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.ssh
 
 def host_for(cluster, i=0, **kw) -> Host:
     h = cluster.hosts[i]
-    base = dict(name=h.name, address=h.address, port=h.port, user="root", identity_file=str(cluster.client_key),
-                known_hosts_file=str(cluster.known_hosts), ssh_config_file="/dev/null", workdir=str(h.workdir))
+    base = {"name": h.name, "address": h.address, "port": h.port, "user": "root",
+            "identity_file": str(cluster.client_key), "known_hosts_file": str(cluster.known_hosts),
+            "ssh_config_file": "/dev/null", "workdir": str(h.workdir)}
     return Host(**{**base, **kw})
 
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from ..environment import EnvInfo, ensure_env
+from ..environment import EnvInfo, provision
 from ..errors import HostKeyError, HostUnreachable, RevalError
 from ..hostcheck import exit_code
 from ..inventory import Host, load_inventory
-from ..sync import SyncResult, sync_payload
+from ..sync import SyncResult
 from ..transport import get_transport
 from .hosts import failure_lines
 
@@ -46,8 +46,7 @@ def sync_host(host: Host, *, venv: bool = True) -> HostSync:
     r = HostSync(host.name)
     try:
         t = get_transport(host)
-        r.sync = sync_payload(t, host)
-        r.env = ensure_env(t, host) if venv else None
+        r.sync, r.env = provision(t, host, venv=venv)
         r.ok = True
     except (HostUnreachable, HostKeyError) as e:
         r.reachable, r.error, r.hint = False, str(e), e.hint

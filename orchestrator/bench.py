@@ -1,0 +1,181 @@
+"""`python -m orchestrator.bench` (under scripts/netns-run; `make bench` does): the orchestrator's speed
+targets as ratios measured in one run, against real OpenSSH sshd on loopback.
+
+BENCHES is a list of functions `bench(ctx) -> list[Row]`; add yours to it. Each takes the shared BenchContext
+(a scratch dir and a factory for sshd hosts) and returns rows. Timings are medians of `repeat` runs, each from
+a cold SSH connection (ControlMaster closed), as a user's `reval` invocation would see them.
+
+Needs the repo checkout (it uses the tests' sshd harness, tests/sshd.py); dev-only.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import transport as transport_mod
+from .environment import ensure_env, provision
+from .hostcheck import check_hosts
+from .inventory import load_inventory
+from .sync import sync_payload
+
+
+@dataclass
+class Row:
+    name: str
+    ours_s: float
+    baseline_s: float
+    baseline: str
+    target_ratio: float
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_s / self.baseline_s if self.baseline_s else float("inf")
+
+
+@dataclass
+class BenchContext:
+    root: Path
+    repeat: int = 7
+    _clusters: list = field(default_factory=list)
+    _next_addr: int = 2
+
+    def ssh_hosts(self, n: int, **kw):
+        from tests.sshd import make_ssh_hosts  # dev-only harness
+        c = make_ssh_hosts(Path(tempfile.mkdtemp(dir=self.root)), n, first_address=self._next_addr, **kw)
+        self._next_addr += n
+        self._clusters.append(c)
+        return c
+
+    def close(self):
+        transport_mod.close_all()
+        for c in self._clusters:
+            c.close()
+
+
+def median_s(fn: Callable[[], object], repeat: int, setup: Callable[[], object] | None = None) -> float:
+    times = []
+    for _ in range(repeat):
+        if setup:
+            setup()
+        transport_mod.close_all()  # every sample starts from a cold connection
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _bare_rsync(cluster, i: int, src: str, dest: str) -> list[str]:
+    """A plain `rsync -a` over a plain ssh (its own connection, no multiplexing) to host i."""
+    h = cluster.hosts[i]
+    rsh = ["ssh", "-F", "/dev/null", "-p", str(h.port), "-i", str(cluster.client_key), "-o", "IdentitiesOnly=yes",
+           "-o", f"UserKnownHostsFile={cluster.known_hosts}", "-o", "BatchMode=yes", "-l", "root"]
+    return ["rsync", "-a", "-e", shlex.join(rsh), src, f"{h.address}:{dest}"]
+
+
+def _make_wheel(wheelhouse: Path) -> None:
+    from tests.test_sync import make_wheel  # the hand-built tiny wheel (no network)
+    make_wheel(wheelhouse)
+
+
+def bench_sync(ctx: BenchContext) -> list[Row]:
+    wheels = ctx.root / "wheels"
+    _make_wheel(wheels)
+    reqs = ["revaltiny==1.0"]
+    c = ctx.ssh_hosts(1, extra={"venv": {"mode": "managed", "wheelhouse": str(wheels)}})
+    host = load_inventory(c.inventory_path).get("ssh1")
+    workdir = c.hosts[0].workdir
+
+    def ours_noop():
+        synced, env = provision(transport_mod.get_transport(host), host, requirements=reqs)
+        assert synced.files_changed == 0 and env.reused
+
+    t = transport_mod.get_transport(host)
+    sync_payload(t, host, requirements=reqs)
+    ensure_env(t, host, requirements=reqs)  # built once, outside the timing
+    payload = str(ctx.root / "tree") + "/"  # a local copy of exactly the synced tree: the baseline's source
+    shutil.copytree(workdir / "payload", payload, symlinks=True)
+    noop_dest = str(workdir / "bare-copy") + "/"
+    subprocess.run(_bare_rsync(c, 0, payload, noop_dest), check=True)
+    rows = [Row("no-change re-sync (payload + venv)", median_s(ours_noop, ctx.repeat),
+                median_s(lambda: subprocess.run(_bare_rsync(c, 0, payload, noop_dest), check=True), ctx.repeat),
+                "bare rsync -a no-op", 1.2)]
+
+    def fresh():
+        shutil.rmtree(workdir / "payload", ignore_errors=True)
+        shutil.rmtree(workdir / "bare-first", ignore_errors=True)
+
+    def ours_first():
+        assert sync_payload(transport_mod.get_transport(host), host, requirements=reqs).method == "rsync"
+
+    rows.append(Row("first sync (payload)", median_s(ours_first, ctx.repeat, setup=fresh),
+                    median_s(lambda: subprocess.run(_bare_rsync(c, 0, payload, str(workdir / "bare-first") + "/"),
+                                                    check=True),
+                             ctx.repeat, setup=fresh),
+                    "bare rsync -a to an empty dir", 1.5))
+    return rows
+
+
+def bench_hosts_check(ctx: BenchContext) -> list[Row]:
+    """16 loopback servers share this machine's CPU with the client, so the ratio is bounded by CPU here;
+    the second row has the test servers offer only curve25519 key exchange (the default post-quantum
+    sntrup761 costs ~60 ms of CPU per handshake on each side on a small box) to show the client's own
+    parallelism. The client's settings are the same in both rows."""
+    def check(hs):
+        assert all(r.ok for r in check_hosts(hs, requirements=[]))
+
+    rows = []
+    for label, sshd_extra in (("", []), (", curve25519 servers", ["KexAlgorithms curve25519-sha256"])):
+        hosts = list(load_inventory(ctx.ssh_hosts(16, sshd_extra=sshd_extra).inventory_path).resolve("cluster"))
+        rows.append(Row(f"hosts check, 16 hosts{label}", median_s(lambda hs=hosts: check(hs), ctx.repeat),
+                        median_s(lambda hs=hosts[:1]: check(hs), ctx.repeat), "1 host", 2.0))
+    return rows
+
+
+BENCHES: list[Callable[[BenchContext], list[Row]]] = [bench_sync, bench_hosts_check]
+
+
+def format_table(rows: list[Row]) -> str:
+    """Plain-text table (pure)."""
+    head = f"{'benchmark':40} {'ours':>9} {'baseline':>9} {'ratio':>6} {'target':>7}  ok   baseline is"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ok = "yes" if r.ratio <= r.target_ratio else "NO"
+        lines.append(f"{r.name:40} {r.ours_s * 1000:7.0f}ms {r.baseline_s * 1000:7.0f}ms {r.ratio:5.2f}x "
+                     f"{'<=' + format(r.target_ratio, 'g') + 'x':>7}  {ok:4} {r.baseline}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m orchestrator.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("-k", metavar="WORD", help="only the benchmarks whose function name contains WORD")
+    args = p.parse_args(argv)
+    from tests.sshd import netns_skip_reason
+    reason = netns_skip_reason()
+    if reason:
+        print(f"orchestrator bench skipped: {reason}", file=sys.stderr)
+        return 3
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="reval-bench-") as root:
+        ctx = BenchContext(Path(root), repeat=args.repeat)
+        try:
+            for bench in BENCHES:
+                if not args.k or args.k in bench.__name__:
+                    rows += bench(ctx)
+        finally:
+            ctx.close()
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

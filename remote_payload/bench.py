@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import tempfile
 import time
 from dataclasses import dataclass
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from . import metrics
-from .checkpoint import load_drafter, load_target_head
+from .checkpoint import load_drafter, load_target_head, sha256_files
 from .config import DrafterConfig
 from .drafter import DFlashDrafter
 from .run import draft_all_anchors
@@ -134,16 +134,23 @@ def bench_load(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device, dt
     files = [ddir / "model.safetensors", *sorted(tdir.glob("*.safetensors"))]
     raw_read_s(files)  # warm the page cache for both measurements
     raw_s, nbytes = raw_read_s(files)
+    t = time.perf_counter()
+    sha256_files(files[:1])
+    hash_s = time.perf_counter() - t
     sync(dev)
     t = time.perf_counter()
     drafter, _ = load_drafter(ddir, device=dev, dtype=dtype)
+    sync(dev)
+    t_head = time.perf_counter()
     head, _ = load_target_head(tdir, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, device=dev, dtype=dtype)
     sync(dev)
-    load_s = time.perf_counter() - t
-    gb = nbytes / 1e9
+    load_s, head_s = time.perf_counter() - t, time.perf_counter() - t_head
+    gb, dgb = nbytes / 1e9, files[0].stat().st_size / 1e9
     return [Row("raw read of the weight files", 0, raw_s, 0, f"{gb:.2f} GB at {gb / raw_s:.1f} GB/s"),
+            Row("sha256 of the drafter file alone", 0, hash_s, 0, f"{dgb / hash_s:.1f} GB/s (runs beside the load)"),
             Row("load_drafter + load_target_head", 0, load_s, 0,
-                f"{gb / load_s:.1f} GB/s = {raw_s / load_s:.2f}x raw read speed")], drafter, head
+                f"{gb / load_s:.1f} GB/s = {raw_s / load_s:.2f}x raw read speed; target head {head_s:.2f}s")
+            ], drafter, head
 
 
 def synthetic_prompt(cfg: DrafterConfig, prompt_len: int, completion: int, dev, dtype, seed: int):
@@ -199,7 +206,7 @@ def render(rows: list[Row], peak: float, naive_rate: float | None) -> str:
     for r in rows:
         rate = r.rounds / r.seconds if r.rounds else None
         tf = r.flops / r.seconds / 1e12 if r.flops else None
-        pct = f"{100 * tf / peak:6.1f}%" if tf and peak == peak else "      -"
+        pct = f"{100 * tf / peak:6.1f}%" if tf and not math.isnan(peak) else "      -"
         vs = f"{rate / naive_rate:8.1f}x" if rate and naive_rate else "        -"
         lines.append(f"{r.name:<36} {r.rounds or '-':>8} {r.seconds:>9.3f} {f'{rate:,.0f}' if rate else '-':>10} "
                      f"{f'{tf:.1f}' if tf else '-':>8} {pct:>7} {vs}  {r.note}")
@@ -224,7 +231,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = DrafterConfig.from_dict(PRESETS[preset], source=f"preset {preset}")
     peak = measure_peak(dev)
     print(f"bench: preset {preset} on {dev} ({str(dtype).removeprefix('torch.')}), batch {batch} anchors; "
-          f"bf16 matmul peak measured {peak:.0f} TFLOP/s" if peak == peak else
+          f"bf16 matmul peak measured {peak:.0f} TFLOP/s" if not math.isnan(peak) else
           f"bench: preset {preset} on {dev} ({str(dtype).removeprefix('torch.')}), batch {batch} anchors", flush=True)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         t = time.perf_counter()
@@ -239,7 +246,7 @@ def main(args: argparse.Namespace) -> int:
                 continue
             rows.append(bench_eval(name, drafter, head, cfg, dev, dtype, prompts, blocks, plen, comp, batch))
             print(f"  done: {name}", flush=True)
-    table = render(rows, peak if peak == peak else float("nan"), naive.rounds / naive.seconds)
+    table = render(rows, peak, naive.rounds / naive.seconds)
     print(table)
     if args.json:
         Path(args.json).write_text(json.dumps({"preset": preset, "device": str(dev), "peak_tflops": peak,

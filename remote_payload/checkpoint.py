@@ -20,6 +20,7 @@ import difflib
 import hashlib
 import json
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,13 +102,23 @@ def _open_safetensors(path: Path, device):
                               f"Re-copy the file. {NOTHING_DONE}") from e
 
 
-def sha256_files(paths: list[Path], chunk_bytes: int = 1 << 20) -> str:
+def sha256_files(paths: list[Path], chunk_bytes: int = 8 << 20) -> str:
     h = hashlib.sha256()
+    buf = memoryview(bytearray(chunk_bytes))
     for p in sorted(paths, key=lambda p: p.name):
-        with open(p, "rb") as f:
-            while chunk := f.read(chunk_bytes):
-                h.update(chunk)
+        with open(p, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                h.update(buf[:n])
     return "sha256:" + h.hexdigest()
+
+
+def hash_in_background(paths: list[Path]) -> Future:
+    """The content hash reads every byte once more; hashlib releases the GIL on large buffers, so it runs
+    beside the load (which is copy-bound) instead of after it."""
+    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-hash")
+    fut = ex.submit(sha256_files, list(paths))
+    ex.shutdown(wait=False)
+    return fut
 
 
 _STEP = re.compile(r"(?:step|checkpoint|ckpt|iter)[-_]?(\d+)", re.IGNORECASE)
@@ -219,6 +230,7 @@ def _load_zlab(p: Path, cfg_path: Path, device, dtype) -> tuple[DFlashDrafter, D
         raise CheckpointError(f"drafter folder {folder} has neither {INDEX_JSON} nor {SINGLE_SAFETENSORS} "
                               f"(it holds: {present})")
     handles = {f: _open_safetensors(f, device) for f in files}
+    content_hash = hash_in_background(files)
     found: dict[str, tuple] = {}
     owner: dict[str, Path] = {}
     for f, h in handles.items():
@@ -244,7 +256,7 @@ def _load_zlab(p: Path, cfg_path: Path, device, dtype) -> tuple[DFlashDrafter, D
     info = DrafterInfo(
         path=str(p), layout="zlab", name=p.stem if p.is_file() and p.stem != "model" else folder.name,
         step=parse_step(p),
-        content_hash=sha256_files(files), num_parameters=sum(t.numel() for t in sd.values()),
+        content_hash=content_hash.result(), num_parameters=sum(t.numel() for t in sd.values()),
         weight_stats=_stats(sd), config_source=str(cfg_path), weight_files=[str(f) for f in files],
         fc_layer_ids=list(cfg.fc_layer_ids))
     return model, info
@@ -260,6 +272,7 @@ def _torch_load(p: Path):
 
 
 def _load_pt(p: Path, device, dtype) -> tuple[DFlashDrafter, DrafterInfo]:
+    content_hash = hash_in_background([p])
     try:
         obj = _torch_load(p)
     except Exception as e:
@@ -296,7 +309,7 @@ def _load_pt(p: Path, device, dtype) -> tuple[DFlashDrafter, DrafterInfo]:
     generic = p.stem in ("model", "pytorch_model", "drafter", "state_dict", "checkpoint", "weights")
     info = DrafterInfo(
         path=str(p), layout="pt", name=p.parent.name if generic else p.stem, step=parse_step(p, obj.get("step")),
-        content_hash=sha256_files([p]), num_parameters=sum(t.numel() for t in sd.values()),
+        content_hash=content_hash.result(), num_parameters=sum(t.numel() for t in sd.values()),
         weight_stats=_stats(sd), config_source=cfg_source, weight_files=[str(p)], stripped_prefix=stripped,
         fc_layer_ids=list(cfg.fc_layer_ids))
     return model, info

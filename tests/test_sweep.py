@@ -326,7 +326,7 @@ def test_killed_controller_resumes_without_repeating_runs(ssh_hosts, tmp_path):
     assert [c["state"] for c in js["checkpoints"]] == ["succeeded"] * 6
     assert not any(c["earlier"] for c in js["checkpoints"])  # one sweep, resumed
     after = remote_run_dirs(workdirs)
-    assert len(after) == 6  # every checkpoint ran exactly once
+    assert len(after) == 6, (sorted(after), js["checkpoints"], r.stderr)  # every checkpoint ran exactly once
     for n, t0 in started.items():  # nothing that had started was started again
         assert protocol.read_json(after[n] / "runs" / n / "status.json")["started_at"] == t0
     final_runs = {c["run"] for c in js["checkpoints"]}

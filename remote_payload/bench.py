@@ -172,7 +172,7 @@ def bench_eval(name, drafter, head, cfg, dev, dtype, prompts, blocks, prompt_len
     t = time.perf_counter()
     flops = 0.0
     for ids, feats in data:
-        out = draft_all_anchors(drafter, head, feats, ids, prompt_len, n, batch_size=batch, budgets=BUDGETS)
+        out = draft_all_anchors(drafter, head, feats, ids, prompt_len, n, batch_size=batch, budgets=BUDGETS, widths=[4, 8])
         metrics.prompt_metrics(out.drafts, out.target_rank, out.topk_logprobs, ids.cpu().numpy(), prompt_len,
                                blocks, bs, budgets=BUDGETS, widths=[4, 8])
         flops += n * block_flops(cfg, prompt_len + n / 2) + context_flops(cfg, prompt_len + completion)

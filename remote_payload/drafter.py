@@ -51,7 +51,7 @@ class DraftLogits:
     topk_ids: Tensor  # [..., bs-1, k] long
     topk_logprobs: Tensor  # [..., bs-1, k] fp32
     target_logprobs: Tensor | None = None  # [..., bs-1] fp32: logprob of the given target ids
-    target_ranks: Tensor | None = None  # [..., bs-1] long: tokens with a strictly larger logit
+    target_ranks: Tensor | None = None  # [..., bs-1] long: tokens with a strictly larger logit, capped at k
 
 
 class RMSNorm(nn.Module):
@@ -307,6 +307,10 @@ def logits_topk(hidden: Tensor, head: TargetHead, k: int, target_ids: Tensor | N
 
     The rows go through lm_head as ONE contiguous [N*(bs-1), H] GEMM (a strided 3-D slice made cuBLAS
     run N small GEMMs). logsumexp in fp32. target_ids [..., bs-1]: also their logprob and rank.
+    Past the lm_head GEMM every full-vocabulary pass costs as much as the GEMM itself, so there are
+    only two (logsumexp, topk): the argmax is topk's first id, and a target's rank is counted among the
+    top-k values, exact below k and reported as k when it is k or more (all that width-k trees and
+    DDTree with budgets <= k need).
     """
     lead, (bs, H) = hidden.shape[:-2], hidden.shape[-2:]
     rows = hidden[..., 1:, :].contiguous().view(-1, H)  # [N*(bs-1), H]
@@ -315,7 +319,7 @@ def logits_topk(hidden: Tensor, head: TargetHead, k: int, target_ids: Tensor | N
     top_val, top_ids = logits.topk(k, dim=-1)
     out_shape = (*lead, bs - 1)
     res = DraftLogits(
-        argmax_ids=logits.argmax(-1).view(out_shape),
+        argmax_ids=top_ids[:, 0].view(out_shape),
         topk_ids=top_ids.view(*out_shape, k),
         topk_logprobs=(top_val.float() - lse).view(*out_shape, k),
     )
@@ -323,5 +327,5 @@ def logits_topk(hidden: Tensor, head: TargetHead, k: int, target_ids: Tensor | N
         tgt = target_ids.reshape(-1, 1).to(logits.device)
         tgt_logit = logits.gather(-1, tgt)
         res.target_logprobs = (tgt_logit.float() - lse).view(out_shape)
-        res.target_ranks = (logits > tgt_logit).sum(-1).view(out_shape)
+        res.target_ranks = (top_val > tgt_logit).sum(-1).view(out_shape)  # capped at k
     return res

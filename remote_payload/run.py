@@ -220,7 +220,7 @@ class AnchorOutputs:
 
 @torch.inference_mode()
 def draft_all_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, prompt_len: int, n: int,
-                      *, batch_size: int, budgets: list[int]) -> AnchorOutputs:
+                      *, batch_size: int, budgets: list[int], widths: list[int] = ()) -> AnchorOutputs:
     """feats [T, n_fc*H] (on the drafter's device), ids [T] -> outputs at anchors prompt_len..prompt_len+n-1."""
     from .drafter import logits_topk
     bs = drafter.cfg.block_size
@@ -228,7 +228,8 @@ def draft_all_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, pro
     ctx = drafter.precompute_context(feats, anchors_per_prompt=batch_size)  # context K/V once per prompt
     g = ids.cpu().numpy()
     targets = metrics.target_tokens(g, prompt_len, n, bs - 1)  # [n, bs-1], -1 past the end
-    k = min(max(budgets) if budgets else 1, drafter.cfg.vocab_size)  # top-k per row, for DDTree
+    # top-k per row: DDTree needs the top-B values, width-k trees ranks below k (ranks are capped at k)
+    k = min(max([*budgets, *widths, 1]), drafter.cfg.vocab_size)
     drafts, ranks, topk = [], [], []
     ids_dev = ids.to(dev)
     for s in range(0, n, batch_size):
@@ -317,7 +318,8 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
         g = ids.cpu().numpy()
         prompt_hash.update(g.astype(np.int64).tobytes() + p.prompt_len.to_bytes(8, "little"))
         n = metrics.num_anchors(p.prompt_len, p.seq_len, opts.max_blocks, bs)
-        out = draft_all_anchors(drafter, head, feats, ids, p.prompt_len, n, batch_size=batch, budgets=budgets)
+        out = draft_all_anchors(drafter, head, feats, ids, p.prompt_len, n, batch_size=batch, budgets=budgets,
+                                widths=widths)
         n_anchors_total += n
         rec = metrics.prompt_metrics(out.drafts, out.target_rank, out.topk_logprobs, g, p.prompt_len,
                                      opts.max_blocks, bs, budgets=budgets, widths=widths)

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import transport as transport_mod
-from .environment import ensure_env, provision
+from .environment import provision
 from .hostcheck import check_hosts
 from .inventory import load_inventory
-from .sync import sync_payload
+from .sync import payload_source, sync_payload
 
 
 @dataclass
@@ -93,14 +93,15 @@ def bench_sync(ctx: BenchContext) -> list[Row]:
     c = ctx.ssh_hosts(1, extra={"venv": {"mode": "managed", "wheelhouse": str(wheels)}})
     host = load_inventory(c.inventory_path).get("ssh1")
     workdir = c.hosts[0].workdir
+    source = ctx.root / "src" / "remote_payload"  # a snapshot: the working tree may change meanwhile
+    shutil.copytree(payload_source(), source, ignore=shutil.ignore_patterns("__pycache__"))
 
     def ours_noop():
-        synced, env = provision(transport_mod.get_transport(host), host, requirements=reqs)
-        assert synced.files_changed == 0 and env.reused
+        synced, env = provision(transport_mod.get_transport(host), host, requirements=reqs, source=source)
+        assert synced.files_changed == 0 and env.reused, (synced, env)
 
     t = transport_mod.get_transport(host)
-    sync_payload(t, host, requirements=reqs)
-    ensure_env(t, host, requirements=reqs)  # built once, outside the timing
+    provision(t, host, requirements=reqs, source=source)  # venv built once, outside the timing
     payload = str(ctx.root / "tree") + "/"  # a local copy of exactly the synced tree: the baseline's source
     shutil.copytree(workdir / "payload", payload, symlinks=True)
     noop_dest = str(workdir / "bare-copy") + "/"
@@ -114,7 +115,8 @@ def bench_sync(ctx: BenchContext) -> list[Row]:
         shutil.rmtree(workdir / "bare-first", ignore_errors=True)
 
     def ours_first():
-        assert sync_payload(transport_mod.get_transport(host), host, requirements=reqs).method == "rsync"
+        assert sync_payload(transport_mod.get_transport(host), host, requirements=reqs,
+                            source=source).method == "rsync"
 
     rows.append(Row("first sync (payload)", median_s(ours_first, ctx.repeat, setup=fresh),
                     median_s(lambda: subprocess.run(_bare_rsync(c, 0, payload, str(workdir / "bare-first") + "/"),

@@ -77,10 +77,11 @@ def ensure_env(transport: Transport, host: Host, *, requirements: list[str] | No
 
 
 def provision(transport: Transport, host: Host, *, venv: bool = True, method: str | None = None,
-              requirements: list[str] | None = None) -> tuple[SyncResult, EnvInfo | None]:
+              requirements: list[str] | None = None, source: Path | None = None
+              ) -> tuple[SyncResult, EnvInfo | None]:
     """sync_payload + ensure_env with their probes in ONE round trip: an unchanged host costs just that."""
     reqs = payload_requirements() if requirements is None else requirements
-    synced = sync_payload(transport, host, method=method, requirements=reqs,
+    synced = sync_payload(transport, host, method=method, requirements=reqs, source=source,
                           also=probe_command(host, reqs) if venv else "")
     return synced, (ensure_env(transport, host, requirements=reqs, probe=synced.also) if venv else None)
 

@@ -130,22 +130,31 @@ class SSHTransport(Transport):
             "-o", f"ConnectTimeout={max(1, round(self.connect_timeout_s))}",
             "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
             "-o", "ControlMaster=auto", "-o", f"ControlPath={self._control}", "-o", "ControlPersist=60",
-            "-o", f"StrictHostKeyChecking={'accept-new' if h.host_key_policy == 'accept-new' else 'yes'}",
         ]
-        if self.batch:
-            opts += ["-o", "BatchMode=yes"]  # never prompt (parallel workers)
         if h.user:
             opts += ["-l", h.user]
         if h.port:
             opts += ["-p", str(h.port)]
+        auth = self._auth_options()
+        if h.proxy_jump and "," not in h.proxy_jump and (h.identity_file or h.known_hosts_file or h.ssh_config_file):
+            # -J's hop would not see our -F/-i/UserKnownHostsFile: give them to it through a ProxyCommand.
+            hop = h.proxy_jump if "@" not in h.proxy_jump and ":" not in h.proxy_jump else f"ssh://{h.proxy_jump}"
+            opts += ["-o", "ProxyCommand=" + shlex.join(["ssh", *auth, "-W", "%h:%p", hop])]
+        elif h.proxy_jump:
+            opts += ["-J", h.proxy_jump]
+        return auth[:2] + opts + auth[2:] if h.ssh_config_file else opts + auth
+
+    def _auth_options(self) -> list[str]:
+        """Config file (first, as ssh wants it), host-key policy, identity, known_hosts."""
+        h = self.host
+        opts = ["-F", os.path.expanduser(h.ssh_config_file)] if h.ssh_config_file else []
+        opts += ["-o", f"StrictHostKeyChecking={'accept-new' if h.host_key_policy == 'accept-new' else 'yes'}"]
+        if self.batch:
+            opts += ["-o", "BatchMode=yes"]  # never prompt (parallel workers)
         if h.identity_file:
             opts += ["-i", os.path.expanduser(h.identity_file), "-o", "IdentitiesOnly=yes"]
-        if h.proxy_jump:
-            opts += ["-J", h.proxy_jump]
         if h.known_hosts_file:
             opts += ["-o", f"UserKnownHostsFile={os.path.expanduser(h.known_hosts_file)}"]
-        if h.ssh_config_file:
-            opts = ["-F", os.path.expanduser(h.ssh_config_file)] + opts
         return opts
 
     def ssh_argv(self, cmd: str) -> list[str]:

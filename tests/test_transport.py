@@ -100,3 +100,35 @@ def test_local_transport_runs_shell_string(tmp_path):
     assert t.run(f"cd {q(tmp_path)} && printf '%s' {q('x y')} > f && cat f").stdout == "x y"
     with pytest.raises(RemoteCommandError):
         t.run("exit 4")
+
+
+def test_ssh_config_alias_is_honoured_for_ssh_and_rsync(ssh_hosts, tmp_path):
+    c = ssh_hosts(1)
+    h = c.hosts[0]
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host box\n  HostName {h.address}\n  Port {h.port}\n  User root\n"
+                   f"  IdentityFile {c.client_key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {c.known_hosts}\n")
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(f"hosts:\n  box:\n    ssh: box\n    ssh_config_file: {cfg}\n    workdir: {h.workdir}\n")
+    from orchestrator.inventory import load_inventory
+    from orchestrator.sync import sync_payload
+    host = load_inventory(inv).get("box")
+    t = SSHTransport(host)
+    assert t.ssh_options()[:2] == ["-F", str(cfg)]  # ssh wants -F first
+    assert t.run("echo $USER").stdout == "root\n"
+    (tmp_path / "src" / "remote_payload").mkdir(parents=True)
+    (tmp_path / "src" / "remote_payload" / "m.py").write_text("x = 1\n")
+    r = sync_payload(t, host, source=tmp_path / "src" / "remote_payload", requirements=[], method="rsync")
+    assert r.method == "rsync" and (h.workdir / "payload" / "remote_payload" / "m.py").read_text() == "x = 1\n"
+
+
+def test_proxy_jump_with_explicit_key_and_known_hosts(ssh_hosts):
+    c = ssh_hosts(2)
+    jump = c.hosts[0]
+    t = SSHTransport(host_for(c, 1, proxy_jump=f"root@{jump.address}:{jump.port}"))
+    assert t.run("echo via-jump").stdout == "via-jump\n"
+    from orchestrator.transport import close_all
+    close_all()
+    c.stop(0)  # no jump host, no way in
+    with pytest.raises(HostUnreachable):
+        SSHTransport(host_for(c, 1, proxy_jump=f"root@{jump.address}:{jump.port}")).run("true")

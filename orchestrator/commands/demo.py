@@ -1,0 +1,90 @@
+"""`reval demo`: the embedded default, end to end, with no server and no downloads.
+
+On the `local` host of the inventory (the default hosts.yaml has one): sync the payload, build the tiny
+offline fixtures there (a synthetic language, a tiny Qwen3 target trained on it, a hidden-state cache,
+DFlash drafters trained against it; cached after the first build), then evaluate an early checkpoint and
+the final drafter through the same sync/launch/follow/pull path as `reval run`, and compare the two
+("checkpoint vs checkpoint", the final drafter as the baseline).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+
+from ..environment import ensure_env
+from ..errors import EXIT_OK, EvalFailed
+from ..inventory import load_inventory
+from ..sync import sync_payload
+from ..transport import get_transport, q, resolve_workdir
+from . import compare as compare_cmd
+from . import run as run_cmd
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="the embedded default: tiny offline models, two evals on the local host, compare",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="local", help="inventory host to run on (default: local)")
+    p.add_argument("--max-blocks", type=int, default=30, help="draft rounds per prompt (default 30)")
+    p.add_argument("--early", default=None,
+                   help="the early checkpoint to compare (default: the second saved step, drafters/step-*)")
+    p.add_argument("--plot", metavar="FILE.png", default=None, help="also write the comparison plots")
+    p.set_defaults(func=cmd_demo)
+
+
+def _stream(t, cmd: str) -> int:
+    """Run `cmd` on the host, printing its output as it comes (fixture building takes a minute or two)."""
+    proc = t.popen(cmd)
+    assert proc.stdout is not None
+    for line in iter(proc.stdout.readline, b""):
+        print("  " + line.decode(errors="replace").rstrip(), flush=True)
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    rc = proc.wait()
+    if rc:
+        sys.stderr.write(err[-2000:])
+    return rc
+
+
+def cmd_demo(args) -> int:
+    inv = load_inventory(args.inventory)
+    host = inv.get(args.host)
+    t = get_transport(host)
+    t0 = time.monotonic()
+    sync_payload(t, host)
+    env = ensure_env(t, host)
+    workdir = resolve_workdir(t)
+    fixtures = f"{workdir}/fixtures"
+    print(f"demo    building the tiny fixtures on {host.name} (cached after the first time): {fixtures}")
+    rc = _stream(t, f"cd {q(workdir + '/payload')} && PYTHONUNBUFFERED=1 {q(env.python)} -m remote_payload "
+                    f"fixtures --out {q(fixtures)} 2>&1")
+    if rc:
+        raise EvalFailed(f"building the fixtures on {host.name} failed (exit {rc})",
+                         hint="see the output above; rerun with: python -m remote_payload fixtures --out DIR")
+    meta = json.loads(t.run(f"cat {q(fixtures + '/fixtures.json')}").stdout)
+    paths = meta["paths"]
+    steps = list(paths["drafters"])  # drafters/step-NNNN in training order
+    early = args.early or steps[min(1, len(steps) - 1)]
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    runs = []
+    for label, drafter in (("early", early), ("final", paths["drafter_good"])):
+        name = f"demo-{label}-{stamp}"
+        print(f"\ndemo    eval {label} drafter {drafter} as {name}")
+        ns = argparse.Namespace(inventory=args.inventory, host=host.name, drafter=f"{fixtures}/{drafter}",
+                                target=f"{fixtures}/{paths['target']}", cache=f"{fixtures}/{paths['cache']}",
+                                name=name, gpus=None, detach=False, num_prompts=None, max_blocks=args.max_blocks,
+                                payload="eval", give_up_s=120.0, extra=[])
+        rc = run_cmd.cmd_run(ns)
+        if rc != EXIT_OK:
+            return rc
+        runs.append(f"{host.name}/{name}")
+    print(f"\ndemo    comparing: reval compare {' '.join(runs)} --baseline {runs[-1]}")
+    ns = argparse.Namespace(inventory=args.inventory, runs=runs, baseline=runs[-1], per_position=False,
+                            per_prompt=False, format="table", plot=args.plot, allow_incomparable=False, pull=False,
+                            runs_dir=str(compare_cmd.compare.DEFAULT_RUNS_ROOT))
+    rc = compare_cmd.main(ns)
+    print(f"\ndemo    done in {time.monotonic() - t0:.0f}s. Next: reval compare {shlex.join(runs)} --per-position "
+          f"--plot demo.png")
+    return rc
+

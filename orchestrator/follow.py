@@ -125,8 +125,8 @@ class RichSink(PlainSink):
         n, i = ev.get("n"), ev.get("i")
         if not isinstance(n, int) or not isinstance(i, int):
             return
-        fields = dict(completed=i, total=max(n, 1), description=str(ev.get("message", ""))[:60],
-                      stage=str(ev.get("stage", "")))
+        fields = {"completed": i, "total": max(n, 1), "description": str(ev.get("message", ""))[:60],
+                  "stage": str(ev.get("stage", ""))}
         if self.task is None:
             self.task = self.progress.add_task(**fields)
         else:

@@ -20,7 +20,6 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +75,7 @@ def is_idle(g: Gpu) -> bool:
 
 def query_gpus() -> list[Gpu]:
     try:
-        p = subprocess.run(NVIDIA_SMI_ARGV, capture_output=True, text=True, timeout=30)
+        p = subprocess.run(NVIDIA_SMI_ARGV, capture_output=True, text=True, timeout=30, check=False)
     except (FileNotFoundError, PermissionError, subprocess.TimeoutExpired):
         return []
     return parse_nvidia_smi(p.stdout) if p.returncode == 0 else []
@@ -223,7 +222,7 @@ def main(args) -> int:
     where = f"GPU {visible}" if gpus else "CPU (no GPU on this host)" if args.gpus == "auto" else "CPU"
     w.log(f"[reval] {run} started {w.base['started_at']} on {w.base['host']} · {where} · pid {pid}"
           f" · {shlex.join(cmd)}")
-    logf = open(run_dir / protocol.EVAL_LOG, "ab", buffering=0)
+    logf = open(run_dir / protocol.EVAL_LOG, "ab", buffering=0)  # noqa: SIM115 - closed once the child has it
     try:
         # The lock fds are inherited on purpose: the GPU stays locked while the child lives, even if we die.
         w.child = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -71,7 +71,7 @@ def test_follow_local_then_resume_after_detach_has_no_gap_or_repeat(tmp_path):
 
 
 def test_follow_reports_lost_when_group_is_gone(tmp_path):
-    host, t, wd = synced_local(tmp_path / "work")
+    _, t, wd = synced_local(tmp_path / "work")
     d = tmp_path / "work" / "runs" / "ghost"
     d.mkdir(parents=True)
     (d / "eval.log").write_text("[reval] ghost started\nhalf a line without newline")

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +34,7 @@ def wrap(run_dir, *cmd, gpus="none", env=None, run_json=None):
     argv = [sys.executable, "-m", "remote_payload", "wrap", "--run-dir", str(run_dir), "--gpus", gpus]
     if run_json:
         argv += ["--run-json", str(run_json)]
-    return subprocess.run([*argv, "--", *cmd], capture_output=True, text=True, timeout=60,
+    return subprocess.run([*argv, "--", *cmd], capture_output=True, text=True, timeout=60, check=False,
                           env={**os.environ, **(env or {})}, cwd=os.path.dirname(os.path.dirname(wrapper.__file__)))
 
 
@@ -130,9 +131,10 @@ def test_gpu_locks_never_shared_and_stale_lock_reclaimed(tmp_path, monkeypatch):
 def test_gpu_lock_of_a_killed_process_is_reclaimed(tmp_path):
     locks = tmp_path / "locks"
     locks.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl,os,sys,time\n"
-                               f"fd=os.open('{locks}/gpu0.lock', os.O_RDWR|os.O_CREAT)\n"
-                               "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)"],
+    code = ("import fcntl,os,sys,time\n"
+            f"fd=os.open('{locks}/gpu0.lock', os.O_RDWR|os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
     assert wrapper._try_lock(locks, 0, "x") is None
@@ -153,7 +155,7 @@ def test_no_gpu_host_runs_on_cpu(tmp_path, monkeypatch):
 # -- launch (local transport: the same script as over SSH) --------------------------------------------------
 def test_launch_two_runs_get_distinct_gpus_and_cuda_visible_devices(tmp_path):
     fake_nvidia_smi(tmp_path / "bin", [(0, 5, 97871, 0), (1, 5, 97871, 0)])
-    host, t, wd = synced_local(tmp_path / "work", env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
+    host, t, _ = synced_local(tmp_path / "work", env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
     long = ["dummy", "--lines", "400", "--interval-s", "0.05"]
     infos = [launch(host, t, name=f"g{i}", payload_argv=long, gpus="auto", run_json={}, python=sys.executable)
              for i in range(2)]
@@ -161,9 +163,9 @@ def test_launch_two_runs_get_distinct_gpus_and_cuda_visible_devices(tmp_path):
         assert sorted(i.gpus[0] for i in infos) == [0, 1]
         assert "GPU" in describe(infos[0], "auto") and "free" in describe(infos[0], "auto")
         for info in infos:
-            child = [p for p in group_members(info.pgid) if p != info.pid][0]
-            env = dict(kv.split("=", 1) for kv in
-                       open(f"/proc/{child}/environ").read().split("\0") if "=" in kv)
+            child = next(p for p in group_members(info.pgid) if p != info.pid)
+            raw = Path(f"/proc/{child}/environ").read_text()
+            env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
             assert env["CUDA_VISIBLE_DEVICES"] == str(info.gpus[0]) and env["PYTHONUNBUFFERED"] == "1"
         with pytest.raises(ConfigError, match="no free GPU"):
             launch(host, t, name="g2", payload_argv=long, gpus="auto", run_json={}, python=sys.executable)
@@ -179,7 +181,7 @@ def test_launch_two_runs_get_distinct_gpus_and_cuda_visible_devices(tmp_path):
 
 
 def test_launch_refuses_used_and_invalid_names(tmp_path):
-    host, t, wd = synced_local(tmp_path / "work")
+    host, t, _ = synced_local(tmp_path / "work")
     launch(host, t, name="same", payload_argv=DUMMY, gpus="none", run_json={}, python=sys.executable)
     with pytest.raises(ConfigError, match="already used") as e:
         launch(host, t, name="same", payload_argv=DUMMY, gpus="none", run_json={}, python=sys.executable)

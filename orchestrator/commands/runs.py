@@ -12,13 +12,29 @@ from pathlib import Path
 
 from remote_payload import protocol
 
-from ..errors import (EXIT_CANCELLED, EXIT_EVAL_FAILED, EXIT_OK, EXIT_PARTIAL, EXIT_STILL_RUNNING, RevalError,
-                      RunNotFound)
+from ..errors import (
+    EXIT_CANCELLED,
+    EXIT_EVAL_FAILED,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_STILL_RUNNING,
+    RevalError,
+    RunNotFound,
+)
 from ..follow import PlainSink, RichSink, follow
 from ..inventory import load_inventory
 from ..pull import pull
-from ..runs import (RunState, kill_run, list_runs, load_follow_state, local_registry, remote_run_dir, resolve_run,
-                    result_summary, run_state)
+from ..runs import (
+    RunState,
+    kill_run,
+    list_runs,
+    load_follow_state,
+    local_registry,
+    remote_run_dir,
+    resolve_run,
+    result_summary,
+    run_state,
+)
 from ..transport import Transport, get_transport, q, resolve_workdir
 
 LAST_LINES = 15

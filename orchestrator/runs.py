@@ -52,8 +52,19 @@ def local_runs_root() -> Path:
 
 
 def local_run_dir(host_name: str, run: str) -> Path:
-    protocol.validate_run_name(run)
-    return protocol.safe_join(local_runs_root(), protocol.validate_run_name(host_name), run)
+    try:
+        return protocol.safe_join(local_runs_root(), protocol.validate_run_name(host_name),
+                                  protocol.validate_run_name(run))
+    except protocol.ProtocolError as e:
+        raise ConfigError(f"cannot keep a local copy of {host_name}/{run}: {e}") from None
+
+
+def is_run_name(name: str) -> bool:
+    try:
+        protocol.validate_run_name(name)
+        return True
+    except protocol.ProtocolError:
+        return False
 
 
 def remote_run_dir(workdir: str, run: str) -> str:
@@ -79,8 +90,8 @@ def local_registry() -> list[tuple[str, str]]:
     root = local_runs_root()
     if not root.is_dir():
         return []
-    return sorted((h.name, r.name) for h in root.iterdir() if h.is_dir() and not h.name.startswith(".")
-                  for r in h.iterdir() if r.is_dir() and not r.name.startswith("."))
+    return sorted((h.name, r.name) for h in root.iterdir() if h.is_dir()
+                  for r in h.iterdir() if r.is_dir() and is_run_name(r.name) and is_run_name(h.name))
 
 
 # -- remote probes ------------------------------------------------------------------------------------------
@@ -106,7 +117,7 @@ def parse_probe(text: str, host: str) -> list[RunState]:
         else:
             body.append(line)
     flush()
-    return out
+    return [s for s in out if is_run_name(s.name)]  # a directory reval did not make is not a run
 
 
 def _probe_sh(run_expr: str) -> str:

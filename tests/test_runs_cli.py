@@ -144,6 +144,15 @@ def test_not_found_hostile_and_ambiguous_names(here, capsys):
         rc, _, err = reval(capsys, "status", f"local/{bad}")
         assert rc == 3
     assert not (here / ".reval").exists() and not list(here.rglob("PWN"))
+    rc, _, _ = reval(capsys, "run", "local", "--payload", "dummy", "--name", "fine", *FAST)
+    assert rc == 0
+    # a directory on the server that reval did not make (a hostile name) is not a run: ls/pull skip it
+    (here / ".reval/local/runs/x;$(touch PWN) ..").mkdir()
+    rc, out, _ = reval(capsys, "ls", "local")
+    assert rc == 0 and "fine" in out and "PWN" not in out
+    rc, out, _ = reval(capsys, "pull", "--all")
+    assert rc == 0 and "pulled  local/fine" in out and "PWN" not in out
+    assert sorted(p.name for p in (here / "runs/local").iterdir()) == ["fine"] and not list(here.rglob("PWN"))
     (here / "hosts.yaml").write_text("hosts:\n  a: {local: true, workdir: wa, python: current, venv: {mode: python}}\n"
                                      "  b: {local: true, workdir: wb, python: current, venv: {mode: python}}\n")
     for h in ("a", "b"):

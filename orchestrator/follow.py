@@ -17,6 +17,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from rich.markup import escape
+
 from remote_payload import protocol
 
 from .errors import HostKeyError, HostUnreachable, RevalError, RunNotFound
@@ -105,16 +107,18 @@ class PlainSink:
 
 
 class RichSink(PlainSink):
-    """TTY output: a progress bar from events.jsonl (stage, i/n), the log lines printed above it."""
+    """TTY output: a progress bar from events.jsonl, the log lines printed above it. The label is the
+    payload's current step (`[3/5] Loading cached hidden states`, from events with step/steps), else the
+    stage; the bar is i/n of the latest event that has them."""
 
     def __init__(self, console):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.console = console
-        self.progress = Progress(TextColumn("[bold]{task.fields[stage]}"), TextColumn("{task.description}"),
-                                 BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 console=console, transient=True)
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, transient=True)
         self.task = None
+        self.label = ""
         self.progress.start()
 
     def line(self, text: str) -> None:
@@ -122,18 +126,23 @@ class RichSink(PlainSink):
         self.progress.console.print(Text(text), highlight=False)
 
     def event(self, ev: dict) -> None:
+        fields = {}
+        if "step" in ev and "steps" in ev and ev.get("message") and "i" not in ev:
+            self.label = f"[{ev['step']}/{ev['steps']}] {ev['message']}"
+            fields = {"completed": 0, "total": None}  # a new step: indeterminate until it counts
         n, i = ev.get("n"), ev.get("i")
-        if not isinstance(n, int) or not isinstance(i, int):
+        if isinstance(n, int) and isinstance(i, int):
+            fields = {"completed": i, "total": max(n, 1)}
+        if not fields:
             return
-        fields = {"completed": i, "total": max(n, 1), "description": str(ev.get("message", ""))[:60],
-                  "stage": str(ev.get("stage", ""))}
+        fields["description"] = escape(self.label or str(ev.get("stage", "")))
         if self.task is None:
             self.task = self.progress.add_task(**fields)
         else:
             self.progress.update(self.task, **fields)
 
     def note(self, text: str) -> None:
-        self.progress.console.print(f"[dim]{text}[/dim]")
+        self.progress.console.print(f"[dim]{escape(text)}[/dim]")
 
     def close(self) -> None:
         self.progress.stop()

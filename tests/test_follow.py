@@ -162,13 +162,14 @@ def test_rich_sink_renders_bar_and_lines_on_a_fixed_width_terminal():
     from orchestrator.follow import RichSink
     buf = io.StringIO()
     sink = RichSink(Console(file=buf, force_terminal=True, width=100, color_system=None))
-    sink.event({"stage": "eval", "i": 3, "n": 10, "message": "prompt3"})
-    sink.line("      [3/10] prompt3: 503 tokens [not markup]")
+    sink.event({"stage": "load_cache", "step": 3, "steps": 5, "message": "Loading cached hidden states"})
+    sink.event({"stage": "load_cache", "step": 3, "steps": 5, "i": 6, "n": 10})
+    sink.line("      [6/10] fizzbuzz: 536 tokens [not markup]")
     sink.progress.refresh()
     sink.close()
     text = buf.getvalue()
-    assert "[3/10] prompt3: 503 tokens [not markup]" in text  # printed verbatim, not as rich markup
-    assert "eval" in text and "3/10" in text and "prompt3" in text
+    assert "[6/10] fizzbuzz: 536 tokens [not markup]" in text  # printed verbatim, not as rich markup
+    assert "[3/5] Loading cached hidden states" in text and "6/10" in text
 
 
 @pytest.mark.ssh

@@ -19,18 +19,20 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 import re
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import Tensor
 
 from remote_payload.config import DrafterConfig
 from remote_payload.drafter import DFlashDrafter, TargetHead
 from remote_payload.errors import CheckpointError, ConfigError, FeatureMismatchError
+from remote_payload.safetensors_io import NOTHING_DONE, read_header, read_tensors
 
 INDEX_JSON = "model.safetensors.index.json"
 SINGLE_SAFETENSORS = "model.safetensors"
@@ -40,7 +42,7 @@ EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.we
               "language_model.model.embed_tokens.weight")
 LM_HEAD_KEYS = ("lm_head.weight", "model.language_model.lm_head.weight", "language_model.lm_head.weight")
 STATS_KEYS = ("fc.weight", "hidden_norm.weight", "norm.weight")
-NOTHING_DONE = "Nothing was evaluated."
+HASH_CHUNK_BYTES = 64 << 20
 
 
 @dataclass
@@ -49,7 +51,7 @@ class DrafterInfo:
     layout: str  # "zlab" | "pt"
     name: str
     step: int | None
-    content_hash: str  # "sha256:<hex>" over the weight files, in name order
+    content_hash: str  # "sha256-64MiB-tree:<hex>" over the weight files (see `sha256_files`)
     num_parameters: int
     weight_stats: dict  # key -> {"mean", "std"} for fc / hidden_norm / norm
     config_source: str
@@ -85,36 +87,55 @@ def _read_json(path: Path, what: str) -> dict:
         raise ConfigError(f"cannot read {what} {path}: {e}") from e
 
 
-def _device_str(device) -> str:
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return str(dev)
+def sha256_files(paths: list[Path], *, chunk_bytes: int = HASH_CHUNK_BYTES, threads: int | None = None) -> str:
+    """Content hash `sha256-<C>MiB-tree:<hex>` (C = chunk_bytes in MiB, 64 by default) of weight files.
 
+    Each file is cut into C MiB chunks (the last one shorter, none for an empty file) and every chunk is
+    sha256'd on its own, in a thread pool (hashlib releases the GIL; os.preadv keeps threads off a shared file
+    position). <hex> = sha256 over, per file in name order: the name (UTF-8), NUL, the size in decimal ASCII,
+    NUL, then the raw 32-byte digests of its chunks in order. The value does not depend on `threads`; it is
+    not `sha256sum` of anything (the orchestrator's checkpoint hash is a different scheme).
+    """
+    if chunk_bytes <= 0 or chunk_bytes % (1 << 20):
+        raise ValueError(f"chunk_bytes must be a positive multiple of 1 MiB, got {chunk_bytes}")
+    files = sorted((Path(p) for p in paths), key=lambda p: p.name)
+    local = threading.local()
 
-def _open_safetensors(path: Path, device):
+    def chunk_digest(job: tuple[Path, int, int, int]) -> bytes:
+        path, fd, offset, n = job
+        if getattr(local, "buf", None) is None:
+            local.buf = memoryview(bytearray(chunk_bytes))  # one per thread, reused: no 64 MiB allocation a chunk
+        pos = 0
+        while pos < n:
+            got = os.preadv(fd, [local.buf[pos:n]], offset + pos)
+            if got == 0:
+                raise CheckpointError(f"{path} shrank while it was being hashed; re-copy it. {NOTHING_DONE}")
+            pos += got
+        return hashlib.sha256(local.buf[:n]).digest()
+
+    fds: list[int] = []
     try:
-        return safe_open(str(path), framework="pt", device=_device_str(device))
-    except FileNotFoundError as e:
-        raise CheckpointError(f"weight file {path} does not exist. {NOTHING_DONE}") from e
-    except Exception as e:  # SafetensorsError for truncated/corrupt headers
-        raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {e}. "
-                              f"Re-copy the file. {NOTHING_DONE}") from e
-
-
-def sha256_files(paths: list[Path], chunk_bytes: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    buf = memoryview(bytearray(chunk_bytes))
-    for p in sorted(paths, key=lambda p: p.name):
-        with open(p, "rb", buffering=0) as f:
-            while n := f.readinto(buf):
-                h.update(buf[:n])
-    return "sha256:" + h.hexdigest()
+        jobs, sizes = [], []
+        for p in files:
+            fds.append(os.open(p, os.O_RDONLY))
+            sizes.append(os.fstat(fds[-1]).st_size)
+            jobs += [(p, fds[-1], off, min(chunk_bytes, sizes[-1] - off)) for off in range(0, sizes[-1], chunk_bytes)]
+        with ThreadPoolExecutor(max_workers=threads or min(8, os.cpu_count() or 1),
+                                thread_name_prefix="reval-hash") as ex:
+            digests = iter(ex.map(chunk_digest, jobs))
+            h = hashlib.sha256()
+            for p, size in zip(files, sizes):
+                h.update(p.name.encode() + b"\0" + str(size).encode() + b"\0")
+                for _ in range(0, size, chunk_bytes):
+                    h.update(next(digests))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return f"sha256-{chunk_bytes >> 20}MiB-tree:{h.hexdigest()}"
 
 
 def hash_in_background(paths: list[Path]) -> Future:
-    """The content hash reads every byte once more; hashlib releases the GIL on large buffers, so it runs
-    beside the load (which is copy-bound) instead of after it."""
+    """The content hash reads every byte once more; it runs beside the load instead of after it."""
     ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-hash")
     fut = ex.submit(sha256_files, list(paths))
     ex.shutdown(wait=False)
@@ -229,29 +250,26 @@ def _load_zlab(p: Path, cfg_path: Path, device, dtype) -> tuple[DFlashDrafter, D
         present = ", ".join(sorted(x.name for x in folder.iterdir())[:8]) or "nothing"
         raise CheckpointError(f"drafter folder {folder} has neither {INDEX_JSON} nor {SINGLE_SAFETENSORS} "
                               f"(it holds: {present})")
-    handles = {f: _open_safetensors(f, device) for f in files}
+    headers = {f: read_header(f) for f in files}
     content_hash = hash_in_background(files)
     found: dict[str, tuple] = {}
     owner: dict[str, Path] = {}
-    for f, h in handles.items():
-        for k in h.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
+    for f, h in headers.items():
+        for k, entry in h.tensors.items():
             if key_file is not None and key_file.get(k) != f:
                 continue  # a key the index places elsewhere (or not at all) is not read from this shard
-            found[k] = tuple(h.get_slice(k).get_shape())
+            found[k] = entry.shape
             owner[k] = f
     if key_file is not None:
         for k, f in key_file.items():
             if k not in found:
                 raise CheckpointError(f"{folder / INDEX_JSON} maps {k!r} to {f.name}, which has no such key. "
-                                      f"Closest: {_closest(k, handles[f].keys())}. {NOTHING_DONE}")
+                                      f"Closest: {_closest(k, headers[f].tensors)}. {NOTHING_DONE}")
     source = str(files[0]) if len(files) == 1 else f"{folder / INDEX_JSON} (+{len(files)} shards)"
     _check_keys(_expected_shapes(cfg), found, source, cfg, str(cfg_path))
     sd = {}
-    for k, f in owner.items():
-        try:
-            sd[k] = handles[f].get_tensor(k).to(dtype)  # safe_open already placed it on `device`
-        except Exception as e:
-            raise CheckpointError(f"{f}: cannot read {k!r} ({e}); the file is corrupt. {NOTHING_DONE}") from e
+    for f, h in headers.items():
+        sd.update(read_tensors(h, [k for k, o in owner.items() if o == f], device=device, dtype=dtype))
     model = _build(cfg, sd)
     info = DrafterInfo(
         path=str(p), layout="zlab", name=p.stem if p.is_file() and p.stem != "model" else folder.name,
@@ -327,7 +345,7 @@ def _tie_flag(target_dir: Path) -> bool:
 
 def load_target_head(target_dir, *, vocab_size: int, hidden_size: int, device="cpu",
                      dtype=torch.float32) -> tuple[TargetHead, HeadInfo]:
-    """Borrow embed_tokens and lm_head from the target's safetensors (only those two tensors, memory-mapped)."""
+    """Borrow embed_tokens and lm_head from the target's safetensors (only those two tensors are read)."""
     d = Path(target_dir)
     if (d / INDEX_JSON).exists():
         source = d / INDEX_JSON
@@ -336,8 +354,7 @@ def load_target_head(target_dir, *, vocab_size: int, hidden_size: int, device="c
             raise CheckpointError(f"{source} has no 'weight_map'. {NOTHING_DONE}")
     elif (d / SINGLE_SAFETENSORS).exists():
         source = d / SINGLE_SAFETENSORS
-        with _open_safetensors(source, "cpu") as h:
-            weight_map = dict.fromkeys(h.keys(), SINGLE_SAFETENSORS)
+        weight_map = dict.fromkeys(read_header(source).tensors, SINGLE_SAFETENSORS)
     else:
         raise CheckpointError(f"target {d} has neither {INDEX_JSON} nor {SINGLE_SAFETENSORS}: pass the target "
                               f"model's folder (its embed_tokens and lm_head are needed)")
@@ -355,16 +372,15 @@ def load_target_head(target_dir, *, vocab_size: int, hidden_size: int, device="c
 
     def load(key: str) -> Tensor:
         f = d / weight_map[key]
-        with _open_safetensors(f, device) as h:
-            if key not in set(h.keys()):
-                raise CheckpointError(f"{source} maps {key!r} to {f.name}, which has no such key. "
-                                      f"Closest: {_closest(key, h.keys())}. {NOTHING_DONE}")
-            t = h.get_tensor(key).to(dtype)
-        if tuple(t.shape) != (vocab_size, hidden_size):
-            raise CheckpointError(f"target {key!r} in {f} is {list(t.shape)} but the drafter needs "
+        h = read_header(f)
+        if key not in h.tensors:
+            raise CheckpointError(f"{source} maps {key!r} to {f.name}, which has no such key. "
+                                  f"Closest: {_closest(key, h.tensors)}. {NOTHING_DONE}")
+        if h.tensors[key].shape != (vocab_size, hidden_size):
+            raise CheckpointError(f"target {key!r} in {f} is {list(h.tensors[key].shape)} but the drafter needs "
                                   f"[{vocab_size}, {hidden_size}] (vocab_size, hidden_size): is this the drafter's "
                                   f"target model? {NOTHING_DONE}")
-        return t
+        return read_tensors(h, [key], device=device, dtype=dtype)[key]  # [vocab_size, hidden_size]
 
     embed = load(embed_key)
     lm_head = embed if tied else load(lm_key)

@@ -51,7 +51,7 @@ def test_zlab_folder_loads(tmp_path, drafter, shards):
     assert len(info.weight_files) == shards
     assert info.num_parameters == sum(p.numel() for p in model.parameters())
     assert info.weight_stats["norm.weight"]["mean"] == pytest.approx(float(model.norm.weight.detach().mean()), abs=1e-5)
-    assert info.content_hash.startswith("sha256:") and len(info.content_hash) == 7 + 64
+    assert info.content_hash.startswith("sha256-64MiB-tree:") and len(info.content_hash) == 18 + 64
 
 
 @pytest.mark.parametrize("wrap,prefix,config_inside", [("model", "module.", True), ("state_dict", "drafter.", True),

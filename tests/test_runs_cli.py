@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -174,24 +173,52 @@ def test_unknown_options_and_missing_paths_are_bad_input(here, capsys):
     assert not (here / ".reval" / "local" / "runs").exists() or not list((here / ".reval/local/runs").iterdir())
 
 
+@pytest.fixture(scope="module")
+def random_eval_inputs(tmp_path_factory):
+    """A tiny random-init Qwen3 target, a 2-prompt cache extracted from it, a random z-lab drafter: the real
+    eval's inputs in seconds (numbers meaningless, every code path real)."""
+    import random
+
+    import torch
+
+    from remote_payload import fixtures
+    from remote_payload.__main__ import main as payload_main
+    from tests.tiny_models import random_drafter, tiny_drafter_config, write_zlab_drafter
+    d = tmp_path_factory.mktemp("eval-inputs")
+    tok = fixtures.train_tokenizer(random.Random(0))
+    torch.manual_seed(0)
+    r = fixtures.Recipe()
+    fixtures.save_target(fixtures.make_target(r, tok.get_vocab_size(), tok.token_to_id("<|eos|>"),
+                                              tok.token_to_id("<|pad|>")), tok, d / "target")
+    (d / "prompts.jsonl").write_text("".join(json.dumps({"name": n, "prompt": p}) + "\n"
+                                             for n, p in fixtures.PROMPTS[:2]))
+    assert payload_main(["extract", "--target", str(d / "target"), "--prompts", str(d / "prompts.jsonl"),
+                         "--out", str(d / "cache"), "--max-new-tokens", "40", "--layers", "1,3",
+                         "--device", "cpu"]) == 0
+    cfg = tiny_drafter_config(hidden_size=r.hidden_size, vocab_size=tok.get_vocab_size(),
+                              num_target_layers=r.target_layers, mask_token_id=tok.token_to_id("<|mask|>"),
+                              target_layer_ids=[1, 3])
+    write_zlab_drafter(d / "drafter", cfg, random_drafter(cfg).state_dict())
+    return d
+
+
 @pytest.mark.slow
-def test_real_eval_through_the_same_path(here, capsys, request):
+def test_real_eval_through_the_same_path(here, capsys, random_eval_inputs):
     """`python -m remote_payload eval` (the real payload) through run -> launch -> follow -> pull."""
-    try:
-        fx = request.getfixturevalue("trained_fixtures")
-    except pytest.FixtureLookupError:
-        pytest.skip("needs the data engineer's `trained_fixtures` fixture (tests/conftest.py), not there yet")
-    root = Path(getattr(fx, "root", fx))
-    rc, out, err = reval(capsys, "run", "local", "--drafter", str(root / "drafter-good"), "--target",
-                         str(root / "target"), "--cache", str(root / "cache"), "--num-prompts", "2",
-                         "--max-blocks", "3", "--name", "real", "--", "--device", "cpu", "--dtype", "fp32")
+    d = random_eval_inputs
+    rc, out, err = reval(capsys, "run", "local", "--drafter", str(d / "drafter"), "--target", str(d / "target"),
+                         "--cache", str(d / "cache"), "--num-prompts", "2", "--max-blocks", "3", "--name", "real",
+                         "--", "--device", "cpu", "--dtype", "fp32")
     assert rc == 0, err + out
     assert "done    real succeeded" in out and "tau " in out and "position-1 accuracy" in out
-    res = json.loads((here / "runs/local/real/results.json").read_text())
-    assert res["schema"] == protocol.RESULTS_SCHEMA and res["metrics"]["num_prompts"] == 2
-    assert 1.0 <= res["metrics"]["tau"] <= 16.0
-    assert protocol.read_events(here / "runs/local/real/events.jsonl")  # progress came through events.jsonl
-    assert protocol.read_json(here / "runs/local/real/status.json")["state"] == "succeeded"
+    assert "[2/2]" in out  # the payload's own progress lines came through the live follow
+    pulled = here / "runs/local/real"
+    res = json.loads((pulled / "results.json").read_text())
+    assert res["schema"] == protocol.RESULTS_SCHEMA and res["run"] == "real"
+    assert res["metrics"]["num_prompts"] == 2 and 1.0 <= res["metrics"]["tau"] <= 16.0
+    assert any(e.get("stage") == "done" for e in protocol.read_events(pulled / "events.jsonl"))
+    assert protocol.read_json(pulled / "status.json")["state"] == "succeeded"
+    assert (pulled / "eval.log").read_bytes() == (here / ".reval/local/runs/real/eval.log").read_bytes()
 
 
 @pytest.mark.ssh

@@ -46,11 +46,11 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_run)
 
 
-def payload_argv(args) -> list[str]:
+def payload_argv(args, name: str) -> list[str]:
     """`python -m remote_payload ...` arguments, without --run-dir (the launcher adds it) (pure)."""
     if args.payload == "dummy":
         return ["dummy", *args.extra]
-    argv = ["eval", "--drafter", args.drafter, "--target", args.target, "--cache", args.cache]
+    argv = ["eval", "--drafter", args.drafter, "--target", args.target, "--cache", args.cache, "--name", name]
     if args.num_prompts is not None:
         argv += ["--num-prompts", str(args.num_prompts)]
     if args.max_blocks is not None:
@@ -100,11 +100,11 @@ def cmd_run(args) -> int:
     changed = (f"{synced.files_changed} of {synced.files_total} files changed ({synced.bytes / 1024:.0f} KB)"
                if synced.files_changed or synced.files_deleted else "unchanged")
     out(f"sync    payload: {changed} · venv: {'reused' if env.reused else 'built'} ({env.key})")
-    run_json = {"argv": sys.argv[1:], "payload_argv": payload_argv(args), "drafter": args.drafter,
+    run_json = {"argv": sys.argv[1:], "payload_argv": payload_argv(args, name), "drafter": args.drafter,
                 "target": args.target, "cache": args.cache, "payload_hash": synced.manifest_hash,
                 "venv_key": env.key, "gpus_requested": gpus, "created_at": protocol.now_iso(),
                 "controller_version": __version__}
-    info = launch(host, t, name=name, payload_argv=payload_argv(args), gpus=gpus, run_json=run_json,
+    info = launch(host, t, name=name, payload_argv=payload_argv(args, name), gpus=gpus, run_json=run_json,
                   python=env.python)
     out(f"launch  {describe(info, gpus)}")
     if args.detach:

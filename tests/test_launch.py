@@ -180,6 +180,29 @@ def test_launch_two_runs_get_distinct_gpus_and_cuda_visible_devices(tmp_path):
                 kill_run(t, n, grace_s=2)
 
 
+def test_concurrent_launches_for_one_free_gpu_exactly_one_wins(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    fake_nvidia_smi(tmp_path / "bin", [(0, 5, 97871, 0), (1, 60000, 97871, 99)])
+    host, t, _ = synced_local(tmp_path / "work", env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
+
+    def one(i):
+        try:
+            return launch(host, t, name=f"race{i}", payload_argv=["dummy", "--lines", "400", "--interval-s", "0.05"],
+                          gpus="auto", run_json={}, python=sys.executable)
+        except ConfigError as e:
+            return e
+    with ThreadPoolExecutor(4) as ex:
+        results = list(ex.map(one, range(4)))
+    won = [r for r in results if not isinstance(r, ConfigError)]
+    try:
+        assert len(won) == 1 and won[0].gpus == [0]
+        assert all("no free GPU" in str(r) for r in results if isinstance(r, ConfigError))
+        assert os.listdir(tmp_path / "work" / "runs") == [won[0].name]  # the losers left nothing behind
+    finally:
+        for w in won:
+            kill_run(t, w.name, grace_s=2)
+
+
 def test_launch_refuses_used_and_invalid_names(tmp_path):
     host, t, _ = synced_local(tmp_path / "work")
     launch(host, t, name="same", payload_argv=DUMMY, gpus="none", run_json={}, python=sys.executable)

@@ -69,6 +69,10 @@ def test_crashing_payload_fails_with_log_tail_and_nothing_marked_success(here, c
     assert not (pulled / "results.json").exists() and "done" not in out
     rc, out, _ = reval(capsys, "status", "local/boom")
     assert "failed" in out and "exit 1" in out
+    # the payload's "bad input" (exit 3: a missing key, a wrong path) is reval's bad input too
+    rc, _, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "badin", "--", "--lines", "1",
+                       "--interval-s", "0", "--exit-code", "3")
+    assert rc == 3 and "failed  badin on local (exit 3)" in err
 
 
 def test_detach_kill_group_gone_then_logs_f_cancelled(here, capsys):

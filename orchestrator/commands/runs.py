@@ -13,6 +13,7 @@ from pathlib import Path
 from remote_payload import protocol
 
 from ..errors import (
+    EXIT_BAD_INPUT,
     EXIT_CANCELLED,
     EXIT_EVAL_FAILED,
     EXIT_OK,
@@ -114,7 +115,8 @@ def report_final(host: str, name: str, state: str, status: dict, pulled: Path) -
         err("        last lines of eval.log:")
         for line in lines:
             err(f"        | {line}")
-    return EXIT_EVAL_FAILED
+    # The payload's exit 3 means bad input (a missing key, a shape mismatch, a bad path): so is ours.
+    return EXIT_BAD_INPUT if status.get("exit_code") == protocol.EXIT_BAD_INPUT else EXIT_EVAL_FAILED
 
 
 def finish_run(t: Transport, name: str, *, python: str, log_offset: int, sink, give_up_s: float = 120.0,

@@ -32,6 +32,7 @@ class RunState:
     state: str                 # running | succeeded | failed | cancelled | lost
     status: dict = field(default_factory=dict)
     alive: bool = False
+    last_event: dict = field(default_factory=dict)  # the last line of events.jsonl
 
     @property
     def terminal(self) -> bool:
@@ -97,7 +98,7 @@ def local_registry() -> list[tuple[str, str]]:
 # -- remote probes ------------------------------------------------------------------------------------------
 def parse_probe(text: str, host: str) -> list[RunState]:
     """Parse `@@RUN name` / `@@ALIVE 0|1` / status.json blocks (pure)."""
-    out, name, alive, body = [], None, False, []
+    out, name, alive, body, event = [], None, False, [], {}
 
     def flush():
         if name is None:
@@ -106,14 +107,19 @@ def parse_probe(text: str, host: str) -> list[RunState]:
             st = json.loads("\n".join(body)) if "".join(body).strip() else {}
         except ValueError:
             st = {}
-        out.append(RunState(host, name, verdict(st, alive) if st else "unknown", st, alive))
+        out.append(RunState(host, name, verdict(st, alive) if st else "unknown", st, alive, event))
 
     for line in text.splitlines():
         if line.startswith("@@RUN "):
             flush()
-            name, alive, body = line[6:], False, []
+            name, alive, body, event = line[6:], False, [], {}
         elif line.startswith("@@ALIVE "):
             alive = line.strip().endswith("1")
+        elif line.startswith("@@EVENT"):
+            try:
+                event = json.loads(line[7:]) if line[7:].strip() else {}
+            except ValueError:
+                event = {}  # a line still being written
         else:
             body.append(line)
     flush()
@@ -124,6 +130,7 @@ def _probe_sh(run_expr: str) -> str:
     """Shell printing one probe block for run directory `$d` named `$n`."""
     return (f'{run_expr}; echo "@@RUN $n"; pg=$(pgid_of "$d/status.json"); '
             'if [ -n "$pg" ] && alive "$pg"; then echo "@@ALIVE 1"; else echo "@@ALIVE 0"; fi; '
+            'echo "@@EVENT $(tail -n 1 "$d/events.jsonl" 2>/dev/null)"; '
             'cat "$d/status.json" 2>/dev/null; echo\n')
 
 
@@ -211,6 +218,18 @@ def resolve_run(inventory, ref: str, host_opt: str | None = None, *, search_host
         raise ConfigError(f"run name {name!r} exists on several hosts: {', '.join(candidates)}",
                           hint=f"say which: {candidates[0]}/{name} (or --host {candidates[0]})")
     return inventory.get(candidates[0]), name
+
+
+def progress_text(event: dict) -> str:
+    """`[3/5] eval 6/10` from an events.jsonl entry (pure)."""
+    parts = []
+    if "step" in event and "steps" in event:
+        parts.append(f"[{event['step']}/{event['steps']}]")
+    if event.get("stage"):
+        parts.append(str(event["stage"]))
+    if isinstance(event.get("i"), int) and isinstance(event.get("n"), int):
+        parts.append(f"{event['i']}/{event['n']}")
+    return " ".join(parts)
 
 
 def result_summary(results: dict) -> str:

@@ -195,3 +195,16 @@ def test_follow_gives_up_with_exit_4_and_the_reattach_command(ssh_hosts, tmp_pat
                  log_offset=load_follow_state("ssh1", "gone")["log_offset"])
     assert res.state == "succeeded"
     assert rec.lines + rest.lines == (c.hosts[0].workdir / "runs/gone/eval.log").read_text().splitlines()
+
+
+def test_parse_probe_blocks_and_progress_text():
+    from orchestrator.runs import parse_probe, progress_text
+    text = ('@@RUN a\n@@ALIVE 1\n@@EVENT {"stage": "eval", "step": 5, "steps": 5, "i": 6, "n": 10}\n'
+            '{"state": "running", "pgid": 7}\n\n'
+            '@@RUN b\n@@ALIVE 0\n@@EVENT {"stage": "ev\n{"state": "running", "pgid": 8}\n\n'
+            '@@RUN c\n@@ALIVE 0\n@@EVENT \n{"state": "failed", "exit_code": 2}\n\n'
+            '@@RUN bad;name\n@@ALIVE 0\n@@EVENT \n{"state": "succeeded"}\n')
+    a, b, c = parse_probe(text, "h")
+    assert (a.name, a.state, a.alive) == ("a", "running", True) and progress_text(a.last_event) == "[5/5] eval 6/10"
+    assert (b.state, b.last_event) == ("lost", {})  # running, group gone; a half-written event is skipped
+    assert (c.state, c.status["exit_code"]) == ("failed", 2)

@@ -31,6 +31,7 @@ from ..runs import (
     list_runs,
     load_follow_state,
     local_registry,
+    progress_text,
     remote_run_dir,
     resolve_run,
     result_summary,
@@ -196,15 +197,16 @@ def states_table(states: list[RunState], unreachable: dict[str, str]):
     """A rich Table of runs (pure)."""
     from rich.table import Table
     table = Table(box=None, pad_edge=False)
-    for col in ("host", "run", "state", "started", "took", "exit", "gpus"):
+    for col in ("host", "run", "state", "started", "took", "exit", "gpus", "progress"):
         table.add_column(col)
     for s in states:
         st = s.status
         table.add_row(s.host, s.name, s.state, st.get("started_at", ""),
                       duration_text(st) if st.get("finished_at") else "", str(st.get("exit_code", "")),
-                      ",".join(map(str, st.get("gpus", []))) or (st.get("device") or ""))
+                      ",".join(map(str, st.get("gpus", []))) or (st.get("device") or ""),
+                      progress_text(s.last_event) if s.state == protocol.RUNNING else "")
     for h, why in unreachable.items():
-        table.add_row(h, "", "unreachable", why, "", "", "")
+        table.add_row(h, "", "unreachable", why, "", "", "", "")
     return table
 
 
@@ -236,6 +238,8 @@ def cmd_status(args) -> int:
         extra = f" · exit {st['exit_code']}" if "exit_code" in st else ""
         extra += f" · {st['error']}" if st.get("error") else ""
         took = f" · {duration_text(st)}" if st.get("finished_at") else f" · since {st.get('started_at')}"
+        if s.state == protocol.RUNNING and s.last_event:
+            took += f" · {progress_text(s.last_event)}"
         out(f"{name} on {host.name}: {s.state}{took}{extra}")
         return EXIT_OK
     known = local_registry()

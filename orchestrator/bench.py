@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="reval-bench-") as root:
         ctx = BenchContext(Path(root), repeat=args.repeat)
         try:
-            for bench in BENCHES:
+            from .bench_run import RUN_BENCHES  # the run path's rows (launch/follow); imports this module
+            for bench in [*BENCHES, *RUN_BENCHES]:
                 if not args.k or args.k in bench.__name__:
                     rows += bench(ctx)
         finally:

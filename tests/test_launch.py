@@ -262,3 +262,19 @@ def test_launch_and_kill_over_ssh(ssh_hosts, tmp_path):
     assert s.state == "cancelled" and group_members(info.pgid) == []
     assert protocol.read_json(run_dir / "status.json")["state"] == "cancelled"
     assert resolve_workdir(t) == str(c.hosts[0].workdir)
+
+
+def test_import_boundaries_of_the_run_path():
+    """wrap/dummy/stream run where only a bare python is: stdlib + remote_payload only. The controller side of
+    the run path never loads torch."""
+    code = ("import sys; import remote_payload.wrapper, remote_payload.dummy, remote_payload.stream\n"
+            "bad = sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)"
+            " - {'remote_payload', '__main__', '_virtualenv', '__editable___reval_0_1_0_finder'})\n"
+            "print(','.join(bad))")
+    p = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True,
+                       cwd=os.path.dirname(os.path.dirname(wrapper.__file__)))
+    assert p.stdout.strip() == ""
+    code = ("import sys; import orchestrator.commands.run, orchestrator.commands.runs, orchestrator.bench_run\n"
+            "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert p.stdout.split() == ["False", "False"]

@@ -1,0 +1,200 @@
+"""The eval job (`python -m remote_payload eval`) end to end on real files: tiny random models for the
+plumbing and every bad input; the trained fixtures for the seeds' scenario (real signal when loaded
+right, a collapse flagged SUSPECT when the embeddings are not)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from remote_payload import protocol
+from remote_payload.__main__ import main as payload_main
+from remote_payload.cache import CacheWriter
+from remote_payload.metrics import DEFINITIONS
+from remote_payload.target import tapped_features
+from tests.tiny_models import (random_drafter, tiny_drafter_config, write_pt_drafter, write_tiny_target,
+                               write_zlab_drafter)
+
+LAYERS = [1, 3, 4]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    """A tiny random Qwen3 target (sharded + index), a 3-prompt cache of its real hidden states, a random
+    z-lab drafter tapping all 3 cached layers and a .pt drafter whose fc takes the first 2."""
+    from transformers import Qwen3ForCausalLM
+    d = tmp_path_factory.mktemp("eval")
+    cfg = tiny_drafter_config(target_layer_ids=LAYERS)
+    write_tiny_target(d / "target", vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size)
+    model = Qwen3ForCausalLM.from_pretrained(d / "target")
+    g = torch.Generator().manual_seed(0)
+    with CacheWriter(d / "cache", layer_ids=LAYERS, hidden_size=cfg.hidden_size) as w:
+        for i, T in enumerate((40, 57, 71)):
+            ids = torch.randint(0, cfg.vocab_size - 1, (T,), generator=g)
+            w.add(f"prompt-{i}", 9 + i, ids, tapped_features(model, ids, LAYERS))
+    write_zlab_drafter(d / "drafter", cfg, random_drafter(cfg).state_dict())
+    pt_cfg = tiny_drafter_config(target_layer_ids=LAYERS)
+    pt_cfg.fc_layer_ids = LAYERS[:2]
+    write_pt_drafter(d / "pt" / "step-0007.pt", pt_cfg, random_drafter(pt_cfg, seed=3).state_dict(), wrap="model",
+                     step=7)
+    return d
+
+
+def run_eval(tmp_path, drafter, target, cache, *extra, name="r") -> tuple[int, Path]:
+    run_dir = tmp_path / "runs" / name
+    rc = payload_main(["eval", "--drafter", str(drafter), "--target", str(target), "--cache", str(cache),
+                       "--run-dir", str(run_dir), "--name", name, "--device", "cpu", *extra])
+    return rc, run_dir
+
+
+def test_results_are_complete_consistent_and_defined(inputs, tmp_path, capsys):
+    rc, run_dir = run_eval(tmp_path, inputs / "drafter", inputs / "target", inputs / "cache", "--max-blocks", "4")
+    out = capsys.readouterr().out
+    assert rc == 0
+    for line in ("[1/5] Loading tokenizer", "[3/5] Loading cached hidden states", "[3/3] prompt-2: 71 tokens aux_mean=",
+                 "first block, drafted:", "Summary: r"):
+        assert line in out
+    res = json.loads((run_dir / "results.json").read_text())
+    m = res["metrics"]
+    assert res["schema"] == protocol.RESULTS_SCHEMA and res["comparability"]["max_blocks"] == 4
+    assert set(m) <= set(DEFINITIONS) and set(res["definitions"]) >= set(m)
+    assert m["num_prompts"] == 3 and sum(m["acceptance_histogram"]) == m["num_rounds"]
+    for p in res["per_prompt"]:  # the walk never runs past the sequence nor max_blocks
+        assert len(p["acceptance_lengths"]) <= 4
+        assert p["prompt_len"] + sum(p["acceptance_lengths"]) <= p["seq_len"] + 15
+    assert m["tau"] == pytest.approx(sum(p["tau"] for p in res["per_prompt"]) / 3)
+    assert m["streak"] == pytest.approx(m["tau"] - 1)
+    assert set(m["ddtree_tau"]) == {"16", "32", "64", "128", "256", "512"} and set(m["tree_width_tau"]) == {"4", "8"}
+    # a DDTree with more nodes never accepts less than a smaller one
+    taus = [m["ddtree_tau"][b] for b in ("16", "32", "64", "128", "256", "512")]
+    assert taus == sorted(taus) and m["tree_width_tau"]["8"] >= m["tree_width_tau"]["4"] >= m["tau"]
+    assert res["drafter"]["layout"] == "zlab" and res["drafter"]["content_hash"].startswith("sha256")
+    assert protocol.read_json(run_dir / "status.json")["state"] == "succeeded"  # standalone: the payload owns it
+    stages = {e.get("stage") for e in protocol.read_events(run_dir / "events.jsonl")}
+    assert {"load_cache", "load_drafter", "eval_prompt", "done"} <= stages
+
+
+def test_random_drafter_is_suspect_and_strict_fails(inputs, tmp_path, capsys):
+    rc, run_dir = run_eval(tmp_path, inputs / "drafter", inputs / "target", inputs / "cache", "--strict")
+    assert rc == protocol.EXIT_FAILED
+    assert "SUSPECT RESULT" in capsys.readouterr().out
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["health"]["suspect"] and any("position-1 accuracy" in r for r in res["health"]["reasons"])
+    assert protocol.read_json(run_dir / "status.json")["state"] == "failed"  # never marked succeeded
+
+
+def test_pt_layout_with_fc_on_a_subset_of_the_cached_layers(inputs, tmp_path):
+    rc, run_dir = run_eval(tmp_path, inputs / "pt" / "step-0007.pt", inputs / "target", inputs / "cache",
+                           "--max-blocks", "2", "--ddtree-budgets", "4,8")
+    assert rc == 0
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["drafter"]["layout"] == "pt" and res["drafter"]["step"] == 7
+    assert res["drafter"]["fc_layer_ids"] == LAYERS[:2] and set(res["metrics"]["ddtree_tau"]) == {"4", "8"}
+
+
+def _bad(tmp_path, capsys, *args) -> str:
+    rc, run_dir = run_eval(tmp_path, *args)
+    err = capsys.readouterr().err
+    assert rc == protocol.EXIT_BAD_INPUT, err
+    assert not (run_dir / "results.json").exists()
+    assert protocol.read_json(run_dir / "status.json")["state"] == "failed"
+    lines = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert len(lines) == 1, err  # one clear line, no traceback
+    return lines[0]
+
+
+def test_target_without_the_embedding_key_names_the_closest(inputs, tmp_path, capsys):
+    bad = tmp_path / "target"
+    shutil.copytree(inputs / "target", bad)
+    index = json.loads((bad / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k.replace("model.embed_tokens", "model.embed_tokenz"): v
+                           for k, v in index["weight_map"].items()}
+    (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+    line = _bad(tmp_path, capsys, inputs / "drafter", bad, inputs / "cache")
+    assert "model.embed_tokens.weight" in line and "Closest: 'model.embed_tokenz.weight'" in line
+
+
+def test_drafter_tapping_an_uncached_layer_names_dims_and_layers(inputs, tmp_path, capsys):
+    cfg = tiny_drafter_config(target_layer_ids=[1, 3, 5])
+    write_zlab_drafter(tmp_path / "d5", cfg, random_drafter(cfg).state_dict())
+    line = _bad(tmp_path, capsys, tmp_path / "d5", inputs / "target", inputs / "cache")
+    assert "96 input features" in line and "[1, 3, 5]" in line and "[1, 3, 4]" in line and "--layers" in line
+
+
+def test_missing_drafter_key_and_truncated_file(inputs, tmp_path, capsys):
+    d = tmp_path / "dk"
+    shutil.copytree(inputs / "drafter", d)
+    sd = load_file(d / "model.safetensors")
+    sd["layers.1.mlp.up_projj.weight"] = sd.pop("layers.1.mlp.up_proj.weight")
+    save_file(sd, d / "model.safetensors")
+    line = _bad(tmp_path, capsys, d, inputs / "target", inputs / "cache")
+    assert "'layers.1.mlp.up_proj.weight'" in line and "Closest:" in line
+    t = tmp_path / "dt"
+    shutil.copytree(inputs / "drafter", t)
+    data = (t / "model.safetensors").read_bytes()
+    (t / "model.safetensors").write_bytes(data[: len(data) // 2])
+    line = _bad(tmp_path, capsys, t, inputs / "target", inputs / "cache")
+    assert "model.safetensors" in line and "truncated" in line
+
+
+def test_nan_features_are_refused(inputs, tmp_path, capsys):
+    c = tmp_path / "cache"
+    shutil.copytree(inputs / "cache", c)
+    f = sorted(c.glob("*.safetensors"))[1]
+    t = load_file(f)
+    t["features"][5, 0, 0] = float("nan")
+    save_file(t, f)
+    line = _bad(tmp_path, capsys, inputs / "drafter", inputs / "target", c)
+    assert "NaN" in line and "prompt-1" in line
+
+
+# ----------------------------------------------------------------------------- the seeds' scenario
+
+@pytest.mark.slow
+def test_trained_drafter_has_real_signal_and_the_seeds_bug_is_caught(trained_fixtures, tmp_path, capsys):
+    fx = trained_fixtures
+    meta = json.loads((fx / "fixtures.json").read_text())
+    cache, target = fx / meta["paths"]["cache"], fx / meta["paths"]["target"]
+    good = fx / meta["paths"]["drafter_good"]
+
+    rc, run_dir = run_eval(tmp_path, good, target, cache, name="good")
+    assert rc == 0
+    res = json.loads((run_dir / "results.json").read_text())["metrics"]
+    vocab = meta["vocab_size"]
+    assert res["position_1_accuracy"] > 0.5 > 20 / vocab  # far above chance
+    assert res["tau"] > 2.0 and not json.loads((run_dir / "results.json").read_text())["health"]["suspect"]
+
+    # The multimodal key layout (model.language_model.*, top-level lm_head) loads the same weights.
+    rc, run_mm = run_eval(tmp_path, good, fx / meta["paths"]["target_mm"], cache, name="mm")
+    assert rc == 0
+    res_mm = json.loads((run_mm / "results.json").read_text())
+    assert res_mm["target"]["embed_key"] == "model.language_model.embed_tokens.weight"
+    assert res_mm["metrics"]["tau"] == pytest.approx(res["tau"])
+
+    # What the seeds' harness did: the embedding key was not found, silently skipped, the drafter ran with
+    # uninitialised embeddings. Simulate that state (random embeddings under the right key): the numbers
+    # collapse, and the run is flagged SUSPECT instead of reported as a result.
+    broken = tmp_path / "target-uninit"
+    shutil.copytree(target, broken)
+    index = json.loads((broken / "model.safetensors.index.json").read_text())
+    shard = broken / index["weight_map"]["model.embed_tokens.weight"]
+    sd = load_file(shard)
+    sd["model.embed_tokens.weight"] = torch.randn_like(sd["model.embed_tokens.weight"]) * 0.02
+    save_file(sd, shard, metadata={"format": "pt"})
+    capsys.readouterr()
+    rc, run_bad = run_eval(tmp_path, good, broken, cache, name="broken")
+    out = capsys.readouterr().out
+    bad = json.loads((run_bad / "results.json").read_text())
+    assert bad["metrics"]["position_1_accuracy"] < 0.25 * res["position_1_accuracy"]
+    assert bad["health"]["suspect"] and "SUSPECT RESULT" in out
+
+    # And the fix: a key that does not resolve is an error, not a silent skip.
+    index["weight_map"] = {k.replace("embed_tokens", "embed"): v for k, v in index["weight_map"].items()}
+    (broken / "model.safetensors.index.json").write_text(json.dumps(index))
+    rc, run_err = run_eval(tmp_path, good, broken, cache, name="err")
+    assert rc == protocol.EXIT_BAD_INPUT and not (run_err / "results.json").exists()
+    assert "Closest:" in capsys.readouterr().err

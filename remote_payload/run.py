@@ -80,7 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-layers", type=parse_layer_ids, default=None,
                    help="layer ids of a seeds-layout cache, e.g. 1,16,31,46,61 (aux_hidden..., last_hidden)")
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/<name>)")
-    p.add_argument("--name", default=None, help="run name (default: <drafter>-<UTC timestamp>)")
+    p.add_argument("--name", default=None,
+                   help="run name (default: the --run-dir folder name, else <drafter>-<UTC timestamp>)")
     p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of the cache (default: all)")
     p.add_argument("--max-blocks", type=int, default=30, help="draft rounds per prompt (default 30)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: cuda when available)")
@@ -95,7 +96,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> EvalOptions:
-    name = args.name or protocol.default_run_name(args.drafter)
+    # A run directory names its run (the controller passes --run-dir <workdir>/runs/<name>).
+    name = args.name or (Path(args.run_dir).name if args.run_dir else protocol.default_run_name(args.drafter))
     protocol.validate_run_name(name)
     if args.max_blocks < 1:
         raise PayloadError(f"--max-blocks must be >= 1, got {args.max_blocks}")

@@ -230,23 +230,3 @@ def progress_text(event: dict) -> str:
     if isinstance(event.get("i"), int) and isinstance(event.get("n"), int):
         parts.append(f"{event['i']}/{event['n']}")
     return " ".join(parts)
-
-
-def result_summary(results: dict) -> str:
-    """One line of the numbers people compare (pure): tau, streak, DDTree, position-1 accuracy."""
-    m = results.get("metrics", {})
-    parts = []
-    if "tau" in m:
-        parts.append(f"tau {m['tau']:.2f}")
-    if "streak" in m:
-        parts.append(f"streak {m['streak']:.2f}")
-    if "8" in (m.get("tree_width_tau") or {}):
-        parts.append(f"DDTree-8 {m['tree_width_tau']['8']:.2f}")
-    best = m.get("ddtree_best") or {}
-    if "tau" in best:
-        parts.append(f"DDTree best {best['tau']:.2f} (B={best.get('budget')})")
-    if "position_1_accuracy" in m:
-        parts.append(f"position-1 accuracy {m['position_1_accuracy']:.3f}")
-    if "num_rounds" in m:
-        parts.append(f"{m['num_rounds']} blocks, {m.get('num_prompts', '?')} prompts")
-    return " · ".join(parts)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from remote_payload import protocol
 
+from .. import report
 from ..errors import (
     EXIT_BAD_INPUT,
     EXIT_CANCELLED,
@@ -34,7 +35,6 @@ from ..runs import (
     progress_text,
     remote_run_dir,
     resolve_run,
-    result_summary,
     run_state,
 )
 from ..transport import Transport, get_transport, q, resolve_workdir
@@ -97,7 +97,7 @@ def report_final(host: str, name: str, state: str, status: dict, pulled: Path) -
                 err(f"        {line}")
             return EXIT_EVAL_FAILED
         out(f"done    {name} succeeded in {duration_text(status)} · {where}")
-        out(f"        {result_summary(results)}")
+        out(f"        {report.summary_line(results)}")
         health = results.get("health") or {}
         if health.get("suspect"):
             err(f"warning: SUSPECT RESULT — {'; '.join(health.get('reasons') or ['see results.json health'])}")

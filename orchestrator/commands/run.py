@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -74,6 +75,20 @@ def _split_extra(args) -> argparse.Namespace:
     return ns
 
 
+def host_paths(args, host) -> None:
+    """--drafter/--target/--cache name paths on the host. On the local host a relative path means the
+    controller's current directory; on a remote host it would silently mean the payload folder, so refuse it."""
+    for k in ("drafter", "target", "cache"):
+        v = getattr(args, k, None)
+        if not v or os.path.isabs(v):
+            continue
+        if host.is_local:
+            setattr(args, k, os.path.abspath(v))
+        else:
+            raise ConfigError(f"--{k} {v!r} is relative: give the absolute path on {host.name}",
+                              hint=f"e.g. --{k} /data/{v}")
+
+
 def cmd_run(args) -> int:
     args = _split_extra(args)
     if args.payload == "eval":
@@ -86,6 +101,7 @@ def cmd_run(args) -> int:
             raise ConfigError(f"--{k.replace('_', '-')} must be at least 1")
     inv = load_inventory(args.inventory)
     host = inv.get(args.host)
+    host_paths(args, host)
     gpus = normalize_gpus(args.gpus or host.gpus)
     name = args.name or protocol.default_run_name(args.drafter or args.payload)
     try:

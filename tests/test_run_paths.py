@@ -1,0 +1,28 @@
+"""`reval run` path arguments: relative paths mean the controller's cwd on the local host and are refused
+(with the fix) on a remote host, where they would silently resolve against the payload folder."""
+import argparse
+import os
+
+import pytest
+
+from orchestrator.commands.run import host_paths
+from orchestrator.errors import ConfigError
+from orchestrator.inventory import Host
+
+
+def ns(**kw):
+    return argparse.Namespace(**{"drafter": None, "target": None, "cache": None, **kw})
+
+
+def test_local_relative_paths_become_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = ns(drafter="d", target="/abs/t", cache="sub/c")
+    host_paths(a, Host(name="local", local=True))
+    assert (a.drafter, a.target, a.cache) == (str(tmp_path / "d"), "/abs/t", str(tmp_path / "sub" / "c"))
+
+
+def test_remote_relative_path_is_refused_with_the_fix():
+    with pytest.raises(ConfigError) as e:
+        host_paths(ns(drafter="/ok", cache="cache"), Host(name="gpu1", address="gpu1.example.internal"))
+    assert "--cache 'cache' is relative" in str(e.value) and "gpu1" in str(e.value)
+    assert e.value.exit_code == 3 and os.path.isabs(e.value.hint.split()[-1].split("/", 1)[0] + "/")

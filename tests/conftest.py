@@ -30,3 +30,19 @@ def ssh_hosts(tmp_path_factory):
     transport.close_all()
     for cluster in made:
         cluster.close()
+
+
+# --- trained tiny fixtures (cache/target engineer) ------------------------------------------------------
+@pytest.fixture(scope="session")
+def trained_fixtures():
+    """The fixture dir (layout: remote_payload/fixtures.py docstring; fixtures.json holds paths + quality).
+
+    Built once into <repo>/.cache/fixtures/ (~1-3 min on 2 busy cores) and reused while its recipe hash
+    matches; concurrent test sessions wait on a file lock instead of building twice."""
+    from pathlib import Path
+
+    from remote_payload import fixtures
+
+    root = Path(__file__).resolve().parents[1] / ".cache" / "fixtures"
+    fixtures.build(root, log=lambda line: None)
+    return root

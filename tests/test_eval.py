@@ -175,16 +175,17 @@ def test_trained_drafter_has_real_signal_and_the_seeds_bug_is_caught(trained_fix
     assert res_mm["target"]["embed_key"] == "model.language_model.embed_tokens.weight"
     assert res_mm["metrics"]["tau"] == pytest.approx(res["tau"])
 
-    # What the seeds' harness did: the embedding key was not found, silently skipped, the drafter ran with
-    # uninitialised embeddings. Simulate that state (random embeddings under the right key): the numbers
-    # collapse, and the run is flagged SUSPECT instead of reported as a result.
+    # What the seeds' harness did: embed_tokens and lm_head were looked up under the wrong keys, silently
+    # skipped, and the drafter ran with uninitialised ones. Simulate that state (random tensors under the
+    # right keys): the numbers collapse, and the run is flagged SUSPECT instead of reported as a result.
     broken = tmp_path / "target-uninit"
     shutil.copytree(target, broken)
     index = json.loads((broken / "model.safetensors.index.json").read_text())
-    shard = broken / index["weight_map"]["model.embed_tokens.weight"]
-    sd = load_file(shard)
-    sd["model.embed_tokens.weight"] = torch.randn_like(sd["model.embed_tokens.weight"]) * 0.02
-    save_file(sd, shard, metadata={"format": "pt"})
+    for key in ("model.embed_tokens.weight", "lm_head.weight"):
+        shard = broken / index["weight_map"][key]
+        sd = load_file(shard)
+        sd[key] = torch.randn_like(sd[key]) * 0.02
+        save_file(sd, shard, metadata={"format": "pt"})
     capsys.readouterr()
     rc, run_bad = run_eval(tmp_path, good, broken, cache, name="broken")
     out = capsys.readouterr().out

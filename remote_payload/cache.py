@@ -87,6 +87,16 @@ def _read_json(path: Path):
         raise PayloadError(f"cache: {path} is not valid JSON ({e}); re-extract or fix the file") from e
 
 
+def _torch_load(f: Path):
+    """A seeds .pt, memory-mapped when it is in the zip format (legacy files are read whole)."""
+    try:
+        return torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):
+            raise PayloadError(f"seeds cache: cannot read {f} ({str(e).splitlines()[0]}); re-save it with torch.save")
+        return torch.load(f, map_location="cpu", weights_only=True)
+
+
 def _check_prompt(p: CachePrompt, where: str) -> None:
     if not (0 < p.prompt_len < p.seq_len):
         raise PayloadError(f"{where}: prompt {p.name!r} has prompt_len {p.prompt_len} and seq_len {p.seq_len}; "
@@ -163,7 +173,7 @@ class Cache:
             return ids, [sl[:, j:j + 1, :][:, 0] for j in idx]
 
     def _load_seeds(self, i: int, f: Path, idx: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        d = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+        d = _torch_load(f)
         if not isinstance(d, dict) or "aux_hidden" not in d or "last_hidden" not in d:
             raise PayloadError(f"seeds cache: {f} must hold a dict with aux_hidden and last_hidden")
         aux, last = d["aux_hidden"].reshape(-1, d["aux_hidden"].shape[-1]), d["last_hidden"].reshape(-1, self.hidden_size)
@@ -240,7 +250,7 @@ def _open_seeds(path: Path, layer_ids: list[int] | None) -> Cache:
         all_ids.append(ids)
     hidden_size = 0
     if prompts and (path / prompts[0].file).is_file():
-        d = torch.load(path / prompts[0].file, map_location="cpu", weights_only=True, mmap=True)
+        d = _torch_load(path / prompts[0].file)
         hidden_size = int(d["last_hidden"].shape[-1])
         if d["aux_hidden"].shape[-1] != (len(layer_ids) - 1) * hidden_size:
             raise PayloadError(f"seeds cache {path}: aux_hidden has {d['aux_hidden'].shape[-1]} features = "
@@ -270,7 +280,7 @@ class CacheWriter:
                      "tokenizer": tokenizer_path, "prompts": [], "created_at": None}
         self.tmp: Path | None = None
 
-    def __enter__(self) -> "CacheWriter":
+    def __enter__(self) -> CacheWriter:  # noqa: PYI034 (typing.Self needs Python 3.11)
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
         return self

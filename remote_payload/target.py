@@ -132,20 +132,23 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
             num_prompts: int | None = None, log=print) -> Cache:
     """Run the target over the prompts and write a reval cache at `out` (atomically)."""
     target = Path(target)
-    prompts = read_prompts(prompts_file, num_prompts)
-    check_target(target, layer_ids)
+    if num_prompts is not None and num_prompts < 1:
+        raise PayloadError(f"--num-prompts {num_prompts}: need at least 1 (or leave it out for all)")
     if max_new_tokens < 1:
         raise PayloadError(f"--max-new-tokens {max_new_tokens}: need at least 1")
+    prompts = read_prompts(prompts_file, num_prompts)
+    config = check_target(target, layer_ids)
+    H = config.get("hidden_size") or config.get("text_config", {}).get("hidden_size")
+    writer = CacheWriter(out, layer_ids=layer_ids, hidden_size=int(H), target_path=str(target.resolve()),
+                         target_config_sha256=hashlib.sha256((target / "config.json").read_bytes()).hexdigest(),
+                         tokenizer_path=str((target / "tokenizer.json").resolve()))  # checks --out before loading
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(target / "tokenizer.json"))
     dev, dt = resolve_device_dtype(device, dtype)
     log(f"loading target {target} on {dev} ({str(dt).removeprefix('torch.')})")
     model = load_target(target, dev, dt)
     eos = eos_ids_of(target)
-    H = model.config.get_text_config().hidden_size
-    config_sha = hashlib.sha256((target / "config.json").read_bytes()).hexdigest()
-    with CacheWriter(out, layer_ids=layer_ids, hidden_size=H, target_path=str(target.resolve()),
-                     target_config_sha256=config_sha, tokenizer_path=str((target / "tokenizer.json").resolve())) as w:
+    with writer as w:
         for i, (name, text) in enumerate(prompts):
             p_ids = tok.encode(text).ids
             if not p_ids:

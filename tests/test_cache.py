@@ -75,15 +75,13 @@ def test_nan_features_name_prompt_and_layer(tmp_path):
 
 def test_writer_is_atomic_and_refuses_existing_out(tmp_path):
     out = tmp_path / "c"
-    with pytest.raises(RuntimeError):
-        with CacheWriter(out, layer_ids=LAYERS, hidden_size=H) as w:
-            name, pl, ids, feats = _prompts()[0]
-            w.add(name, pl, ids, feats)
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), CacheWriter(out, layer_ids=LAYERS, hidden_size=H) as w:
+        name, pl, ids, feats = _prompts()[0]
+        w.add(name, pl, ids, feats)
+        raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []  # neither the cache nor its temp dir
-    with pytest.raises(PayloadError, match="no prompts"):
-        with CacheWriter(out, layer_ids=LAYERS, hidden_size=H):
-            pass
+    with pytest.raises(PayloadError, match="no prompts"), CacheWriter(out, layer_ids=LAYERS, hidden_size=H):
+        pass
     assert list(tmp_path.iterdir()) == []
     _write(out, _prompts())
     with pytest.raises(PayloadError, match="already exists"):

@@ -87,6 +87,8 @@ def test_extract_stops_at_eos(tiny_target, tmp_path):
     ("no_weights", "no weights"),
     ("no_config", "no config.json"),
     ("bad_layers_arg", "expected comma-separated layer ids"),
+    ("out_exists", "already exists"),
+    ("zero_prompts", "--num-prompts 0: need at least 1"),
 ])
 def test_extract_bad_input_one_line_exit_3(tiny_target, tmp_path, capsys, case, match):
     target, _, _ = tiny_target
@@ -100,9 +102,17 @@ def test_extract_bad_input_one_line_exit_3(tiny_target, tmp_path, capsys, case, 
     prompts = tmp_path / "p.txt"
     prompts.write_text("\n\n" if case == "empty_prompts" else "count n01\n")
     layers = {"bad_layer": "1,5", "bad_layers_arg": "1,x"}.get(case, "1,2")
+    if case == "out_exists":
+        (tmp_path / "c").mkdir()
+        (tmp_path / "c" / "keep").write_text("x")
     rc = payload_main(["extract", "--target", str(t), "--prompts", str(prompts), "--out", str(tmp_path / "c"),
-                       "--max-new-tokens", "4", "--layers", layers, "--device", "cpu"])
+                       "--max-new-tokens", "4", "--layers", layers, "--device", "cpu"]
+                      + (["--num-prompts", "0"] if case == "zero_prompts" else []))
     out = capsys.readouterr().out.strip().splitlines()
     assert rc == 3
-    assert len(out) == 1 and out[0].startswith("error: ") and match in out[0]
-    assert not (tmp_path / "c").exists()
+    assert len(out) == 1 and out[0].startswith("error: ") and match in out[0]  # one line: nothing was loaded
+    if case == "out_exists":
+        assert [f.name for f in (tmp_path / "c").iterdir()] == ["keep"]
+    else:
+        assert not (tmp_path / "c").exists()
+    assert [f.name for f in tmp_path.iterdir() if f.name.startswith(".")] == []  # no temp dir left

@@ -57,7 +57,7 @@ def test_cache_matches_prompts_and_tokenizer(trained_fixtures, meta):
     prompts = [json.loads(ln) for ln in (trained_fixtures / "prompts.jsonl").read_text().splitlines()]
     assert [p.name for p in c.prompts] == [p["name"] for p in prompts] and 8 <= len(prompts) <= 12
     for i, p in enumerate(prompts):
-        ids, feats = c.load(i)
+        ids, _ = c.load(i)
         assert tok.decode(ids[:c.prompts[i].prompt_len].tolist()) == p["prompt"]
         assert c.prompts[i].seq_len - c.prompts[i].prompt_len == meta["recipe"]["max_new_tokens"]
     assert tok.decode(c.load(1)[0][:8].tolist()) == "count n07 n08 n09 n10 n11 n12 n13"
@@ -69,7 +69,7 @@ def test_mm_variant_has_the_same_weights_under_multimodal_keys(trained_fixtures,
         out = {}
         for shard in set(index["weight_map"].values()):
             with safe_open(str(d / shard), framework="pt") as f:
-                out.update({k: f.get_tensor(k) for k in f.keys()})
+                out.update({k: f.get_tensor(k) for k in f})
         assert set(out) == set(index["weight_map"])
         return out
     plain, mm = tensors(trained_fixtures / "target"), tensors(trained_fixtures / "target-mm")

@@ -69,7 +69,7 @@ def test_mm_variant_has_the_same_weights_under_multimodal_keys(trained_fixtures,
         out = {}
         for shard in set(index["weight_map"].values()):
             with safe_open(str(d / shard), framework="pt") as f:
-                out.update({k: f.get_tensor(k) for k in f})
+                out.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118 (safe_open is not iterable)
         assert set(out) == set(index["weight_map"])
         return out
     plain, mm = tensors(trained_fixtures / "target"), tensors(trained_fixtures / "target-mm")

@@ -134,6 +134,8 @@ class Cache:
 
     def _indices(self, layer_ids: list[int] | None) -> list[int]:
         wanted = self.layer_ids if layer_ids is None else list(layer_ids)
+        if not wanted:
+            raise FeatureMismatchError(f"cache {self.path}: no layers requested; pick from {self.layer_ids}")
         missing = [l for l in wanted if l not in self.layer_ids]
         if missing:
             raise FeatureMismatchError(
@@ -150,7 +152,11 @@ class Cache:
         if not f.is_file():
             raise PayloadError(f"cache {self.path}: prompt {p.name!r} file {p.file} is missing; re-extract")
         if self.layout == "reval":
-            ids, parts = self._load_reval(f, idx)
+            try:
+                ids, parts = self._load_reval(f, idx)
+            except Exception as e:  # safetensors' errors: corrupt header, missing tensor, truncated file
+                raise PayloadError(f"cache {self.path}: cannot read prompt {p.name!r} from {p.file} "
+                                   f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); re-extract") from e
         else:
             ids, parts = self._load_seeds(i, f, idx)
         if ids.shape[0] != p.seq_len or any(x.shape != (p.seq_len, self.hidden_size) for x in parts):

@@ -64,6 +64,15 @@ def test_missing_layer_names_both_lists_and_the_fix(tmp_path):
     assert "[1, 3, 5]" in msg and "[2]" in msg and "--layers 1,2,3,5" in msg
 
 
+def test_corrupt_file_and_empty_layer_request(tmp_path):
+    c = open_cache(_write(tmp_path / "c", _prompts()))
+    (c.path / "p0002.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage")
+    with pytest.raises(PayloadError, match=r"cannot read prompt 'p2' from p0002.safetensors"):
+        c.load(2)
+    with pytest.raises(FeatureMismatchError, match="no layers requested"):
+        c.load(0, layer_ids=[])
+
+
 def test_nan_features_name_prompt_and_layer(tmp_path):
     prompts = _prompts()
     prompts[1][3][4, 2, 0] = float("nan")

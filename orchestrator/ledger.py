@@ -101,6 +101,12 @@ class Ledger:
             self.entries[entry.key] = entry
             self._save()
 
+    def of_sweep(self, sweep: str) -> dict[tuple[str, str], LedgerEntry]:
+        """One sweep's entry per checkpoint, keyed (source, content hash); the newest wins. A resumed sweep
+        plans from these, not from a recomputed key: the key moves when the payload or cache changed since."""
+        mine = sorted((e for e in self.entries.values() if e.sweep == sweep), key=lambda e: e.updated_at)
+        return {(e.source, e.content_hash): e for e in mine}
+
     def series(self, config: str) -> list[LedgerEntry]:
         """Finished entries of one eval configuration (same cache/payload/options), oldest step first."""
         done = [e for e in self.entries.values() if e.config == config and e.state != LAUNCHED]

@@ -4,7 +4,8 @@ against the baseline and the previous checkpoint.
 
 Survives the controller: the ledger (ledger.py) records each run when it is launched, with its host and
 its deterministic name, so a re-run re-attaches to runs still going, pulls finished ones and launches only
-what is missing. A host that fails or goes away never stops the others: its queued checkpoints go to the
+what is missing (it finds its own runs by checkpoint, not by ledger key: the key moves when the payload
+changed in between). A host that fails or goes away never stops the others: its queued checkpoints go to the
 remaining hosts, a run in flight there is reported `unreachable` (exit 2) and re-attached next time.
 Only transport errors are retried (with backoff); a failed eval is reported, never retried blindly.
 """
@@ -451,19 +452,27 @@ class Sweep:
         fp = next(hs.cache_fingerprint for hs in self.sessions.values() if not hs.down)
         version = local_manifest_hash()
         config = ledger_key("", fp, version, self.opts.eval_options())
+        ours = self.ledger.of_sweep(self.sweep_id)  # what this sweep launched before it was killed
+        kept = 0
         for c in checkpoints:
             key = ledger_key(c.content_hash, fp, version, self.opts.eval_options())
-            e = self.ledger.get(key)
+            # this sweep's own run of the checkpoint first, whatever its key: the payload (or the cache) may
+            # have changed since it was launched, and a resumed sweep must not launch it a second time
+            e = ours.get((c.location, c.content_hash)) or self.ledger.get(key)
             mine = e is not None and e.sweep == self.sweep_id
             if e is not None and e.state == LAUNCHED:
-                self.queue.append(Job(c, key, config, e.run, host=e.host))  # re-attach
+                kept += e.key != key
+                self.queue.append(Job(c, e.key, e.config or config, e.run, host=e.host))  # re-attach
             elif e is not None and e.state != protocol.LOST and (mine or not self.opts.force):
-                self.outcomes[key] = outcome_from_entry(e, earlier=not mine)
+                kept += mine and e.key != key
+                self.outcomes[e.key] = outcome_from_entry(e, earlier=not mine)
                 if not mine:
-                    self.outcomes[key].state = SKIPPED if e.state == protocol.SUCCEEDED else e.state
+                    self.outcomes[e.key].state = SKIPPED if e.state == protocol.SUCCEEDED else e.state
             else:
                 suffix = "" if e is None else time.strftime("-%m%dT%H%M%S", time.gmtime())
                 self.queue.append(Job(c, key, config, run_name_for(c, key, suffix)))
+        if kept:
+            self.log(f"resume  {kept} run(s) kept from before a payload/cache change (not run again)")
         self.config = config
 
     # -- workers --------------------------------------------------------------------------------------------

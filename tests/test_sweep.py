@@ -209,6 +209,42 @@ def test_local_sweep_ledger_skip_force_and_report(tmp_path, monkeypatch):
     assert len(remote_run_dirs([tmp_path / "loc1", tmp_path / "loc2"])) == 7
 
 
+def test_resumed_sweep_keeps_its_runs_when_the_payload_changed(tmp_path, monkeypatch):
+    """The root cause of a flaky kill/resume: the ledger key holds the payload version (a hash of the local
+    remote_payload/ tree), so an edit between the kill and the re-run gave every checkpoint a new key and run
+    name, and the resumed sweep launched all of them again. Its own runs are now found by checkpoint."""
+    monkeypatch.chdir(tmp_path)
+    ck = make_checkpoints(tmp_path, [1, 2, 3])
+    inv = local_inventory(tmp_path, 1)
+    o = opts(f"{ck}/step-*", ["loc1"], tmp_path)
+    rep = sweep.Sweep(o, inv).run()
+    assert rep.exit_code == 0 and [x.state for x in rep.outcomes] == ["succeeded"] * 3
+    # make it look killed: unfinished sweep, step-2 launched (its run is there), step-3 not launched yet
+    protocol.atomic_write_json(rep.sweep_dir / "sweep.json",
+                               {**protocol.read_json(rep.sweep_dir / "sweep.json"), "complete": False})
+    lg = ledger.Ledger(tmp_path / "sweeps" / "ledger.json")
+    by = {e.checkpoint: e for e in lg.entries.values()}
+    lg.put(ledger.entry_from(by["step-2"], state=ledger.LAUNCHED, tau=None, local_path=None))
+    del lg.entries[by["step-3"].key]
+    lg.put(by["step-1"])
+    (tmp_path / "loc1" / "runs" / by["step-3"].run).rename(tmp_path / "gone")
+    before = set(remote_run_dirs([tmp_path / "loc1"]))
+
+    monkeypatch.setattr(sweep, "local_manifest_hash", lambda: "someone-edited-remote_payload")
+    log: list[str] = []
+    rep2 = sweep.Sweep(o, inv, log=log.append).run()
+    assert rep2.sweep_id == rep.sweep_id and rep2.exit_code == 0, log
+    assert [(x.checkpoint, x.state, x.earlier) for x in rep2.outcomes] == \
+        [("step-1", "succeeded", False), ("step-2", "succeeded", False), ("step-3", "succeeded", False)]
+    assert [x.run for x in rep2.outcomes[:2]] == [by["step-1"].run, by["step-2"].run]
+    assert [line.split(" · ")[0] for line in log if line.startswith(("launch", "attach"))] == \
+        ["attach  step-2: run " + by["step-2"].run + " on loc1", "launch  step-3 on loc1"]
+    after = set(remote_run_dirs([tmp_path / "loc1"]))
+    assert len(after) == 3 and before < after  # step-3 ran once (under the new payload's key), nothing else
+    assert rep2.outcomes[2].run != by["step-3"].run
+    assert "resume  2 run(s) kept from before a payload/cache change (not run again)" in log
+
+
 def test_failed_eval_is_reported_not_retried(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     ck = make_checkpoints(tmp_path, [1, 2])
@@ -326,7 +362,9 @@ def test_killed_controller_resumes_without_repeating_runs(ssh_hosts, tmp_path):
     assert [c["state"] for c in js["checkpoints"]] == ["succeeded"] * 6
     assert not any(c["earlier"] for c in js["checkpoints"])  # one sweep, resumed
     after = remote_run_dirs(workdirs)
-    assert len(after) == 6, (sorted(after), js["checkpoints"], r.stderr)  # every checkpoint ran exactly once
+    entries = [(e["checkpoint"], e["run"], e["state"], e["sweep"], e["config"][7:15])
+               for e in json.loads(ledger_path.read_text())["entries"].values()]
+    assert len(after) == 6, (sorted(after), entries, r.stderr)  # every checkpoint ran exactly once
     for n, t0 in started.items():  # nothing that had started was started again
         assert protocol.read_json(after[n] / "runs" / n / "status.json")["started_at"] == t0
     final_runs = {c["run"] for c in js["checkpoints"]}

@@ -82,9 +82,16 @@ def render_text(tables: list[Table], width: int = 160) -> str:
 
 
 def print_tables(tables: list[Table], console: Console | None = None) -> None:
+    """Print at least at each table's natural width: squeezed into 80 columns (a pipe, a narrow terminal)
+    rich would break every number into a column of single characters."""
+    own = console is None
     console = console or Console()
     for t in tables:
-        console.print(rich_table(t))
+        rt = rich_table(t)
+        if own:
+            natural = Console(width=400).measure(rt).maximum
+            console.width = max(console.width, min(natural, 400))
+        console.print(rt)
 
 
 def _md_escape(s: str) -> str:

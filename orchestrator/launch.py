@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from remote_payload import protocol
 
-from .errors import ConfigError, RevalError
+from .errors import ConfigError, HostUnreachable, RevalError
 from .inventory import Host
 from .runs import remote_run_dir, save_follow_state
 from .transport import Transport, q, resolve_workdir
@@ -67,6 +67,8 @@ def launch_script(workdir: str, name: str, argv: list[str], env: dict, wait_s: f
         'mkdir -p "$wd/runs" "$wd/locks" || exit 1',
         'if ! mkdir "$d" 2>/dev/null; then echo "@@EXISTS"; exit 0; fi',
         'cat > "$d/.run.json.in" || exit 1',
+        # stdin cut short (the controller was killed mid-launch): start nothing, leave nothing
+        '[ -s "$d/.run.json.in" ] || { rm -rf "$d"; echo "@@NOINPUT"; exit 0; }',
         'cd "$wd/payload" || { rm -rf "$d"; echo "@@NOPAYLOAD"; exit 0; }',
         # setsid: a new session, no controlling terminal; nohup: HUP ignored where setsid is missing
         'if command -v setsid >/dev/null 2>&1; then det=setsid; else det=; fi',
@@ -97,6 +99,9 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
         raise ConfigError(f"run name {name!r} is already used on {host.name}",
                           hint=f"pick another with --name (e.g. --name {name}-2), or leave --name out for a "
                                f"timestamped one; see it: reval status {host.name}/{name}")
+    if "@@NOINPUT" in out:  # a transport failure: safe to retry under the same name
+        raise HostUnreachable(f"{host.name}: the launch lost its connection before the run was described; "
+                              f"nothing was started", hint=f"retry; check: reval hosts check {host.name}")
     if "@@NOPAYLOAD" in out:
         raise ConfigError(f"{host.name}: no payload in {workdir}/payload", hint=f"run: reval sync {host.name}")
     body = out.split("@@STATUS", 1)[-1].strip()

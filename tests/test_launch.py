@@ -278,3 +278,13 @@ def test_import_boundaries_of_the_run_path():
             "print('torch' in sys.modules, 'transformers' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert p.stdout.split() == ["False", "False"]
+
+
+def test_launch_with_its_input_cut_short_starts_nothing(tmp_path):
+    """A controller killed mid-launch leaves ssh's stdin empty: no run dir, no wrapper, a retryable error."""
+    workdir = tmp_path / "wd"
+    (workdir / "payload").mkdir(parents=True)
+    script = launch_script(str(workdir), "cut", ["/bin/sh", "-c", "touch started"], {})
+    out = subprocess.run(["/bin/sh", "-c", script], input=b"", capture_output=True, cwd=tmp_path).stdout.decode()
+    assert "@@NOINPUT" in out
+    assert not (workdir / "runs" / "cut").exists() and not (workdir / "payload" / "started").exists()

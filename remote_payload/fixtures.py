@@ -19,6 +19,9 @@ Layout of DIR (all paths in fixtures.json are relative to DIR):
     drafters/step-NNNN/       z-lab layout (config.json + model.safetensors) along training, step-0000 untrained
     drafter-good/             z-lab layout, the final drafter (taps all cache layers)
     drafter-pt/step-NNNN.pt   team .pt layout; fc consumes the first k-1 of the k cache layers
+
+API: `build(out, *, quick=False, log=print) -> dict` (fixtures.json's content); tests use the session
+fixture `trained_fixtures` (tests/conftest.py), which builds into <repo>/.cache/fixtures/.
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from remote_payload.errors import PayloadError
 
 FIXTURES_JSON = "fixtures.json"
 SPECIALS = ["<|pad|>", "<|eos|>", "<|mask|>", "<|unk|>"]
@@ -333,6 +338,9 @@ def build(out: str | os.PathLike, *, quick: bool = False, log=print) -> dict:
         meta = _existing(out)
         if meta and meta.get("recipe_hash") == rh:
             return meta
+        if meta is None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise PayloadError(f"--out {out} exists and holds no {FIXTURES_JSON}: it is not a fixtures directory; "
+                               "choose a new or empty one (an older fixtures build there is replaced)")
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         try:
             meta = _build_into(tmp, r, rh, log)
@@ -352,11 +360,14 @@ def _existing(out: Path) -> dict | None:
 
 
 def _build_into(d: Path, r: Recipe, rh: str, log) -> dict:
+    from transformers.utils import logging as hf_logging
+
     from remote_payload.drafter import TargetHead
     from remote_payload.target import extract
     t0 = time.time()
     threads = torch.get_num_threads()
     torch.set_num_threads(r.threads)
+    hf_logging.disable_progress_bar()  # our own progress lines are enough
     try:
         tok = train_tokenizer(random.Random(r.seed))
         tok.save(str(d / "tokenizer.json"))
@@ -397,6 +408,7 @@ def _build_into(d: Path, r: Recipe, rh: str, log) -> dict:
                    "drafter_pt": drafter_quality(load_drafter(d / pt_path)[0], head, d / "cache")}
     finally:
         torch.set_num_threads(threads)
+        hf_logging.enable_progress_bar()
     meta = {"recipe_hash": rh, "recipe": dataclasses.asdict(r), "build_s": round(time.time() - t0, 1),
             "vocab_size": V, "mask_token_id": mask_id, "eos_token_id": tok.token_to_id("<|eos|>"),
             "cache_layers": list(r.cache_layers),
@@ -410,7 +422,11 @@ def _build_into(d: Path, r: Recipe, rh: str, log) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    meta = build(args.out, quick=args.quick)
+    try:
+        meta = build(args.out, quick=args.quick)
+    except PayloadError as e:
+        print(f"error: {e}")
+        return e.exit_code
     q = meta["quality"]
     print(f"fixtures in {args.out} (recipe {meta['recipe_hash']}): target accuracy {q['target_accuracy']:.3f}, "
           f"good drafter position-1 accuracy {q['drafter_good']['position_1_accuracy']:.3f}")

@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# tests/gpu needs a CUDA device: `make test-gpu` collects it (REVAL_GPU_TESTS=1); `make test` (CI, CPU) doesn't,
+# so that every test CI collects also runs there.
+collect_ignore = [] if os.environ.get("REVAL_GPU_TESTS") else ["gpu"]
 
 
 # --- real OpenSSH sshd hosts (hosts engineer) -----------------------------------------------------------
@@ -33,16 +39,30 @@ def ssh_hosts(tmp_path_factory):
 
 
 # --- trained tiny fixtures (cache/target engineer) ------------------------------------------------------
-@pytest.fixture(scope="session")
-def trained_fixtures():
-    """The fixture dir (layout: remote_payload/fixtures.py docstring; fixtures.json holds paths + quality).
-
-    Built once into <repo>/.cache/fixtures/ (~1-3 min on 2 busy cores) and reused while its recipe hash
-    matches; concurrent test sessions wait on a file lock instead of building twice."""
+def _build_trained_fixtures(log=lambda line: None):
     from pathlib import Path
 
     from remote_payload import fixtures
 
     root = Path(__file__).resolve().parents[1] / ".cache" / "fixtures"
-    fixtures.build(root, log=lambda line: None)
+    fixtures.build(root, log=log)
     return root
+
+
+def pytest_collection_finish(session):
+    """Build the trained fixtures before the first test when a selected test uses them, so that the build
+    (~1-3 min on 2 busy cores, longer under load) does not count against that test's timeout."""
+    if any("trained_fixtures" in getattr(item, "fixturenames", ()) for item in session.items):
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.write_line("trained_fixtures: checking/building .cache/fixtures (reused while the recipe matches)")
+        _build_trained_fixtures()
+
+
+@pytest.fixture(scope="session")
+def trained_fixtures():
+    """The fixture dir (layout: remote_payload/fixtures.py docstring; fixtures.json holds paths + quality).
+
+    Built once into <repo>/.cache/fixtures/ and reused while its recipe hash matches; concurrent test
+    sessions wait on a file lock instead of building twice."""
+    return _build_trained_fixtures()

@@ -95,6 +95,17 @@ def test_drafters_load_through_the_real_loader(trained_fixtures, meta):
     assert steps == sorted(steps) and steps[0] == 0
 
 
+def test_build_refuses_a_directory_that_is_not_a_fixtures_dir(tmp_path, capsys):
+    from remote_payload.__main__ import main as payload_main
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    assert payload_main(["fixtures", "--out", str(tmp_path / "mine")]) == 3
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "holds no fixtures.json" in out[0]
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    assert sorted(f.name for f in tmp_path.iterdir()) == [".mine.lock", "mine"]
+
+
 def test_language_and_tokenizer_are_deterministic():
     a = [fixtures.sample_sequence(random.Random(3), 40) for _ in range(5)]
     b = [fixtures.sample_sequence(random.Random(3), 40) for _ in range(5)]

@@ -2,7 +2,7 @@
 PY      ?= .venv/bin/python
 PYTEST  ?= .venv/bin/pytest
 
-.PHONY: setup demo test test-fast bench lint clean
+.PHONY: setup demo test test-fast test-gpu bench lint clean
 
 # CPU torch: the wheel that lies on this machine kind's disk (torch==2.13.0, pip finds it via
 # /opt/wheels); a plain `pip install torch` would pull a ~3 GB CUDA build instead. GPU servers
@@ -25,6 +25,10 @@ test: setup
 
 test-fast: setup
 	$(PYTEST) -q -ra -m "not ssh and not slow" $(ARGS)
+
+# On a CUDA host (CI has none): the GPU paths against their CPU references.
+test-gpu:
+	REVAL_GPU_TESTS=1 python3 -m pytest -q -ra tests/gpu $(ARGS)
 
 bench: setup
 	$(PY) -m remote_payload bench $(ARGS)

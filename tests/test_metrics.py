@@ -256,19 +256,6 @@ def test_ddtree_confident_drafter_spends_the_budget_on_the_chain():
     assert got[15].tolist() == [3] * 8 and got[16].tolist() == [4] * 8 and got[17].tolist() == [5] * 8
 
 
-def test_ddtree_vectorised_on_cuda_equals_heap():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device here; the same code path runs on CPU in the tests above")
-    rng = np.random.default_rng(6)
-    n, depth, k = 64, 15, 128
-    lp = torch.tensor(sorted_logprobs(rng, (n, depth, k)), dtype=torch.float32).to(torch.bfloat16).float()
-    ranks = random_targets(rng, n, depth, k)
-    got = m.ddtree_accept_lengths(lp.cuda(), torch.tensor(ranks).cuda(), [1, 16, 128])
-    for b in (1, 16, 128):
-        assert got[b].tolist() == [m.ddtree_accept_heap(lp[j].numpy(), ranks[j], b) for j in range(n)], b
-
-
 def test_prompt_metrics_and_aggregate_hand_computed():
     pytest.importorskip("torch")
     t = m.target_tokens(G, 2, 7, 3)

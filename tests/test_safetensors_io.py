@@ -120,18 +120,6 @@ def test_file_shrinking_after_the_header_is_named(st_file, staged):
     assert str(st_file) in str(ei.value) and repr(last) in str(ei.value)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; the CPU tests above run the same "
-                                                          "staging logic unpinned")
-def test_cuda_path_equals_load_file(st_file):
-    ref = load_file(st_file)
-    for staging_bytes in (100, 1 << 20):
-        got = read_tensors(read_header(st_file), list(ref), device="cuda", staging_bytes=staging_bytes)
-        for k, v in ref.items():
-            assert got[k].is_cuda and torch.equal(got[k].cpu(), v), k
-    bf = read_tensors(read_header(st_file), ["bf16"], device="cuda", dtype=torch.float32)["bf16"]
-    assert bf.dtype == torch.float32 and torch.equal(bf.cpu(), ref["bf16"].float())
-
-
 # ---- content hash -------------------------------------------------------------------------------
 MIB = 1 << 20
 

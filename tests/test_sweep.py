@@ -374,19 +374,15 @@ def test_killed_controller_resumes_without_repeating_runs(ssh_hosts, tmp_path):
 
 @pytest.mark.ssh
 @pytest.mark.slow
-def test_real_eval_sweep_of_trained_checkpoints(ssh_hosts, tmp_path, monkeypatch, request):
+def test_real_eval_sweep_of_trained_checkpoints(ssh_hosts, tmp_path, monkeypatch, trained_fixtures):
     """The tiny trained drafters (checkpoints along training) evaluated for real over 3 sshd hosts."""
-    try:
-        fx = request.getfixturevalue("trained_fixtures")
-    except pytest.FixtureLookupError:
-        pytest.skip("needs the data engineer's `trained_fixtures` fixture (tests/conftest.py), not there yet")
-    root = Path(getattr(fx, "root", fx))
+    root = Path(trained_fixtures)
     steps = sorted((root / "drafters").glob("step-*"))
     assert len(steps) >= 2, steps
     cluster = ssh_hosts(3)
     monkeypatch.chdir(tmp_path)
     o = sweep.SweepOptions(checkpoints=[f"{root}/drafters/step-*"], hosts=["cluster"], target=str(root / "target"),
-                           cache=str(root / "cache"), num_prompts=2, max_blocks=4,
+                           cache=str(root / "cache"), num_prompts=3, max_blocks=30,
                            eval_args=["--device", "cpu", "--dtype", "fp32"], sweep_dir=str(tmp_path / "sweeps"),
                            poll_s=2.0, backoff_s=0.2)
     log: list[str] = []

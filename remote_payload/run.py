@@ -277,7 +277,7 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     rep.step(3, "load_cache", f"Loading cached hidden states from {opts.cache}...")
     loaded, feature_stats = [], {}
     for i, p in enumerate(prompts):
-        ids, feats_all = cache.load(cache.prompts.index(p))  # validated: shapes, NaN/inf
+        ids, feats_all = cache.load(i)  # validated: shapes, NaN/inf (prompts is a prefix of the cache)
         mean, std = _stats(feats_all)
         if not std > 0:
             raise PayloadError(f"cache {opts.cache}: prompt {p.name!r} features are constant (std {std}); "

@@ -94,7 +94,8 @@ def _control_dir() -> str:
     # Short path: unix socket paths are limited to ~100 bytes.
     global _CONTROL_DIR
     if _CONTROL_DIR is None:
-        _CONTROL_DIR = tempfile.mkdtemp(prefix="reval-cm-", dir="/tmp")
+        # $REVAL_CONTROL_ROOT: where the per-process socket folders go (tests point it at their tmp dir)
+        _CONTROL_DIR = tempfile.mkdtemp(prefix="reval-cm-", dir=os.environ.get("REVAL_CONTROL_ROOT", "/tmp"))
         atexit.register(close_all)
     return _CONTROL_DIR
 

@@ -9,6 +9,20 @@ import pytest
 collect_ignore = [] if os.environ.get("REVAL_GPU_TESTS") else ["gpu"]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _control_sockets_in_tmp(tmp_path_factory):
+    """ssh ControlMaster socket folders of this session and its subprocesses (a controller killed by a test
+    cannot clean up its own) live in pytest's tmp dir, not /tmp. Short path: socket paths max ~100 bytes."""
+    root = tmp_path_factory.mktemp("cm", numbered=False)
+    old = os.environ.get("REVAL_CONTROL_ROOT")
+    os.environ["REVAL_CONTROL_ROOT"] = str(root)
+    yield
+    if old is None:
+        os.environ.pop("REVAL_CONTROL_ROOT", None)
+    else:
+        os.environ["REVAL_CONTROL_ROOT"] = old
+
+
 # --- real OpenSSH sshd hosts (hosts engineer) -----------------------------------------------------------
 @pytest.fixture
 def ssh_hosts(tmp_path_factory):

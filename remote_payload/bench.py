@@ -30,16 +30,16 @@ from .drafter import DFlashDrafter
 from .run import draft_all_anchors
 
 PRESETS = {
-    "27b": dict(hidden_size=5120, intermediate_size=17408, num_attention_heads=32, num_key_value_heads=8,
-                head_dim=128, num_hidden_layers=5, num_target_layers=64, vocab_size=248320, block_size=16,
-                rms_norm_eps=1e-6, rope_theta=1e7, rope_scaling=None, max_position_embeddings=262144,
-                sliding_window=2048, layer_types=["sliding_attention"] * 4 + ["full_attention"],
-                dflash_config={"mask_token_id": 248070, "target_layer_ids": [1, 16, 31, 46, 61]}),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=16, num_hidden_layers=2, num_target_layers=8, vocab_size=512, block_size=16,
-                 rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None, max_position_embeddings=4096,
-                 sliding_window=64, layer_types=["sliding_attention", "full_attention"],
-                 dflash_config={"mask_token_id": 511, "target_layer_ids": [1, 3, 5]}),
+    "27b": {"hidden_size": 5120, "intermediate_size": 17408, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "head_dim": 128, "num_hidden_layers": 5, "num_target_layers": 64, "vocab_size": 248320, "block_size": 16,
+                "rms_norm_eps": 1e-6, "rope_theta": 1e7, "rope_scaling": None, "max_position_embeddings": 262144,
+                "sliding_window": 2048, "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
+                "dflash_config": {"mask_token_id": 248070, "target_layer_ids": [1, 16, 31, 46, 61]}},
+    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "head_dim": 16, "num_hidden_layers": 2, "num_target_layers": 8, "vocab_size": 512, "block_size": 16,
+                 "rms_norm_eps": 1e-6, "rope_theta": 1e4, "rope_scaling": None, "max_position_embeddings": 4096,
+                 "sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"],
+                 "dflash_config": {"mask_token_id": 511, "target_layer_ids": [1, 3, 5]}},
 }
 # (name, prompts, blocks, prompt_len, completion_len) per preset
 SCENARIOS = {

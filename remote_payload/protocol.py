@@ -65,8 +65,7 @@ def validate_run_name(name: str) -> str:
 def default_run_name(drafter_path: str, now: float | None = None) -> str:
     """`<drafter-name>-<UTC timestamp>`, sanitised to the run-name alphabet."""
     base = Path(str(drafter_path).rstrip("/")).name or "run"
-    if base.endswith(".pt"):
-        base = base[:-3]
+    base = base.removesuffix(".pt")
     base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).lstrip(".") or "run"
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
     return validate_run_name(f"{base[: 64 - len(stamp) - 1]}-{stamp}")

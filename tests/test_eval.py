@@ -16,8 +16,13 @@ from remote_payload.__main__ import main as payload_main
 from remote_payload.cache import CacheWriter
 from remote_payload.metrics import DEFINITIONS
 from remote_payload.target import tapped_features
-from tests.tiny_models import (random_drafter, tiny_drafter_config, write_pt_drafter, write_tiny_target,
-                               write_zlab_drafter)
+from tests.tiny_models import (
+    random_drafter,
+    tiny_drafter_config,
+    write_pt_drafter,
+    write_tiny_target,
+    write_zlab_drafter,
+)
 
 LAYERS = [1, 3, 4]
 

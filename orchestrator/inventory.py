@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +135,7 @@ _HOST_KEYS = {
     "env": ("env", (dict,), "a mapping of NAME: value"),
     "tags": ("tags", (list,), "a list of words"),
 }
+_NAME = re.compile(r"^(?!\.)[A-Za-z0-9._-]{1,64}$")
 _VENV_KEYS = {
     "mode": ((str,), "managed or python"),
     "system_site_packages": ((bool,), "true or false"),
@@ -206,6 +208,10 @@ def parse_inventory(text: str, path: str = "hosts.yaml") -> Inventory:
         c.fail(root, "missing `hosts:` mapping")
     hosts: dict[str, Host] = {}
     for name, knode, vnode in c.mapping(top["hosts"][1], "hosts"):
+        # Host names become local folders (runs/<host>/<run>/) and appear in commands: same alphabet as runs.
+        if not isinstance(name, str) or not _NAME.match(name):
+            c.fail(knode, f"host name {name!r} is not allowed: use 1-64 characters from A-Z a-z 0-9 . _ - "
+                   "(not starting with '.')", hint="the address goes in `address:`, e.g. my-box: {address: ...}")
         hosts[name] = _parse_host(c, name, knode, vnode, Path(path).parent)
     groups: dict[str, list[str]] = {}
     if "groups" in top:
@@ -286,6 +292,10 @@ def _parse_venv(c: _Checker, name: str, node, base_dir: Path) -> VenvSpec:
                    + _did_you_mean(val, VENV_MODES))
         if key == "wheelhouse":
             val = str((base_dir / os.path.expanduser(val)).resolve())  # relative to the inventory file
+        if key == "path" and not val.startswith("/"):
+            # it is used on the host after `cd <workdir>/payload`: a relative or ~ path would point elsewhere
+            c.fail(vn, f"host {name!r}: venv.path {val!r} must be an absolute path on the host",
+                   hint="e.g. venv: {path: /opt/reval/venvs}, or leave it out for <workdir>/venvs")
         setattr(spec, key, val)
     return spec
 

@@ -171,3 +171,16 @@ def test_shipped_hosts_yaml_and_its_commented_examples_are_valid():
     assert {"gpu1", "gpu2", "gpu3"} <= set(inv.hosts) and inv.groups == {"gpu-boxes": ["gpu1", "gpu2"]}
     for h in inv.hosts.values():
         assert h.is_local or h.address == h.name or h.address.endswith(".example.internal")
+
+
+def test_host_names_and_venv_path_are_checked(tmp_path):
+    from orchestrator.errors import ConfigError
+    from orchestrator.inventory import parse_inventory
+    with pytest.raises(ConfigError, match=r"hosts.yaml line 2: host name 'my box' is not allowed"):
+        parse_inventory("hosts:\n  my box: {address: a.example.internal}\n")
+    with pytest.raises(ConfigError, match=r"line 2: host '\.\./x'|host name '\.\./x'"):
+        parse_inventory("hosts:\n  ../x: {address: a.example.internal}\n")
+    with pytest.raises(ConfigError, match="venv.path '~/venvs' must be an absolute path"):
+        parse_inventory("hosts:\n  gpu1:\n    address: a.example.internal\n    venv: {path: ~/venvs}\n")
+    inv = parse_inventory("hosts:\n  gpu-1.a_b:\n    address: a.example.internal\n    venv: {path: /opt/v}\n")
+    assert inv.get("gpu-1.a_b").venv.path == "/opt/v"

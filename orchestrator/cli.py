@@ -8,7 +8,7 @@ import importlib
 import sys
 
 from . import __version__
-from .errors import RevalError
+from .errors import EXIT_BAD_INPUT, RevalError
 
 # (module under orchestrator.commands) in --help order: the pipeline reads inventory -> ... -> compare.
 COMMAND_MODULES = ["hosts", "sync", "run", "runs", "compare", "sweep", "demo"]
@@ -26,8 +26,16 @@ examples:
 """
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse exits 2 on a usage error; 2 means "partial" here, so bad usage exits 3 (bad input)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="reval",
         description="Run DFlash drafter evals on remote GPU servers over SSH, follow them live, pull and compare.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -36,13 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hosts file (default: $REVAL_HOSTS, else ./hosts.yaml, else the built-in local host)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(f"orchestrator.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"orchestrator.commands.{name}":
-                continue  # not built yet
-            raise
-        mod.register(sub)
+        importlib.import_module(f"orchestrator.commands.{name}").register(sub)
     return p
 
 

@@ -22,9 +22,17 @@ COMMANDS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """Bad usage is bad input: exit 3 (argparse's own 2 means "partial" to the controller)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(3, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m remote_payload", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m remote_payload", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     # Only import the module of the command asked for (torch stays out of `wrap`).
     wanted = next((a for a in argv if not a.startswith("-")), None)

@@ -25,3 +25,19 @@ def test_remote_relative_path_is_refused_with_the_fix():
         host_paths(ns(drafter="/ok", cache="cache"), Host(name="gpu1", address="gpu1.example.internal"))
     assert "--cache 'cache' is relative" in str(e.value) and "gpu1" in str(e.value)
     assert e.value.exit_code == 3 and e.value.hint == "e.g. --cache /data/cache"
+
+
+@pytest.mark.parametrize("argv", [["sweep", "--hosts", "x"], ["bogus"], ["run"], ["compare", "a", "--format", "xls"]])
+def test_usage_errors_exit_3_not_2(argv, capsys):
+    """argparse's own exit 2 would read as "partial" to cron/CI; bad usage is bad input."""
+    from orchestrator.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 3 and "error:" in capsys.readouterr().err
+
+
+def test_payload_usage_error_exits_3(capsys):
+    from remote_payload.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "--drafter", "x"])
+    assert e.value.code == 3 and "--target" in capsys.readouterr().err

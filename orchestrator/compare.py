@@ -17,8 +17,6 @@ from remote_payload import protocol
 
 from .errors import ConfigError, RunNotFound
 
-DEFAULT_RUNS_ROOT = Path(os.environ.get("REVAL_RUNS_DIR", "runs"))  # same as runs.local_runs_root()
-
 # comparability_key field -> the words used when telling the user what differs
 FIELD_WORDS = {"cache_fingerprint": "cache", "prompt_set": "prompt set", "num_prompts": "num_prompts",
                "max_blocks": "max_blocks", "block_size": "block_size", "metrics_version": "metric definitions"}
@@ -74,9 +72,10 @@ def load_run(path: str | Path) -> RunRecord:
     return RunRecord(name=path.name, host=str(host), path=path, results=results, status=status, run_info=run_info)
 
 
-def resolve_run(spec: str, runs_root: str | Path = DEFAULT_RUNS_ROOT) -> Path:
-    """`name`, `host/name` or a path -> the run's local folder. Ambiguous or missing names are errors."""
-    runs_root = Path(runs_root)
+def resolve_run(spec: str, runs_root: str | Path | None = None) -> Path:
+    """`name`, `host/name` or a path -> the run's local folder. Ambiguous or missing names are errors.
+    runs_root: default $REVAL_RUNS_DIR or ./runs, read at call time (the rule of runs.local_runs_root)."""
+    runs_root = Path(runs_root or os.environ.get("REVAL_RUNS_DIR", "runs"))
     p = Path(spec)
     if p.is_dir() and any((p / f).exists() for f in (protocol.RESULTS_JSON, protocol.STATUS_JSON,
                                                      protocol.RUN_JSON)):
@@ -98,7 +97,7 @@ def resolve_run(spec: str, runs_root: str | Path = DEFAULT_RUNS_ROOT) -> Path:
             options = ", ".join(f"{d.parent.name}/{d.name}" for d in found)
             raise ConfigError(f"run name {spec!r} is on several hosts: {options}", hint="say which: HOST/NAME")
     raise RunNotFound(f"run {spec!r} not found (looked in {runs_root}/*/{parts[-1]} and as a path)",
-                      hint="list pulled runs: reval runs   · pull it: reval compare --pull HOST/NAME")
+                      hint="list runs: reval ls   · pull it: reval compare --pull HOST/NAME")
 
 
 # ---------------------------------------------------------------------------------------------------------

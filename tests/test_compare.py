@@ -290,3 +290,20 @@ def test_pull_then_compare(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "runs" / "box" / "step4000" / "results.json").exists()
     assert f"pulled  box/zlab_full -> {tmp_path}/runs/box/zlab_full/" in err
     assert [r["run"] for r in csv.DictReader(io.StringIO(out))] == ["zlab_full", "step4000"]
+
+
+def test_pull_honours_runs_dir(tmp_path, monkeypatch, capsys):
+    """--runs-dir is where --pull puts runs and where compare then finds them (one place, not two)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("REVAL_RUNS_DIR", raising=False)
+    work = tmp_path / "hostwork"
+    write_run(work, "runs", "step4000", quality=0.7, step=4000)
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(f"hosts:\n  box:\n    local: true\n    workdir: {work}\n    python: {sys.executable}\n"
+                   "    venv: {mode: python}\n")
+    rc = cli.main(["-i", str(inv), "compare", "--pull", "box/step4000", "--runs-dir", str(tmp_path / "elsewhere"),
+                   "--format", "csv"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert (tmp_path / "elsewhere" / "box" / "step4000" / "results.json").exists()
+    assert not (tmp_path / "runs").exists() and "step4000" in out

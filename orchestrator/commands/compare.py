@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -24,12 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-incomparable", action="store_true",
                    help="show runs that differ in cache/prompts/max-blocks/metrics anyway (marked, not ranked)")
     p.add_argument("--pull", action="store_true", help="pull the runs from their hosts first (HOST/NAME or NAME)")
-    p.add_argument("--runs-dir", default=str(compare.DEFAULT_RUNS_ROOT), metavar="DIR",
-                   help="where pulled runs live (default: ./runs)")
+    p.add_argument("--runs-dir", default=None, metavar="DIR",
+                   help="where pulled runs live, and where --pull puts them (default: $REVAL_RUNS_DIR or ./runs)")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.runs_dir:  # one place for pulled runs: pull, resolve and the run registry all read it
+        os.environ["REVAL_RUNS_DIR"] = args.runs_dir
     if args.pull:
         for spec in list(args.runs) + ([args.baseline] if args.baseline else []):
             print(f"pulled  {pull_spec(args.inventory, spec)}", file=sys.stderr)

@@ -82,7 +82,7 @@ def cmd_demo(args) -> int:
     print(f"\ndemo    comparing: reval compare {' '.join(runs)} --baseline {runs[-1]}")
     ns = argparse.Namespace(inventory=args.inventory, runs=runs, baseline=runs[-1], per_position=False,
                             per_prompt=False, format="table", plot=args.plot, allow_incomparable=False, pull=False,
-                            runs_dir=str(compare_cmd.compare.DEFAULT_RUNS_ROOT))
+                            runs_dir=None)
     rc = compare_cmd.main(ns)
     print(f"\ndemo    done in {time.monotonic() - t0:.0f}s. Next: reval compare {shlex.join(runs)} --per-position "
           f"--plot demo.png")

@@ -51,7 +51,7 @@ class DraftLogits:
     topk_ids: Tensor  # [..., bs-1, k] long
     topk_logprobs: Tensor  # [..., bs-1, k] fp32
     target_logprobs: Tensor | None = None  # [..., bs-1] fp32: logprob of the given target ids
-    target_ranks: Tensor | None = None  # [..., bs-1] long: tokens with a strictly larger logit, capped at k
+    target_ranks: Tensor | None = None  # [..., bs-1] long: position of the target in topk_ids, k if absent
 
 
 class RMSNorm(nn.Module):
@@ -308,9 +308,8 @@ def logits_topk(hidden: Tensor, head: TargetHead, k: int, target_ids: Tensor | N
     The rows go through lm_head as ONE contiguous [N*(bs-1), H] GEMM (a strided 3-D slice made cuBLAS
     run N small GEMMs). logsumexp in fp32. target_ids [..., bs-1]: also their logprob and rank.
     Past the lm_head GEMM every full-vocabulary pass costs as much as the GEMM itself, so there are
-    only two (logsumexp, topk): the argmax is topk's first id, and a target's rank is counted among the
-    top-k values, exact below k and reported as k when it is k or more (all that width-k trees and
-    DDTree with budgets <= k need).
+    only two (logsumexp, topk): the argmax is topk's first id, and a target's rank is its position in
+    topk_ids, k when it is not among them (all that width-k trees and DDTree with budgets <= k need).
     """
     lead, (bs, H) = hidden.shape[:-2], hidden.shape[-2:]
     rows = hidden[..., 1:, :].contiguous().view(-1, H)  # [N*(bs-1), H]
@@ -327,5 +326,8 @@ def logits_topk(hidden: Tensor, head: TargetHead, k: int, target_ids: Tensor | N
         tgt = target_ids.reshape(-1, 1).to(logits.device)
         tgt_logit = logits.gather(-1, tgt)
         res.target_logprobs = (tgt_logit.float() - lse).view(out_shape)
-        res.target_ranks = (top_val > tgt_logit).sum(-1).view(out_shape)  # capped at k
+        # The rank is the target's position in topk_ids (k when absent): the tree's rank-r node IS
+        # topk_ids[r], so a target tied with the argmax (common in bf16) is not counted as drafted.
+        hit = top_ids == tgt
+        res.target_ranks = torch.where(hit.any(-1), hit.int().argmax(-1), k).view(out_shape)
     return res

@@ -5,7 +5,7 @@ token g[a], never on the walk, so the eval runs the drafter once at every anchor
 a = prompt_len + j, j = 0..n-1, and every walk below is index-hopping over these per-anchor arrays:
 
     drafts          int   [n, bs-1]     argmax draft for positions a+1 .. a+bs-1
-    target_rank     int   [n, bs-1]     # tokens with a strictly larger logit than g[a+k]; -1 past the end
+    target_rank     int   [n, bs-1]     position of g[a+k] in the row's top-k order (K if absent); -1 past the end
     topk_logprobs   float [n, bs-1, K]  the K largest logprobs per row, sorted descending (DDTree)
 
 Conventions: `acc` = drafts accepted in one round, excluding the bonus token (0..bs-1); an
@@ -43,8 +43,8 @@ DEFINITIONS: dict[str, str] = {
     "position_1_accuracy": "position_accuracy at k=1 (pooled)",
     "ddtree_tau": "per node budget B: tau (macro) of the acceptance walk with a DDTree draft tree of the B most "
     "probable prefixes under the product of the per-position draft distributions (bonus root not counted; "
-    "equal scores: the lexicographically smaller rank tuple first; a target tied with other tokens takes the "
-    "first of their ranks); a round accepts while the target's token is a child",
+    "equal scores: the lexicographically smaller rank tuple first; the rank-r child is the r-th token of the "
+    "drafter's top-k order); a round accepts while the target's token is a child",
     "ddtree_best": "the budget with the largest ddtree_tau (equal tau: the smaller budget), and that tau",
     "tree_width_tau": "per width k: tau (macro) of the acceptance walk with a tree that keeps the top-k draft "
     "tokens at every depth; a round accepts while g at that depth is among them (rank < k)",
@@ -86,7 +86,7 @@ def accept_lengths_vanilla(drafts: np.ndarray, g: Sequence[int], prompt_len: int
 def accept_lengths_width(target_rank: np.ndarray, k: int) -> np.ndarray:
     """target_rank [n, bs-1] int -> acc [n]: leading rows where g is among the top-k (0 <= rank < k).
 
-    k = 1 equals the vanilla walk when drafts are the argmax and the target's logit is not tied.
+    k = 1 equals the vanilla walk when drafts are the argmax (ranks are positions in the same top-k order).
     """
     r = np.asarray(target_rank)
     return _leading_true((r >= 0) & (r < k))
@@ -144,7 +144,7 @@ def ddtree_accept_lengths(topk_logprobs, target_rank, budgets: Sequence[int],
     Per-depth beam: the B best prefixes of depth d extend the B best of depth d-1, so the beam keeps
     the exact top-B scores of every depth; theta_B = the B-th largest score over all depths. The
     target's prefix of depth d (scores summed in depth order in float64, like the beam and the heap;
-    its logprob is read from topk_logprobs at its rank, so a tied target takes the first tied rank)
+    its logprob is read from topk_logprobs at its rank, i.e. its position in the drafter's top-k order)
     is in the tree if its score >= theta_B. Anchors where a target prefix scores exactly theta_B and
     another prefix does too depend on the tie rule: they go to the heap reference. Candidate
     (beam i, rank r) is skipped when (i+1)(r+1) > B: that many candidates already score as high.

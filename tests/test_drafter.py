@@ -190,3 +190,23 @@ def test_rmsnorm_and_rope_match_transformers_qwen3():
     cos, sin = rope_cos_sin(pos[0], cfg.head_dim, cfg.rope_theta)  # [20, d]
     torch.testing.assert_close(apply_rope(q, cos, sin), q_ref)
     torch.testing.assert_close(apply_rope(k, cos, sin), k_ref)
+
+
+def test_target_rank_is_its_position_in_the_topk_order_even_when_tied():
+    """Tokens 2 and 5 have identical lm_head rows, so their logits always tie. The drafted tree's rank-0 node
+    is topk_ids[0]; the other tied token must get rank 1, never 0 (else width-1 would accept undrafted tokens)."""
+    cfg = tiny_drafter_config()
+    model, head = random_drafter(cfg, seed=4), random_head(cfg)
+    lm = head.lm_head.clone()
+    lm[5] = lm[2] * 50  # large: make the tied pair the argmax
+    lm[2] = lm[5]
+    head = type(head)(embed=head.embed, lm_head=lm)
+    feats = torch.randn(10, cfg.fc_in_features, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hidden = model.draft_hidden(model.precompute_context(feats), torch.tensor([4, 9]), torch.tensor([1, 2]), head)
+        first = logits_topk(hidden, head, 4).topk_ids[..., 0]  # [2, 15]: 2 or 5 (the tie)
+        other = torch.where(first == 2, torch.full_like(first, 5), torch.full_like(first, 2))
+        out = logits_topk(hidden, head, 4, target_ids=other)
+    assert set(first.unique().tolist()) <= {2, 5}
+    assert (out.target_ranks == 1).all()
+    assert (logits_topk(hidden, head, 4, target_ids=first).target_ranks == 0).all()

@@ -104,7 +104,10 @@ def load_target(target: str | os.PathLike, device: torch.device, dtype: torch.dt
 def greedy_complete(model, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int]) -> torch.Tensor:
     """prompt_ids [P] -> prompt + greedy completion [P + C], C <= max_new_tokens, eos kept if produced."""
     from transformers import DynamicCache
-    kv = DynamicCache()
+    try:  # hybrid (linear-attention) targets such as Qwen3.5/3.6 need the config to lay out their cache
+        kv = DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        kv = DynamicCache()
     # The KV cache is passed positionally: the keyword is `past_key_values` or `cache` by transformers version.
     logits = model(prompt_ids[None], None, None, kv, use_cache=True).logits  # [1, P, V]
     out = [int(t) for t in prompt_ids]

@@ -116,3 +116,22 @@ def test_extract_bad_input_one_line_exit_3(tiny_target, tmp_path, capsys, case, 
     else:
         assert not (tmp_path / "c").exists()
     assert [f.name for f in tmp_path.iterdir() if f.name.startswith(".")] == []  # no temp dir left
+
+
+def test_greedy_complete_on_a_hybrid_linear_attention_target():
+    """Qwen3.5/3.6 targets (the seeds' 27B) mix linear and full attention: their KV cache needs the config.
+    Incremental greedy decoding must equal a full recompute at every step."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from remote_payload.target import greedy_complete
+    cfg = Qwen3_5TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=8, vocab_size=64)
+    assert "linear_attention" in cfg.layer_types
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(cfg).eval()
+    ids = torch.tensor([1, 2, 3, 4, 5])
+    ref = ids.tolist()
+    with torch.no_grad():
+        for _ in range(8):
+            ref.append(int(model(torch.tensor([ref])).logits[0, -1].argmax()))
+    assert greedy_complete(model, ids, 8, set()).tolist() == ref

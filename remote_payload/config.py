@@ -186,6 +186,10 @@ def _parse(d: Any, source: str) -> DrafterConfig:
     if block_size < 2:
         raise fail(f"block_size={block_size} must be >= 2")
 
+    vocab_size, mask_id = get("vocab_size", int), get("mask_token_id", int, where=(dflash, d))
+    if not 0 <= mask_id < vocab_size:
+        raise fail(f"mask_token_id={mask_id} is outside the vocabulary (vocab_size={vocab_size})")
+
     return DrafterConfig(
         hidden_size=H,
         intermediate_size=get("intermediate_size", int),
@@ -193,8 +197,8 @@ def _parse(d: Any, source: str) -> DrafterConfig:
         num_key_value_heads=n_kv,
         head_dim=head_dim,
         num_hidden_layers=n_layers,
-        vocab_size=get("vocab_size", int),
-        mask_token_id=get("mask_token_id", int, where=(dflash, d)),
+        vocab_size=vocab_size,
+        mask_token_id=mask_id,
         target_layer_ids=tli,
         fc_layer_ids=fc_ids,
         layer_types=list(layer_types),

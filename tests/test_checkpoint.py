@@ -234,6 +234,8 @@ def test_config_parsing_and_errors():
         ({**base, "num_key_value_heads": 3}, "not a multiple"),
         ({**base, "fc_layer_ids": [1, 2]}, "fc_layer_ids [1, 2] must be distinct members"),
         ({**base, "is_causal": "yes"}, "'is_causal' must be"),
+        ({**base, "dflash_config": {**base["dflash_config"], "mask_token_id": 96}},
+         "mask_token_id=96 is outside the vocabulary (vocab_size=96)"),
         ({**base, "sliding_window": None}, "'sliding_window' is missing"),
         ({**{k: v for k, v in base.items() if k not in ("dflash_config", "num_target_layers")}, "mask_token_id": 95},
          "missing field 'dflash_config.target_layer_ids'"),

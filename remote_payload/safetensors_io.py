@@ -158,6 +158,10 @@ def read_tensors(header: SafetensorsHeader, names, *, device="cpu", dtype: torch
     jobs: list[tuple[str, int, Tensor]] = []
     for name in names:
         e = header.tensors[name]
+        if dtype is not None and dtype.is_floating_point and not e.dtype.is_floating_point:
+            # a cast would turn quantised/integer weights into garbage without a word
+            raise CheckpointError(f"{header.path}: {name!r} is stored as {str(e.dtype).removeprefix('torch.')}, "
+                                  f"not a float type (a quantised checkpoint?): dequantise it first. {NOTHING_DONE}")
         t = torch.empty(e.shape, dtype=e.dtype, device=dev)
         out[name] = t
         if t.numel():

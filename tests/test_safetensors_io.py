@@ -170,3 +170,13 @@ def test_tree_hash_changes_with_one_byte_and_with_a_name(hash_files):
     assert sha256_files(hash_files, chunk_bytes=MIB, threads=2) == before
     renamed = p.rename(p.with_name("z.safetensors"))
     assert sha256_files([renamed, *hash_files[1:]], chunk_bytes=MIB, threads=3) not in (before, flipped)
+
+
+def test_integer_weights_are_not_silently_cast_to_float(tmp_path):
+    path = tmp_path / "q.safetensors"
+    save_file({"w": torch.ones(4, 4, dtype=torch.int8), "f": torch.ones(2)}, path)
+    h = read_header(path)
+    assert read_tensors(h, ["f"], dtype=torch.bfloat16)["f"].dtype == torch.bfloat16
+    assert read_tensors(h, ["w"])["w"].dtype == torch.int8  # no cast asked: read as stored
+    with pytest.raises(CheckpointError, match=r"'w' is stored as int8, not a float type"):
+        read_tensors(h, ["w"], dtype=torch.bfloat16)

@@ -22,8 +22,8 @@ from rich.markup import escape
 from remote_payload import protocol
 
 from .errors import HostKeyError, HostUnreachable, RevalError, RunNotFound
-from .runs import save_follow_state, verdict
-from .transport import SSHTransport, Transport, classify_ssh_failure, q
+from .runs import remote_run_dir, save_follow_state, verdict
+from .transport import Transport, q
 
 
 @dataclass
@@ -165,7 +165,7 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
     """Stream eval.log from `log_offset` until the run is terminal (or lost) and drained."""
     sink = sink or PlainSink()
     host = transport.host
-    run_dir = f"{workdir}/runs/{name}"
+    run_dir = remote_run_dir(workdir, name)
     res = FollowResult(state=protocol.RUNNING, log_offset=log_offset)
     events_offset = 0
     pending = b""  # the tail of events.jsonl after its last newline (only sent once the run is over)
@@ -225,8 +225,8 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
                 save_follow_state(host.name, name, log_offset=res.log_offset)
         if done:
             return res
-        if isinstance(transport, SSHTransport) and p.returncode == SSHTransport.SSH_ERROR:
-            e = classify_ssh_failure(host, err)
+        e = transport.connection_error(p.returncode, err)
+        if e is not None:
             if isinstance(e, HostKeyError):
                 raise e
         elif not got_frames and p.returncode not in (0, -9):

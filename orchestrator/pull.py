@@ -51,6 +51,9 @@ def pull(transport: Transport, name: str, *, workdir: str) -> PullResult:
     host = transport.host.name
     p = transport.popen(pull_script(remote_run_dir(workdir, name)))
     out, err = p.communicate()
+    e = transport.connection_error(p.returncode, err.decode(errors="replace"))
+    if e is not None:
+        raise e
     if out.startswith(b"@@NORUN"):
         raise RunNotFound(f"no run {name!r} on {host}", hint=f"list runs: reval ls {host}")
     if p.returncode != 0:

@@ -17,11 +17,15 @@ from .transport import Transport, q, resolve_workdir
 
 FOLLOW_JSON = ".follow.json"
 
-# Shell helper shared by the remote probes: is any non-zombie process left in process group $1?
-# (`kill -0` alone counts zombies, which linger until init reaps them.)
-_ALIVE_SH = ('alive() { if command -v ps >/dev/null 2>&1; then ps -eo pgid=,stat= | '
-             'awk -v g="$1" \'$1==g && $2 !~ /^Z/ {f=1} END {exit !f}\'; '
-             'else kill -s 0 -- "-$1" 2>/dev/null; fi; }\n'
+# Shell helper shared by the remote probes: is any process of group $1 still running? The same rule as
+# protocol.group_alive (the stream's test): scan /proc/<pid>/stat, where after comm's closing ")" come state,
+# ppid and pgrp, and skip zombies (Z/X: `kill -0` counts them, and they linger where PID 1 does not reap);
+# without /proc, `kill -0` on the group.
+_ALIVE_SH = ('alive() { _g=$1; if [ -r /proc/self/stat ]; then '
+             'for _f in /proc/[0-9]*/stat; do read -r _s 2>/dev/null < "$_f" || continue; '
+             '_s=${_s##*")"}; set -- $_s; '
+             '[ "$3" = "$_g" ] && [ "$1" != Z ] && [ "$1" != X ] && return 0; done; return 1; fi; '
+             'kill -s 0 -- "-$_g" 2>/dev/null; }\n'
              'pgid_of() { sed -n \'s/^ *"pgid": *\\([0-9][0-9]*\\).*/\\1/p\' "$1" 2>/dev/null | head -n 1; }\n')
 
 

@@ -15,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,6 +57,11 @@ class Transport:
     def close(self) -> None:
         pass
 
+    def connection_error(self, returncode: int, stderr: str) -> Exception | None:
+        """For a command started with popen: the error to raise when its exit code means the connection
+        failed (not the remote command), else None."""
+        return None
+
     def _finish(self, cmd: str, p: Completed, check: bool) -> Completed:
         if check and p.returncode != 0:
             raise RemoteCommandError(self.host.name, cmd, p.returncode, p.stderr, p.stdout)
@@ -87,17 +93,19 @@ class LocalTransport(Transport):
 
 
 _CONTROL_DIR = None
+_CONTROL_LOCK = threading.Lock()  # the first SSHTransport may be made in worker threads (reval ls GROUP)
 _OPEN: dict[str, SSHTransport] = {}  # control socket -> a transport that may own a master
 
 
 def _control_dir() -> str:
     # Short path: unix socket paths are limited to ~100 bytes.
     global _CONTROL_DIR
-    if _CONTROL_DIR is None:
-        # $REVAL_CONTROL_ROOT: where the per-process socket folders go (tests point it at their tmp dir)
-        _CONTROL_DIR = tempfile.mkdtemp(prefix="reval-cm-", dir=os.environ.get("REVAL_CONTROL_ROOT", "/tmp"))
-        atexit.register(close_all)
-    return _CONTROL_DIR
+    with _CONTROL_LOCK:
+        if _CONTROL_DIR is None:
+            # $REVAL_CONTROL_ROOT: where the per-process socket folders go (tests point it at their tmp dir)
+            _CONTROL_DIR = tempfile.mkdtemp(prefix="reval-cm-", dir=os.environ.get("REVAL_CONTROL_ROOT", "/tmp"))
+            atexit.register(close_all)
+        return _CONTROL_DIR
 
 
 def close_all() -> None:
@@ -105,9 +113,11 @@ def close_all() -> None:
     global _CONTROL_DIR
     for t in list(_OPEN.values()):
         t.close()
-    if _CONTROL_DIR and os.path.isdir(_CONTROL_DIR) and not os.listdir(_CONTROL_DIR):
-        shutil.rmtree(_CONTROL_DIR, ignore_errors=True)
-        _CONTROL_DIR = None
+    with _CONTROL_LOCK:
+        if _CONTROL_DIR and os.path.isdir(_CONTROL_DIR) and not os.listdir(_CONTROL_DIR):
+            shutil.rmtree(_CONTROL_DIR, ignore_errors=True)
+            _CONTROL_DIR = None
+_CONTROL_LOCK = threading.Lock()  # the first SSHTransport may be made in worker threads (reval ls GROUP)
 
 
 class SSHTransport(Transport):
@@ -177,6 +187,9 @@ class SSHTransport(Transport):
     def popen(self, cmd, **kw):
         return subprocess.Popen(self.ssh_argv(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, **kw)
+
+    def connection_error(self, returncode, stderr):
+        return classify_ssh_failure(self.host, stderr) if returncode == self.SSH_ERROR else None
 
     def rsync_rsh(self):
         return ["ssh", *self.ssh_options()]

@@ -137,6 +137,36 @@ def read_events(path: str | os.PathLike) -> list[dict]:
     return out
 
 
+def group_alive(pgid: int | None) -> bool:
+    """Is any process of group `pgid` still running? Zombies (exited, not yet reaped: they linger where PID 1
+    does not reap) do not count. Scans /proc/<pid>/stat (after the ")" closing comm: state, ppid, pgrp);
+    without /proc, falls back to killpg(pgid, 0), which counts zombies. orchestrator/runs.py's shell
+    `alive()` applies the same rule on the server."""
+    if not pgid:
+        return False
+    pgid = int(pgid)
+    if not os.path.exists("/proc/self/stat"):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True  # exists, owned by someone else
+        return True
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue  # exited while we looked
+        fields = raw[raw.rfind(b")") + 1:].split()
+        if len(fields) > 2 and fields[2] == b"%d" % pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
 def comparability_key(results: dict) -> dict:
     """What must be equal for two results to be ranked against each other."""
     c = results.get("comparability", {})

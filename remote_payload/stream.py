@@ -32,18 +32,6 @@ def add_arguments(p) -> None:
     p.add_argument("--heartbeat-s", type=float, default=1.0)
 
 
-def group_alive(pgid: int | None) -> bool:
-    if not pgid:
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
-
-
 def read_new(path: Path, offset: int, final: bool, limit: int = 1 << 20) -> bytes:
     """Bytes of `path` from `offset` up to the last newline (everything when `final`)."""
     try:
@@ -76,7 +64,7 @@ def main(args) -> int:
             raw = b""
             try:
                 pgid = protocol.read_json(run_dir / protocol.STATUS_JSON).get("pgid")
-                alive = group_alive(pgid)
+                alive = protocol.group_alive(pgid)
                 raw = (run_dir / protocol.STATUS_JSON).read_bytes()
                 status = json.loads(raw)
             except (FileNotFoundError, ValueError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,6 +84,56 @@ def test_follow_reports_lost_when_group_is_gone(tmp_path):
     assert res.state == "lost"
     # a run that is over is drained completely, partial last line included
     assert rec.lines == ["[reval] ghost started", "half a line without newline"]
+
+
+@pytest.fixture
+def zombie_group():
+    """A process group whose only member has exited but is not reaped (a zombie: what a KILLed wrapper
+    leaves where PID 1 does not reap). Yields its pgid; reaped at the end."""
+    import os
+    import subprocess
+    p = subprocess.Popen(["true"], start_new_session=True)
+    os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # exited, left unreaped
+    yield p.pid
+    p.wait()
+
+
+def _shell_alive(pgid: int) -> bool:
+    """The probes' shell rule (orchestrator.runs._ALIVE_SH), run the way run_state runs it."""
+    from orchestrator.runs import _ALIVE_SH
+    from orchestrator.transport import LocalTransport
+    from tests.runtools import local_host
+    out = LocalTransport(local_host(Path("/nonexistent"))).run(_ALIVE_SH + f"alive {pgid} && echo 1 || echo 0")
+    return out.stdout.strip() == "1"
+
+
+def test_group_alive_python_and_shell_agree_live_zombie_dead(zombie_group):
+    import os
+    import subprocess
+    live = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        assert protocol.group_alive(live.pid) is True and _shell_alive(live.pid) is True
+    finally:
+        live.kill()
+        live.wait()
+    os.killpg(zombie_group, 0)  # kill -0 still finds the zombie's group ...
+    assert protocol.group_alive(zombie_group) is False  # ... but nothing in it runs
+    assert _shell_alive(zombie_group) is False
+    assert protocol.group_alive(live.pid) is False and _shell_alive(live.pid) is False  # dead and reaped
+    assert protocol.group_alive(None) is False
+
+
+def test_follow_and_status_agree_a_zombie_only_group_is_lost(tmp_path, zombie_group):
+    """A KILLed wrapper left as a zombie: `reval status` says lost, and `logs -f` ends (lost) too."""
+    from orchestrator.runs import run_state
+    _, t, wd = synced_local(tmp_path / "work")
+    d = tmp_path / "work" / "runs" / "zomb"
+    d.mkdir(parents=True)
+    (d / "eval.log").write_text("[reval] zomb started\n")
+    protocol.atomic_write_json(d / "status.json", {"state": "running", "pid": zombie_group, "pgid": zombie_group})
+    assert run_state(t, "zomb").state == "lost"
+    res = follow(t, "zomb", workdir=wd, python=sys.executable, sink=Recorder())
+    assert res.state == "lost"
 
 
 def test_pull_takes_only_contract_files(tmp_path):

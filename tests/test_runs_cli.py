@@ -68,7 +68,7 @@ def test_crashing_payload_fails_with_log_tail_and_nothing_marked_success(here, c
     assert (st["state"], st["exit_code"]) == ("failed", 1)
     assert not (pulled / "results.json").exists() and "done" not in out
     rc, out, _ = reval(capsys, "status", "local/boom")
-    assert "failed" in out and "exit 1" in out
+    assert rc == 1 and "failed" in out and "exit 1" in out
     # the payload's "bad input" (exit 3: a missing key, a wrong path) is reval's bad input too
     rc, _, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "badin", "--", "--lines", "1",
                        "--interval-s", "0", "--exit-code", "3")
@@ -85,11 +85,13 @@ def test_detach_kill_group_gone_then_logs_f_cancelled(here, capsys):
     pgid = protocol.read_json(run_dir / "status.json")["pgid"]
     assert len(group_members(pgid)) == 2  # the wrapper and the payload
     rc, out, _ = reval(capsys, "status", "k1")
-    assert "k1 on local: running" in out and "eval " in out  # with the latest progress, e.g. "eval 7/1000"
+    assert rc == 101 and "k1 on local: running" in out and "eval " in out  # with the latest progress, e.g. "eval 7/1000"
     rc, out, _ = reval(capsys, "kill", "k1")
     assert rc == 0 and "cancelled k1" in out
     assert group_members(pgid) == []
     assert protocol.read_json(run_dir / "status.json")["state"] == "cancelled"
+    rc, out, _ = reval(capsys, "status", "k1")
+    assert rc == 103 and "k1 on local: cancelled" in out
     rc, out, _ = reval(capsys, "logs", "k1", "-f")
     assert rc == 103 and "cancelled k1" in out
     rc, out, _ = reval(capsys, "kill", "k1")
@@ -130,7 +132,7 @@ def test_lost_run_is_reported_lost_never_success(here, capsys):
                                                    "started_at": protocol.now_iso()})
     (d / "eval.log").write_text("[reval] ghost started\nloading...\n")
     rc, out, _ = reval(capsys, "status", "local/ghost")
-    assert rc == 0 and "ghost on local: lost" in out
+    assert rc == 1 and "ghost on local: lost" in out
     rc, out, err = reval(capsys, "logs", "local/ghost", "-f")
     assert rc == 1 and "lost    ghost" in err and "done" not in out
     rc, out, _ = reval(capsys, "ls", "local")
@@ -165,6 +167,25 @@ def test_not_found_hostile_and_ambiguous_names(here, capsys):
     assert rc == 3 and "exists on several hosts: a, b" in err and "a/same" in err
     rc, out, _ = reval(capsys, "status", "b/same")
     assert rc == 0 and "same on b: succeeded" in out
+
+
+def test_status_help_names_exit_codes_and_what_no_run_lists(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["status", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "0 succeeded, 101 running, 1 failed or lost, 103 cancelled, 102 no such run" in text
+    assert "runs no longer on their host are left out" in text
+
+
+def test_logs_fails_when_eval_log_cannot_be_read(here, capsys):
+    d = here / ".reval/local/runs/broken"
+    (d / "eval.log").mkdir(parents=True)  # cat fails on it (a truncated/unreadable log reads the same way)
+    protocol.atomic_write_json(d / "status.json", {"state": "failed", "exit_code": 1})
+    rc, out, err = reval(capsys, "logs", "local/broken")
+    assert rc == 1 and "Is a directory" in err and out == ""
+    (d / "eval.log").rmdir()  # no log at all yet: nothing to show, not an error
+    rc, out, err = reval(capsys, "logs", "local/broken")
+    assert rc == 0 and out == ""
 
 
 def test_unknown_options_and_missing_paths_are_bad_input(here, capsys):
@@ -246,3 +267,14 @@ def test_run_kill_ls_pull_over_ssh(ssh_hosts, here, capsys):
     rc, out, err = reval(capsys, "-i", inv, "pull", "--all")
     assert rc == 2 and "pulled  ssh2/r2 (cancelled)" in out and "failed  ssh1" in err
     assert protocol.read_json(here / "runs/ssh2/r2/status.json")["state"] == "cancelled"
+
+
+@pytest.mark.ssh
+def test_host_down_is_exit_4_for_pull_logs_status(ssh_hosts, here, capsys):
+    """ssh's own failure (exit 255) on the streamed commands (pull's tar, logs' cat) is `unreachable`,
+    not a failed remote command."""
+    c = ssh_hosts(1)
+    c.stop(0)
+    for argv in (["pull", "ssh1/r1"], ["logs", "ssh1/r1"], ["status", "ssh1/r1"]):
+        rc, _, err = reval(capsys, "-i", str(c.inventory_path), *argv)
+        assert rc == 4 and "ssh1: unreachable" in err, (argv, err)

@@ -132,3 +132,32 @@ def test_proxy_jump_with_explicit_key_and_known_hosts(ssh_hosts):
     c.stop(0)  # no jump host, no way in
     with pytest.raises(HostUnreachable):
         SSHTransport(host_for(c, 1, proxy_jump=f"root@{jump.address}:{jump.port}")).run("true")
+
+
+def test_first_transports_made_in_parallel_share_one_control_folder(monkeypatch, tmp_path):
+    """`reval ls GROUP` may make the first SSHTransports in worker threads: one socket folder, not several."""
+    import tempfile
+    import threading
+
+    from orchestrator import transport
+    monkeypatch.setattr(transport, "_CONTROL_DIR", None)
+    made, real_mkdtemp, start = [], tempfile.mkdtemp, threading.Barrier(8)
+
+    def slow_mkdtemp(**kw):  # widen the window in which a second thread could see no folder yet
+        made.append(real_mkdtemp(dir=str(tmp_path), prefix=kw.get("prefix")))
+        threading.Event().wait(0.2)
+        return made[-1]
+    monkeypatch.setattr(transport.tempfile, "mkdtemp", slow_mkdtemp)
+    transports = []
+
+    def make(i):
+        start.wait()
+        transports.append(SSHTransport(Host(name=f"h{i}", address=f"127.0.0.{i + 2}")))
+    threads = [threading.Thread(target=make, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t in transports:
+        t.close()  # no master was opened: only forgets them
+    assert len(made) == 1 and {os.path.dirname(t._control) for t in transports} == {made[0]}

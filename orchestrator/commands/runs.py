@@ -3,16 +3,15 @@
 RUN is `name` (looked up in runs/ here, then on every inventory host) or `host/name`."""
 from __future__ import annotations
 
-import calendar
 import json
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from remote_payload import protocol
 
 from .. import report
+from ..compare import _iso_s, format_duration
 from ..errors import (
     EXIT_BAD_INPUT,
     EXIT_CANCELLED,
@@ -20,6 +19,7 @@ from ..errors import (
     EXIT_OK,
     EXIT_PARTIAL,
     EXIT_STILL_RUNNING,
+    RemoteCommandError,
     RevalError,
     RunNotFound,
 )
@@ -40,6 +40,8 @@ from ..runs import (
 from ..transport import Transport, get_transport, q, resolve_workdir
 
 LAST_LINES = 15
+# `reval status RUN`'s exit code by state (failed, lost and an unreadable status.json: EXIT_EVAL_FAILED)
+STATUS_EXIT = {protocol.SUCCEEDED: EXIT_OK, protocol.RUNNING: EXIT_STILL_RUNNING, protocol.CANCELLED: EXIT_CANCELLED}
 
 
 def out(text: str = "") -> None:
@@ -62,20 +64,10 @@ def detached_message(name: str, host: str) -> str:
     return f"detached: {name} keeps running on {host}. Re-attach: reval logs {name} -f"
 
 
-def _epoch(iso: str | None) -> float | None:
-    try:
-        return float(calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ")))
-    except (TypeError, ValueError):
-        return None
-
-
 def duration_text(status: dict) -> str:
-    """`2m41s` from started_at/finished_at (pure)."""
-    a, b = _epoch(status.get("started_at")), _epoch(status.get("finished_at"))
-    if a is None or b is None:
-        return "?"
-    s = int(b - a)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+    """`2m41s` from started_at/finished_at, `?` without both (pure)."""
+    a, b = _iso_s(status.get("started_at")), _iso_s(status.get("finished_at"))
+    return format_duration(b - a) if a is not None and b is not None else "?"
 
 
 def last_lines(path: Path, n: int = LAST_LINES) -> list[str]:
@@ -143,8 +135,15 @@ def register(sub) -> None:
     p.add_argument("--give-up-s", type=float, default=120.0, help="stop reconnecting after this long (exit 4)")
     p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("status", help="a run's state (running / succeeded / failed / cancelled / lost)")
-    p.add_argument("run", metavar="RUN", nargs="?", help="name or host/name (default: every run known here)")
+    p = sub.add_parser("status", help="a run's state (running / succeeded / failed / cancelled / lost)",
+                       description="With RUN: one line, and the exit code says the state: 0 succeeded, "
+                                   "101 running, 1 failed or lost, 103 cancelled, 102 no such run, "
+                                   "4 host unreachable. Without RUN: a table of the runs in runs/ here "
+                                   "(launched or pulled from this folder) as their hosts report them now; "
+                                   "runs no longer on their host are left out, unreachable hosts are listed "
+                                   "(exit 2).")
+    p.add_argument("run", metavar="RUN", nargs="?",
+                   help="name or host/name (default: the runs in runs/ here that their hosts still have)")
     p.add_argument("--host", help="the run's host")
     p.set_defaults(func=cmd_status)
 
@@ -177,8 +176,13 @@ def cmd_logs(args) -> int:
         state = run_state(t, name)
         if state is None:
             raise RunNotFound(f"no run {name!r} on {host.name}", hint=f"list runs: reval ls {host.name}")
-        p = t.popen(f"cat {q(remote_run_dir(resolve_workdir(t), name) + '/' + protocol.EVAL_LOG)} 2>/dev/null")
-        data, _ = p.communicate()
+        log = q(remote_run_dir(resolve_workdir(t), name) + "/" + protocol.EVAL_LOG)
+        cmd = f"[ ! -e {log} ] || exec cat {log}"  # no log yet: nothing to show; a failed read: an error
+        p = t.popen(cmd)
+        data, e = p.communicate()
+        e = e.decode(errors="replace")
+        if p.returncode != 0:
+            raise t.connection_error(p.returncode, e) or RemoteCommandError(host.name, cmd, p.returncode, e)
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return EXIT_OK
@@ -241,7 +245,7 @@ def cmd_status(args) -> int:
         if s.state == protocol.RUNNING and s.last_event:
             took += f" · {progress_text(s.last_event)}"
         out(f"{name} on {host.name}: {s.state}{took}{extra}")
-        return EXIT_OK
+        return STATUS_EXIT.get(s.state, EXIT_EVAL_FAILED)
     known = local_registry()
     hosts = [inv.hosts[h] for h in sorted({h for h, _ in known}) if h in inv.hosts]
     found, unreachable = _per_host(hosts, list_runs)

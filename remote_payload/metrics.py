@@ -38,7 +38,9 @@ DEFINITIONS: dict[str, str] = {
     "per_position_acceptance_conditional": "k=1..block_size-1: #(acc >= k) / #(acc >= k-1), pooled over the "
     "vanilla rounds of all prompts; null where no round reached k-1",
     "position_accuracy": "k=1..block_size-1, teacher-forced at every anchor (not only those the walk visits): "
-    "#(anchors with draft k == g[a+k]) / #(anchors with a+k < seq_len), pooled over all anchors of all prompts",
+    "#(anchors with draft k == g[a+k]) / #(anchors with a+k < seq_len), pooled over all anchors of all prompts; "
+    "anchors: prompt_len <= a <= min(seq_len-2, prompt_len + max_blocks*block_size - 1), the positions the walk "
+    "can reach (options.position_accuracy_anchors 'walk_reach'), or every completion anchor ('all')",
     "position_accuracy_macro": "as position_accuracy, but the per-prompt fractions averaged over prompts",
     "position_1_accuracy": "position_accuracy at k=1 (pooled)",
     "ddtree_tau": "per node budget B: tau (macro) of the acceptance walk with a DDTree draft tree of the B most "

@@ -31,7 +31,7 @@ import torch
 
 from . import __version__, metrics, protocol
 from .cache import open_cache, parse_layer_ids
-from .checkpoint import check_features, load_drafter, load_target_head, select_features
+from .checkpoint import check_features, load_drafter, load_target_head
 from .errors import PayloadError
 
 STEPS = 5
@@ -58,6 +58,7 @@ class EvalOptions:
     tree_widths: list[int] = field(default_factory=lambda: list(DEFAULT_WIDTHS))
     cache_layers: list[int] | None = None
     strict: bool = False
+    all_anchors: bool = False
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -93,6 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-widths", type=_int_list, default=list(DEFAULT_WIDTHS),
                    help="width-k trees, the seeds' DDTree-4/DDTree-8 (default 4,8)")
     p.add_argument("--strict", action="store_true", help="a suspect result fails the run (exit 1)")
+    p.add_argument("--all-anchors", action="store_true",
+                   help="teacher-forced position accuracy at every completion anchor (default: the anchors "
+                        "the walk can reach within --max-blocks; the walks are the same either way)")
 
 
 def options_from_args(args: argparse.Namespace) -> EvalOptions:
@@ -108,7 +112,7 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
                        max_blocks=args.max_blocks, device=args.device, dtype=args.dtype,
                        batch_size=args.batch_size, ddtree_budgets=sorted(set(args.ddtree_budgets)),
                        tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
-                       strict=args.strict)
+                       strict=args.strict, all_anchors=args.all_anchors)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -275,7 +279,9 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     rep.line(f"  Got {len(prompts)} valid completions (layers {cache.layer_ids}, hidden {cache.hidden_size})")
 
     rep.step(3, "load_cache", f"Loading cached hidden states from {opts.cache}...")
-    loaded, feature_stats = [], {}
+    # Validated and summarised here, not kept: the eval re-reads each prompt with only the drafter's layers
+    # (page-cache warm), so host memory holds one prompt's features at a time.
+    feature_stats = {}
     for i, p in enumerate(prompts):
         ids, feats_all = cache.load(i)  # validated: shapes, NaN/inf (prompts is a prefix of the cache)
         mean, std = _stats(feats_all)
@@ -283,7 +289,7 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
             raise PayloadError(f"cache {opts.cache}: prompt {p.name!r} features are constant (std {std}); "
                                f"re-extract it")
         feature_stats[p.name] = {"mean": mean, "std": std}
-        loaded.append((ids, feats_all))
+        del feats_all
         rep.line(f"  [{i + 1}/{len(prompts)}] {p.name}: {p.seq_len} tokens aux_mean={mean:.4f} aux_std={std:.4f}",
                  stage="load_cache", step=3, steps=STEPS, i=i + 1, n=len(prompts))
 
@@ -291,7 +297,7 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     t_load = time.perf_counter()
     drafter, info = load_drafter(opts.drafter, device=device, dtype=dtype)
     cfg = drafter.cfg
-    layer_idx = check_features(cfg, cache.layer_ids, cache.hidden_size)
+    check_features(cfg, cache.layer_ids, cache.hidden_size)  # names dims and layer ids on a mismatch
     rep.line(f"  layout={info.layout} params={info.num_parameters:,} fc layers {cfg.fc_layer_ids} "
              f"block_size={cfg.block_size} layers={cfg.num_hidden_layers} ({', '.join(cfg.layer_types)})")
     for key, st in info.weight_stats.items():
@@ -313,13 +319,18 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     prompt_hash = hashlib.sha256()
     t_eval = time.perf_counter()
     n_anchors_total = 0
-    for i, (p, (ids, feats_all)) in enumerate(zip(prompts, loaded)):
-        feats = select_features(feats_all, layer_idx, cache.hidden_size).to(device=device, dtype=dtype)
+    for i, p in enumerate(prompts):
+        ids, feats = cache.load(i, layer_ids=cfg.fc_layer_ids, device=device, dtype=dtype)  # [T], [T, n_fc*H]
+        if int(ids.max()) >= cfg.vocab_size or int(ids.min()) < 0:
+            raise PayloadError(f"cache {opts.cache}: prompt {p.name!r} holds token id {int(ids.max())} outside the "
+                               f"drafter's vocabulary ({cfg.vocab_size}): the cache comes from another tokenizer")
         rep.line(f"  [{i + 1}/{len(prompts)}] {p.name}: {p.seq_len} tokens", stage="eval", step=5, steps=STEPS,
                  i=i + 1, n=len(prompts))
         g = ids.cpu().numpy()
         prompt_hash.update(g.astype(np.int64).tobytes() + p.prompt_len.to_bytes(8, "little"))
-        n = metrics.num_anchors(p.prompt_len, p.seq_len, opts.max_blocks, bs)
+        # anchors the walk can reach; --all-anchors: every completion anchor (position accuracy over all)
+        n = (max(0, p.seq_len - 1 - p.prompt_len) if opts.all_anchors
+             else metrics.num_anchors(p.prompt_len, p.seq_len, opts.max_blocks, bs))
         out = draft_all_anchors(drafter, head, feats, ids, p.prompt_len, n, batch_size=batch, budgets=budgets,
                                 widths=widths)
         n_anchors_total += n
@@ -360,10 +371,11 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
                   "num_prompts_total": len(cache.prompts)},
         "options": {"num_prompts": len(prompts), "max_blocks": opts.max_blocks, "block_size": bs,
                     "ddtree_budgets": budgets, "tree_widths": widths, "device": str(device),
-                    "dtype": dtype_name(dtype), "batch_size": batch, "strict": opts.strict},
+                    "dtype": dtype_name(dtype), "batch_size": batch, "strict": opts.strict,
+                    "position_accuracy_anchors": "all" if opts.all_anchors else "walk_reach"},
         "comparability": {"cache_fingerprint": fingerprint, "prompt_set": "sha256:" + prompt_hash.hexdigest(),
                           "num_prompts": len(prompts), "max_blocks": opts.max_blocks, "block_size": bs,
-                          "metrics_version": protocol.METRICS_VERSION},
+                          "metrics_version": protocol.METRICS_VERSION + ("+all-anchors" if opts.all_anchors else "")},
         "definitions": metrics.DEFINITIONS,
         "metrics": m,
         "per_prompt": per_prompt,

@@ -204,3 +204,29 @@ def test_trained_drafter_has_real_signal_and_the_seeds_bug_is_caught(trained_fix
     rc, run_err = run_eval(tmp_path, good, broken, cache, name="err")
     assert rc == protocol.EXIT_BAD_INPUT and not (run_err / "results.json").exists()
     assert "Closest:" in capsys.readouterr().err
+
+
+def test_all_anchors_widens_position_accuracy_only(inputs, tmp_path):
+    rc, walk_dir = run_eval(tmp_path, inputs / "drafter", inputs / "target", inputs / "cache", "--max-blocks", "1",
+                            name="reach")
+    rc2, all_dir = run_eval(tmp_path, inputs / "drafter", inputs / "target", inputs / "cache", "--max-blocks", "1",
+                            "--all-anchors", name="all")
+    assert rc == rc2 == 0
+    reach, every = (json.loads((d / "results.json").read_text()) for d in (walk_dir, all_dir))
+    assert [p["acceptance_lengths"] for p in reach["per_prompt"]] == [p["acceptance_lengths"] for p in every["per_prompt"]]
+    # 16 anchors per prompt reachable in one block vs every completion anchor (T - 1 - prompt_len)
+    assert [p["num_anchors"] for p in reach["per_prompt"]] == [16, 16, 16]
+    assert [p["num_anchors"] for p in every["per_prompt"]] == [40 - 1 - 9, 57 - 1 - 10, 71 - 1 - 11]
+    assert every["options"]["position_accuracy_anchors"] == "all"
+    assert every["comparability"]["metrics_version"] != reach["comparability"]["metrics_version"]
+
+
+def test_cache_from_another_tokenizer_is_refused(inputs, tmp_path, capsys):
+    c = tmp_path / "cache"
+    shutil.copytree(inputs / "cache", c)
+    f = sorted(c.glob("*.safetensors"))[0]
+    t = load_file(f)
+    t["ids"][3] = 500  # vocab is 96
+    save_file(t, f)
+    line = _bad(tmp_path, capsys, inputs / "drafter", inputs / "target", c)
+    assert "token id 500 outside the drafter's vocabulary (96)" in line

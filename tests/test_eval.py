@@ -224,7 +224,7 @@ def test_all_anchors_widens_position_accuracy_only(inputs, tmp_path):
 def test_cache_from_another_tokenizer_is_refused(inputs, tmp_path, capsys):
     c = tmp_path / "cache"
     shutil.copytree(inputs / "cache", c)
-    f = sorted(c.glob("*.safetensors"))[0]
+    f = min(c.glob("*.safetensors"))
     t = load_file(f)
     t["ids"][3] = 500  # vocab is 96
     save_file(t, f)

@@ -126,7 +126,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {run_dir} already holds results.json: pick another --name/--run-dir", file=sys.stderr)
         return protocol.EXIT_BAD_INPUT
     run_dir.mkdir(parents=True, exist_ok=True)
-    own_status = not (run_dir / protocol.STATUS_JSON).exists()  # else the wrapper owns status.json
+    # under `wrap` (REVAL_WRAPPED) the wrapper owns status.json; standalone, the payload writes its own
+    own_status = not os.environ.get("REVAL_WRAPPED") and not (run_dir / protocol.STATUS_JSON).exists()
     started = protocol.now_iso()
     if not (run_dir / protocol.RUN_JSON).exists():
         protocol.atomic_write_json(run_dir / protocol.RUN_JSON, {

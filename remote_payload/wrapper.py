@@ -218,10 +218,17 @@ def main(args) -> int:
     if args.run_json and Path(args.run_json).resolve().parent == run_dir:
         Path(args.run_json).unlink(missing_ok=True)  # the staged copy the controller uploaded
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": visible}
+    # REVAL_WRAPPED: the payload leaves status.json to us (it writes its own only when run standalone)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": visible, "REVAL_WRAPPED": "1"}
     where = f"GPU {visible}" if gpus else "CPU (no GPU on this host)" if args.gpus == "auto" else "CPU"
     w.log(f"[reval] {run} started {w.base['started_at']} on {w.base['host']} · {where} · pid {pid}"
           f" · {shlex.join(cmd)}")
+    if w.cancel_signal is not None:  # cancelled before the child existed: start nothing
+        w.finish(protocol.CANCELLED, protocol.EXIT_CANCELLED, t0, cancelled_by=signal.Signals(w.cancel_signal).name)
+        return protocol.EXIT_CANCELLED
+    # running (pid/pgid = ours, the group leader) BEFORE the child starts: the controller waits for this file,
+    # and the child must never see a run directory without it
+    w.write_status()
     logf = open(run_dir / protocol.EVAL_LOG, "ab", buffering=0)  # noqa: SIM115 - closed once the child has it
     try:
         # The lock fds are inherited on purpose: the GPU stays locked while the child lives, even if we die.
@@ -232,7 +239,6 @@ def main(args) -> int:
         w.log(f"[reval] could not start {cmd[0]!r}: {e}")
         w.finish(protocol.FAILED, 127, t0, error=f"could not start {cmd[0]!r}: {e}")
         return 127
-    w.write_status()  # running, with pid/pgid: the controller waits for this file
     logf.close()
     while True:
         try:

@@ -289,3 +289,14 @@ def test_launch_with_its_input_cut_short_starts_nothing(tmp_path):
                          check=False).stdout.decode()
     assert "@@NOINPUT" in out
     assert not (workdir / "runs" / "cut").exists() and not (workdir / "payload" / "started").exists()
+
+
+def test_child_starts_after_running_status_and_knows_it_is_wrapped(tmp_path):
+    """The child must find status.json (running) already there and REVAL_WRAPPED set, so the payload never
+    writes a status of its own beside the wrapper's."""
+    d = tmp_path / "runs" / "order"
+    probe = "import json,os,sys; d=sys.argv[1]; print(json.load(open(d+'/status.json'))['state'], os.environ['REVAL_WRAPPED'])"
+    p = wrap(d, sys.executable, "-c", probe, str(d))
+    assert p.returncode == 0, p.stderr
+    assert "running 1" in (d / "eval.log").read_text()
+    assert protocol.read_json(d / "status.json")["state"] == "succeeded"

@@ -26,6 +26,7 @@ import torch
 from . import metrics
 from .checkpoint import load_drafter, load_target_head, sha256_files
 from .config import DrafterConfig
+from .devices import resolve_device_dtype
 from .drafter import DFlashDrafter
 from .run import draft_all_anchors
 
@@ -224,9 +225,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else torch.device(args.device)
+    dev, dtype = resolve_device_dtype(args.device, "auto")
     preset = args.preset or ("27b" if dev.type == "cuda" else "tiny")
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     batch = args.batch_size or (128 if dev.type == "cuda" else 32)
     cfg = DrafterConfig.from_dict(PRESETS[preset], source=f"preset {preset}")
     peak = measure_peak(dev)

@@ -32,6 +32,7 @@ import torch
 from . import __version__, metrics, protocol
 from .cache import open_cache, parse_layer_ids
 from .checkpoint import check_features, load_drafter, load_target_head
+from .devices import resolve_device_dtype
 from .errors import PayloadError
 
 STEPS = 5
@@ -185,21 +186,6 @@ class Reporter:
 
 
 # ---------------------------------------------------------------------------------------------- eval
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise PayloadError(f"--device {name}: CUDA is not available on this host; use --device cpu")
-    return dev
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
-
-
 def load_tokenizer(target: str):
     """tokenizers.Tokenizer from the target folder, or None (decoding is then shown as ids)."""
     path = Path(target) / "tokenizer.json"
@@ -265,8 +251,7 @@ def _stats(x: torch.Tensor) -> tuple[float, float]:
 
 def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     t0 = time.perf_counter()
-    device = resolve_device(opts.device)
-    dtype = resolve_dtype(opts.dtype, device)
+    device, dtype = resolve_device_dtype(opts.device, opts.dtype)
     rep.line(f"DFlash drafter eval · {opts.name} · device {device} ({dtype_name(dtype)})")
 
     rep.step(1, "tokenizer", "Loading tokenizer...")

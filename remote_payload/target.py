@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from remote_payload.cache import Cache, CacheWriter, open_cache, parse_layer_ids
+from remote_payload.devices import resolve_device_dtype
 from remote_payload.errors import PayloadError
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -79,14 +80,6 @@ def check_target(target: str | os.PathLike, layer_ids: list[int]) -> dict:
         raise PayloadError(f"--layers {','.join(map(str, layer_ids))}: layer ids {bad} >= the target's {n} layers; "
                            f"use ids in 0..{n - 1}")
     return config
-
-
-def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       "cpu" if device == "auto" else device)
-    if dtype == "auto":
-        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
-    return dev, {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[dtype]
 
 
 def load_target(target: str | os.PathLike, device: torch.device, dtype: torch.dtype):

@@ -292,6 +292,13 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
                                    device=device, dtype=dtype)
     rep.line(f"  target head: embed {hinfo.embed_key!r}, lm_head "
              f"{'tied to embed' if hinfo.tied else repr(hinfo.lm_head_key)} from {Path(hinfo.source).name}")
+    cached_sha = ((cache.meta or {}).get("target") or {}).get("config_sha256")
+    cfg_file = Path(opts.target) / "config.json"
+    target_matches = (None if not (cached_sha and cfg_file.exists())
+                      else hashlib.sha256(cfg_file.read_bytes()).hexdigest() == cached_sha)
+    if target_matches is False:  # a warning, not an error: a re-saved config of the same model differs too
+        rep.line(f"  warning: {cfg_file} is not the config the cache was extracted with "
+                 f"({(cache.meta.get('target') or {}).get('path')}); check --target", stage="warning")
     e_mean, e_std = _stats(head.embed)
     rep.line(f"  embed_tokens: mean={e_mean:.4f} std={e_std:.4f}")
     load_s = time.perf_counter() - t_load
@@ -352,7 +359,8 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
                     "content_hash": info.content_hash, "target_layer_ids": list(cfg.target_layer_ids),
                     "fc_layer_ids": list(cfg.fc_layer_ids), "num_parameters": info.num_parameters},
         "target": {"path": str(opts.target), "embed_key": hinfo.embed_key,
-                   "lm_head_key": None if hinfo.tied else hinfo.lm_head_key, "tied": hinfo.tied},
+                   "lm_head_key": None if hinfo.tied else hinfo.lm_head_key, "tied": hinfo.tied,
+                   "config_matches_cache": target_matches},
         "cache": {"path": str(opts.cache), "fingerprint": fingerprint, "layer_ids": list(cache.layer_ids),
                   "num_prompts_total": len(cache.prompts)},
         "options": {"num_prompts": len(prompts), "max_blocks": opts.max_blocks, "block_size": bs,

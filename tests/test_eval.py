@@ -179,6 +179,17 @@ def test_trained_drafter_has_real_signal_and_the_seeds_bug_is_caught(trained_fix
     res_mm = json.loads((run_mm / "results.json").read_text())
     assert res_mm["target"]["embed_key"] == "model.language_model.embed_tokens.weight"
     assert res_mm["metrics"]["tau"] == pytest.approx(res["tau"])
+    assert json.loads((run_dir / "results.json").read_text())["target"]["config_matches_cache"] is True
+
+    # A target whose config.json is not the one the cache was extracted with: said (warning), not refused.
+    other = tmp_path / "target-other"
+    shutil.copytree(target, other)
+    conf = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**conf, "_name_or_path": "somewhere-else"}))
+    capsys.readouterr()
+    rc, run_other = run_eval(tmp_path, good, other, cache, name="other")
+    assert rc == 0 and "is not the config the cache was extracted with" in capsys.readouterr().out
+    assert json.loads((run_other / "results.json").read_text())["target"]["config_matches_cache"] is False
 
     # What the seeds' harness did: embed_tokens and lm_head were looked up under the wrong keys, silently
     # skipped, and the drafter ran with uninitialised ones. Simulate that state (random tensors under the

@@ -14,10 +14,9 @@ import shlex
 import sys
 import time
 
-from ..environment import ensure_env
+from ..environment import provision
 from ..errors import EXIT_OK, EvalFailed
 from ..inventory import load_inventory
-from ..sync import sync_payload
 from ..transport import get_transport, q, resolve_workdir
 from . import compare as compare_cmd
 from . import run as run_cmd
@@ -52,8 +51,7 @@ def cmd_demo(args) -> int:
     host = inv.get(args.host)
     t = get_transport(host)
     t0 = time.monotonic()
-    sync_payload(t, host)
-    env = ensure_env(t, host)
+    _, env = provision(t, host)
     workdir = resolve_workdir(t)
     fixtures = f"{workdir}/fixtures"
     print(f"demo    building the tiny fixtures on {host.name} (cached after the first time): {fixtures}")

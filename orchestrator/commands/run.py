@@ -10,11 +10,10 @@ import time
 from remote_payload import protocol
 
 from .. import __version__
-from ..environment import ensure_env
+from ..environment import provision
 from ..errors import EXIT_STILL_RUNNING, ConfigError
 from ..inventory import load_inventory
 from ..launch import describe, launch, normalize_gpus
-from ..sync import sync_payload
 from ..transport import get_transport
 from .runs import detached_message, finish_run, make_sink, out
 
@@ -111,8 +110,7 @@ def cmd_run(args) -> int:
 
     t0 = time.monotonic()
     t = get_transport(host)
-    synced = sync_payload(t, host)
-    env = ensure_env(t, host)
+    synced, env = provision(t, host)  # payload sync + venv check/build, one probe round trip
     changed = (f"{synced.files_changed} of {synced.files_total} files changed ({synced.bytes / 1024:.0f} KB)"
                if synced.files_changed or synced.files_deleted else "unchanged")
     out(f"sync    payload: {changed} · venv: {'reused' if env.reused else 'built'} ({env.key})")

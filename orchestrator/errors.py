@@ -32,6 +32,10 @@ class ConfigError(RevalError):
     exit_code = EXIT_BAD_INPUT
 
 
+class RunExists(ConfigError):
+    """The run name is already used on the host (the launch claimed nothing)."""
+
+
 class HostUnreachable(RevalError):
     exit_code = EXIT_UNREACHABLE
 

@@ -14,13 +14,17 @@ from dataclasses import dataclass, field
 
 from remote_payload import protocol
 
-from .errors import ConfigError, HostUnreachable, RevalError
+from .errors import ConfigError, HostUnreachable, RevalError, RunExists
 from .inventory import Host
 from .runs import remote_run_dir, save_follow_state
 from .transport import Transport, q, resolve_workdir
 
 STARTUP_WAIT_S = 15.0
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class NoFreeGpu(ConfigError):
+    """The wrapper found every GPU busy or locked (nothing was started; try again later or elsewhere)."""
 
 
 @dataclass
@@ -96,7 +100,7 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
     staged = json.dumps({**run_json, "run": name, "host": host.name, "python": python}, default=str)
     out = transport.run(script, input=staged, timeout_s=STARTUP_WAIT_S + 60).stdout
     if "@@EXISTS" in out:
-        raise ConfigError(f"run name {name!r} is already used on {host.name}",
+        raise RunExists(f"run name {name!r} is already used on {host.name}",
                           hint=f"pick another with --name (e.g. --name {name}-2), or leave --name out for a "
                                f"timestamped one; see it: reval status {host.name}/{name}")
     if "@@NOINPUT" in out:  # a transport failure: safe to retry under the same name
@@ -115,7 +119,8 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
                          exit_code=1)
     if status.get("state") == protocol.FAILED and status.get("error"):
         transport.run(f"rm -rf {q(d)}", check=False, timeout_s=60)
-        raise ConfigError(f"{host.name}: {status['error']}")
+        err = NoFreeGpu if status["error"].startswith("no free GPU") else ConfigError  # wrapper.acquire_gpus
+        raise err(f"{host.name}: {status['error']}")
     save_follow_state(host.name, name, run_dir=d, python=python, log_offset=0, launched_at=protocol.now_iso())
     return LaunchInfo(host=host.name, name=name, run_dir=d, pid=int(status.get("pid", 0)),
                       pgid=int(status.get("pgid", 0)), device=status.get("device", "cpu"),

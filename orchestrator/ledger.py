@@ -101,6 +101,15 @@ class Ledger:
             self.entries[entry.key] = entry
             self._save()
 
+    def restore(self, key: str, entry: LedgerEntry | None) -> None:
+        """Put back what `key` held before (None: nothing), as it was (a launch that started nothing)."""
+        with self._mutex:
+            if entry is None:
+                self.entries.pop(key, None)
+            else:
+                self.entries[key] = entry
+            self._save()
+
     def of_sweep(self, sweep: str) -> dict[tuple[str, str], LedgerEntry]:
         """One sweep's entry per checkpoint, keyed (source, content hash); the newest wins. A resumed sweep
         plans from these, not from a recomputed key: the key moves when the payload or cache changed since."""

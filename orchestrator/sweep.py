@@ -8,15 +8,21 @@ what is missing (it finds its own runs by checkpoint, not by ledger key: the key
 changed in between). A host that fails or goes away never stops the others: its queued checkpoints go to the
 remaining hosts, a run in flight there is reported `unreachable` (exit 2) and re-attached next time.
 Only transport errors are retried (with backoff); a failed eval is reported, never retried blindly.
+
+GPUs: nvidia-smi only counts a host's slots; each slot launches with `--gpus auto` and the wrapper on the
+host picks a free GPU and flocks it (launch.py). A launch the wrapper refuses for "no free GPU" is put
+back in the queue and retried with backoff, never recorded as a failure.
 """
 from __future__ import annotations
 
 import calendar
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import threading
 import time
@@ -25,12 +31,20 @@ from pathlib import Path
 
 from remote_payload import protocol
 
-from . import compare, launch, pull, runs
-from .environment import ensure_env
-from .errors import ConfigError, HostUnreachable, RevalError
+from . import compare, hostcheck, launch, pull, runs
+from .environment import provision
+from .errors import (
+    EXIT_EVAL_FAILED,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    ConfigError,
+    HostUnreachable,
+    RevalError,
+    RunExists,
+)
 from .inventory import Host, Inventory
 from .ledger import LAUNCHED, Ledger, LedgerEntry, ledger_key
-from .sync import local_manifest_hash, sync_payload
+from .sync import local_manifest_hash
 from .transport import LocalTransport, Transport, get_transport, q, resolve_workdir
 
 # outcome states beyond the run states: checkpoints that were not evaluated in this sweep
@@ -38,7 +52,6 @@ SKIPPED = "skipped"            # the ledger already has it (from an earlier swee
 UNREACHABLE = "unreachable"    # its host went away (launched there: re-attached next time)
 NOT_RUN = "not-run"            # no reachable host was left to run it
 
-EXIT_OK, EXIT_FAILED, EXIT_PARTIAL = 0, 1, 2
 _PATTERN = re.compile(r"^[A-Za-z0-9._*?\[\]-]+$")
 
 
@@ -296,35 +309,30 @@ class HostSession:
     python: str = ""
     workdir: str = ""
     cache_fingerprint: str = ""
-    gpus: list[int] = field(default_factory=list)   # free GPUs (one run each); [] = CPU: one run at a time
+    slots: list[str] = field(default_factory=lambda: ["none"])  # --gpus of each run slot; ["none"]: CPU
     down: str | None = None                          # why it is out of the sweep
     down_unreachable: bool = False
 
     @property
-    def slots(self) -> list[str]:
-        return [str(g) for g in self.gpus] or ["none"]
+    def on_gpu(self) -> bool:
+        return self.slots != ["none"]
 
 
 _FINGERPRINT_PY = ("import sys; from remote_payload.cache import open_cache; "
                    "print(open_cache(sys.argv[1]).fingerprint)")
-_FREE_GPUS_SH = ("command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=index,memory.used,"
-                 "utilization.gpu --format=csv,noheader,nounits 2>/dev/null; true")
+_GPU_LIST_SH = (f"command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi {' '.join(hostcheck.NVIDIA_SMI_QUERY)} "
+                "2>/dev/null; true")
 
 
-def free_gpus(nvidia_smi_csv: str, spec: str) -> list[int]:
-    """Idle GPUs (under 1 GiB used, under 10% busy) from nvidia-smi csv, limited to `spec` (auto | none | 0,1)."""
+def gpu_slots(nvidia_smi_csv: str, spec: str) -> list[str]:
+    """The --gpus each run slot of a host launches with (pure): "auto" once per GPU nvidia-smi lists (the
+    wrapper on the host picks a free, unlocked one), each index of an explicit `gpus: 0,1`, or ["none"]
+    (no GPU: CPU, one run at a time)."""
     if spec == "none":
-        return []
-    allowed = None if spec == "auto" else {int(x) for x in spec.split(",")}
-    out = []
-    for line in nvidia_smi_csv.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 3 or not parts[0].isdigit():
-            continue
-        idx, used, util = int(parts[0]), float(parts[1]), float(parts[2]) if parts[2][:1].isdigit() else 0.0
-        if used < 1024 and util < 10 and (allowed is None or idx in allowed):
-            out.append(idx)
-    return out
+        return ["none"]
+    if spec != "auto":
+        return spec.split(",")
+    return ["auto"] * len(hostcheck.parse_nvidia_smi(nvidia_smi_csv)) or ["none"]
 
 
 def retrying(fn, *, retries: int, backoff_s: float, what: str, on_retry=None):
@@ -344,11 +352,30 @@ def retrying(fn, *, retries: int, backoff_s: float, what: str, on_retry=None):
 # ---------------------------------------------------------------------------------------------------------
 # the sweep
 
+def load_baseline(spec: str | None) -> compare.RunRecord | None:
+    """The --baseline run, loaded before anything runs: a wrong name fails at once (exit 102 or 3), not
+    after a night of evals."""
+    if not spec:
+        return None
+    try:
+        rec = compare.load_run(compare.resolve_run(spec, runs.local_runs_root()))
+    except protocol.ProtocolError as e:
+        raise ConfigError(f"--baseline {spec!r}: {e}") from None
+    except RevalError as e:
+        raise type(e)(f"--baseline: {e}", hint=e.hint, exit_code=e.exit_code) from None
+    if rec.results is None:
+        raise ConfigError(f"--baseline {spec!r}: {rec.path} has no results.json (state {rec.state})",
+                          hint="pick a finished run (reval ls), or pull it again: reval pull HOST/NAME")
+    return rec
+
+
 class Sweep:
-    def __init__(self, opts: SweepOptions, inventory: Inventory, *, log=None):
+    def __init__(self, opts: SweepOptions, inventory: Inventory, *, log=None,
+                 baseline: compare.RunRecord | None = None):
         self.opts = opts
         self.inventory = inventory
         self.log = log or (lambda line: None)
+        self.baseline = baseline or load_baseline(opts.baseline)
         self.root = Path(opts.sweep_dir)
         self.ledger = Ledger(self.root / "ledger.json")
         self.ssh = threading.BoundedSemaphore(max(1, opts.max_ssh))
@@ -356,6 +383,9 @@ class Sweep:
         self.queue: list[Job] = []
         self.outcomes: dict[str, Outcome] = {}   # key -> outcome
         self.sessions: dict[str, HostSession] = {}
+        self.sources: dict[str, HostSession] = {}  # checkpoint hosts that are not sweep hosts (relay only)
+        self.stage_locks: dict[str, threading.Lock] = {}  # per checkpoint content: staged once at a time
+        self.active = 0                            # runs being followed now (all slots)
         self.sweep_id = ""
         self.dir = self.root
         self.config = ""
@@ -390,7 +420,7 @@ class Sweep:
 
     # -- hosts ----------------------------------------------------------------------------------------------
     def prepare_host(self, hs: HostSession) -> None:
-        """Sync the payload, check the interpreter, read the cache fingerprint and the free GPUs."""
+        """Sync the payload and check the interpreter (one round trip), read the cache fingerprint, count GPUs."""
         t, h = hs.transport, hs.host
         r = self.opts.retries
 
@@ -398,8 +428,7 @@ class Sweep:
             with self.ssh:
                 return retrying(fn, retries=r, backoff_s=self.opts.backoff_s, what=f"{h.name}: {what}",
                                 on_retry=self.log)
-        step("sync", lambda: sync_payload(t, h))
-        hs.python = step("python", lambda: ensure_env(t, h)).python
+        hs.python = step("sync", lambda: provision(t, h))[1].python
         hs.workdir = step("workdir", lambda: resolve_workdir(t))
         if self.opts.payload == "dummy":
             hs.cache_fingerprint = "dummy"
@@ -410,9 +439,8 @@ class Sweep:
                 tail = (p.stderr.strip().splitlines() or ["?"])[-1]
                 raise ConfigError(f"{h.name}: cannot read the cache {self.opts.cache}: {tail}")
             hs.cache_fingerprint = p.stdout.strip().splitlines()[-1]
-        gpus_spec = launch.normalize_gpus(h.gpus)
-        hs.gpus = [] if gpus_spec == "none" else free_gpus(step("gpus", lambda: t.run(_FREE_GPUS_SH)).stdout,
-                                                           gpus_spec)
+        spec = launch.normalize_gpus(h.gpus)
+        hs.slots = gpu_slots(step("gpus", lambda: t.run(_GPU_LIST_SH)).stdout if spec == "auto" else "", spec)
 
     def prepare_hosts(self) -> None:
         hosts: list[Host] = []
@@ -440,7 +468,7 @@ class Sweep:
     def _prepare_one(self, hs: HostSession) -> None:
         try:
             self.prepare_host(hs)
-            where = f"{len(hs.gpus)} free GPU(s)" if hs.gpus else "CPU, one run at a time"
+            where = f"{len(hs.slots)} GPU slot(s)" if hs.on_gpu else "CPU, one run at a time"
             self.log(f"host    {hs.host.name}: ready · {where}")
         except Exception as e:  # noqa: BLE001 - one host's trouble, whatever it is, must not stop the others
             why = str(e).splitlines()[0] if isinstance(e, RevalError) else f"{type(e).__name__}: {e}"
@@ -511,43 +539,80 @@ class Sweep:
                 self._requeue(job)
 
     def _work(self, hs: HostSession, gpu: str, reattach_only: bool, held: list[Job]) -> None:
+        refused = 0  # launches in a row the host refused for want of a free GPU
         while not hs.down:
             job = held.pop() if held else self._take(hs, reattach_only)
             if job is None:
                 return
             try:
                 self.run_job(hs, job, gpu, held if not reattach_only else None)
+                refused = 0
             except HostUnreachable:
                 return
+            except launch.NoFreeGpu as e:
+                refused += 1
+                with self.lock:
+                    idle = self.active == 0
+                if refused >= self.opts.retries and idle:  # nothing of ours will free a GPU: give up this round
+                    self.log(f"busy    {hs.host.name}: {str(e).split(': ', 1)[-1]}; slot stops")
+                    return
+                wait_s = min(self.opts.backoff_s * 2 ** (refused - 1), 60.0)
+                self.log(f"busy    {job.ckpt.name}: no free GPU on {hs.host.name}; requeued, retry in {wait_s:.0f}s")
+                time.sleep(wait_s)
             except RevalError as e:  # bad input for this checkpoint (staging, name): reported, not retried
                 self._record(job, hs, protocol.FAILED, error=str(e).splitlines()[0])
             except Exception as e:  # noqa: BLE001 - a bug must not silently drop the job or stop other hosts
                 self.log(f"error   {job.ckpt.name} on {hs.host.name}: {type(e).__name__}: {e}")
                 self._record(job, hs, protocol.FAILED, error=f"internal error: {type(e).__name__}: {e}")
 
+    def _source(self, name: str) -> HostSession:
+        """The session of a checkpoint's host (a sweep host, or one only read from)."""
+        with self.lock:
+            if name not in self.sessions and name not in self.sources:
+                h = self.inventory.get(name)
+                self.sources[name] = HostSession(h, get_transport(h))
+            return self.sessions.get(name) or self.sources[name]
+
     def stage_checkpoint(self, hs: HostSession, ckpt: Checkpoint) -> str:
-        """The checkpoint's path on hs: as is when it lives there, else copied into <workdir>/checkpoints/
-        (once: a marker file is written last) from here, relaying through here from another host."""
+        """The checkpoint's path on hs: as is when it lives there, else copied into
+        <workdir>/checkpoints/<hash>/ (once: a marker file is written last; kept for later sweeps) from here,
+        relaying through sweeps/relay/<hash>/ (deleted once staged) from another host. A dead source host
+        raises HostUnreachable with hs still up."""
         if ckpt.host == hs.host.name or (ckpt.host is None and isinstance(hs.transport, LocalTransport)):
             return ckpt.path
-        dest = f"{hs.workdir}/checkpoints/{ckpt.content_hash.split(':')[-1][:16]}/{ckpt.name}"
-        marker = f"{dest}.complete"
-        probe = f"test -e {q(marker)} && echo @@STAGED; mkdir -p {q(os.path.dirname(dest))}"
-        if "@@STAGED" in self._op(hs, "stage", lambda: hs.transport.run(probe)).stdout:
+        h16 = ckpt.content_hash.split(":")[-1][:16]
+        with self.lock:
+            lock = self.stage_locks.setdefault(h16, threading.Lock())
+        with lock:
+            dest = f"{hs.workdir}/checkpoints/{h16}/{ckpt.name}"
+            marker = f"{dest}.complete"
+            probe = f"test -e {q(marker)} && echo @@STAGED; mkdir -p {q(os.path.dirname(dest))}"
+            if "@@STAGED" in self._op(hs, "stage", lambda: hs.transport.run(probe)).stdout:
+                return dest
+            src, relay = ckpt.path, None
+            if ckpt.host is not None:  # relay: the source host -> here -> hs
+                src_hs = self._source(ckpt.host)
+                gone = f"{ckpt.host} (holding {ckpt.name}) is unreachable"
+                if src_hs.down:
+                    raise HostUnreachable(f"{gone}: {src_hs.down}")
+                relay = self.root / "relay" / h16
+                relay.mkdir(parents=True, exist_ok=True)
+                try:
+                    self._op(src_hs, "relay", lambda: self._rsync(src_hs.transport.rsync_rsh(),
+                                                                  src_hs.transport.rsync_target(ckpt.path),
+                                                                  str(relay), ckpt.host))
+                except HostUnreachable as e:
+                    with contextlib.suppress(OSError):  # an empty relay dir; a partial copy stays to resume
+                        relay.rmdir()
+                    raise HostUnreachable(f"{gone}: {str(e).splitlines()[0]}") from e
+                src = str(relay / ckpt.name)
+            self._op(hs, "stage", lambda: self._rsync(hs.transport.rsync_rsh(), src,
+                                                     hs.transport.rsync_target(os.path.dirname(dest) + "/"),
+                                                     hs.host.name))
+            self._op(hs, "stage", lambda: hs.transport.run(f"touch {q(marker)}"))
+            if relay is not None:
+                shutil.rmtree(relay, ignore_errors=True)
             return dest
-        src = ckpt.path
-        if ckpt.host is not None:  # relay: the source host -> here -> hs
-            src_t = self.sessions[ckpt.host].transport if ckpt.host in self.sessions else \
-                get_transport(self.inventory.get(ckpt.host))
-            relay = self.root / "relay" / ckpt.content_hash.split(":")[-1][:16]
-            relay.mkdir(parents=True, exist_ok=True)
-            self._rsync(src_t.rsync_rsh(), src_t.rsync_target(ckpt.path), str(relay), ckpt.host)
-            src = str(relay / ckpt.name)
-        self._op(hs, "stage", lambda: self._rsync(hs.transport.rsync_rsh(), src,
-                                                 hs.transport.rsync_target(os.path.dirname(dest) + "/"),
-                                                 hs.host.name))
-        self._op(hs, "stage", lambda: hs.transport.run(f"touch {q(marker)}"))
-        return dest
 
     def _rsync(self, rsh, src: str, dest: str, host: str) -> None:
         argv = ["rsync", "-a", "--partial"] + (["-e", shlex.join(rsh)] if rsh else []) + [src, dest]
@@ -580,25 +645,34 @@ class Sweep:
             try:
                 path = job.staged[1] if job.staged and job.staged[0] == hs.host.name else \
                     self.stage_checkpoint(hs, c)
-            except HostUnreachable:
-                self._requeue(job)
-                raise
+            except HostUnreachable as e:
+                if hs.down:  # this host went away: another one takes the job
+                    self._requeue(job)
+                    raise
+                # the checkpoint's own host went away: no host can get it; the next sweep tries again
+                self.outcomes[job.key] = Outcome(c.name, c.step, NOT_RUN, c.host, job.run,
+                                                 error=str(e).splitlines()[0])
+                self.log(f"skip    {c.name}: {str(e).splitlines()[0]}")
+                return
+            before = self.ledger.get(job.key)
             self.ledger.put(entry)  # before launching: a killed controller finds it and re-attaches
             run_json = {"sweep": self.sweep_id, "checkpoint": c.location, "checkpoint_hash": c.content_hash,
                         "ledger_key": job.key, "drafter": path, "argv": self.opts.payload_argv(path)}
             try:
-                self._op(hs, "launch", lambda: launch.launch(
+                info = self._op(hs, "launch", lambda: launch.launch(
                     hs.host, hs.transport, name=job.run, payload_argv=self.opts.payload_argv(path), gpus=gpu,
                     run_json=run_json, python=hs.python))
-                self.log(f"launch  {c.name} on {hs.host.name}" + (f" · GPU {gpu}" if gpu != "none" else "")
-                         + f" · run {job.run}")
+                self.log(f"launch  {c.name} on {hs.host.name}"
+                         + "".join(f" · GPU {g}" for g in info.gpus) + f" · run {job.run}")
             except HostUnreachable:
                 # Did it start before the connection broke? The next sweep re-attaches (the ledger says launched).
                 self._record(job, hs, UNREACHABLE, error=hs.down)
                 raise
-            except ConfigError as e:
-                if "already used" not in str(e):
-                    raise
+            except launch.NoFreeGpu:  # nothing started: not a result; back in the queue (the worker backs off)
+                self.ledger.restore(job.key, before)
+                self._requeue(job)
+                raise
+            except RunExists:
                 self.log(f"attach  {c.name}: run {job.run} already on {hs.host.name}")
         else:
             self.log(f"attach  {c.name}: run {job.run} on {hs.host.name}")
@@ -607,13 +681,22 @@ class Sweep:
         self.wait_and_pull(hs, job)
 
     def wait_and_pull(self, hs: HostSession, job: Job) -> None:
+        with self.lock:
+            self.active += 1
+        try:
+            self._wait_and_pull(hs, job)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def _wait_and_pull(self, hs: HostSession, job: Job) -> None:
         try:
             while True:
                 st = self._op(hs, "status", lambda: runs.run_state(hs.transport, job.run))
                 if st is None:  # recorded as launched, but the run never started: launch it now
                     self.log(f"missing {job.ckpt.name}: run {job.run} is not on {hs.host.name}; launching")
                     job.host = None
-                    return self.run_job(hs, job, "auto" if hs.gpus else "none")
+                    return self.run_job(hs, job, "auto" if hs.on_gpu else "none")
                 if st.terminal:
                     break
                 # long poll: one SSH command that returns as soon as status.json leaves `running` (or after
@@ -654,6 +737,8 @@ class Sweep:
     def execute(self) -> None:
         """Workers per host slot until the queue is empty or no host is left. Re-attach jobs get a thread of
         their own (their run already holds its GPU); a CPU host launches new runs only after those end."""
+        why = "no reachable host left"
+        last = None
         while True:
             with self.lock:
                 for job in [j for j in self.queue if j.host and (j.host not in self.sessions
@@ -664,19 +749,22 @@ class Sweep:
             up = [hs for hs in self.sessions.values() if not hs.down]
             if not self.queue or not up:
                 break
+            if last == (len(self.outcomes), len(up)):  # a whole round ended nothing: every GPU is busy
+                why = "no free GPU (all busy or locked by other runs); the next sweep tries again"
+                break
+            last = (len(self.outcomes), len(up))
             threads = []
             for hs in up:
                 n_attach = sum(1 for j in self.queue if j.host == hs.host.name)
                 threads += [threading.Thread(target=self.worker, args=(hs, "none", True)) for _ in range(n_attach)]
-                if hs.gpus or not n_attach:
+                if hs.on_gpu or not n_attach:
                     threads += [threading.Thread(target=self.worker, args=(hs, g)) for g in hs.slots]
             for th in threads:
                 th.start()
             for th in threads:
                 th.join()
         for job in self.queue:  # no host left for these
-            self.outcomes[job.key] = Outcome(job.ckpt.name, job.ckpt.step, NOT_RUN, job.host, job.run,
-                                             error="no reachable host left")
+            self.outcomes[job.key] = Outcome(job.ckpt.name, job.ckpt.step, NOT_RUN, job.host, job.run, error=why)
         self.queue.clear()
 
     def run(self) -> SweepReport:
@@ -734,6 +822,7 @@ class SweepReport:
     threshold: float
     exit_code: int = 0
     files: dict[str, str] = field(default_factory=dict)
+    baseline_run: compare.RunRecord | None = None
 
 
 def verdict(o: Outcome, threshold: float) -> str:
@@ -754,7 +843,7 @@ def sweep_exit_code(outcomes: list[Outcome], hosts_down: dict[str, str]) -> int:
     """1 when an eval of this sweep failed; else 2 when something was not evaluated (host gone); else 0."""
     mine = [o for o in outcomes if not o.earlier]
     if any(o.state in (protocol.FAILED, protocol.CANCELLED, protocol.LOST) for o in mine):
-        return EXIT_FAILED
+        return EXIT_EVAL_FAILED
     if hosts_down or any(o.state in (UNREACHABLE, NOT_RUN) for o in mine):
         return EXIT_PARTIAL
     return EXIT_OK
@@ -786,14 +875,12 @@ def attach_comparisons(outcomes: list[Outcome], series: list[LedgerEntry], basel
 
 
 def build_report(sw: Sweep, chosen: list[Checkpoint]) -> SweepReport:
-    baseline = None
-    if sw.opts.baseline:
-        baseline = compare.load_run(compare.resolve_run(sw.opts.baseline, runs.local_runs_root()))
     order = {c.name: i for i, c in enumerate(chosen)}
     outcomes = sorted(sw.outcomes.values(), key=lambda o: order.get(o.checkpoint, 1 << 30))
-    attach_comparisons(outcomes, sw.ledger.series(sw.config), baseline, sw.opts.threshold)
-    down = {n: hs.down for n, hs in sw.sessions.items() if hs.down}
-    rep = SweepReport(sw.sweep_id, sw.dir, outcomes, sw.opts.baseline, down, sw.opts.threshold)
+    attach_comparisons(outcomes, sw.ledger.series(sw.config), sw.baseline, sw.opts.threshold)
+    down = {n: hs.down for n, hs in {**sw.sources, **sw.sessions}.items() if hs.down}
+    rep = SweepReport(sw.sweep_id, sw.dir, outcomes, sw.opts.baseline, down, sw.opts.threshold,
+                      baseline_run=sw.baseline)
     rep.exit_code = sweep_exit_code(outcomes, down)
     return rep
 
@@ -852,8 +939,7 @@ def write_report_files(rep: SweepReport) -> None:
     paths = [o.local_path for o in rep.outcomes if o.local_path and o.state == protocol.SUCCEEDED]
     if paths:
         recs = [compare.load_run(p) for p in paths]
-        base = compare.load_run(compare.resolve_run(rep.baseline, runs.local_runs_root())) if rep.baseline else None
-        rep.files["plot"] = str(plots.save_comparison_plot(compare.build_comparison(recs, base),
+        rep.files["plot"] = str(plots.save_comparison_plot(compare.build_comparison(recs, rep.baseline_run),
                                                            rep.sweep_dir / "plots.png"))
     rep.files["json"] = str(rep.sweep_dir / "report.json")
     protocol.atomic_write_json(rep.sweep_dir / "report.json", report_json(rep))

@@ -5,6 +5,7 @@ The payload here is `python -m remote_payload dummy` (torch-free, seconds) unles
 sweep machinery is what is under test; the eval itself has its own tests."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import cli, compare, ledger, sweep
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, RunNotFound
 from orchestrator.inventory import Host, Inventory, VenvSpec, load_inventory
 from orchestrator.transport import LocalTransport
 from remote_payload import protocol
@@ -113,9 +114,10 @@ def test_ledger_key_and_run_names():
     ck = sweep.Checkpoint("step 4000 (final)", "/x", None, 1, 1)
     name = sweep.run_name_for(ck, k1)
     assert name == f"step_4000_final_-{k1[7:15]}" and protocol.validate_run_name(name)
-    assert sweep.free_gpus("0, 5, 0\n1, 30000, 95\n2, 100, 3\n", "auto") == [0, 2]
-    assert sweep.free_gpus("0, 5, 0\n1, 30000, 95\n2, 100, 3\n", "2") == [2]
-    assert sweep.free_gpus("", "auto") == []
+    smi = "0, NVIDIA H200, 143771, 5, 0\n1, NVIDIA H200, 143771, 90000, 95\n2, NVIDIA H200, 143771, 100, 3\n"
+    assert sweep.gpu_slots(smi, "auto") == ["auto"] * 3  # busy ones too: the wrapper picks, a refusal requeues
+    assert sweep.gpu_slots(smi, "0,2") == ["0", "2"]
+    assert sweep.gpu_slots("", "auto") == ["none"] and sweep.gpu_slots(smi, "none") == ["none"]
 
 
 def test_content_hash_and_listing_agree_with_the_remote_scripts(tmp_path):
@@ -274,6 +276,80 @@ def test_sweep_needs_target_and_cache_for_a_real_eval(tmp_path, capsys):
     assert rc == 3 and "needs --target and --cache" in capsys.readouterr().err
 
 
+def fake_gpus(bin_dir: Path, rows: str) -> Path:
+    """A fake `nvidia-smi` (a seam: no GPU here) answering both queries (hostcheck's 5 columns, the wrapper's
+    4) from `gpus.csv` (`index, memory.used, memory.total, utilization.gpu` rows), so tests can change it."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    csv = bin_dir / "gpus.csv"
+    csv.write_text(rows)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncase \"$1\" in *name*) awk -F', ' '{{print $1\", Fake GPU, \"$3\", \"$2\", \"$4}}' "
+                   f"{csv};;\n*) cat {csv};;\nesac\n")
+    smi.chmod(0o755)
+    return csv
+
+
+def test_no_free_gpu_requeues_never_fails(tmp_path, monkeypatch):
+    """The wrapper on the host picks and locks GPUs; a launch it refuses ("no free GPU") goes back in the
+    queue: nothing in the ledger, no run dir. All busy all along: not-run (exit 2), run by the next sweep."""
+    monkeypatch.chdir(tmp_path)
+    csv = fake_gpus(tmp_path / "bin", "0, 50000, 97871, 99\n1, 60000, 97871, 97\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    ck = make_checkpoints(tmp_path, [1, 2, 3])
+    inv = local_inventory(tmp_path, 1)
+    inv.hosts["loc1"].gpus = "auto"
+    o = opts(f"{ck}/step-*", ["loc1"], tmp_path, retries=2)
+    log: list[str] = []
+    rep = sweep.Sweep(o, inv, log=log.append).run()
+    assert rep.exit_code == 2, log
+    assert [x.state for x in rep.outcomes] == ["not-run"] * 3 and "no free GPU" in rep.outcomes[0].error
+    assert "host    loc1: ready · 2 GPU slot(s)" in log
+    assert any(line.startswith("busy    step-") and "requeued" in line for line in log)
+    assert ledger.Ledger(tmp_path / "sweeps" / "ledger.json").entries == {}  # no failure recorded
+    assert not list((tmp_path / "loc1" / "runs").iterdir())
+
+    # GPUs idle now, but GPU 1 locked by someone else's run: everything runs on GPU 0, one after another
+    csv.write_text("0, 5, 97871, 0\n1, 5, 97871, 0\n")
+    (tmp_path / "loc1" / "locks").mkdir(exist_ok=True)
+    fd = os.open(tmp_path / "loc1" / "locks" / "gpu1.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        rep2 = sweep.Sweep(o, inv, log=log.append).run()
+    finally:
+        os.close(fd)
+    assert rep2.exit_code == 0 and rep2.sweep_id == rep.sweep_id, log
+    assert [x.state for x in rep2.outcomes] == ["succeeded"] * 3
+    for x in rep2.outcomes:
+        assert protocol.read_json(tmp_path / "loc1" / "runs" / x.run / "status.json")["gpus"] == [0]
+    assert len(list((tmp_path / "loc1" / "runs").iterdir())) == 3
+    assert {e.state for e in ledger.Ledger(tmp_path / "sweeps" / "ledger.json").entries.values()} == {"succeeded"}
+
+
+def test_bad_baseline_fails_before_anything_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    ck = make_checkpoints(tmp_path, [1])
+    inv_path = tmp_path / "hosts.yaml"
+    inv_path.write_text(f"hosts:\n  loc1:\n    local: true\n    workdir: {tmp_path / 'loc1'}\n"
+                        f"    python: {sys.executable}\n    venv: {{mode: python}}\n    gpus: none\n")
+
+    def sweep_with(baseline: str) -> int:
+        return cli.main(["-i", str(inv_path), "sweep", "--checkpoints", f"{ck}/step-*", "--hosts", "loc1",
+                         "--payload", "dummy", "--sweep-dir", str(tmp_path / "sweeps"), "--baseline", baseline,
+                         "--", *DUMMY])
+    assert sweep_with("nope") == 102
+    err = capsys.readouterr().err
+    assert "--baseline: run 'nope' not found" in err and "reval compare --pull" in err
+    run_dir = tmp_path / "runs" / "ref" / "unfinished"
+    run_dir.mkdir(parents=True)
+    protocol.atomic_write_json(run_dir / "status.json", {"state": "failed", "exit_code": 1})
+    assert sweep_with("unfinished") == 3
+    err = capsys.readouterr().err
+    assert "--baseline 'unfinished': " in err and "has no results.json" in err
+    assert not (tmp_path / "sweeps").exists() and not (tmp_path / "loc1").exists()  # nothing ran, nothing written
+    with pytest.raises(RunNotFound):  # the library path checks as early: before the ledger is even read
+        sweep.Sweep(opts(f"{ck}/step-*", ["loc1"], tmp_path, baseline="nope"), local_inventory(tmp_path, 1))
+
+
 # ---- real sshd hosts --------------------------------------------------------------------------------------
 
 @pytest.mark.ssh
@@ -394,3 +470,37 @@ def test_real_eval_sweep_of_trained_checkpoints(ssh_hosts, tmp_path, monkeypatch
     first = compare.load_run(rep.outcomes[0].local_path)
     cmp = compare.build_comparison([compare.load_run(x.local_path) for x in rep.outcomes[1:]], first)
     assert not cmp.differences  # one cache, one prompt set, one set of options: comparable
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_checkpoints_on_another_host_relayed_then_that_host_goes_away(ssh_hosts, tmp_path, monkeypatch):
+    """Checkpoints on ssh2, the sweep on ssh1: relayed through here (the relay copy deleted once staged).
+    ssh2 stopped before its checkpoints are copied: they are not-run (exit 2), ssh1 stays in, the sweep ends."""
+    cluster = ssh_hosts(2)
+    monkeypatch.chdir(tmp_path)
+    ck = make_checkpoints(tmp_path, [1, 2, 3])
+    inv = load_inventory(cluster.inventory_path)
+    log: list[str] = []
+    rep = sweep.Sweep(opts(f"ssh2:{ck}/step-*", ["ssh1"], tmp_path, latest=1), inv, log=log.append).run()
+    assert rep.exit_code == 0 and [(x.checkpoint, x.state, x.host) for x in rep.outcomes] == \
+        [("step-3", "succeeded", "ssh1")], log
+    h16 = sweep.local_content_hash(ck / "step-3").split(":")[-1][:16]
+    staged = cluster.hosts[0].workdir / "checkpoints" / h16
+    assert (staged / "step-3.complete").exists() and (staged / "step-3" / "sub" / "extra.bin").read_bytes() == b"x" * 3
+    assert not list((tmp_path / "sweeps" / "relay").iterdir())  # the laptop's relay copy is gone
+
+    def stop_ssh2_once_planned(line: str) -> None:
+        log.append(line)
+        if " to run on " in line:
+            cluster.stop(1)
+    o = opts(f"ssh2:{ck}/step-*", ["ssh1"], tmp_path, retries=2)
+    rep2 = sweep.Sweep(o, load_inventory(cluster.inventory_path), log=stop_ssh2_once_planned).run()
+    assert rep2.exit_code == 2, log
+    assert [(x.checkpoint, x.state) for x in rep2.outcomes] == \
+        [("step-1", "not-run"), ("step-2", "not-run"), ("step-3", "skipped")], log
+    assert all("ssh2" in x.error and "unreachable" in x.error for x in rep2.outcomes[:2])
+    assert "ssh2" in rep2.hosts_down and "ssh1" not in rep2.hosts_down
+    assert len(list((cluster.hosts[0].workdir / "runs").iterdir())) == 1  # nothing more launched
+    assert not list((tmp_path / "sweeps" / "relay").iterdir())
+    assert {e.state for e in ledger.Ledger(tmp_path / "sweeps" / "ledger.json").entries.values()} == {"succeeded"}

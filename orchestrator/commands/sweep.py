@@ -17,7 +17,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Find checkpoints (HOST:/dir/glob or a local dir/glob), skip those the ledger already has, "
                     "run the rest one per free GPU over the hosts, pull, and report. Killed? Run the same "
                     "command again: it re-attaches, pulls what finished and launches only what is missing. "
-                    "Exit 0 ok, 1 an eval failed, 2 partial (a host failed or was unreachable).")
+                    "A checkpoint that is not on the host running it is copied to <workdir>/checkpoints/<hash>/ "
+                    "there and kept for later sweeps (the laptop's relay copy is deleted once staged); prune "
+                    "them by removing <workdir>/checkpoints on the host while no sweep runs. "
+                    "Exit 0 ok, 1 an eval failed, 2 partial (a host failed or was unreachable, or no GPU was "
+                    "free: the next sweep runs what is left), 3 bad input or config, 4 no host reachable, "
+                    "102 --baseline run not found.")
     p.add_argument("--checkpoints", action="append", required=True, metavar="SPEC",
                    help="'HOST:/root/ckpt/step-*' or a local './ckpt/step-*' (synced to the hosts); repeatable")
     p.add_argument("--hosts", action="append", required=True, metavar="GROUP|HOST", help="where to run; repeatable")
@@ -55,8 +60,10 @@ def main(args: argparse.Namespace) -> int:
         from ..errors import ConfigError
         raise ConfigError("reval sweep needs --target and --cache (paths on the hosts)",
                           hint="e.g. --target /root/models/Qwen3.6-27B --cache /root/eval/cache")
+    baseline = sweep.load_baseline(opts.baseline)  # now, not after a night of evals
     err = Console(stderr=True, highlight=False)
-    sw = sweep.Sweep(opts, load_inventory(args.inventory), log=lambda line: err.print(line, markup=False))
+    sw = sweep.Sweep(opts, load_inventory(args.inventory), log=lambda line: err.print(line, markup=False),
+                     baseline=baseline)
     rep = sw.run()
     sweep.write_report_files(rep)
     if args.json:
@@ -66,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
         report.print_tables([sweep.report_table(rep)], out)
         for o in rep.outcomes:
             out.print(sweep.outcome_text(o), markup=False)
-    words = {0: "ok", 1: "an eval failed", 2: "partial: a host failed or was unreachable"}
+    words = {0: "ok", 1: "an eval failed", 2: "partial: not every checkpoint was evaluated"}
     err.print(f"report  {rep.files.get('markdown')}" + (f" · plots {rep.files['plot']}" if "plot" in rep.files
                                                           else ""), markup=False)
     err.print(f"exit {rep.exit_code} ({words[rep.exit_code]})", markup=False)

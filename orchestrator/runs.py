@@ -21,12 +21,17 @@ FOLLOW_JSON = ".follow.json"
 # protocol.group_alive (the stream's test): scan /proc/<pid>/stat, where after comm's closing ")" come state,
 # ppid and pgrp, and skip zombies (Z/X: `kill -0` counts them, and they linger where PID 1 does not reap);
 # without /proc, `kill -0` on the group.
-_ALIVE_SH = ('alive() { _g=$1; if [ -r /proc/self/stat ]; then '
+_ALIVE_SH = ('alive() { _g=$1; '
+             # a group recorded in another boot (status.json boot_id) is not ours, whatever holds that id now
+             'if [ -n "$2" ] && [ -r /proc/sys/kernel/random/boot_id ] && '
+             '[ "$(cat /proc/sys/kernel/random/boot_id)" != "$2" ]; then return 1; fi; '
+             'if [ -r /proc/self/stat ]; then '
              'for _f in /proc/[0-9]*/stat; do read -r _s 2>/dev/null < "$_f" || continue; '
              '_s=${_s##*")"}; set -- $_s; '
              '[ "$3" = "$_g" ] && [ "$1" != Z ] && [ "$1" != X ] && return 0; done; return 1; fi; '
              'kill -s 0 -- "-$_g" 2>/dev/null; }\n'
-             'pgid_of() { sed -n \'s/^ *"pgid": *\\([0-9][0-9]*\\).*/\\1/p\' "$1" 2>/dev/null | head -n 1; }\n')
+             'pgid_of() { sed -n \'s/^ *"pgid": *\\([0-9][0-9]*\\).*/\\1/p\' "$1" 2>/dev/null | head -n 1; }\n'
+             'boot_of() { sed -n \'s/^ *"boot_id": *"\\([0-9a-f-]*\\)".*/\\1/p\' "$1" 2>/dev/null | head -n 1; }\n')
 
 
 @dataclass
@@ -132,8 +137,8 @@ def parse_probe(text: str, host: str) -> list[RunState]:
 
 def _probe_sh(run_expr: str) -> str:
     """Shell printing one probe block for run directory `$d` named `$n`."""
-    return (f'{run_expr}; echo "@@RUN $n"; pg=$(pgid_of "$d/status.json"); '
-            'if [ -n "$pg" ] && alive "$pg"; then echo "@@ALIVE 1"; else echo "@@ALIVE 0"; fi; '
+    return (f'{run_expr}; echo "@@RUN $n"; pg=$(pgid_of "$d/status.json"); bt=$(boot_of "$d/status.json"); '
+            'if [ -n "$pg" ] && alive "$pg" "$bt"; then echo "@@ALIVE 1"; else echo "@@ALIVE 0"; fi; '
             'echo "@@EVENT $(tail -n 1 "$d/events.jsonl" 2>/dev/null)"; '
             'cat "$d/status.json" 2>/dev/null; echo\n')
 
@@ -162,12 +167,12 @@ def kill_run(transport: Transport, run: str, *, grace_s: float = 10.0) -> RunSta
     pgid = state.status.get("pgid")
     if state.alive and pgid:
         ticks = max(1, int(grace_s * 10))
-        script = (_ALIVE_SH + f"pg={int(pgid)}\n"
+        script = (_ALIVE_SH + f"pg={int(pgid)}; bt={q(str(state.status.get('boot_id') or ''))}\n"
                   'kill -s TERM -- "-$pg" 2>/dev/null\n'
-                  f'i=0; while alive "$pg" && [ $i -lt {ticks} ]; do sleep 0.1; i=$((i+1)); done\n'
-                  'if alive "$pg"; then kill -s KILL -- "-$pg" 2>/dev/null; echo "@@KILLED"; '
-                  'i=0; while alive "$pg" && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; fi\n'
-                  'if alive "$pg"; then echo "@@STILL_ALIVE"; fi\n')
+                  f'i=0; while alive "$pg" "$bt" && [ $i -lt {ticks} ]; do sleep 0.1; i=$((i+1)); done\n'
+                  'if alive "$pg" "$bt"; then kill -s KILL -- "-$pg" 2>/dev/null; echo "@@KILLED"; '
+                  'i=0; while alive "$pg" "$bt" && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; fi\n'
+                  'if alive "$pg" "$bt"; then echo "@@STILL_ALIVE"; fi\n')
         out = transport.run(script, timeout_s=grace_s + 60).stdout
         if "@@STILL_ALIVE" in out:
             raise RevalError(f"{transport.host.name}: run {run!r} (process group {pgid}) survived SIGKILL",

@@ -137,12 +137,24 @@ def read_events(path: str | os.PathLike) -> list[dict]:
     return out
 
 
-def group_alive(pgid: int | None) -> bool:
+def boot_id() -> str | None:
+    """This boot's id (Linux): a pgid recorded in an earlier boot names nothing of ours."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def group_alive(pgid: int | None, boot: str | None = None) -> bool:
     """Is any process of group `pgid` still running? Zombies (exited, not yet reaped: they linger where PID 1
-    does not reap) do not count. Scans /proc/<pid>/stat (after the ")" closing comm: state, ppid, pgrp);
+    does not reap) do not count; with `boot` (status.json's boot_id), neither does a group of another boot.
+    Scans /proc/<pid>/stat (after the ")" closing comm: state, ppid, pgrp);
     without /proc, falls back to killpg(pgid, 0), which counts zombies. orchestrator/runs.py's shell
     `alive()` applies the same rule on the server."""
     if not pgid:
+        return False
+    if boot and boot_id() not in (None, boot):  # recorded before a reboot: that group id was reused, or nothing
         return False
     pgid = int(pgid)
     if not os.path.exists("/proc/self/stat"):

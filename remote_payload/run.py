@@ -159,7 +159,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _write_status(run_dir: Path, state: str, started: str, exit_code: int | None = None) -> None:
     st = {"state": state, "pid": os.getpid(), "pgid": os.getpgid(0), "started_at": started,
-          "host": socket.gethostname(), "owner": "payload"}
+          "host": socket.gethostname(), "boot_id": protocol.boot_id(), "owner": "payload"}
     if state != protocol.RUNNING:
         st.update(finished_at=protocol.now_iso(), exit_code=exit_code)
     protocol.atomic_write_json(run_dir / protocol.STATUS_JSON, st)

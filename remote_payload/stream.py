@@ -63,8 +63,8 @@ def main(args) -> int:
             # Liveness first, then the status: a group that was gone before the read left its final status.
             raw = b""
             try:
-                pgid = protocol.read_json(run_dir / protocol.STATUS_JSON).get("pgid")
-                alive = protocol.group_alive(pgid)
+                st = protocol.read_json(run_dir / protocol.STATUS_JSON)
+                alive = protocol.group_alive(st.get("pgid"), st.get("boot_id"))
                 raw = (run_dir / protocol.STATUS_JSON).read_bytes()
                 status = json.loads(raw)
             except (FileNotFoundError, ValueError):

@@ -191,7 +191,8 @@ def main(args) -> int:
     t0 = time.time()
     pid = os.getpid()
     w.base = {"state": protocol.RUNNING, "run": run, "pid": pid, "pgid": os.getpgid(0),
-              "started_at": protocol.now_iso(), "host": socket.gethostname(), "cmd": cmd}
+              "started_at": protocol.now_iso(), "host": socket.gethostname(), "boot_id": protocol.boot_id(),
+              "cmd": cmd}
 
     run_info: dict = {}
     if args.run_json:

@@ -259,3 +259,29 @@ def test_parse_probe_blocks_and_progress_text():
     assert (a.name, a.state, a.alive) == ("a", "running", True) and progress_text(a.last_event) == "[5/5] eval 6/10"
     assert (b.state, b.last_event) == ("lost", {})  # running, group gone; a half-written event is skipped
     assert (c.state, c.status["exit_code"]) == ("failed", 2)
+
+
+def test_a_group_recorded_in_another_boot_is_lost_and_never_signalled(tmp_path):
+    """After a reboot a recorded pgid can belong to anything: status says lost, logs -f ends, kill sends nothing."""
+    import subprocess
+
+    from orchestrator.runs import kill_run, run_state
+    assert protocol.boot_id(), "this test needs /proc/sys/kernel/random/boot_id (Linux)"
+    _, t, wd = synced_local(tmp_path / "work")
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)  # holds the pgid now
+    try:
+        d = tmp_path / "work" / "runs" / "old"
+        d.mkdir(parents=True)
+        (d / "eval.log").write_text("[reval] old started\n")
+        protocol.atomic_write_json(d / "status.json", {"state": "running", "pid": stranger.pid, "pgid": stranger.pid,
+                                                       "boot_id": "00000000-0000-0000-0000-000000000000"})
+        assert protocol.group_alive(stranger.pid) is True  # the group exists ...
+        assert protocol.group_alive(stranger.pid, "00000000-0000-0000-0000-000000000000") is False  # ... not ours
+        assert protocol.group_alive(stranger.pid, protocol.boot_id()) is True
+        assert run_state(t, "old").state == "lost"
+        assert follow(t, "old", workdir=wd, python=sys.executable, sink=Recorder()).state == "lost"
+        kill_run(t, "old", grace_s=0.5)
+        assert stranger.poll() is None  # never signalled
+    finally:
+        stranger.kill()
+        stranger.wait()

@@ -241,3 +241,34 @@ def test_cache_from_another_tokenizer_is_refused(inputs, tmp_path, capsys):
     save_file(t, f)
     line = _bad(tmp_path, capsys, inputs / "drafter", inputs / "target", c)
     assert "token id 500 outside the drafter's vocabulary (96)" in line
+
+
+@pytest.mark.slow
+def test_walk_equals_online_greedy_decoding_round_by_round(trained_fixtures, tmp_path):
+    """results.json's per-prompt acceptance lengths (batched teacher-forced drafting + index-hopping walk) equal
+    an online greedy speculative decoder run round by round with the naive drafter (context recomputed)."""
+    from remote_payload.cache import open_cache
+    from remote_payload.checkpoint import load_drafter, load_target_head
+    meta = json.loads((trained_fixtures / "fixtures.json").read_text())
+    p = {k: trained_fixtures / v for k, v in meta["paths"].items() if isinstance(v, str)}
+    rc, run_dir = run_eval(tmp_path, p["drafter_good"], p["target"], p["cache"], "--num-prompts", "3",
+                           "--max-blocks", "12", name="online")
+    assert rc == 0
+    res = json.loads((run_dir / "results.json").read_text())
+    drafter, _ = load_drafter(p["drafter_good"])
+    head, _ = load_target_head(p["target"], vocab_size=drafter.cfg.vocab_size, hidden_size=drafter.cfg.hidden_size)
+    cache = open_cache(p["cache"])
+    bs = drafter.cfg.block_size
+    for i, rec in enumerate(res["per_prompt"]):
+        ids, feats = cache.load(i, layer_ids=drafter.cfg.fc_layer_ids)
+        g, a, lengths = ids.tolist(), rec["prompt_len"], []
+        with torch.no_grad():
+            while a < len(g) - 1 and len(lengths) < 12:
+                draft = drafter.naive_block(feats, g[a], a, head).argmax(-1).tolist()  # positions a+1..a+bs-1
+                acc = 0
+                while acc < bs - 1 and a + 1 + acc < len(g) and draft[acc] == g[a + 1 + acc]:
+                    acc += 1
+                lengths.append(acc + 1)
+                a += acc + 1
+        assert rec["acceptance_lengths"] == lengths, rec["name"]
+    assert any(x > 1 for r in res["per_prompt"] for x in r["acceptance_lengths"])  # real acceptance happened

@@ -211,6 +211,16 @@ def _stats(sd: dict[str, Tensor]) -> dict:
 
 
 # ---- drafters -----------------------------------------------------------------------------------
+def peek_config(path) -> DrafterConfig | None:
+    """The drafter's config without its weights, when the layout keeps it in a config.json (z-lab folder or
+    .safetensors file); None for the .pt layout, whose config may live inside the file."""
+    p = Path(path)
+    cfg_path = p / "config.json" if p.is_dir() else p.parent / "config.json" if p.suffix == ".safetensors" else None
+    if cfg_path is None or not cfg_path.exists():
+        return None
+    return DrafterConfig.from_dict(_read_json(cfg_path, "drafter config"), source=str(cfg_path))
+
+
 def load_drafter(path, *, device="cpu", dtype=torch.float32) -> tuple[DFlashDrafter, DrafterInfo]:
     """Load a drafter strictly (layouts in the module doc). Raises a PayloadError subclass on bad input."""
     p = Path(path)

@@ -23,6 +23,7 @@ import socket
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,7 +32,7 @@ import torch
 
 from . import __version__, metrics, protocol
 from .cache import open_cache, parse_layer_ids
-from .checkpoint import check_features, load_drafter, load_target_head
+from .checkpoint import check_features, load_drafter, load_target_head, peek_config
 from .devices import resolve_device_dtype
 from .errors import PayloadError
 
@@ -244,6 +245,24 @@ def draft_all_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, pro
                          topk_logprobs=torch.cat(topk) if budgets else None)
 
 
+def load_weights(drafter_path: str, target: str, device: torch.device, dtype: torch.dtype):
+    """(drafter, DrafterInfo, TargetHead, HeadInfo). When the drafter's config can be read first (z-lab
+    layout), the target's embed/lm_head are read by a second thread beside the drafter's weights: reading
+    page-cached bytes is CPU-bound per thread, so two readers finish sooner than one after the other."""
+    peek = peek_config(drafter_path)
+    if peek is None:
+        drafter, info = load_drafter(drafter_path, device=device, dtype=dtype)
+        head, hinfo = load_target_head(target, vocab_size=drafter.cfg.vocab_size,
+                                       hidden_size=drafter.cfg.hidden_size, device=device, dtype=dtype)
+        return drafter, info, head, hinfo
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-head") as ex:
+        head_f = ex.submit(load_target_head, target, vocab_size=peek.vocab_size, hidden_size=peek.hidden_size,
+                           device=device, dtype=dtype)
+        drafter, info = load_drafter(drafter_path, device=device, dtype=dtype)
+        head, hinfo = head_f.result()
+    return drafter, info, head, hinfo
+
+
 def _stats(x: torch.Tensor) -> tuple[float, float]:
     x = x.float()
     return x.mean().item(), x.std().item()
@@ -281,15 +300,13 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
 
     rep.step(4, "load_drafter", f"Loading drafter {opts.drafter}...")
     t_load = time.perf_counter()
-    drafter, info = load_drafter(opts.drafter, device=device, dtype=dtype)
+    drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype)
     cfg = drafter.cfg
     check_features(cfg, cache.layer_ids, cache.hidden_size)  # names dims and layer ids on a mismatch
     rep.line(f"  layout={info.layout} params={info.num_parameters:,} fc layers {cfg.fc_layer_ids} "
              f"block_size={cfg.block_size} layers={cfg.num_hidden_layers} ({', '.join(cfg.layer_types)})")
     for key, st in info.weight_stats.items():
         rep.line(f"  {key}: mean={st['mean']:.4f} std={st['std']:.4f}")
-    head, hinfo = load_target_head(opts.target, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-                                   device=device, dtype=dtype)
     rep.line(f"  target head: embed {hinfo.embed_key!r}, lm_head "
              f"{'tied to embed' if hinfo.tied else repr(hinfo.lm_head_key)} from {Path(hinfo.source).name}")
     cached_sha = ((cache.meta or {}).get("target") or {}).get("config_sha256")

@@ -134,11 +134,21 @@ def bench_hosts_check(ctx: BenchContext) -> list[Row]:
     def check(hs):
         assert all(r.ok for r in check_hosts(hs, requirements=[]))
 
+    def bare_ssh(hs):  # the floor: the same handshakes with nothing of ours around them
+        argvs = [["ssh", "-o", "ControlMaster=no", "-o", "ControlPath=none", *transport_mod.SSHTransport(h).ssh_argv("true")[1:]]
+                 for h in hs]
+        procs = [subprocess.Popen(a, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for a in argvs]
+        assert all(p.wait() == 0 for p in procs)
+
     rows = []
     for label, sshd_extra in (("", []), (", curve25519 servers", ["KexAlgorithms curve25519-sha256"])):
         hosts = list(load_inventory(ctx.ssh_hosts(16, sshd_extra=sshd_extra).inventory_path).resolve("cluster"))
         rows.append(Row(f"hosts check, 16 hosts{label}", median_s(lambda hs=hosts: check(hs), ctx.repeat),
                         median_s(lambda hs=hosts[:1]: check(hs), ctx.repeat), "1 host", 2.0))
+        if not sshd_extra:
+            rows.append(Row("bare `ssh true`, 16 hosts at once", median_s(lambda hs=hosts: bare_ssh(hs), ctx.repeat),
+                            median_s(lambda hs=hosts[:1]: bare_ssh(hs), ctx.repeat), "1 host (floor on this box)",
+                            2.0))
     return rows
 
 

@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.inventory import Host, VenvSpec
+from orchestrator.inventory import Host, VenvSpec, load_inventory
 from orchestrator.sync import sync_payload
-from orchestrator.transport import LocalTransport, resolve_workdir
+from orchestrator.transport import LocalTransport, SSHTransport, resolve_workdir
 from remote_payload import protocol
 
 
@@ -22,6 +22,14 @@ def local_host(workdir: Path, name: str = "local", **kw) -> Host:
 def synced_local(workdir: Path, **kw) -> tuple[Host, LocalTransport, str]:
     host = local_host(workdir, **kw)
     t = LocalTransport(host)
+    sync_payload(t, host)
+    return host, t, resolve_workdir(t)
+
+
+def synced_ssh(cluster, name: str = "ssh1") -> tuple[Host, SSHTransport, str]:
+    """The ssh_hosts fixture's host `name`, its transport, the payload synced there, and its workdir."""
+    host = load_inventory(cluster.inventory_path).get(name)
+    t = SSHTransport(host)
     sync_payload(t, host)
     return host, t, resolve_workdir(t)
 

@@ -11,14 +11,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.follow import FrameParser, PlainSink, follow
-from orchestrator.inventory import load_inventory
 from orchestrator.launch import launch
 from orchestrator.pull import extract_contract_files, pull
 from orchestrator.runs import load_follow_state
-from orchestrator.sync import sync_payload
-from orchestrator.transport import SSHTransport, resolve_workdir
+from orchestrator.transport import SSHTransport
 from remote_payload import protocol
-from tests.runtools import synced_local, wait_lines, wait_status
+from tests.runtools import synced_local, synced_ssh, wait_lines, wait_status
 
 
 @pytest.fixture(autouse=True)
@@ -160,10 +158,7 @@ def test_pull_takes_only_contract_files(tmp_path):
 @pytest.mark.slow
 def test_connection_cut_mid_follow_resumes_exactly(ssh_hosts, tmp_path):
     c = ssh_hosts(1)
-    host = load_inventory(c.inventory_path).get("ssh1")
-    t = SSHTransport(host)
-    sync_payload(t, host)
-    wd = resolve_workdir(t)
+    host, t, wd = synced_ssh(c)
     n_lines = 120
     launch(host, t, name="cut1", payload_argv=["dummy", "--lines", str(n_lines), "--interval-s", "0.06"],
            gpus="none", run_json={}, python=sys.executable)
@@ -227,10 +222,7 @@ def test_rich_sink_renders_bar_and_lines_on_a_fixed_width_terminal():
 def test_follow_gives_up_with_exit_4_and_the_reattach_command(ssh_hosts, tmp_path):
     from orchestrator.errors import HostUnreachable
     c = ssh_hosts(1)
-    host = load_inventory(c.inventory_path).get("ssh1")
-    t = SSHTransport(host)
-    sync_payload(t, host)
-    wd = resolve_workdir(t)
+    host, t, wd = synced_ssh(c)
     launch(host, t, name="gone", payload_argv=["dummy", "--lines", "100", "--interval-s", "0.05"], gpus="none",
            run_json={}, python=sys.executable)
     rec = Recorder()

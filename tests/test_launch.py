@@ -13,13 +13,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.inventory import load_inventory
 from orchestrator.launch import describe, launch, launch_script, normalize_gpus
 from orchestrator.runs import kill_run, run_state
-from orchestrator.sync import sync_payload
 from orchestrator.transport import SSHTransport, resolve_workdir
 from remote_payload import protocol, wrapper
-from tests.runtools import fake_nvidia_smi, group_members, synced_local, wait_lines, wait_status
+from tests.runtools import fake_nvidia_smi, group_members, synced_local, synced_ssh, wait_lines, wait_status
 
 DUMMY = ["dummy", "--lines", "3", "--interval-s", "0.01"]
 
@@ -246,9 +244,7 @@ def test_launch_script_quotes_everything():
 @pytest.mark.ssh
 def test_launch_and_kill_over_ssh(ssh_hosts, tmp_path):
     c = ssh_hosts(1)
-    host = load_inventory(c.inventory_path).get("ssh1")
-    t = SSHTransport(host)
-    sync_payload(t, host)
+    host, t, _ = synced_ssh(c)
     info = launch(host, t, name="remote1", payload_argv=["dummy", "--lines", "500", "--interval-s", "0.05"],
                   gpus="none", run_json={}, python=sys.executable)
     run_dir = c.hosts[0].workdir / "runs" / "remote1"

@@ -35,6 +35,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from remote_payload.checkpoint import torch_load_cpu
 from remote_payload.errors import FeatureMismatchError, PayloadError
 
 CACHE_FORMAT = "reval.cache/1"
@@ -88,13 +89,11 @@ def _read_json(path: Path):
 
 
 def _torch_load(f: Path):
-    """A seeds .pt, memory-mapped when it is in the zip format (legacy files are read whole)."""
+    """A seeds .pt (checkpoint.torch_load_cpu), its read errors as one-line PayloadErrors."""
     try:
-        return torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+        return torch_load_cpu(f)
     except RuntimeError as e:
-        if "mmap" not in str(e):
-            raise PayloadError(f"seeds cache: cannot read {f} ({str(e).splitlines()[0]}); re-save it with torch.save")
-        return torch.load(f, map_location="cpu", weights_only=True)
+        raise PayloadError(f"seeds cache: cannot read {f} ({str(e).splitlines()[0]}); re-save it with torch.save")
 
 
 def _check_prompt(p: CachePrompt, where: str) -> None:

@@ -290,7 +290,9 @@ def _load_zlab(p: Path, cfg_path: Path, device, dtype) -> tuple[DFlashDrafter, D
     return model, info
 
 
-def _torch_load(p: Path):
+def torch_load_cpu(p: Path):
+    """A weights-only torch file on the CPU, memory-mapped when it is in the zip format (legacy files are
+    read whole). Other errors propagate: callers say which file and what to do."""
     try:
         return torch.load(p, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError as e:
@@ -302,7 +304,7 @@ def _torch_load(p: Path):
 def _load_pt(p: Path, device, dtype) -> tuple[DFlashDrafter, DrafterInfo]:
     content_hash = hash_in_background([p])
     try:
-        obj = _torch_load(p)
+        obj = torch_load_cpu(p)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"cannot read {p} as a weights-only torch checkpoint: {first}. Save it with plain "

@@ -24,7 +24,7 @@ test: setup
 	scripts/netns-run $(PYTEST) -q -ra $(ARGS)
 
 test-fast: setup
-	$(PYTEST) -q -ra -m "not ssh and not slow" $(ARGS)
+	$(PYTEST) -q -ra -m "not ssh and not slurm and not slow" $(ARGS)
 
 # On a CUDA host (CI has none): the GPU paths against their CPU references.
 test-gpu:

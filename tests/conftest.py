@@ -52,6 +52,30 @@ def ssh_hosts(tmp_path_factory):
         cluster.close()
 
 
+# --- a real single-node Slurm (slurm engineer) -----------------------------------------------------------
+@pytest.fixture
+def slurm(tmp_path_factory):
+    """A started `tests.slurm.SlurmCluster` (munged, slurmctld, slurmd on 127.0.0.1, 2 fake GPUs, 8 CPU slots).
+
+    Client commands: `slurm.cmd("sbatch", ...)` or any subprocess with `env=slurm.env` (SLURM_CONF).
+    Skips, saying why, outside scripts/netns-run or without the Debian packages. Teardown: jobs cancelled,
+    daemons ended by pid, leftover job processes killed by pid."""
+    from tests import slurm as slurm_mod
+
+    reason = slurm_mod.slurm_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = slurm_mod.make_slurm(tmp_path_factory.mktemp("slurm"))
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def slurm_login(slurm, ssh_hosts):
+    """(slurm, login) — one loopback sshd whose sessions see the test cluster's SLURM_CONF: the login node."""
+    return slurm, ssh_hosts(1, sshd_extra=slurm.sshd_extra())
+
+
 # --- trained tiny fixtures (cache/target engineer) ------------------------------------------------------
 def _build_trained_fixtures(log=lambda line: None):
     from pathlib import Path

@@ -1,0 +1,215 @@
+"""A real single-node Slurm (Debian's slurmctld, slurmd, munge) for tests, inside the private network
+namespace that scripts/netns-run creates (REVAL_NETNS=1).
+
+Everything lives in one temp dir: munged on a private socket and key, a slurm.conf bound to 127.0.0.1 only
+(`CommunicationParameters=NoInAddrAny,NoCtldInAddrAny`), state/spool/logs, and fake GPUs declared through
+gres (character devices made with mknod, major/minor of /dev/null: harmless, but Slurm sets
+CUDA_VISIBLE_DEVICES from them). `jobcomp/filetxt` keeps finished jobs queryable (`sacct -c`),
+`batch_sched_delay=0` starts a job as soon as it is submitted, and `config_overrides` lets the node declare
+more CPUs than the machine has so that several 1-CPU jobs run at once on 2 cores.
+
+Client commands find this cluster through SLURM_CONF only (`SlurmCluster.env`; the login node's sshd gets it
+with `SetEnv`, see `sshd_extra()`). Every daemon is started in the foreground and ended by pid in close(),
+after the cluster's jobs are cancelled; job processes still alive then (found by SLURM_CONF in their
+environment) are killed by pid.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BINARIES = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sbatch", "/usr/bin/sacct")
+CTLD_PORT, SLURMD_PORT = 6817, 6818
+NODE = "node1"
+# glibc's getaddrinfo(AI_ADDRCONFIG), which Slurm uses even for "127.0.0.1", answers "no such name" while
+# 127.0.0.1 is the only IPv4 address up (it does not count loopback's own address). A second loopback address
+# in the namespace makes IPv4 "configured"; it is removed again in close().
+EXTRA_LO_ADDR = "127.0.0.250/32"
+
+
+def slurm_skip_reason() -> str | None:
+    """Why a real Slurm cannot run here, or None when it can."""
+    if os.environ.get("REVAL_NETNS") != "1":
+        return "needs the private network namespace: run under scripts/netns-run (make test does)"
+    if os.geteuid() != 0:
+        return "needs root to run slurmd and munged"
+    for tool in BINARIES:
+        if not os.path.exists(tool):
+            return f"{tool} is missing (apt-get install slurmctld slurmd munge slurm-client; .ci/run does)"
+    return None
+
+
+def _conf(root: Path, *, cpus: int, gpus: int, mem_mb: int, extra: list[str]) -> str:
+    return "\n".join([
+        "ClusterName=revaltest",
+        "SlurmctldHost=localhost(127.0.0.1)",
+        f"SlurmctldPort={CTLD_PORT}", f"SlurmdPort={SLURMD_PORT}",
+        "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny",
+        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={root / 'munge' / 'sock'}",
+        "SlurmUser=root", "SlurmdUser=root",
+        f"StateSaveLocation={root / 'state'}", f"SlurmdSpoolDir={root / 'spool'}",
+        f"SlurmctldPidFile={root / 'slurmctld.pid'}", f"SlurmdPidFile={root / 'slurmd.pid'}",
+        f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
+        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/filetxt", f"JobCompLoc={root / 'log' / 'jobcomp.txt'}",
+        "SchedulerParameters=batch_sched_delay=0", "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory", "DefMemPerCPU=100", "SlurmdParameters=config_overrides",
+        "GresTypes=gpu", "MpiDefault=none", "ReturnToService=2", "KillWait=2",
+        # the time-limit check runs every PERIODIC_TIMEOUT; OverTimeLimit 0: a job ends at its limit
+        "OverTimeLimit=0", "MinJobAge=600",
+        f"NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={NODE} CPUs={cpus} RealMemory={mem_mb} "
+        + (f"Gres=gpu:{gpus} " if gpus else "") + "State=UNKNOWN",
+        f"PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
+        *extra, "",
+    ])
+
+
+@dataclass
+class SlurmCluster:
+    root: Path
+    conf: Path
+    gpus: int
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    _added_addr: bool = False
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment for client commands of this cluster (and nothing else)."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def sshd_extra(self) -> list[str]:
+        """sshd_config lines for a login node: its sessions see this cluster's SLURM_CONF."""
+        return [f"SetEnv SLURM_CONF={self.conf}"]
+
+    def cmd(self, *argv: str, check: bool = True, timeout_s: float = 30) -> subprocess.CompletedProcess:
+        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, check=check,
+                              timeout=timeout_s)
+
+    def log(self, name: str) -> str:
+        p = self.root / "log" / f"{name}.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    # -- daemons ----------------------------------------------------------------------------------------
+    def _start(self, name: str, argv: list[str]) -> None:
+        with open(self.root / "log" / f"{name}.out", "ab") as out:
+            self.procs[name] = subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                                                env=self.env)
+
+    def _wait(self, what: str, ready, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    raise RuntimeError(f"{name} exited {p.returncode} while waiting for {what}: "
+                                       f"{(self.root / 'log' / f'{name}.out').read_text()[-800:]}"
+                                       f"{self.log(name)[-800:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"slurm test cluster: timed out waiting for {what}: "
+                                   f"{self.log('slurmctld')[-600:]} {self.log('slurmd')[-600:]}")
+            time.sleep(0.05)
+
+    def start(self) -> None:
+        r = subprocess.run(["ip", "addr", "add", EXTRA_LO_ADDR, "dev", "lo"], check=False,
+                           capture_output=True, text=True)
+        self._added_addr = r.returncode == 0
+        m = self.root / "munge"
+        self._start("munged", ["/usr/sbin/munged", "-F", "-f", f"--socket={m / 'sock'}",
+                               f"--key-file={m / 'munge.key'}", f"--pid-file={m / 'munged.pid'}",
+                               f"--log-file={m / 'munged.log'}", f"--seed-file={m / 'munged.seed'}"])
+        self._wait("munged's socket", (m / "sock").exists)
+        self._start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)])
+        self._start("slurmd", ["/usr/sbin/slurmd", "-D", "-N", NODE, "-f", str(self.conf)])
+
+        def node_idle() -> bool:
+            r = self.cmd("sinfo", "-h", "-n", NODE, "-o", "%T", check=False, timeout_s=10)
+            return r.returncode == 0 and r.stdout.strip() == "idle"
+        self._wait("the node to register idle", node_idle)
+
+    def job_pids(self) -> list[int]:
+        """Live processes (job steps, slurmstepd) whose environment names this cluster's slurm.conf."""
+        marker = f"SLURM_CONF={self.conf}".encode()
+        daemons = {p.pid for p in self.procs.values()}
+        out = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) in daemons or int(d) == os.getpid():
+                continue
+            try:
+                env = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if marker in env:
+                out.append(int(d))
+        return out
+
+    def close(self) -> None:
+        if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
+            self.cmd("scancel", "--full", "--quiet", "-u", "root", check=False, timeout_s=10)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                r = self.cmd("squeue", "-h", "-o", "%i", check=False, timeout_s=10)
+                if r.returncode != 0 or not r.stdout.strip():
+                    break
+                time.sleep(0.1)
+        for name in ("slurmd", "slurmctld", "munged"):
+            p = self.procs.pop(name, None)
+            if p is None:
+                continue
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        for pid in self.job_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self._added_addr:
+            subprocess.run(["ip", "addr", "del", EXTRA_LO_ADDR, "dev", "lo"], check=False, capture_output=True)
+            self._added_addr = False
+
+
+def make_slurm(root: Path, *, cpus: int = 8, gpus: int = 2, mem_mb: int = 4000,
+               extra: list[str] | None = None) -> SlurmCluster:
+    """Write the config into `root` and start munged, slurmctld and slurmd (about 1 s)."""
+    for d in ("munge", "state", "spool", "log", "dev"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "munge").chmod(0o700)
+    key = root / "munge" / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o600)
+    for i in range(gpus):  # fake GPUs: character devices 1:3 (what /dev/null is)
+        os.mknod(root / "dev" / f"gpu{i}", 0o666 | 0o020000, os.makedev(1, 3))
+    conf = root / "slurm.conf"
+    conf.write_text(_conf(root, cpus=cpus, gpus=gpus, mem_mb=mem_mb, extra=list(extra or [])))
+    if gpus:
+        (root / "gres.conf").write_text(f"NodeName={NODE} Name=gpu File={root / 'dev'}/gpu[0-{gpus - 1}]\n")
+    cluster = SlurmCluster(root, conf, gpus)
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
+def wait_state(cluster: SlurmCluster, job: str, states: set[str], timeout_s: float = 60) -> str:
+    """Poll `scontrol show job` until the job's JobState is in `states` (returns it)."""
+    deadline = time.monotonic() + timeout_s
+    state = "?"
+    while time.monotonic() < deadline:
+        r = cluster.cmd("scontrol", "-o", "show", "job", job, check=False)
+        for word in r.stdout.split():
+            if word.startswith("JobState="):
+                state = word.split("=", 1)[1]
+        if state in states:
+            return state
+        time.sleep(0.05)
+    raise AssertionError(f"job {job} still {state} after {timeout_s}s (wanted {states})")

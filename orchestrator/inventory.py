@@ -4,6 +4,7 @@ and the fix ("did you mean"), raised as ConfigError (exit 3).
     hosts:
       local: {local: true, workdir: .reval/local, python: current, venv: {mode: python}}
       ct129: {ssh: ct129, workdir: ~/reval, venv: {system_site_packages: true}}   # an ~/.ssh/config alias
+      hpc: {ssh: hpc-login, workdir: /shared/me/reval, slurm: {partition: gpu, gpus: 1, time: "2:00:00"}}
     groups:
       gpu-boxes: [ct129]
 
@@ -35,6 +36,22 @@ class VenvSpec:
 
 
 @dataclass
+class SlurmSpec:
+    """A cluster's job settings (`slurm:` in a host entry): the host is its login node, the workdir is on
+    the shared filesystem, and every run is a Slurm job with these options."""
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None        # --time (Slurm's formats: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]])
+    gpus: int | None = None        # --gpus=N per job
+    gres: str | None = None        # --gres=gpu[:type]:N per job (instead of gpus)
+    cpus: int | None = None        # --cpus-per-task
+    mem: str | None = None         # --mem (e.g. 64G)
+    max_running: int = 4           # a sweep's job array runs at most this many at once (--array=...%K)
+    sbatch: list = field(default_factory=list)  # more `#SBATCH` options, one per item
+
+
+@dataclass
 class Host:
     name: str
     address: str = ""              # hostname/IP or ~/.ssh/config alias; "" for local
@@ -53,6 +70,7 @@ class Host:
     env: dict = field(default_factory=dict)
     tags: list = field(default_factory=list)
     local: bool = False
+    slurm: SlurmSpec | None = None  # set: a Slurm cluster reached through this (login) host
 
     @property
     def is_local(self) -> bool:
@@ -134,6 +152,7 @@ _HOST_KEYS = {
     "gpus": ("gpus", (str, int, list), "auto, none, or a list of GPU indices"),
     "env": ("env", (dict,), "a mapping of NAME: value"),
     "tags": ("tags", (list,), "a list of words"),
+    "slurm": ("slurm", (dict,), "a mapping (partition, account, qos, time, gpus, cpus, mem, sbatch, ...)"),
 }
 _NAME = re.compile(r"^(?!\.)[A-Za-z0-9._-]{1,64}$")
 _VENV_KEYS = {
@@ -142,6 +161,25 @@ _VENV_KEYS = {
     "wheelhouse": ((str,), "a local folder of wheels"),
     "path": ((str,), "a directory on the host"),
 }
+_SLURM_KEYS = {
+    "partition": ((str,), "a partition name"),
+    "account": ((str,), "an account name"),
+    "qos": ((str,), "a QOS name"),
+    "time": ((str, int), "a time limit like 2:00:00, 90 (minutes) or 1-12:00:00"),
+    "gpus": ((int,), "GPUs per job (a number)"),
+    "gres": ((str,), "a gres spec like gpu:1 or gpu:a100:2"),
+    "cpus": ((int,), "CPUs per job (a number)"),
+    "mem": ((str, int), "memory per job like 64G or 16000M"),
+    "max_running": ((int,), "how many of a sweep's array tasks may run at once (a number)"),
+    "sbatch": ((list,), "a list of sbatch options like --constraint=h100"),
+}
+# Options reval sets itself in every batch script (a run's output, its array, its name and directory).
+SBATCH_OWNED = ("--output", "--error", "--open-mode", "--array", "--job-name", "--chdir", "--parsable", "--wrap",
+                "-o", "-e", "-a", "-J", "-D")
+_SLURM_WORD = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
+_SLURM_TIME = re.compile(r"^(\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$", re.IGNORECASE)
+_SLURM_MEM = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
+_SLURM_GRES = re.compile(r"^[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)*$")
 _TOP_KEYS = ("hosts", "groups")
 
 
@@ -263,6 +301,8 @@ def _parse_host(c: _Checker, name: str, knode, vnode, base_dir: Path) -> Host:
             val = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in val.items()}
         elif key == "tags":
             val = [str(t) for t in val]
+        elif key == "slurm":
+            val = _parse_slurm(c, name, vn)
         setattr(host, attr, val)
     if "ssh" in given and "address" in given:
         c.fail(given["address"], f"host {name!r}: give either `ssh:` (an ~/.ssh/config alias) or `address:`, not both")
@@ -271,6 +311,9 @@ def _parse_host(c: _Checker, name: str, knode, vnode, base_dir: Path) -> Host:
     if not host.local and not host.address:
         c.fail(knode, f"host {name!r}: missing `ssh:` (an ~/.ssh/config alias) or `address:`",
                hint="or set `local: true` for a folder on this machine")
+    if host.slurm is not None and "gpus" in given:
+        c.fail(given["gpus"], f"host {name!r}: Slurm assigns a cluster's GPUs; reval never picks them there",
+               hint="ask for them per job instead: slurm: {gpus: 1} (or slurm: {gres: 'gpu:1'})")
     if host.python == "current":
         if not host.local:
             c.fail(given["python"], f"host {name!r}: python: current means this controller's interpreter; "
@@ -312,3 +355,47 @@ def _parse_gpus(c: _Checker, name: str, node, val) -> str:
     if not parts or not all(p.strip().isdigit() for p in parts):
         c.fail(node, f"host {name!r}: gpus {val!r} must be auto, none, or GPU indices like [0, 1]")
     return ",".join(p.strip() for p in parts)
+
+
+def _parse_slurm(c: _Checker, name: str, node) -> SlurmSpec:
+    spec = SlurmSpec()
+    where = f"host {name!r}: slurm"
+    for key, kn, vn in c.mapping(node, f"host {name!r} slurm"):
+        if key not in _SLURM_KEYS:
+            c.fail(kn, f"unknown key {key!r} in host {name!r} slurm{_did_you_mean(key, _SLURM_KEYS)}",
+                   hint=f"slurm keys: {', '.join(_SLURM_KEYS)}")
+        types, expect = _SLURM_KEYS[key]
+        val = c.typed(vn, types, f"{where}.{key}", expect)
+        if isinstance(val, int) and key in ("time", "mem"):
+            val = str(val)
+        if key in ("partition", "account", "qos") and not _SLURM_WORD.match(val):
+            c.fail(vn, f"{where}.{key} {val!r} is not a {key} name (letters, digits, . _ + -)")
+        elif key == "time" and not _SLURM_TIME.match(val):
+            c.fail(vn, f"{where}.time {val!r} is not a Slurm time limit",
+                   hint="e.g. time: '2:00:00' (h:m:s), 90 (minutes), '1-12:00:00' (days-h:m:s)")
+        elif key == "mem" and not _SLURM_MEM.match(val):
+            c.fail(vn, f"{where}.mem {val!r} is not a memory size", hint="e.g. mem: 64G or mem: 16000M")
+        elif key == "gres" and not _SLURM_GRES.match(val):
+            c.fail(vn, f"{where}.gres {val!r} is not a gres spec", hint="e.g. gres: 'gpu:1' or gres: 'gpu:a100:2'")
+        elif key in ("gpus", "cpus", "max_running") and val < (0 if key == "gpus" else 1):
+            c.fail(vn, f"{where}.{key} must be at least {0 if key == 'gpus' else 1}, got {val}")
+        elif key == "sbatch":
+            val = _parse_sbatch_lines(c, where, vn)
+        setattr(spec, key, val)
+    if spec.gpus is not None and spec.gres is not None:
+        c.fail(node, f"{where}: give either gpus (--gpus=N) or gres (--gres=...), not both")
+    return spec
+
+
+def _parse_sbatch_lines(c: _Checker, where: str, node) -> list[str]:
+    out = []
+    for item in node.value:
+        line = c.value(item)
+        if not isinstance(line, str) or not line.startswith("-") or any(ch in line for ch in "\n\r\0"):
+            c.fail(item, f"{where}.sbatch: {line!r} is not an sbatch option", hint="e.g. sbatch: [--constraint=h100]")
+        opt = line.split("=", 1)[0].split()[0]
+        if opt in SBATCH_OWNED:
+            c.fail(item, f"{where}.sbatch: reval sets {opt} itself (a run's log, array and directory)",
+                   hint="remove it; partition, account, qos, time, gpus, cpus, mem have their own keys")
+        out.append(line)
+    return out

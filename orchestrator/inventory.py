@@ -219,6 +219,15 @@ class _Checker:
             out.append((key, k, v))
         return out
 
+    def section(self, node, host: str, what: str, keys: dict):
+        """(key, value node, typed value) of a host's nested mapping (venv:, slurm:); unknown keys fail."""
+        for key, kn, vn in self.mapping(node, f"host {host!r} {what}"):
+            if key not in keys:
+                self.fail(kn, f"unknown key {key!r} in host {host!r} {what}{_did_you_mean(key, keys)}",
+                          hint=f"{what} keys: {', '.join(keys)}")
+            types, expect = keys[key]
+            yield key, vn, self.typed(vn, types, f"host {host!r}: {what}.{key}", expect)
+
     def typed(self, node, types: tuple, where: str, expect: str):
         val = self.value(node)
         if isinstance(val, bool) and bool not in types or not isinstance(val, types):
@@ -324,12 +333,7 @@ def _parse_host(c: _Checker, name: str, knode, vnode, base_dir: Path) -> Host:
 
 def _parse_venv(c: _Checker, name: str, node, base_dir: Path) -> VenvSpec:
     spec = VenvSpec()
-    for key, kn, vn in c.mapping(node, f"host {name!r} venv"):
-        if key not in _VENV_KEYS:
-            c.fail(kn, f"unknown key {key!r} in host {name!r} venv{_did_you_mean(key, _VENV_KEYS)}",
-                   hint=f"venv keys: {', '.join(_VENV_KEYS)}")
-        types, expect = _VENV_KEYS[key]
-        val = c.typed(vn, types, f"host {name!r}: venv.{key}", expect)
+    for key, vn, val in c.section(node, name, "venv", _VENV_KEYS):
         if key == "mode" and val not in VENV_MODES:
             c.fail(vn, f"host {name!r}: venv.mode {val!r} is not one of {', '.join(VENV_MODES)}"
                    + _did_you_mean(val, VENV_MODES))
@@ -360,12 +364,7 @@ def _parse_gpus(c: _Checker, name: str, node, val) -> str:
 def _parse_slurm(c: _Checker, name: str, node) -> SlurmSpec:
     spec = SlurmSpec()
     where = f"host {name!r}: slurm"
-    for key, kn, vn in c.mapping(node, f"host {name!r} slurm"):
-        if key not in _SLURM_KEYS:
-            c.fail(kn, f"unknown key {key!r} in host {name!r} slurm{_did_you_mean(key, _SLURM_KEYS)}",
-                   hint=f"slurm keys: {', '.join(_SLURM_KEYS)}")
-        types, expect = _SLURM_KEYS[key]
-        val = c.typed(vn, types, f"{where}.{key}", expect)
+    for key, vn, val in c.section(node, name, "slurm", _SLURM_KEYS):
         if isinstance(val, int) and key in ("time", "mem"):
             val = str(val)
         if key in ("partition", "account", "qos") and not _SLURM_WORD.match(val):

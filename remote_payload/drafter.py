@@ -116,13 +116,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def visible(q_pos: Tensor, k_pos: Tensor, *, causal: bool, window: int | None) -> Tensor:
     """Reference attention rule on absolute positions (broadcasting) -> bool mask, True = may attend."""
-    vis = torch.ones(torch.broadcast_shapes(q_pos.shape, k_pos.shape), dtype=torch.bool, device=q_pos.device)
-    if causal:
-        vis &= k_pos <= q_pos
+    # (torch.broadcast_shapes would do, but its first call imports sympy: seconds in a fresh process)
+    diff = q_pos - k_pos
+    vis = diff >= 0 if causal else torch.ones_like(diff, dtype=torch.bool)
     if window is not None:
-        vis &= q_pos - k_pos < window
+        vis &= diff < window
         if not causal:
-            vis &= k_pos - q_pos < window
+            vis &= -diff < window
     return vis
 
 

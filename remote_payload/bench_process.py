@@ -1,0 +1,121 @@
+"""The `process` rows of `python -m remote_payload bench`: the eval as users run it, against its floor.
+
+`python -m remote_payload eval` runs as a subprocess on the seeds' run (the random checkpoint of bench.py plus
+a cache of 10 prompts x 540 tokens at the checkpoint's sizes) and its wall time is set against the floor
+measured in the same run, page cache warm:
+  init      a bare interpreter that imports torch and makes the CUDA context (`python -c ...`)
+  raw read  the weight files read once into host memory (bench.raw_read_s)
+  warm eval the eval stage of `evaluate` in this process, after one untimed evaluate (kernels, allocator warm)
+floor = init + raw read + warm eval. The process's own eval stage (results.json timing.eval_s) is set
+against the warm eval, so first-call costs and host stalls inside the stage show as a ratio.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .cache import CacheWriter
+from .config import DrafterConfig
+
+SEEDS_RUN = {"prompts": 10, "prompt_len": 60, "completion": 480, "max_blocks": 30}
+
+
+def write_cache(cfg: DrafterConfig, root: Path, dev: torch.device, dtype: torch.dtype) -> Path:
+    """The seeds' run as a reval cache: random ids and features for every tapped layer, in `dtype`."""
+    from .bench import synthetic_prompt
+    n_layers, H = len(cfg.target_layer_ids), cfg.hidden_size
+    out = root / "cache"
+    with CacheWriter(out, layer_ids=list(cfg.target_layer_ids), hidden_size=H) as w:
+        for s in range(SEEDS_RUN["prompts"]):
+            ids, _ = synthetic_prompt(cfg, SEEDS_RUN["prompt_len"], SEEDS_RUN["completion"], dev, dtype, s)
+            g = torch.Generator(device=dev).manual_seed(1000 + s)
+            feats = torch.randn(ids.shape[0], n_layers, H, generator=g, device=dev, dtype=dtype)
+            w.add(f"prompt-{s:03d}", SEEDS_RUN["prompt_len"], ids.cpu(), feats.cpu())
+    return out
+
+
+def _env() -> dict:
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def init_s(dev: torch.device) -> float:
+    """Wall time of a bare interpreter that imports torch (and makes the CUDA context on CUDA); best of 2."""
+    code = "import torch" + ("; torch.ones(1, device='cuda').sum().item()" if dev.type == "cuda" else "")
+    best = float("inf")
+    for _ in range(2):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True, env=_env())
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def eval_argv(ddir: Path, tdir: Path, cache: Path, dev: torch.device) -> list[str]:
+    return ["--drafter", str(ddir), "--target", str(tdir), "--cache", str(cache), "--max-blocks", str(SEEDS_RUN["max_blocks"]), "--device", str(dev)]
+
+
+def warm_eval_s(argv: list[str]) -> float:
+    """argv without --run-dir (evaluate() writes none)."""
+    """The eval stage of `evaluate` in this process, second of two runs (the first warms it up)."""
+    import argparse
+
+    from . import run
+    p = argparse.ArgumentParser()
+    run.add_arguments(p)
+    secs = []
+    for k in range(2):
+        args = p.parse_args([*argv, "--name", f"warm{k}"])
+        with contextlib.redirect_stdout(io.StringIO()):
+            results = run.evaluate(run.options_from_args(args), run.Reporter(None))
+        secs.append(results["timing"]["eval_s"])
+    return secs[-1]
+
+
+def process_runs(argv: list[str], root: Path, runs: int = 2) -> list[tuple[float, dict]]:
+    """`python -m remote_payload eval ...` as a subprocess: [(wall seconds, results.json timing)]."""
+    out = []
+    for k in range(runs):
+        run_dir = root / f"run-proc{k}"
+        a = [*argv, "--run-dir", str(run_dir)]
+        t = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "remote_payload", "eval", *a], check=False, env=_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wall = time.perf_counter() - t
+        if p.returncode != 0:
+            raise RuntimeError(f"eval exited {p.returncode}:\n{p.stdout[-3000:]}")
+        out.append((wall, json.loads((run_dir / "results.json").read_text())["timing"]))
+    return out
+
+
+def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device, dtype: torch.dtype,
+                  raw_s: float, root: Path) -> list:
+    from .bench import Row
+    cache = write_cache(cfg, root, dev, dtype)
+    argv = eval_argv(ddir, tdir, cache, dev)
+    init = init_s(dev)
+    warm = warm_eval_s(argv)
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    runs = process_runs(argv, root)
+    wall, timing = min(runs, key=lambda r: r[0])
+    floor = init + raw_s + warm
+    walls = ", ".join(f"{w:.2f}" for w, _ in runs)
+    return [
+        Row("process: torch + CUDA init", 0, init, 0, "bare interpreter, best of 2"),
+        Row("process: warm eval stage in-process", 0, warm, 0, "evaluate()'s eval stage, 2nd of 2 runs"),
+        Row("process: floor", 0, floor, 0, f"init + raw read {raw_s:.2f}s + warm eval"),
+        Row("process: `eval` subprocess wall", 0, wall, 0,
+            f"= {wall / floor:.2f}x floor (runs {walls}s); its load {timing['load_s']:.2f}s = "
+            f"{raw_s / timing['load_s']:.2f}x raw read speed, eval stage {timing['eval_s']:.2f}s = "
+            f"{timing['eval_s'] / warm:.2f}x warm in-process"),
+    ]

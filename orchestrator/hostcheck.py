@@ -18,6 +18,15 @@ from .transport import get_transport, q, workdir_expr
 NVIDIA_SMI_QUERY = ["--query-gpu=index,name,memory.total,memory.used,utilization.gpu",
                     "--format=csv,noheader,nounits"]
 
+# A cluster's login node: partitions and GPUs (sinfo), partition limits, the user's association limits
+SLURM_CHECK_CMDS = {
+    "version": ["sinfo", "--version"],
+    "sinfo": ["sinfo", "-h", "-o", "%P|%a|%l|%D|%G|%c|%m"],
+    "partitions": ["scontrol", "-o", "show", "partition"],
+    "assoc": ["sacctmgr", "-n", "-P", "show", "assoc", "where", "user=@USER@",
+              "format=Account,Partition,QOS,MaxJobs,MaxSubmit,MaxWall,MaxTRES,GrpTRES"],
+}
+
 # Runs on the host under its own python (stdlib only, 3.6+). argv: workdir, venvs dir ('' = default), modules.
 CHECK_SCRIPT = r"""
 import importlib.util, json, os, platform, shutil, subprocess, sys
@@ -38,6 +47,17 @@ out["venvs_ready"] = sorted(d for d in os.listdir(vd) if os.path.exists(os.path.
 out["missing"] = [m for m in mods if importlib.util.find_spec(m) is None]
 out["rsync"], out["uv"] = shutil.which("rsync"), shutil.which("uv")
 smi = shutil.which("nvidia-smi")
+if os.environ.get("REVAL_CHECK_SLURM"):  # a cluster's login node: Slurm's view, not the login node's GPUs
+    smi, out["slurm"] = None, {}
+    user = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
+    for k, argv in SLURM_CMDS.items():
+        try:
+            r = subprocess.run([a.replace("@USER@", user) for a in argv], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=30)
+            out["slurm"][k] = {"rc": r.returncode, "out": r.stdout.decode(errors="replace")[-20000:],
+                               "err": r.stderr.decode(errors="replace")[-300:]}
+        except Exception as e:
+            out["slurm"][k] = {"rc": 127, "out": "", "err": str(e)}
 out["nvidia_smi"] = None
 if smi:
     try:
@@ -47,7 +67,7 @@ if smi:
     except Exception as e:
         out["nvidia_smi"] = {"rc": -1, "out": "", "err": str(e)}
 print(json.dumps(out))
-""".replace("QUERY", repr(NVIDIA_SMI_QUERY))
+""".replace("QUERY", repr(NVIDIA_SMI_QUERY)).replace("SLURM_CMDS", repr(SLURM_CHECK_CMDS))
 
 
 @dataclass
@@ -67,6 +87,7 @@ class HostCheck:
     venv: str = "?"                # ready <key> | absent <key> | existing (mode python)
     elapsed_s: float = 0.0
     extra: dict = field(default_factory=dict)
+    cluster: dict | None = None    # a Slurm cluster's partitions and limits (slurmjobs.check_cluster)
 
 
 def parse_nvidia_smi(text: str) -> list[dict]:
@@ -88,7 +109,8 @@ def parse_nvidia_smi(text: str) -> list[dict]:
 
 
 def check_command(host: Host, modules: list[str]) -> str:
-    return (f"{q(host.python)} - {workdir_expr(host)} {q(host.venv.path or '')} "
+    return (("REVAL_CHECK_SLURM=1 " if host.slurm is not None else "")
+            + f"{q(host.python)} - {workdir_expr(host)} {q(host.venv.path or '')} "
             + " ".join(q(m) for m in modules))
 
 
@@ -115,6 +137,9 @@ def interpret(host: Host, blob: dict, *, manifest_hash: str, requirements: list[
             r.gpus = []
             r.gpu_error = f"nvidia-smi failed (exit {smi.get('rc')}): {smi.get('err', '').strip()[-120:]}"
     r.extra = {"rsync": blob.get("rsync"), "uv": blob.get("uv")}
+    if host.slurm is not None:
+        from .slurmjobs import check_cluster
+        check_cluster(r, host.slurm, blob.get("slurm") or {})
     return r
 
 

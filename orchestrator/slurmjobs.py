@@ -15,6 +15,7 @@ the wrapper's status.json (a `running` one is `lost`).
 """
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 from dataclasses import dataclass
@@ -134,7 +135,7 @@ def parse_scontrol(text: str) -> dict[str, JobInfo]:
     """`scontrol -o show job [ID]` (one record a line) -> {job id: JobInfo}; array tasks as ARRAY_TASK."""
     out = {}
     for line in text.splitlines():
-        fields = dict(m.groups() for m in re.finditer(r"(?:^|\s)([A-Za-z/:]+)=(\S*)", line))
+        fields = _kv(line)
         if "JobId" not in fields or "JobState" not in fields:
             continue
         ids = [fields["JobId"]]
@@ -264,3 +265,42 @@ def parse_sinfo(text: str) -> list[Partition]:
         out.append(Partition(name.rstrip("*"), name.endswith("*"), parts[1], parts[2], nodes,
                              "" if parts[4] in ("(null)", "") else parts[4], parts[5], parts[6]))
     return out
+
+
+def _kv(line: str) -> dict[str, str]:
+    return dict(m.groups() for m in re.finditer(r"(?:^|\s)([A-Za-z/:]+)=(\S*)", line))
+
+
+def check_cluster(r, spec: SlurmSpec, out: dict) -> None:
+    """`reval hosts check` of a cluster (pure): fill `r.cluster` (a hostcheck.HostCheck) from the login
+    node's sinfo / scontrol / sacctmgr output; a missing Slurm or an unknown/down partition fails it."""
+    def res(k):
+        return out.get(k) or {"rc": 127, "out": "", "err": "not run"}
+    si = res("sinfo")
+    if si["rc"] != 0:
+        r.ok = False
+        r.error = f"sinfo failed (exit {si['rc']}): {(si['err'].strip().splitlines() or ['no output'])[-1]}"
+        r.hint = "is this host a Slurm login node? sinfo, sbatch and squeue must be on its PATH"
+        return
+    limits = {kv.get("PartitionName"): {k: kv.get(k) for k in ("MaxTime", "DefaultTime", "MaxNodes", "QoS")}
+              for kv in map(_kv, res("partitions")["out"].splitlines()) if kv.get("PartitionName")}
+    parts = [{**vars(p), "limits": limits.get(p.name, {})} for p in parse_sinfo(si["out"])]
+    assoc = res("assoc")
+    r.cluster = {"version": res("version")["out"].strip(), "partitions": parts,
+                 "limits": [dict(zip(("account", "partition", "qos", "max_jobs", "max_submit", "max_wall",
+                                      "max_tres", "grp_tres"), line.split("|")))
+                            for line in assoc["out"].splitlines() if line.strip()] if assoc["rc"] == 0 else None,
+                 "limits_note": "" if assoc["rc"] == 0 else
+                 f"no association limits (sacctmgr: {(assoc['err'].strip().splitlines() or ['failed'])[0]})"}
+    names = sorted({p["name"] for p in parts})
+    want = spec.partition or next((p["name"] for p in parts if p["default"]), None)
+    if spec.partition and spec.partition not in names:
+        close = difflib.get_close_matches(spec.partition, names, n=1)
+        r.ok = False
+        r.error = (f"partition {spec.partition!r} is not on this cluster"
+                   + (f" — did you mean {close[0]!r}?" if close else ""))
+        r.hint = f"partitions: {', '.join(names)} (hosts.yaml: slurm.partition)"
+    elif want and all(p["available"] != "up" for p in parts if p["name"] == want):
+        r.ok = False
+        r.error = f"partition {want!r} is not up ({', '.join(p['available'] for p in parts if p['name'] == want)})"
+        r.hint = "jobs would queue until it is back; choose another with slurm.partition"

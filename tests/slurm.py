@@ -213,3 +213,18 @@ def wait_state(cluster: SlurmCluster, job: str, states: set[str], timeout_s: flo
             return state
         time.sleep(0.05)
     raise AssertionError(f"job {job} still {state} after {timeout_s}s (wanted {states})")
+
+
+def add_cluster_host(inventory_path: Path, login: str, workdir: Path, *, name: str = "hpc",
+                     slurm: dict | None = None, group: list[str] | None = None) -> None:
+    """Add a cluster entry to an ssh_hosts inventory: host `name` reaches the login node the way host
+    `login` is reached, runs in `workdir` (the "shared filesystem"), with job settings `slurm`."""
+    import yaml
+
+    inv = yaml.safe_load(inventory_path.read_text())
+    entry = {k: v for k, v in inv["hosts"][login].items() if k != "gpus"}
+    inv["hosts"][name] = {**entry, "workdir": str(workdir), "slurm": slurm or {}}
+    if group:
+        inv.setdefault("groups", {})["mixed"] = group
+    workdir.mkdir(parents=True, exist_ok=True)
+    inventory_path.write_text(yaml.safe_dump(inv, sort_keys=False))

@@ -3,6 +3,7 @@ submits, run through sh and through the real test Slurm, and the state mapping f
 scontrol / squeue / sacct of the test cluster print."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import textwrap
@@ -200,3 +201,33 @@ def test_states_from_the_real_cluster(slurm):
     assert {j: (i.state, i.exit_code) for j, i in acct.items()} == {
         ok: ("COMPLETED", 0), bad: ("FAILED", 3), cancelled: ("CANCELLED", 0)}
     (slurm.root / "go").touch()
+
+
+@pytest.mark.slurm
+@pytest.mark.ssh
+def test_hosts_check_reports_partitions_gpus_and_limits(slurm_login, capsys, monkeypatch):
+    from orchestrator import cli
+    from tests.slurm import add_cluster_host
+
+    _, login = slurm_login
+    add_cluster_host(login.inventory_path, "ssh1", login.root / "shared", slurm={"partition": "debug"})
+    add_cluster_host(login.inventory_path, "ssh1", login.root / "shared", name="typo",
+                     slurm={"partition": "debgu"})
+    monkeypatch.setenv("COLUMNS", "200")
+    rc = cli.main(["-i", str(login.inventory_path), "hosts", "check", "hpc"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "debug* (up): 1 node(s) · gpu:2 · 8 CPUs · limit infinite" in out
+    assert "hpc: slurm-wlm 22.05.8 · partitions: debug MaxTime=UNLIMITED" in out
+    assert "limits: no association limits (sacctmgr: You are not running a supported accounting_storage" in out
+    rc = cli.main(["-i", str(login.inventory_path), "hosts", "check", "typo", "--json"])
+    [r] = json.loads(capsys.readouterr().out)
+    assert rc == 2 and r["error"] == "partition 'debgu' is not on this cluster — did you mean 'debug'?"
+    assert r["cluster"]["partitions"][0]["gres"] == "gpu:2"
+
+
+def test_check_cluster_without_slurm_fails_with_the_fix():
+    from orchestrator.hostcheck import HostCheck
+    r = HostCheck("hpc", "login", reachable=True, ok=True)
+    slurmjobs.check_cluster(r, SlurmSpec(), {"sinfo": {"rc": 127, "out": "", "err": "No such file: 'sinfo'"}})
+    assert not r.ok and r.error.startswith("sinfo failed (exit 127)") and "Slurm login node" in r.hint

@@ -15,7 +15,8 @@ from ..inventory import Inventory, load_inventory
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("hosts", help="the inventory as a table; `hosts check` probes the hosts",
                        description="Show the inventory (hosts.yaml). `reval hosts check [HOST|GROUP]` checks each "
-                                   "host in parallel: reachable, host key, python, disk, GPUs, payload and venv.")
+                                   "host in parallel: reachable, host key, python, disk, GPUs, payload and venv; "
+                                   "for a Slurm cluster (slurm: in hosts.yaml) its partitions, GPUs and limits.")
     p.set_defaults(func=main_list)
     hsub = p.add_subparsers(dest="hosts_command", metavar="check")
     c = hsub.add_parser("check", help="check hosts in parallel (one SSH round trip each)")
@@ -39,6 +40,10 @@ def inventory_table(inv: Inventory) -> Table:
 
 
 def gpu_summary(r: HostCheck) -> str:
+    if r.cluster is not None:  # a Slurm cluster: its partitions (GPUs per node from gres), not the login node
+        return "\n".join(f"{p['name']}{'*' if p['default'] else ''} ({p['available']}): {p['nodes']} node(s) · "
+                         f"{p['gres'] or 'no GPU'} · {p['cpus']} CPUs · limit {p['time_limit']}"
+                         for p in r.cluster["partitions"])
     if r.gpus is None:
         return "no GPU (CPU runs)" if r.reachable and r.python else "-"
     if r.gpu_error:
@@ -61,6 +66,25 @@ def check_table(results: list[HostCheck]) -> Table:
         t.add_row(r.host, status, r.python or "-", disk, gpu_summary(r), r.payload if r.reachable else "-",
                   r.venv if r.reachable else "-", f"{r.elapsed_s:.1f}s")
     return t
+
+
+def cluster_lines(results) -> list[str]:
+    """Below the table: each cluster's Slurm version and the user's limits (or why there are none)."""
+    out = []
+    for r in results:
+        c = getattr(r, "cluster", None)
+        if not c:
+            continue
+        out.append(f"{r.host}: {c['version'] or 'Slurm'} · partitions: "
+                   + ", ".join(f"{p['name']} MaxTime={p['limits'].get('MaxTime') or '?'}" for p in c["partitions"]))
+        for a in c["limits"] or []:
+            out.append(f"  limits: account {a.get('account') or '-'} partition {a.get('partition') or 'any'} "
+                       f"qos {a.get('qos') or '-'} · MaxJobs {a.get('max_jobs') or '-'} MaxSubmit "
+                       f"{a.get('max_submit') or '-'} MaxWall {a.get('max_wall') or '-'} MaxTRES "
+                       f"{a.get('max_tres') or '-'}")
+        if c["limits_note"]:
+            out.append(f"  limits: {c['limits_note']}")
+    return out
 
 
 def failure_lines(results) -> list[str]:
@@ -90,6 +114,6 @@ def main_check(args: argparse.Namespace) -> int:
     else:
         con = Console()
         con.print(check_table(results))
-        for line in failure_lines(results):
+        for line in cluster_lines(results) + failure_lines(results):
             con.print(line, highlight=False, markup=False)
     return exit_code(results)

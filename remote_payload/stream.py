@@ -12,11 +12,17 @@ polls the run directory and writes framed bytes to stdout, so the controller can
 
 Offsets make resuming exact: the controller reconnects with the offset after the last line it has.
 A trailing partial line is held back until its newline arrives (or the run is over).
+
+With `--alive-cmd CMD` (a scheduler's job, which may run on another machine than this stream): CMD (`sh -c`)
+says whether the job is still queued or running (exit 0) or over (exit 1; anything else: unknown, the last
+answer stands), every `--alive-every-s`; the run is over when the job is, whatever status.json says
+meanwhile (a requeued job's killed attempt may have written `cancelled` before it starts again).
 """
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +36,30 @@ def add_arguments(p) -> None:
     p.add_argument("--events-offset", type=int, default=0)
     p.add_argument("--poll-s", type=float, default=0.05)
     p.add_argument("--heartbeat-s", type=float, default=1.0)
+    p.add_argument("--alive-cmd", help="a scheduler's liveness probe (sh -c): exit 0 queued/running, 1 over, "
+                                       "else unknown; replaces the process-group check")
+    p.add_argument("--alive-every-s", type=float, default=2.0)
+
+
+class JobProbe:
+    """`--alive-cmd`, run at most every `every_s` (every 0.5 s once status.json says the run ended)."""
+
+    def __init__(self, cmd: str, every_s: float):
+        self.cmd, self.every_s = cmd, every_s
+        self.alive, self.last = True, None
+
+    def __call__(self, ending: bool) -> bool:
+        now = time.monotonic()
+        if self.last is None or now - self.last >= (min(0.5, self.every_s) if ending else self.every_s):
+            self.last = now
+            try:
+                rc = subprocess.run(["/bin/sh", "-c", self.cmd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, timeout=60, check=False).returncode
+            except (OSError, subprocess.TimeoutExpired):
+                rc = 2
+            if rc in (0, 1):
+                self.alive = rc == 0
+        return self.alive
 
 
 def read_new(path: Path, offset: int, final: bool, limit: int = 1 << 20) -> bytes:
@@ -58,19 +88,25 @@ def main(args) -> int:
     log_off, ev_off = args.log_offset, args.events_offset
     last_status = None
     last_beat = 0.0
+    probe = JobProbe(args.alive_cmd, args.alive_every_s) if args.alive_cmd else None
+    ending = False
     try:
         while True:
             # Liveness first, then the status: a group that was gone before the read left its final status.
             raw = b""
             try:
                 st = protocol.read_json(run_dir / protocol.STATUS_JSON)
-                alive = protocol.group_alive(st.get("pgid"), st.get("boot_id"))
+                alive = probe(ending) if probe else protocol.group_alive(st.get("pgid"), st.get("boot_id"))
                 raw = (run_dir / protocol.STATUS_JSON).read_bytes()
                 status = json.loads(raw)
             except (FileNotFoundError, ValueError):
-                status, alive = None, True  # not written yet (the wrapper is starting)
+                status, alive = None, probe(ending) if probe else True  # not written yet (still starting)
             state = (status or {}).get("state")
-            over = state in protocol.TERMINAL_STATES or (state == protocol.RUNNING and not alive)
+            ending = state in protocol.TERMINAL_STATES
+            if probe:
+                over = not alive
+            else:
+                over = ending or (state == protocol.RUNNING and not alive)
             frames = []
             for tag, path, off in ((b"L", protocol.EVAL_LOG, log_off), (b"E", protocol.EVENTS_JSONL, ev_off)):
                 data = read_new(run_dir / path, off, final=over)

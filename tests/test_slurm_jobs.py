@@ -231,3 +231,48 @@ def test_check_cluster_without_slurm_fails_with_the_fix():
     r = HostCheck("hpc", "login", reachable=True, ok=True)
     slurmjobs.check_cluster(r, SlurmSpec(), {"sinfo": {"rc": 127, "out": "", "err": "No such file: 'sinfo'"}})
     assert not r.ok and r.error.startswith("sinfo failed (exit 127)") and "Slurm login node" in r.hint
+
+
+# --- the stream of a scheduler's job ---------------------------------------------------------------------
+def test_stream_with_alive_cmd_ends_when_the_job_does_not_when_status_says(tmp_path):
+    """A requeued job's killed attempt may leave `cancelled` in status.json: the stream follows the job
+    (the probe), not the file, and keeps streaming what the next attempt appends."""
+    import select
+    import sys
+
+    from orchestrator.follow import FrameParser
+
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "status.json").write_text('{"state": "cancelled", "pgid": 999999999}')
+    (d / "eval.log").write_text("first attempt\n")
+    alive = tmp_path / "job-alive"
+    alive.touch()
+    p = subprocess.Popen([sys.executable, "-m", "remote_payload", "stream", "--run-dir", str(d),
+                          "--alive-cmd", f"test -e {alive}", "--alive-every-s", "0.1"],
+                         stdout=subprocess.PIPE, cwd=os.path.dirname(os.path.dirname(__file__)))
+    parser, log, tags = FrameParser(), b"", []
+    try:
+        def read_until(pred):
+            nonlocal log
+            while not pred():
+                ready, _, _ = select.select([p.stdout], [], [], 60)
+                assert ready, "the stream went silent (no heartbeat)"
+                chunk = os.read(p.stdout.fileno(), 65536)
+                assert chunk, f"the stream ended early: {tags}"
+                for f in parser.feed(chunk):
+                    tags.append(f.tag)
+                    log += f.data if f.tag == "L" else b""
+        read_until(lambda: b"first attempt\n" in log and "H" in tags)
+        assert "D" not in tags  # status says cancelled, but the job is still there
+        with open(d / "eval.log", "a") as f:
+            f.write("[reval] requeued by Slurm (restart 1): starting over\nsecond attempt\n")
+        read_until(lambda: b"second attempt\n" in log)
+        alive.unlink()
+        read_until(lambda: "D" in tags)
+        assert p.wait(timeout=60) == 0
+        assert log == b"first attempt\n[reval] requeued by Slurm (restart 1): starting over\nsecond attempt\n"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -10,6 +10,8 @@ to disk as safetensors (drafter folder + a target folder with an index and the m
 Prints drafter rounds/s (one round = one anchor's 16-token block), achieved TFLOP/s (useful FLOPs: block
 GEMMs, attention, lm_head, context projections) against the measured bf16 peak, and the speed-up over naive.
 Preset `tiny` (default on CPU): the same table at test sizes, so `make bench` runs anywhere.
+On CUDA (or with --only): the `process` rows (bench_process.py: `eval` as a subprocess vs its floor) and the
+`extract` rows (bench_extract.py: batched extraction vs the batch-1 loop on a random 8B-class Qwen3).
 """
 from __future__ import annotations
 
@@ -257,6 +259,10 @@ def main(args: argparse.Namespace) -> int:
             from .bench_process import bench_process
             rows += bench_process(ddir, tdir, cfg, dev, dtype, rows[0].seconds, Path(tmp))
             print("  done: process", flush=True)
+        if (only and "extract" in only) or (not only and dev.type == "cuda"):
+            from .bench_extract import bench_extract
+            rows += bench_extract(dev, dtype)
+            print("  done: extract", flush=True)
         for name, prompts, blocks, plen, comp in SCENARIOS[preset]:
             if only and name.split()[0] not in only:
                 continue

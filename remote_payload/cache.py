@@ -265,16 +265,26 @@ def _open_seeds(path: Path, layer_ids: list[int] | None) -> Cache:
     return Cache(path, "seeds", layer_ids, hidden_size, prompts, meta)
 
 
+PARTIAL_JSON = "partial.json"
+
+
 class CacheWriter:
-    """Writes a reval-layout cache atomically: prompts go into a temp dir renamed to `out` on success.
+    """Writes a reval-layout cache atomically: prompts go into a work dir beside `out`, renamed to `out` once
+    all are in, so `open_cache` never sees a half-written cache.
 
     with CacheWriter(out, layer_ids=[1, 2], hidden_size=64, target_path=..., ...) as w:
-        w.add(name, prompt_len, ids, features)   # ids [T] int, features [T, n_layers, H]
+        w.add(name, prompt_len, ids, features, index=i)   # ids [T] int, features [T, n_layers, H]
+
+    Resumable (`resume_key`, a digest of everything that decides the content: target, prompts, options): the
+    work dir is `.OUT.partial`; each prompt file is written under a temporary name and renamed, then
+    partial.json (rewritten atomically) lists it, so only complete files count as done. An interrupted writer
+    keeps that dir; a new writer with the same key continues it (`done`: the finished prompt indices), one with
+    another key refuses. Without a key the work dir is a fresh temp dir, removed on any error.
     """
 
     def __init__(self, out: str | os.PathLike, *, layer_ids: list[int], hidden_size: int,
                  target_path: str | None = None, target_config_sha256: str | None = None,
-                 tokenizer_path: str | None = None):
+                 tokenizer_path: str | None = None, resume_key: str | None = None):
         self.out = Path(out)
         if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
             raise PayloadError(f"--out {self.out} already exists; remove it or choose another directory")
@@ -283,34 +293,80 @@ class CacheWriter:
                      "target": {"path": target_path, "config_sha256": target_config_sha256},
                      "layer_ids": self.layer_ids, "hidden_size": hidden_size, "dtype": None,
                      "tokenizer": tokenizer_path, "prompts": [], "created_at": None}
+        self.resume_key = resume_key
+        self.partial = self.out.parent / f".{self.out.name}.partial"
+        self.done: dict[int, dict] = self._read_partial() if resume_key else {}
         self.tmp: Path | None = None
+
+    def _read_partial(self) -> dict[int, dict]:
+        """The prompts an interrupted writer finished (its partial.json is untrusted: checked field by field)."""
+        state_path = self.partial / PARTIAL_JSON
+        if not state_path.is_file():
+            return {}
+        where = f"interrupted cache {self.partial}"
+        try:
+            state = json.loads(state_path.read_text())
+            if state.get("key") != self.resume_key:
+                raise PayloadError(f"{where} was started with other inputs (target, prompts, layers or options); "
+                                   f"re-run that command to finish it, or remove {self.partial} to start over")
+            done = {}
+            for e in state["prompts"]:
+                entry = {"name": str(e["name"]), "prompt_len": int(e["prompt_len"]), "seq_len": int(e["seq_len"]),
+                         "file": str(e["file"]), "index": int(e["index"]), "bytes": int(e["bytes"])}
+                f = self.partial / entry["file"]
+                if entry["file"] != f"p{entry['index']:04d}.safetensors" or not f.is_file() \
+                        or f.stat().st_size != entry["bytes"]:
+                    continue  # not what we wrote: done again
+                done[entry["index"]] = entry
+            self.meta["dtype"] = state.get("dtype") if isinstance(state.get("dtype"), str) else None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise PayloadError(f"{where}: {state_path} is unreadable ({e}); remove {self.partial} to start "
+                               "over") from e
+        return done
 
     def __enter__(self) -> CacheWriter:  # noqa: PYI034 (typing.Self needs Python 3.11)
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
+        if self.resume_key:
+            self.partial.mkdir(exist_ok=True)
+            self.tmp = self.partial
+        else:
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
         return self
 
-    def add(self, name: str, prompt_len: int, ids: torch.Tensor, features: torch.Tensor) -> None:
-        # ids [T] int; features [T, n_layers, H]
-        n = len(self.meta["prompts"])
+    def add(self, name: str, prompt_len: int, ids: torch.Tensor, features: torch.Tensor,
+            index: int | None = None) -> None:
+        """One prompt (ids [T] int; features [T, n_layers, H]); `index` = its place in the cache (default:
+        after the last one added)."""
+        n = (max(self.done) + 1 if self.done else 0) if index is None else int(index)
         p = CachePrompt(name, int(prompt_len), int(ids.shape[0]), f"p{n:04d}.safetensors")
         _check_prompt(p, f"cache {self.out}")
         if features.shape != (p.seq_len, len(self.layer_ids), self.hidden_size):
             raise ValueError(f"features {tuple(features.shape)} != {(p.seq_len, len(self.layer_ids), self.hidden_size)}")
+        part = self.tmp / f"{p.file}.part"
         save_file({"ids": ids.detach().to("cpu", torch.long).contiguous(),
-                   "features": features.detach().to("cpu").contiguous()}, str(self.tmp / p.file))
+                   "features": features.detach().to("cpu").contiguous()}, str(part))
+        os.replace(part, self.tmp / p.file)
         self.meta["dtype"] = str(features.dtype).removeprefix("torch.")
-        self.meta["prompts"].append(vars(p))
+        self.done[n] = {**vars(p), "index": n, "bytes": (self.tmp / p.file).stat().st_size}
+        if self.resume_key:
+            state = {"key": self.resume_key, "dtype": self.meta["dtype"],
+                     "prompts": [self.done[i] for i in sorted(self.done)]}
+            (self.tmp / f"{PARTIAL_JSON}.part").write_text(json.dumps(state))
+            os.replace(self.tmp / f"{PARTIAL_JSON}.part", self.tmp / PARTIAL_JSON)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            if not (self.resume_key and self.done):
+                shutil.rmtree(self.tmp, ignore_errors=True)
             return
-        if not self.meta["prompts"]:
+        if not self.done:
             shutil.rmtree(self.tmp, ignore_errors=True)
             raise PayloadError(f"cache {self.out}: no prompts were written; nothing was created")
+        self.meta["prompts"] = [{k: self.done[i][k] for k in ("name", "prompt_len", "seq_len", "file")}
+                                for i in sorted(self.done)]
         self.meta["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         (self.tmp / CACHE_JSON).write_text(json.dumps(self.meta, indent=1) + "\n")
+        (self.tmp / PARTIAL_JSON).unlink(missing_ok=True)
         if self.out.exists():
             self.out.rmdir()  # empty (checked in __init__)
         os.replace(self.tmp, self.out)

@@ -135,3 +135,80 @@ def test_greedy_complete_on_a_hybrid_linear_attention_target():
         for _ in range(8):
             ref.append(int(model(torch.tensor([ref])).logits[0, -1].argmax()))
     assert greedy_complete(model, ids, 8, set()).tolist() == ref
+
+
+def _extract(target, prompts, out, *extra, log=lambda line: None):
+    from remote_payload.target import extract
+    kw = {"max_new_tokens": 10, **dict(extra)}
+    return extract(target, prompts, out, layer_ids=LAYERS, device="cpu", log=log, **kw)
+
+
+def _same_cache(a, b):
+    assert [vars(p) for p in a.prompts] == [vars(p) for p in b.prompts]
+    for i in range(len(a)):
+        (ia, fa), (ib, fb) = a.load(i), b.load(i)
+        assert ia.tolist() == ib.tolist()
+        torch.testing.assert_close(fa, fb, rtol=1e-5, atol=1e-5)
+
+
+def test_batched_extraction_writes_the_batch_1_cache(tiny_target, tmp_path):
+    """Prompts of different lengths in one batch (left-padded generation, right-padded prefill) and split
+    over batches by the token budget: the same ids and features as one prompt at a time."""
+    target, tok, _ = tiny_target
+    prompts = tmp_path / "p.jsonl"
+    chosen = fixtures.PROMPTS[:6]
+    assert len({len(tok.encode(t).ids) for _, t in chosen}) > 1  # lengths differ: padding is exercised
+    prompts.write_text("".join(json.dumps({"name": n, "prompt": t}) + "\n" for n, t in chosen))
+    one = _extract(target, prompts, tmp_path / "one", ("batch_size", 1))
+    many = _extract(target, prompts, tmp_path / "many", ("batch_size", 8))
+    split = _extract(target, prompts, tmp_path / "split", ("batch_size", 8), ("batch_tokens", 60))
+    assert [c.prompts[0].name for c in (one, many, split)] == [chosen[0][0]] * 3  # prompt order, not batch order
+    _same_cache(one, many)
+    _same_cache(one, split)
+
+
+def test_interrupted_extraction_resumes_and_never_reads_half_written(tiny_target, tmp_path):
+    target, _, _ = tiny_target
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"name": n, "prompt": t}) + "\n" for n, t in fixtures.PROMPTS[:5]))
+    out = tmp_path / "cache"
+
+    def stop_after_3(line):
+        if line.startswith("[3/5]"):
+            raise KeyboardInterrupt  # as if the run were killed after its 3rd prompt
+    with pytest.raises(KeyboardInterrupt):
+        _extract(target, prompts, out, ("batch_size", 2), log=stop_after_3)
+    partial = tmp_path / ".cache.partial"
+    assert not out.exists() and partial.is_dir()  # nothing that open_cache would read as a cache
+    state = json.loads((partial / "partial.json").read_text())
+    assert len(state["prompts"]) == 3
+    # a file cut short after it was listed, and a stray half-written one: both are extracted again
+    victim = partial / state["prompts"][0]["file"]
+    victim.write_bytes(victim.read_bytes()[:100])
+    (partial / "p0004.safetensors.part").write_bytes(b"half")
+    lines = []
+    c = _extract(target, prompts, out, ("batch_size", 2), log=lines.append)
+    assert lines[0].startswith(f"resuming {partial}: 2 of 5 prompts already extracted")
+    assert sum(line.startswith("[") for line in lines) == 3  # the 3 not done, nothing twice
+    assert not partial.exists()
+    _same_cache(c, _extract(target, prompts, tmp_path / "fresh", ("batch_size", 5)))
+    # the same --out with other options refuses to mix two runs' prompts
+    with pytest.raises(KeyboardInterrupt):
+        _extract(target, prompts, tmp_path / "c2", log=stop_after_3)
+    from remote_payload.errors import PayloadError
+    with pytest.raises(PayloadError, match="started with other inputs"):
+        _extract(target, prompts, tmp_path / "c2", ("max_new_tokens", 11))
+
+
+def test_batched_greedy_on_a_hybrid_linear_attention_target_equals_batch_1():
+    """Left padding must not leak into the linear-attention (recurrent) layers of Qwen3.5/3.6 targets."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from remote_payload.target import greedy_complete, greedy_complete_batch
+    cfg = Qwen3_5TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=8, vocab_size=64)
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(cfg).eval()
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8], [3, 1, 4, 1]]
+    got = greedy_complete_batch(model, prompts, 8, set())
+    assert got == [greedy_complete(model, torch.tensor(p), 8, set()).tolist() for p in prompts]

@@ -1,0 +1,72 @@
+"""The `extract` rows of `python -m remote_payload bench`: batched extraction vs the batch-1 loop.
+
+A random-weight Qwen3 target of the 8B class (36 layers, H=4096, vocab 151,936; `tiny` on CPU) built on the
+device, random prompts of different lengths, no eos (every prompt runs to max_new_tokens). Both rows do
+what `extract` does per prompt, disk writes left out: greedy generation with a KV cache, then one prefill of
+prompt + completion for the tapped hidden states.
+  batch-1   `greedy_complete` + `tapped_features`, one prompt at a time (the loop `extract` used to run)
+  batched   `batches` -> `greedy_complete_batch` + `tapped_features_batch` (what `extract` runs now)
+Reported: completion tokens per second, and the batched row's speed-up.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .target import batches, greedy_complete, greedy_complete_batch, tapped_features, tapped_features_batch
+
+QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "rope_theta": 1e6,
+            "max_position_embeddings": 40960, "tie_word_embeddings": False}
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "tie_word_embeddings": False}
+# (target config, prompts batched, prompts batch-1, max new tokens, layers tapped)
+SETUPS = {"cuda": (QWEN3_8B, 64, 3, 64, [1, 9, 17, 25, 33]), "cpu": (TINY, 16, 4, 32, [0, 1, 3])}
+
+
+def random_target(cfg: dict, dev: torch.device, dtype: torch.dtype):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = Qwen3ForCausalLM._from_config(Qwen3Config(**cfg), dtype=dtype)
+    return model.eval()
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_extract(dev: torch.device, dtype: torch.dtype) -> list:
+    from .bench import Row
+    cfg, n_batched, n_single, new, layers = SETUPS["cuda" if dev.type == "cuda" else "cpu"]
+    model = random_target(cfg, dev, dtype)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, cfg["vocab_size"], (int(torch.randint(32, 129, (1,), generator=g)),),
+                             generator=g).tolist() for _ in range(n_batched)]
+    # warm-up: kernels, allocator, cuBLAS for both paths
+    greedy_complete_batch(model, prompts[:2], 2, set())
+    tapped_features(model, torch.tensor(greedy_complete(model, torch.tensor(prompts[0], device=dev), 2, set()),
+                                        device=dev), layers)
+    _sync(dev)
+    t = time.perf_counter()
+    for p in prompts[:n_single]:
+        ids = greedy_complete(model, torch.tensor(p, device=dev), new, set())
+        tapped_features(model, ids.to(dev), layers)
+    _sync(dev)
+    single_s = time.perf_counter() - t
+    t = time.perf_counter()
+    for group in batches([len(p) + new for p in prompts], 32, 32768):
+        seqs = greedy_complete_batch(model, [prompts[i] for i in group], new, set())
+        tapped_features_batch(model, [torch.tensor(x) for x in seqs], layers)
+    _sync(dev)
+    batched_s = time.perf_counter() - t
+    single_rate, batched_rate = n_single * new / single_s, n_batched * new / batched_s
+    name = "Qwen3-8B-class" if dev.type == "cuda" else "tiny Qwen3"
+    del model
+    return [Row(f"extract batch-1 ({name})", 0, single_s, 0,
+                f"{n_single} prompts x {new} new tokens: {single_rate:,.0f} tokens/s"),
+            Row(f"extract batched ({name})", 0, batched_s, 0,
+                f"{n_batched} prompts x {new} new tokens: {batched_rate:,.0f} tokens/s = "
+                f"{batched_rate / single_rate:.1f}x batch-1")]

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remote_payload import protocol
+from remote_payload import protocol, runstate
 
 from .errors import ConfigError, HostUnreachable, RevalError, RunNotFound
 from .inventory import Host
@@ -17,21 +17,29 @@ from .transport import Transport, q, resolve_workdir
 
 FOLLOW_JSON = ".follow.json"
 
-# Shell helper shared by the remote probes: is any process of group $1 still running? The same rule as
-# protocol.group_alive (the stream's test): scan /proc/<pid>/stat, where after comm's closing ")" come state,
-# ppid and pgrp, and skip zombies (Z/X: `kill -0` counts them, and they linger where PID 1 does not reap);
-# without /proc, `kill -0` on the group.
-_ALIVE_SH = ('alive() { _g=$1; '
-             # a group recorded in another boot (status.json boot_id) is not ours, whatever holds that id now
-             'if [ -n "$2" ] && [ -r /proc/sys/kernel/random/boot_id ] && '
-             '[ "$(cat /proc/sys/kernel/random/boot_id)" != "$2" ]; then return 1; fi; '
-             'if [ -r /proc/self/stat ]; then '
-             'for _f in /proc/[0-9]*/stat; do read -r _s 2>/dev/null < "$_f" || continue; '
-             '_s=${_s##*")"}; set -- $_s; '
-             '[ "$3" = "$_g" ] && [ "$1" != Z ] && [ "$1" != X ] && return 0; done; return 1; fi; '
-             'kill -s 0 -- "-$_g" 2>/dev/null; }\n'
-             'pgid_of() { sed -n \'s/^ *"pgid": *\\([0-9][0-9]*\\).*/\\1/p\' "$1" 2>/dev/null | head -n 1; }\n'
-             'boot_of() { sed -n \'s/^ *"boot_id": *"\\([0-9a-f-]*\\)".*/\\1/p\' "$1" 2>/dev/null | head -n 1; }\n')
+# The host-side half of status/ls/kill: a stdlib-only script fed to the host's python on stdin (so it works
+# whatever payload version is synced there). It parses status.json as JSON and counts a process group as the
+# run's only when a live member proves it (remote_payload/runstate.py); it prints one JSON object a line.
+_RUNSTATE_SRC = Path(runstate.__file__).read_text(encoding="utf-8")
+
+
+def _host_python(transport: Transport) -> str:
+    return transport.host.python or "python3"
+
+
+def _runstate(transport: Transport, *args: str, timeout_s: float = 60) -> list[dict]:
+    """Run remote_payload/runstate.py on the host with `args`; its JSON lines (pure parse, damage skipped)."""
+    cmd = f"{q(_host_python(transport))} - {' '.join(q(a) for a in args)}"
+    out = transport.run(cmd, input=_RUNSTATE_SRC, timeout_s=timeout_s).stdout
+    recs = []
+    for line in out.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            recs.append(rec)
+    return recs
 
 
 @dataclass
@@ -105,90 +113,55 @@ def local_registry() -> list[tuple[str, str]]:
 
 
 # -- remote probes ------------------------------------------------------------------------------------------
-def parse_probe(text: str, host: str) -> list[RunState]:
-    """Parse `@@RUN name` / `@@ALIVE 0|1` / status.json blocks (pure)."""
-    out, name, alive, body, event = [], None, False, [], {}
-
-    def flush():
-        if name is None:
-            return
-        try:
-            st = json.loads("\n".join(body)) if "".join(body).strip() else {}
-        except ValueError:
-            st = {}
-        out.append(RunState(host, name, verdict(st, alive) if st else "unknown", st, alive, event))
-
-    for line in text.splitlines():
-        if line.startswith("@@RUN "):
-            flush()
-            name, alive, body, event = line[6:], False, [], {}
-        elif line.startswith("@@ALIVE "):
-            alive = line.strip().endswith("1")
-        elif line.startswith("@@EVENT"):
-            try:
-                event = json.loads(line[7:]) if line[7:].strip() else {}
-            except ValueError:
-                event = {}  # a line still being written
-        else:
-            body.append(line)
-    flush()
-    return [s for s in out if is_run_name(s.name)]  # a directory reval did not make is not a run
+def state_from_probe(rec: dict, host: str) -> RunState | None:
+    """One probe record (runstate.probe) -> RunState; `unknown` when status.json is missing or damaged (pure)."""
+    name = rec.get("name")
+    if not isinstance(name, str) or not is_run_name(name):
+        return None  # a directory reval did not make is not a run
+    st = rec.get("status")
+    alive = rec.get("alive") is True
+    event = rec.get("last_event") if isinstance(rec.get("last_event"), dict) else {}
+    if not isinstance(st, dict) or not st:
+        return RunState(host, name, "unknown", {}, alive, event)
+    return RunState(host, name, verdict(st, alive), st, alive, event)
 
 
-def _probe_sh(run_expr: str) -> str:
-    """Shell printing one probe block for run directory `$d` named `$n`."""
-    return (f'{run_expr}; echo "@@RUN $n"; pg=$(pgid_of "$d/status.json"); bt=$(boot_of "$d/status.json"); '
-            'if [ -n "$pg" ] && alive "$pg" "$bt"; then echo "@@ALIVE 1"; else echo "@@ALIVE 0"; fi; '
-            'echo "@@EVENT $(tail -n 1 "$d/events.jsonl" 2>/dev/null)"; '
-            'cat "$d/status.json" 2>/dev/null; echo\n')
-
-
-def run_state(transport: Transport, run: str) -> RunState | None:
-    """The run's state on its host, or None when the host has no such run."""
-    d = remote_run_dir(resolve_workdir(transport), run)
-    script = (_ALIVE_SH + f"d={q(d)}; n={q(run)}\n"
-              '[ -d "$d" ] || exit 0\n' + _probe_sh(":"))
-    states = parse_probe(transport.run(script, timeout_s=60).stdout, transport.host.name)
+def run_state(transport: Transport, run: str, *, wait_s: float = 0) -> RunState | None:
+    """The run's state on its host, or None when the host has no such run. With wait_s: a long poll that
+    answers as soon as the run is no longer running, at the latest after wait_s."""
+    runs_dir = f"{resolve_workdir(transport)}/runs"
+    protocol.validate_run_name(run)
+    args = ("wait", runs_dir, run, str(float(wait_s))) if wait_s > 0 else ("probe", runs_dir, run)
+    states = [s for s in (state_from_probe(r, transport.host.name)
+                          for r in _runstate(transport, *args, timeout_s=wait_s + 60)) if s]
     return states[0] if states else None
 
 
 def list_runs(transport: Transport) -> list[RunState]:
     runs_dir = f"{resolve_workdir(transport)}/runs"
-    script = (_ALIVE_SH + f'cd {q(runs_dir)} 2>/dev/null || exit 0\n'
-              'for d in */; do [ -d "$d" ] || continue; ' + _probe_sh('d=${d%/}; n=$d').rstrip("\n") + '; done\n')
-    return parse_probe(transport.run(script, timeout_s=60).stdout, transport.host.name)
+    return [s for s in (state_from_probe(r, transport.host.name) for r in _runstate(transport, "probe", runs_dir))
+            if s]
 
 
 def kill_run(transport: Transport, run: str, *, grace_s: float = 10.0) -> RunState:
-    """TERM the run's process group, wait up to grace_s, then KILL; confirm it is gone; status cancelled."""
+    """TERM the run's process group, wait up to grace_s, then KILL; confirm it is gone; status cancelled.
+    Only a group that proves, on the host and right before each signal, that it is the run's is signalled
+    (remote_payload/runstate.py): a damaged status.json or a reused pgid gets no signal."""
     state = run_state(transport, run)
     if state is None:
         raise RunNotFound(f"no run {run!r} on {transport.host.name}", hint=f"list them: reval ls {transport.host.name}")
-    pgid = state.status.get("pgid")
-    if state.alive and pgid:
-        ticks = max(1, int(grace_s * 10))
-        script = (_ALIVE_SH + f"pg={int(pgid)}; bt={q(str(state.status.get('boot_id') or ''))}\n"
-                  'kill -s TERM -- "-$pg" 2>/dev/null\n'
-                  f'i=0; while alive "$pg" "$bt" && [ $i -lt {ticks} ]; do sleep 0.1; i=$((i+1)); done\n'
-                  'if alive "$pg" "$bt"; then kill -s KILL -- "-$pg" 2>/dev/null; echo "@@KILLED"; '
-                  'i=0; while alive "$pg" "$bt" && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; fi\n'
-                  'if alive "$pg" "$bt"; then echo "@@STILL_ALIVE"; fi\n')
-        out = transport.run(script, timeout_s=grace_s + 60).stdout
-        if "@@STILL_ALIVE" in out:
-            raise RevalError(f"{transport.host.name}: run {run!r} (process group {pgid}) survived SIGKILL",
-                             hint="check the host: the processes may be stuck in the kernel (D state)",
-                             exit_code=1)
-        state = run_state(transport, run)
-    if state is not None and state.status.get("state") == protocol.RUNNING:
-        # The wrapper was KILLed (or died) before it could record the end: record it for it.
-        st = {**state.status, "state": protocol.CANCELLED, "finished_at": protocol.now_iso(),
-              "exit_code": 137, "cancelled_by": "reval kill"}
-        d = remote_run_dir(resolve_workdir(transport), run)
-        tmp = f"{d}/.status.json.kill.tmp"
-        transport.run(f"cat > {q(tmp)} && mv -f {q(tmp)} {q(d + '/status.json')}",
-                      input=json.dumps(st, indent=2) + "\n", timeout_s=60)
-        state = RunState(transport.host.name, run, protocol.CANCELLED, st, False)
-    return state
+    if not state.status:
+        raise RevalError(f"{transport.host.name}: run {run!r} has no readable status.json; nothing was signalled",
+                         hint=f"look at it: reval logs {transport.host.name}/{run}", exit_code=3)
+    d = remote_run_dir(resolve_workdir(transport), run)
+    recs = _runstate(transport, "kill", d, str(float(grace_s)), timeout_s=grace_s + 60)
+    rec = recs[-1] if recs else {}
+    if rec.get("alive") is True:
+        raise RevalError(f"{transport.host.name}: run {run!r} (process group {state.status.get('pgid')}) survived "
+                         "SIGKILL", hint="check the host: the processes may be stuck in the kernel (D state)",
+                         exit_code=1)
+    st = rec.get("status") if isinstance(rec.get("status"), dict) else state.status
+    return RunState(transport.host.name, run, verdict(st, False), st, False)
 
 
 # -- which host a RUN reference means ----------------------------------------------------------------------

@@ -691,18 +691,19 @@ class Sweep:
 
     def _wait_and_pull(self, hs: HostSession, job: Job) -> None:
         try:
+            wait_s = 0.0
             while True:
-                st = self._op(hs, "status", lambda: runs.run_state(hs.transport, job.run))
+                # after the first look, a long poll: one SSH command that returns as soon as the run is no longer
+                # running (or after poll_s), so its end is seen within ~0.1 s without a round trip per 0.1 s
+                st = self._op(hs, "status", lambda w=wait_s: runs.run_state(hs.transport, job.run, wait_s=w),
+                              bounded=wait_s == 0)
+                wait_s = self.opts.poll_s
                 if st is None:  # recorded as launched, but the run never started: launch it now
                     self.log(f"missing {job.ckpt.name}: run {job.run} is not on {hs.host.name}; launching")
                     job.host = None
                     return self.run_job(hs, job, "auto" if hs.on_gpu else "none")
                 if st.terminal:
                     break
-                # long poll: one SSH command that returns as soon as status.json leaves `running` (or after
-                # poll_s), so the end of a run is seen within ~0.1 s without a round trip per 0.1 s
-                self._op(hs, "wait", lambda: hs.transport.run(wait_script(hs.workdir, job.run, self.opts.poll_s),
-                                                              timeout_s=self.opts.poll_s + 60), bounded=False)
             res = self._op(hs, "pull", lambda: pull.pull(hs.transport, job.run, workdir=hs.workdir))
         except HostUnreachable:
             self._record(job, hs, UNREACHABLE, error=hs.down)
@@ -773,7 +774,13 @@ class Sweep:
             self.open_sweep_dir()
             self.prepare_hosts()
             up = {n: hs.transport for n, hs in self.sessions.items() if not hs.down}
-            found = discover(self.opts.checkpoints, self.inventory, self.ledger, up)
+            skipped: list[str] = []
+            found = discover(self.opts.checkpoints, self.inventory, self.ledger, up, skipped)
+            if skipped:
+                shown = ", ".join(repr(n) for n in skipped[:8]) + (f" and {len(skipped) - 8} more"
+                                                                   if len(skipped) > 8 else "")
+                self.log(f"skip    {len(skipped)} name(s) that are not checkpoint names (letters, digits, . _ -; "
+                         f"not starting with - or .): {shown}")
             chosen = select(found, self.opts.latest, parse_since(self.opts.since))
             self.plan(chosen)
             n_skip = sum(1 for o in self.outcomes.values() if o.earlier)
@@ -787,13 +794,6 @@ class Sweep:
             return report
         finally:
             self.ledger.unlock()
-
-
-def wait_script(workdir: str, run: str, wait_s: float) -> str:
-    """Remote shell: wait until the run's status.json no longer says running, at most wait_s (pure)."""
-    st = f"{runs.remote_run_dir(workdir, run)}/{protocol.STATUS_JSON}"
-    return (f"i=0; while [ $i -lt {max(1, int(wait_s * 10))} ] && grep -q '\"state\": *\"running\"' {q(st)} "
-            "2>/dev/null; do sleep 0.1; i=$((i+1)); done; true")
 
 
 def failure_line(status: dict, run_dir: Path) -> str:

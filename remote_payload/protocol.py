@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import runstate
+
 PROTOCOL_VERSION = 1
 RESULTS_SCHEMA = "reval.results/1"
 # Bump when any metric definition changes: runs with different versions are not comparable.
@@ -137,46 +139,14 @@ def read_events(path: str | os.PathLike) -> list[dict]:
     return out
 
 
-def boot_id() -> str | None:
-    """This boot's id (Linux): a pgid recorded in an earlier boot names nothing of ours."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
+boot_id = runstate.boot_id
 
 
-def group_alive(pgid: int | None, boot: str | None = None) -> bool:
-    """Is any process of group `pgid` still running? Zombies (exited, not yet reaped: they linger where PID 1
-    does not reap) do not count; with `boot` (status.json's boot_id), neither does a group of another boot.
-    Scans /proc/<pid>/stat (after the ")" closing comm: state, ppid, pgrp);
-    without /proc, falls back to killpg(pgid, 0), which counts zombies. orchestrator/runs.py's shell
-    `alive()` applies the same rule on the server."""
-    if not pgid:
-        return False
-    if boot and boot_id() not in (None, boot):  # recorded before a reboot: that group id was reused, or nothing
-        return False
-    pgid = int(pgid)
-    if not os.path.exists("/proc/self/stat"):
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True  # exists, owned by someone else
-        return True
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue  # exited while we looked
-        fields = raw[raw.rfind(b")") + 1:].split()
-        if len(fields) > 2 and fields[2] == b"%d" % pgid and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
+def run_alive(status) -> bool:
+    """Is the run of this status.json still running? Only a live process group that proves it is the run's
+    counts (remote_payload/runstate.py: pgid > 1, same boot, the leader's recorded start time or the run id in
+    a member's environment); zombies do not. The controller's probes run the same module on the host."""
+    return runstate.run_alive(status)
 
 
 def comparability_key(results: dict) -> dict:

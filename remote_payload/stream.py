@@ -96,7 +96,7 @@ def main(args) -> int:
             raw = b""
             try:
                 st = protocol.read_json(run_dir / protocol.STATUS_JSON)
-                alive = probe(ending) if probe else protocol.group_alive(st.get("pgid"), st.get("boot_id"))
+                alive = probe(ending) if probe else protocol.run_alive(st)
                 raw = (run_dir / protocol.STATUS_JSON).read_bytes()
                 status = json.loads(raw)
             except (FileNotFoundError, ValueError):

@@ -6,7 +6,7 @@ The detached-safe parent of one run (stdlib only). The controller starts it with
   2. writes run.json (from --run-json) before anything starts,
   3. takes a GPU lock per chosen GPU (flock on <locks-dir>/gpu<N>.lock, holding run name + pid; the kernel
      drops a lock when its last holder dies, so a lock of a dead run is reclaimed without any sweeping),
-  4. writes status.json `running` {pid, pgid, started_at, host, gpus, device},
+  4. writes status.json `running` {pid, pgid, leader_start, run_id, started_at, host, gpus, device},
   5. runs CMD with PYTHONUNBUFFERED=1, stdout+stderr appended to eval.log, forwarding TERM/INT,
   6. writes the final state (succeeded | failed | cancelled) with finished_at and exit_code exactly once.
 Its own exit code: the child's, or 103 when cancelled, or 3 when it could not start (no free GPU, bad CMD).
@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -24,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import protocol
+from . import protocol, runstate
 
 # A GPU counts as free when our locks don't hold it and it is idle by nvidia-smi's numbers.
 FREE_MEMORY_MIB = 1024
@@ -190,7 +191,10 @@ def main(args) -> int:
     signal.signal(signal.SIGINT, w.on_signal)
     t0 = time.time()
     pid = os.getpid()
+    # pid/pgid with what proves them ours later (runstate.proven_group): our start time in this boot, and a
+    # random run id that every process of the payload carries in its environment
     w.base = {"state": protocol.RUNNING, "run": run, "pid": pid, "pgid": os.getpgid(0),
+              "leader_start": runstate.start_time(pid), "run_id": secrets.token_hex(16),
               "started_at": protocol.now_iso(), "host": socket.gethostname(), "boot_id": protocol.boot_id(),
               "cmd": cmd}
 
@@ -220,7 +224,8 @@ def main(args) -> int:
         Path(args.run_json).unlink(missing_ok=True)  # the staged copy the controller uploaded
 
     # REVAL_WRAPPED: the payload leaves status.json to us (it writes its own only when run standalone)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": visible, "REVAL_WRAPPED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": visible, "REVAL_WRAPPED": "1",
+           runstate.RUN_ID_ENV: w.base["run_id"]}
     where = f"GPU {visible}" if gpus else "CPU (no GPU on this host)" if args.gpus == "auto" else "CPU"
     w.log(f"[reval] {run} started {w.base['started_at']} on {w.base['host']} · {where} · pid {pid}"
           f" · {shlex.join(cmd)}")

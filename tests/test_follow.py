@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -96,29 +95,28 @@ def zombie_group():
     p.wait()
 
 
-def _shell_alive(pgid: int) -> bool:
-    """The probes' shell rule (orchestrator.runs._ALIVE_SH), run the way run_state runs it."""
-    from orchestrator.runs import _ALIVE_SH
-    from orchestrator.transport import LocalTransport
-    from tests.runtools import local_host
-    out = LocalTransport(local_host(Path("/nonexistent"))).run(_ALIVE_SH + f"alive {pgid} && echo 1 || echo 0")
-    return out.stdout.strip() == "1"
+def _status_of(p, **kw) -> dict:
+    """What the wrapper records for a group led by `p` (start time in this boot), plus `kw`."""
+    from remote_payload import runstate
+    return {"state": "running", "pid": p.pid, "pgid": p.pid, "leader_start": runstate.start_time(p.pid),
+            "boot_id": protocol.boot_id(), **kw}
 
 
-def test_group_alive_python_and_shell_agree_live_zombie_dead(zombie_group):
+def test_run_alive_live_zombie_dead(zombie_group):
     import os
     import subprocess
     live = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        assert protocol.group_alive(live.pid) is True and _shell_alive(live.pid) is True
+        st = _status_of(live)
+        assert protocol.run_alive(st) is True
     finally:
         live.kill()
         live.wait()
     os.killpg(zombie_group, 0)  # kill -0 still finds the zombie's group ...
-    assert protocol.group_alive(zombie_group) is False  # ... but nothing in it runs
-    assert _shell_alive(zombie_group) is False
-    assert protocol.group_alive(live.pid) is False and _shell_alive(live.pid) is False  # dead and reaped
-    assert protocol.group_alive(None) is False
+    assert protocol.run_alive({"state": "running", "pgid": zombie_group, "leader_start": 1,
+                               "boot_id": protocol.boot_id()}) is False  # ... but nothing in it runs
+    assert protocol.run_alive(st) is False  # dead and reaped
+    assert protocol.run_alive({"pgid": None}) is False and protocol.run_alive(["not", "a", "dict"]) is False
 
 
 def test_follow_and_status_agree_a_zombie_only_group_is_lost(tmp_path, zombie_group):
@@ -240,17 +238,19 @@ def test_follow_gives_up_with_exit_4_and_the_reattach_command(ssh_hosts, tmp_pat
     assert rec.lines + rest.lines == (c.hosts[0].workdir / "runs/gone/eval.log").read_text().splitlines()
 
 
-def test_parse_probe_blocks_and_progress_text():
-    from orchestrator.runs import parse_probe, progress_text
-    text = ('@@RUN a\n@@ALIVE 1\n@@EVENT {"stage": "eval", "step": 5, "steps": 5, "i": 6, "n": 10}\n'
-            '{"state": "running", "pgid": 7}\n\n'
-            '@@RUN b\n@@ALIVE 0\n@@EVENT {"stage": "ev\n{"state": "running", "pgid": 8}\n\n'
-            '@@RUN c\n@@ALIVE 0\n@@EVENT \n{"state": "failed", "exit_code": 2}\n\n'
-            '@@RUN bad;name\n@@ALIVE 0\n@@EVENT \n{"state": "succeeded"}\n')
-    a, b, c = parse_probe(text, "h")
+def test_probe_records_and_progress_text():
+    from orchestrator.runs import progress_text, state_from_probe
+    recs = [{"name": "a", "alive": True, "status": {"state": "running", "pgid": 7},
+             "last_event": {"stage": "eval", "step": 5, "steps": 5, "i": 6, "n": 10}},
+            {"name": "b", "alive": False, "status": {"state": "running", "pgid": 8}, "last_event": {}},
+            {"name": "c", "alive": False, "status": {"state": "failed", "exit_code": 2}, "last_event": "junk"},
+            {"name": "d", "alive": False, "status": None, "status_error": "not valid JSON"},
+            {"name": "bad;name", "alive": False, "status": {"state": "succeeded"}}, {"name": 7}]
+    a, b, c, d = [s for s in (state_from_probe(r, "h") for r in recs) if s]
     assert (a.name, a.state, a.alive) == ("a", "running", True) and progress_text(a.last_event) == "[5/5] eval 6/10"
-    assert (b.state, b.last_event) == ("lost", {})  # running, group gone; a half-written event is skipped
-    assert (c.state, c.status["exit_code"]) == ("failed", 2)
+    assert (b.state, b.last_event) == ("lost", {})  # running, group gone
+    assert (c.state, c.status["exit_code"], c.last_event) == ("failed", 2, {})
+    assert d.state == "unknown"
 
 
 def test_a_group_recorded_in_another_boot_is_lost_and_never_signalled(tmp_path):
@@ -267,9 +267,8 @@ def test_a_group_recorded_in_another_boot_is_lost_and_never_signalled(tmp_path):
         (d / "eval.log").write_text("[reval] old started\n")
         protocol.atomic_write_json(d / "status.json", {"state": "running", "pid": stranger.pid, "pgid": stranger.pid,
                                                        "boot_id": "00000000-0000-0000-0000-000000000000"})
-        assert protocol.group_alive(stranger.pid) is True  # the group exists ...
-        assert protocol.group_alive(stranger.pid, "00000000-0000-0000-0000-000000000000") is False  # ... not ours
-        assert protocol.group_alive(stranger.pid, protocol.boot_id()) is True
+        assert protocol.run_alive(_status_of(stranger)) is True  # the group would prove itself in this boot ...
+        assert protocol.run_alive(_status_of(stranger, boot_id="00000000-0000-0000-0000-000000000000")) is False
         assert run_state(t, "old").state == "lost"
         assert follow(t, "old", workdir=wd, python=sys.executable, sink=Recorder()).state == "lost"
         kill_run(t, "old", grace_s=0.5)

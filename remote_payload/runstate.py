@@ -1,0 +1,239 @@
+"""Which processes are a run's, and the host-side half of `reval status/ls/kill` (stdlib only, self-contained).
+
+A pgid read back from status.json is untrusted: the file may be damaged or hand-edited (`"pgid": 1` would make
+`kill -TERM -- -1` signal every process of the user), or left by a wrapper that died unrecorded, its group id
+since reused by a stranger. So a process group counts as the run's only when one of its live (non-zombie)
+members PROVES it, using what the wrapper recorded at launch:
+  - the group leader itself: pid == pgid, and its start time (/proc/<pid>/stat field 22, clock ticks since
+    boot) equals status.json's `leader_start`, in the boot status.json's `boot_id` names; or
+  - a member whose environment (/proc/<pid>/environ) carries `REVAL_RUN_ID=<status.json run_id>`: the wrapper
+    gives a fresh random id to the payload it starts, and every process the payload starts inherits it.
+A pgid <= 1, a group of another boot, and a host without /proc prove nothing: such a group is not alive for
+us and is never signalled. The check is repeated right before each signal.
+
+Run on a host as a script, fed on stdin, so it works whatever payload version is synced there:
+    python3 - probe RUNS_DIR [NAME ...]        one JSON line per run directory (all when no NAME)
+    python3 - wait RUNS_DIR NAME WAIT_S        the same for NAME, as soon as it is no longer running (a long poll)
+    python3 - kill RUN_DIR GRACE_S             TERM, wait, KILL the proven group; status `cancelled`
+Every line it prints is one JSON object; the controller parses it as JSON (never by pattern).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+
+RUN_ID_ENV = "REVAL_RUN_ID"
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, pgrp, start time in clock ticks) of a process, or None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            raw = f.read()
+    except (OSError, ValueError):
+        return None
+    fields = raw[raw.rfind(b")") + 1:].split()  # after comm's closing ")": state ppid pgrp ... (field 3 on)
+    try:
+        return fields[0].decode(), int(fields[2]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    """The start time the wrapper records for itself (`leader_start`)."""
+    st = proc_stat(pid)
+    return st[2] if st else None
+
+
+def _members(pgid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = proc_stat(int(name))
+            if st and st[1] == pgid and st[0] not in ("Z", "X"):
+                out.append(int(name))
+    return out
+
+
+def _has_run_id(pid: int, run_id: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return False
+    return f"{RUN_ID_ENV}={run_id}".encode() in env
+
+
+def _int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def proven_group(status) -> int | None:
+    """The run's process group id when a live member proves it is the run's (see above), else None."""
+    if not isinstance(status, dict) or not os.path.exists("/proc/self/stat"):
+        return None
+    pgid, start, run_id = _int(status.get("pgid")), _int(status.get("leader_start")), status.get("run_id")
+    if pgid is None or pgid <= 1 or pgid == os.getpgid(0):
+        return None
+    recorded_boot = status.get("boot_id")
+    if not isinstance(recorded_boot, str) or recorded_boot != boot_id():
+        return None  # from another boot (or not recorded): that id names nothing of ours
+    members = _members(pgid)
+    if start is not None and pgid in members and start_time(pgid) == start:
+        return pgid
+    if isinstance(run_id, str) and len(run_id) >= 16 and any(_has_run_id(p, run_id) for p in members):
+        return pgid
+    return None
+
+
+def run_alive(status) -> bool:
+    return proven_group(status) is not None
+
+
+# -- the host-side operations ---------------------------------------------------------------------------------
+def _read_status(run_dir: str) -> tuple[object, str | None]:
+    """(parsed status.json or None, why it could not be used or None)."""
+    try:
+        with open(os.path.join(run_dir, "status.json"), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"unreadable: {e.strerror}"
+    try:
+        st = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None, "not valid JSON"
+    if not isinstance(st, dict):
+        return None, f"a JSON {type(st).__name__}, not an object"
+    return st, None
+
+
+def _last_event(run_dir: str) -> dict:
+    try:
+        with open(os.path.join(run_dir, "events.jsonl"), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            tail = f.read()
+    except OSError:
+        return {}
+    for line in reversed(tail.split(b"\n")[1:] if len(tail) == 65536 else tail.split(b"\n")):
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue  # a partial line (being written) or damage
+        if isinstance(ev, dict):
+            return ev
+    return {}
+
+
+def probe(runs_dir: str, names: list[str]) -> list[dict]:
+    if not names:
+        try:
+            names = sorted(n for n in os.listdir(runs_dir) if os.path.isdir(os.path.join(runs_dir, n)))
+        except OSError:
+            return []
+    out = []
+    for n in names:
+        d = os.path.join(runs_dir, n)
+        if not _NAME.match(n) or n.startswith(".") or not os.path.isdir(d) or os.path.islink(d):
+            continue  # not a directory reval made
+        st, err = _read_status(d)
+        out.append({"name": n, "status": st, "status_error": err, "alive": run_alive(st),
+                    "last_event": _last_event(d)})
+    return out
+
+
+def _write_status(run_dir: str, status: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".status.json.", suffix=".tmp", dir=run_dir)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(status, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(run_dir, "status.json"))
+
+
+def _signal(status, sig: int) -> bool:
+    """Signal the group only after proving, right now, that it is the run's."""
+    pgid = proven_group(status)
+    if pgid is None:
+        return False
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_gone(status, timeout_s: float) -> bool:
+    end = time.monotonic() + timeout_s
+    while run_alive(status):
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def kill(run_dir: str, grace_s: float) -> dict:
+    """TERM the proven group, wait grace_s, KILL, confirm; record `cancelled` if the wrapper could not."""
+    st, err = _read_status(run_dir)
+    if st is None:
+        return {"error": f"status.json {err or 'missing'}", "status": None, "alive": False, "signalled": []}
+    signalled = []
+    if _signal(st, signal.SIGTERM):
+        signalled.append("TERM")
+        if not _wait_gone(st, grace_s) and _signal(st, signal.SIGKILL):
+            signalled.append("KILL")
+            _wait_gone(st, 10.0)
+    alive = run_alive(st)
+    if not alive:
+        time.sleep(0.05)  # the wrapper writes its final state as its last act: let a write in flight land
+        st2, _ = _read_status(run_dir)
+        st = st2 if st2 is not None else st
+        if st.get("state") == "running":  # the wrapper was KILLed (or had died) before it could record the end
+            st = {**st, "state": "cancelled", "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "exit_code": 137 if "KILL" in signalled else st.get("exit_code"), "cancelled_by": "reval kill"}
+            _write_status(run_dir, st)
+    return {"status": st, "alive": alive, "signalled": signalled}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 1 and argv[0] == "probe" and len(argv) >= 2:
+        for rec in probe(argv[1], argv[2:]):
+            print(json.dumps(rec, default=str))
+        return 0
+    if len(argv) == 4 and argv[0] == "wait":
+        end = time.monotonic() + float(argv[3])
+        while True:
+            recs = probe(argv[1], [argv[2]])
+            st = recs[0]["status"] if recs else None
+            running = isinstance(st, dict) and st.get("state") == "running" and recs[0]["alive"]
+            if not running or time.monotonic() >= end:
+                break
+            time.sleep(0.1)
+        for rec in recs:
+            print(json.dumps(rec, default=str))
+        return 0
+    if len(argv) == 3 and argv[0] == "kill":
+        print(json.dumps(kill(argv[1], float(argv[2])), default=str))
+        return 0
+    print(json.dumps({"error": f"usage: probe RUNS_DIR [NAME...] | kill RUN_DIR GRACE_S (got {argv!r})"}))
+    return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

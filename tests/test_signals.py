@@ -1,0 +1,128 @@
+"""Issue 10, breaks 10 and 11: `reval kill` never signals a process group it cannot prove is the run's, and
+liveness does not depend on how status.json is formatted (JSON is parsed as JSON, on the host too).
+
+Each test uses strangers that the test itself starts (a `sleep` in a session of its own) and checks they
+survive; the pgid-1 case is checked at the proof function, so that even a regression cannot signal -1."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from orchestrator.runs import kill_run, list_runs, run_state
+from remote_payload import protocol, runstate
+from tests.runtools import group_members, synced_local, synced_ssh, wait_status
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+
+
+@pytest.fixture
+def stranger():
+    """A process group that is not any run's (what a reused pgid points at)."""
+    p = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    yield p
+    p.kill()
+    p.wait()
+
+
+def _fake_run(workdir, name: str, status) -> None:
+    d = workdir / "runs" / name
+    d.mkdir(parents=True)
+    (d / "eval.log").write_text(f"[reval] {name} started\n")
+    (d / "status.json").write_text(status if isinstance(status, str) else json.dumps(status, indent=2))
+
+
+def test_pgid_one_and_nonsense_prove_nothing():
+    here = {"state": "running", "boot_id": protocol.boot_id()}
+    for st in ({**here, "pgid": 1}, {**here, "pgid": 1, "leader_start": runstate.start_time(1)},
+               {**here, "pgid": 0}, {**here, "pgid": -1}, {**here, "pgid": "1"}, {**here, "pgid": True},
+               {**here, "pgid": os.getpgid(0), "leader_start": runstate.start_time(os.getpgid(0))},
+               [1], "x", None):
+        assert runstate.proven_group(st) is None, st
+
+
+def test_kill_with_damaged_pgid_one_signals_nothing(tmp_path, stranger):
+    """status.json damaged to `"pgid": 1`: the old code ran `kill -TERM -- -1`. Now: no signal, run is lost."""
+    _, t, _ = synced_local(tmp_path / "work")
+    _fake_run(tmp_path / "work", "dmg", {"state": "running", "pid": 1, "pgid": 1, "boot_id": protocol.boot_id()})
+    assert run_state(t, "dmg").state == "lost"
+    s = kill_run(t, "dmg", grace_s=0.5)
+    assert stranger.poll() is None and s.state == "cancelled"  # recorded as ended, nothing signalled
+
+
+def test_reused_pgid_gets_no_signal(tmp_path, stranger):
+    """The wrapper died unrecorded and its pgid now belongs to a stranger (same boot): the stranger's start time
+    is not the recorded leader_start, and it carries no run id, so it is neither alive for us nor signalled."""
+    _, t, _ = synced_local(tmp_path / "work")
+    rec = {"state": "running", "pid": stranger.pid, "pgid": stranger.pid, "boot_id": protocol.boot_id(),
+           "leader_start": runstate.start_time(stranger.pid) - 1, "run_id": "0" * 32}
+    _fake_run(tmp_path / "work", "reused", rec)
+    assert run_state(t, "reused").state == "lost"
+    kill_run(t, "reused", grace_s=0.5)
+    time.sleep(0.2)
+    assert stranger.poll() is None
+    # the same group WITH the right start time is proven (so the test above fails for the right reason)
+    assert runstate.proven_group({**rec, "leader_start": runstate.start_time(stranger.pid)}) == stranger.pid
+
+
+def test_payload_left_alone_by_its_dead_wrapper_is_proven_by_its_run_id(tmp_path):
+    """The wrapper was KILLed alone: the payload runs on in the group, without the leader. Its run id in its
+    environment proves the group: status says running, kill ends it."""
+    _, t, _ = synced_local(tmp_path / "work")
+    run_id = "ab" * 16
+    orphan = subprocess.Popen(["sleep", "120"], start_new_session=True,
+                              env={**os.environ, runstate.RUN_ID_ENV: run_id})
+    try:
+        _fake_run(tmp_path / "work", "orph", {"state": "running", "pid": 999999, "pgid": orphan.pid,
+                                               "leader_start": 1, "run_id": run_id, "boot_id": protocol.boot_id()})
+        assert run_state(t, "orph").state == "running"
+        s = kill_run(t, "orph", grace_s=2)
+        assert orphan.wait(timeout=10) == -15 and s.state == "cancelled"
+    finally:
+        orphan.kill()
+        orphan.wait()
+
+
+def _launch_sleeper(t, wd, name):
+    from pathlib import Path
+
+    from orchestrator.launch import launch
+    info = launch(t.host, t, name=name, payload_argv=["dummy", "--lines", "10000", "--interval-s", "0.1"],
+                  gpus="none", run_json={}, python=sys.executable)
+    wait_status(Path(wd) / "runs" / name, (protocol.RUNNING,))
+    return info
+
+
+@pytest.mark.parametrize("fmt", ["oneline", "compact", "reordered"])
+def test_liveness_does_not_depend_on_status_json_formatting(tmp_path, fmt):
+    """A running run whose status.json is rewritten as other valid JSON is still running, and kill works."""
+    _, t, wd = synced_local(tmp_path / "work")
+    info = _launch_sleeper(t, wd, "fmt")
+    path = tmp_path / "work/runs/fmt/status.json"
+    st = json.loads(path.read_text())
+    text = {"oneline": json.dumps(st), "compact": json.dumps(st, separators=(",", ":")),
+            "reordered": json.dumps(dict(reversed(list(st.items()))))}[fmt]
+    path.write_text(text)
+    assert run_state(t, "fmt").state == "running"
+    assert [s.state for s in list_runs(t) if s.name == "fmt"] == ["running"]
+    s = kill_run(t, "fmt", grace_s=5)
+    assert s.state == "cancelled" and group_members(info.pgid) == []
+
+
+@pytest.mark.ssh
+def test_kill_over_ssh_proves_then_signals(ssh_hosts, tmp_path, stranger):
+    """Over a real sshd: a real run is killed (group gone), a damaged status.json next to it signals nothing."""
+    c = ssh_hosts(1)
+    _, t, wd = synced_ssh(c)
+    info = _launch_sleeper(t, wd, "real")
+    _fake_run(c.hosts[0].workdir, "fake", {"state": "running", "pid": stranger.pid, "pgid": stranger.pid,
+                                            "boot_id": protocol.boot_id()})
+    states = {s.name: s.state for s in list_runs(t)}
+    assert states["real"] == "running" and states["fake"] == "lost"
+    kill_run(t, "fake", grace_s=0.5)
+    assert stranger.poll() is None
+    assert kill_run(t, "real", grace_s=5).state == "cancelled" and group_members(info.pgid) == []

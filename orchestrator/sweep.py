@@ -90,14 +90,24 @@ def parse_checkpoint_spec(spec: str, inventory: Inventory) -> tuple[str | None, 
     return host, d or ".", pattern
 
 
+# A checkpoint's name becomes its run's name, a file name on the host and an argument of remote commands: a
+# sweep takes only names that are plain words of the run-name alphabet, never starting with '-' (an option to
+# find/stat/rsync) or '.' (hidden; '..'). Others (`-delete`, `--help`, `a b`, `it's`) are skipped and named.
+CHECKPOINT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,54}$")
+
+
 def list_script(d: str, pattern: str) -> str:
-    """Remote shell: one line per match, `path<TAB>total bytes<TAB>newest mtime` (pure; GNU find)."""
+    """Remote shell: one line per match, `path<TAB>total bytes<TAB>newest mtime`, and `@@SKIP<TAB>name` (its
+    unsafe characters as '?') for a name a sweep refuses (pure; GNU find). Every name from the listing reaches
+    find/stat only as `./name`, so none is ever parsed as an option or an expression."""
     return (f"cd {q(d)} 2>/dev/null || {{ echo @@NODIR; exit 0; }}; D=$(pwd -P)\n"
-            f'for p in {pattern}; do [ -e "$p" ] || continue\n'
+            f'for p in ./{pattern}; do [ -e "$p" ] || continue; n=${{p#./}}\n'
+            '  case "$n" in [!A-Za-z0-9_]*|*[!A-Za-z0-9._-]*) '
+            "printf '@@SKIP\\t%s\\n' \"$(printf '%s' \"$n\" | tr -c 'A-Za-z0-9._ -' '?')\"; continue;; esac\n"
             '  if [ -d "$p" ]; then s=$(find "$p" -type f -printf \'%s %T@\\n\' | '
             "awk '{s+=$1; t=int($2); if (t>m) m=t} END {printf \"%d\\t%d\", s, m}')\n"
-            "  else s=$(stat -c '%s\t%Y' \"$p\"); fi\n"
-            '  printf \'%s\\t%s\\n\' "$D/$p" "$s"\ndone\n')
+            "  else s=$(stat -c '%s\t%Y' -- \"$p\"); fi\n"
+            '  printf \'%s\\t%s\\n\' "$D/$n" "$s"\ndone\n')
 
 
 def hash_script(paths: list[str]) -> str:
@@ -134,9 +144,12 @@ def local_content_hash(path: str | Path) -> str:
     return "sha256:" + hashlib.sha256(listing.encode()).hexdigest()
 
 
-def _local_matches(d: str, pattern: str) -> list[Checkpoint]:
+def _local_matches(d: str, pattern: str, skipped: list[str]) -> list[Checkpoint]:
     out = []
     for p in sorted(Path(d).glob(pattern)):
+        if not CHECKPOINT_NAME.match(p.name):
+            skipped.append(p.name)
+            continue
         p = p.resolve()
         files = [f for f in p.rglob("*") if f.is_file() and not f.is_symlink()] if p.is_dir() else [p]
         stats = [f.stat() for f in files]
@@ -145,14 +158,17 @@ def _local_matches(d: str, pattern: str) -> list[Checkpoint]:
     return out
 
 
-def discover(specs: list[str], inventory: Inventory, ledger: Ledger, transports: dict[str, Transport]
-             ) -> list[Checkpoint]:
-    """Every checkpoint matching the specs, with its content hash (cached in the ledger by size+mtime)."""
+def discover(specs: list[str], inventory: Inventory, ledger: Ledger, transports: dict[str, Transport],
+             skipped: list[str] | None = None) -> list[Checkpoint]:
+    """Every checkpoint matching the specs, with its content hash (cached in the ledger by size+mtime).
+    Names a sweep refuses (CHECKPOINT_NAME) are left out and appended to `skipped`."""
     found: list[Checkpoint] = []
+    skipped = [] if skipped is None else skipped
     for spec in specs:
         host, d, pattern = parse_checkpoint_spec(spec, inventory)
+        bad: list[str] = []
         if host is None:
-            cks = _local_matches(d, pattern)
+            cks = _local_matches(d, pattern, bad)
         else:
             t = transports.get(host) or get_transport(inventory.get(host))
             out = t.run(list_script(d, pattern), timeout_s=300).stdout
@@ -160,8 +176,19 @@ def discover(specs: list[str], inventory: Inventory, ledger: Ledger, transports:
                 raise ConfigError(f"--checkpoints {spec}: no folder {d} on {host}")
             cks = []
             for line in out.splitlines():
-                path, size, mtime = line.rsplit("\t", 2)
-                cks.append(Checkpoint(os.path.basename(path), path, host, int(size), int(mtime)))
+                if line.startswith("@@SKIP\t"):
+                    bad.append(line[7:])
+                    continue
+                try:
+                    path, size, mtime = line.rsplit("\t", 2)
+                    if not CHECKPOINT_NAME.match(os.path.basename(path)):  # too long for a run name
+                        bad.append(os.path.basename(path))
+                        continue
+                    cks.append(Checkpoint(os.path.basename(path), path, host, int(size), int(mtime)))
+                except ValueError:
+                    raise RevalError(f"--checkpoints {spec}: unexpected listing line from {host}: {line[:120]!r}",
+                                     hint=f"check the folder: reval hosts check {host}", exit_code=3) from None
+        skipped += bad
         if not cks:
             raise ConfigError(f"--checkpoints {spec}: nothing matches", hint="check the path and the glob")
         todo = []

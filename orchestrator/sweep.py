@@ -144,11 +144,12 @@ def local_content_hash(path: str | Path) -> str:
     return "sha256:" + hashlib.sha256(listing.encode()).hexdigest()
 
 
-def _local_matches(d: str, pattern: str, skipped: list[str]) -> list[Checkpoint]:
+def _local_matches(d: str, pattern: str, skipped: list[str] | None = None) -> list[Checkpoint]:
     out = []
     for p in sorted(Path(d).glob(pattern)):
         if not CHECKPOINT_NAME.match(p.name):
-            skipped.append(p.name)
+            if skipped is not None:
+                skipped.append(p.name)
             continue
         p = p.resolve()
         files = [f for f in p.rglob("*") if f.is_file() and not f.is_symlink()] if p.is_dir() else [p]

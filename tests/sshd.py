@@ -149,6 +149,10 @@ class SshHosts:
         h = self.hosts[i]
         if not h.proc:
             return
+        # Freeze the listener first: between killing the sessions and killing it, a client whose master just
+        # died would otherwise reconnect at once, and that session (forked after the snapshot) would survive.
+        if h.proc.poll() is None:
+            h.proc.send_signal(signal.SIGSTOP)
         _kill(_descendants(h.proc.pid))
         if h.proc.poll() is None:
             h.proc.kill()

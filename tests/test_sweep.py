@@ -366,9 +366,11 @@ def test_sweep_over_three_hosts_one_goes_away_then_resumes(ssh_hosts, tmp_path, 
     result: dict = {}
     th = threading.Thread(target=lambda: result.update(rep=sw.run()))
     th.start()
-    # take ssh3 away once it has a run going
+    # take ssh3 away once it has a run going: launched (the launch command returned: its `launch` line is
+    # logged) and running there; cutting the launch command itself is another test's business
     deadline = time.monotonic() + 120
-    while not list((cluster.hosts[2].workdir / "runs").glob("*/status.json")):
+    while not (list((cluster.hosts[2].workdir / "runs").glob("*/status.json"))
+               and any(line.startswith("launch") and " on ssh3 " in line for line in log)):
         assert time.monotonic() < deadline and th.is_alive(), log
         time.sleep(0.05)
     cluster.stop(2)

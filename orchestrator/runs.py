@@ -46,14 +46,15 @@ def _runstate(transport: Transport, *args: str, timeout_s: float = 60) -> list[d
 class RunState:
     host: str
     name: str
-    state: str                 # running | succeeded | failed | cancelled | lost
+    state: str                 # queued | running | succeeded | failed | cancelled | lost
     status: dict = field(default_factory=dict)
     alive: bool = False
     last_event: dict = field(default_factory=dict)  # the last line of events.jsonl
+    reason: str = ""           # why it is queued (a scheduler's pending reason), or lost
 
     @property
     def terminal(self) -> bool:
-        return self.state != protocol.RUNNING
+        return self.state not in (protocol.RUNNING, protocol.QUEUED)
 
 
 def verdict(status: dict, alive: bool) -> str:

@@ -35,6 +35,7 @@ RESULTS_JSON = "results.json"
 RUN_FILES = (RUN_JSON, STATUS_JSON, EVAL_LOG, EVENTS_JSONL, RESULTS_JSON)
 
 # status.json "state"
+QUEUED = "queued"  # accepted by a scheduler, not started (a backend's verdict; the wrapper never writes it)
 RUNNING = "running"
 SUCCEEDED = "succeeded"
 FAILED = "failed"

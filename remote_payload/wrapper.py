@@ -37,7 +37,11 @@ NVIDIA_SMI_ARGV = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total,uti
 def add_arguments(p) -> None:
     p.add_argument("--run-dir", required=True, help="the run directory (created by the controller)")
     p.add_argument("--run-json", help="a JSON file with what was asked; written to run.json before start")
-    p.add_argument("--gpus", default="none", help="auto (one free GPU, CPU when the host has none) | none | 0,1")
+    p.add_argument("--gpus", default="none", help="auto (one free GPU, CPU when the host has none) | none | 0,1 | "
+                                                  "scheduler (a scheduler assigned them: CUDA_VISIBLE_DEVICES "
+                                                  "is kept as it is, nothing is chosen or locked)")
+    p.add_argument("--job-id-env", metavar="VAR", help="record this environment variable (e.g. SLURM_JOB_ID) as "
+                                                       "the run's job id in run.json's handle (default: the pgid)")
     p.add_argument("--locks-dir", help="where gpu<N>.lock files live (default: <run-dir>/../../locks)")
     p.add_argument("cmd", nargs="+", help="the command to run (after --)")
 
@@ -104,11 +108,20 @@ def _lock_holder(locks_dir: Path, index: int) -> str:
         return "another run"
 
 
+def scheduler_gpus(visible: str | None) -> list[Gpu]:
+    """The GPUs a scheduler assigned, as CUDA_VISIBLE_DEVICES names them (indices, or UUIDs kept as text)."""
+    names = [x.strip() for x in (visible or "").split(",") if x.strip()]
+    return [Gpu(int(x) if x.isdigit() else x, 0, 0, 0) for x in names]
+
+
 def acquire_gpus(spec: str, locks_dir: Path, run: str) -> tuple[list[Gpu], list[int]]:
-    """Choose and lock GPUs for `spec` (auto | none | '0,1'); return (gpus, lock fds). Raises StartError."""
+    """Choose and lock GPUs for `spec` (auto | none | '0,1'); return (gpus, lock fds). Raises StartError.
+    `scheduler`: the GPUs CUDA_VISIBLE_DEVICES already names, neither chosen nor locked here."""
     spec = (spec or "none").strip()
     if spec in ("none", "cpu", ""):
         return [], []
+    if spec == "scheduler":
+        return scheduler_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")), []
     gpus = query_gpus()
     by_index = {g.index: g for g in gpus}
     fds: list[int] = []
@@ -217,15 +230,19 @@ def main(args) -> int:
         return protocol.EXIT_BAD_INPUT
     visible = ",".join(str(g.index) for g in gpus)
     w.base.update(gpus=[g.index for g in gpus], device="cuda" if gpus else "cpu",
-                  gpu_info=[vars(g) for g in gpus])
+                  gpu_info=[vars(g) for g in gpus] if args.gpus != "scheduler" else [])
     run_info.update(gpus=w.base["gpus"], device=w.base["device"], wrapper_pid=pid)
+    if run_info.get("backend"):  # the job handle: the scheduler's job id, else our process group
+        job = os.environ.get(args.job_id_env) if getattr(args, "job_id_env", None) else None
+        run_info["handle"] = {"backend": run_info["backend"], "job_id": str(job or w.base["pgid"])}
     protocol.atomic_write_json(run_dir / protocol.RUN_JSON, run_info)
     if args.run_json and Path(args.run_json).resolve().parent == run_dir:
         Path(args.run_json).unlink(missing_ok=True)  # the staged copy the controller uploaded
 
     # REVAL_WRAPPED: the payload leaves status.json to us (it writes its own only when run standalone)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": visible, "REVAL_WRAPPED": "1",
-           runstate.RUN_ID_ENV: w.base["run_id"]}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "REVAL_WRAPPED": "1", runstate.RUN_ID_ENV: w.base["run_id"]}
+    if args.gpus != "scheduler":  # a scheduler's assignment is kept as it is (set, unset, never blanked)
+        env["CUDA_VISIBLE_DEVICES"] = visible
     where = f"GPU {visible}" if gpus else "CPU (no GPU on this host)" if args.gpus == "auto" else "CPU"
     w.log(f"[reval] {run} started {w.base['started_at']} on {w.base['host']} · {where} · pid {pid}"
           f" · {shlex.join(cmd)}")

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from orchestrator.backends.ssh import launch
 from orchestrator.follow import FrameParser, PlainSink, follow
-from orchestrator.launch import launch
 from orchestrator.pull import extract_contract_files, pull
 from orchestrator.runs import load_follow_state
 from orchestrator.transport import SSHTransport

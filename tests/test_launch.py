@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.ssh import describe, launch, launch_script, normalize_gpus
 from orchestrator.errors import ConfigError
-from orchestrator.launch import describe, launch, launch_script, normalize_gpus
 from orchestrator.runs import kill_run, run_state
 from orchestrator.transport import SSHTransport, resolve_workdir
 from remote_payload import protocol, wrapper

@@ -232,7 +232,7 @@ def test_resumed_sweep_keeps_its_runs_when_the_payload_changed(tmp_path, monkeyp
     (tmp_path / "loc1" / "runs" / by["step-3"].run).rename(tmp_path / "gone")
     before = set(remote_run_dirs([tmp_path / "loc1"]))
 
-    monkeypatch.setattr(sweep, "local_manifest_hash", lambda: "someone-edited-remote_payload")
+    monkeypatch.setattr(sweep.schedule, "local_manifest_hash", lambda: "someone-edited-remote_payload")
     log: list[str] = []
     rep2 = sweep.Sweep(o, inv, log=log.append).run()
     assert rep2.sweep_id == rep.sweep_id and rep2.exit_code == 0, log

@@ -10,10 +10,10 @@ import time
 from remote_payload import protocol
 
 from .. import __version__
+from ..backends.ssh import describe, launch, normalize_gpus
 from ..environment import provision
 from ..errors import EXIT_STILL_RUNNING, ConfigError
 from ..inventory import load_inventory
-from ..launch import describe, launch, normalize_gpus
 from ..transport import get_transport
 from .runs import detached_message, finish_run, make_sink, out
 

@@ -1,4 +1,8 @@
-"""Start a run detached on a host: one remote shell script (one SSH round trip) that claims the run name
+"""The SSH backend (also the `local` host: a folder, no SSH): today's way of running, behind the seam of
+base.py. Its transport is transport.py (OpenSSH + ControlMaster, or the local shell); its probes and kill
+are runs.py's (one remote script each); this module starts runs.
+
+Start a run detached on a host: one remote shell script (one SSH round trip) that claims the run name
 (`mkdir` is atomic, so a used name is refused), stages run.json, and starts the payload's wrapper with
 `setsid nohup ... &` (no PTY; it survives the SSH connection), then waits for the wrapper's status.json.
 
@@ -10,14 +14,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 
 from remote_payload import protocol
 
-from .errors import ConfigError, HostUnreachable, RevalError, RunExists
-from .inventory import Host
-from .runs import remote_run_dir, save_follow_state
-from .transport import Transport, q, resolve_workdir
+from ..errors import ConfigError, HostUnreachable, RevalError, RunExists
+from ..inventory import Host
+from ..runs import RunState, kill_run, list_runs, remote_run_dir, run_state, save_follow_state
+from ..transport import Transport, q, resolve_workdir
+from .base import GPUS_SCHEDULER, Backend, JobHandle, Launch, Submission
 
 STARTUP_WAIT_S = 15.0
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -27,33 +31,22 @@ class NoFreeGpu(ConfigError):
     """The wrapper found every GPU busy or locked (nothing was started; try again later or elsewhere)."""
 
 
-@dataclass
-class LaunchInfo:
-    host: str
-    name: str
-    run_dir: str                 # on the host
-    pid: int
-    pgid: int
-    device: str                  # cuda | cpu
-    gpus: list[int] = field(default_factory=list)
-    gpu_info: list[dict] = field(default_factory=list)
-    status: dict = field(default_factory=dict)
-
-
 def normalize_gpus(spec: str | None) -> str:
-    """auto | none | '0,1' (validated: indices only)."""
+    """auto | none | '0,1' (validated: indices only); `scheduler` (GPUs assigned by a scheduler) as is."""
     spec = (spec or "auto").strip().lower()
-    if spec in ("auto", "none", "cpu"):
+    if spec in ("auto", "none", "cpu", GPUS_SCHEDULER):
         return "none" if spec == "cpu" else spec
     if not re.fullmatch(r"\d+(,\d+)*", spec):
         raise ConfigError(f"--gpus {spec!r}: use auto, none, or GPU indices like 0 or 0,1")
     return spec
 
 
-def wrapper_argv(python: str, run_dir: str, locks_dir: str, gpus: str, payload_argv: list[str]) -> list[str]:
-    """The wrapper command line: `wrap ... -- python -m remote_payload <payload_argv> --run-dir <run_dir>` (pure)."""
+def wrapper_argv(python: str, run_dir: str, locks_dir: str, gpus: str, payload_argv: list[str], *,
+                 job_id_env: str | None = None) -> list[str]:
+    """The wrapper command line: `wrap ... -- python -m remote_payload <payload_argv> --run-dir <run_dir>` (pure).
+    `job_id_env`: the variable holding a scheduler's job id (recorded in run.json's handle)."""
     return [python, "-m", "remote_payload", "wrap", "--run-dir", run_dir, "--run-json", f"{run_dir}/.run.json.in",
-            "--gpus", gpus, "--locks-dir", locks_dir, "--",
+            "--gpus", gpus, "--locks-dir", locks_dir, *(["--job-id-env", job_id_env] if job_id_env else []), "--",
             python, "-m", "remote_payload", *payload_argv, "--run-dir", run_dir]
 
 
@@ -83,7 +76,7 @@ def launch_script(workdir: str, name: str, argv: list[str], env: dict, wait_s: f
 
 
 def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[str], gpus: str = "auto",
-           run_json: dict, python: str) -> LaunchInfo:
+           run_json: dict, python: str) -> Launch:
     """Start `python -m remote_payload <payload_argv> --run-dir <run dir>` detached under the wrapper.
 
     Refuses an invalid or already-used name (exit 3). On a start failure (no free GPU, ...) the run dir is
@@ -97,7 +90,8 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
     d = remote_run_dir(workdir, name)
     argv = wrapper_argv(python, d, f"{workdir}/locks", gpus, payload_argv)
     script = launch_script(workdir, name, argv, host.env)
-    staged = json.dumps({**run_json, "run": name, "host": host.name, "python": python}, default=str)
+    staged = json.dumps({**run_json, "run": name, "host": host.name, "python": python, "backend": "ssh"},
+                        default=str)
     out = transport.run(script, input=staged, timeout_s=STARTUP_WAIT_S + 60).stdout
     if "@@EXISTS" in out:
         raise RunExists(f"run name {name!r} is already used on {host.name}",
@@ -122,12 +116,13 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
         err = NoFreeGpu if status["error"].startswith("no free GPU") else ConfigError  # wrapper.acquire_gpus
         raise err(f"{host.name}: {status['error']}")
     save_follow_state(host.name, name, run_dir=d, python=python, log_offset=0, launched_at=protocol.now_iso())
-    return LaunchInfo(host=host.name, name=name, run_dir=d, pid=int(status.get("pid", 0)),
-                      pgid=int(status.get("pgid", 0)), device=status.get("device", "cpu"),
-                      gpus=list(status.get("gpus", [])), gpu_info=list(status.get("gpu_info", [])), status=status)
+    pgid = int(status.get("pgid", 0))
+    return Launch(host=host.name, name=name, run_dir=d, handle=JobHandle("ssh", str(pgid)),
+                  pid=int(status.get("pid", 0)), pgid=pgid, device=status.get("device", "cpu"),
+                  gpus=list(status.get("gpus", [])), gpu_info=list(status.get("gpu_info", [])), status=status)
 
 
-def describe(info: LaunchInfo, requested_gpus: str) -> str:
+def describe(info: Launch, requested_gpus: str) -> str:
     """The `launch` line for the screen (pure)."""
     if info.gpus:
         mem = {g["index"]: g for g in info.gpu_info}
@@ -138,3 +133,23 @@ def describe(info: LaunchInfo, requested_gpus: str) -> str:
     else:
         where = "CPU (no GPU on this host)" if requested_gpus == "auto" else "CPU"
     return f"{info.name} on {info.host} · {where} · log {info.run_dir}/eval.log on the server"
+
+
+class SSHBackend(Backend):
+    """A host reached over SSH, or the `local` folder: the wrapper runs detached (setsid nohup), its
+    process group is the job (handle `ssh`, job id = pgid); state/list/cancel are one remote script each."""
+
+    kind = "ssh"
+
+    def submit(self, sub: Submission) -> Launch:
+        return launch(self.host, self.transport, name=sub.name, payload_argv=sub.payload_argv, gpus=sub.gpus,
+                      run_json=sub.run_json, python=sub.python)
+
+    def state(self, name: str) -> RunState | None:
+        return run_state(self.transport, name)
+
+    def list_runs(self) -> list[RunState]:
+        return list_runs(self.transport)
+
+    def cancel(self, name: str, *, grace_s: float = 10.0) -> RunState:
+        return kill_run(self.transport, name, grace_s=grace_s)

@@ -1,0 +1,18 @@
+"""Backends: how runs are started, observed and cancelled on a host (base.py: the interface; ssh.py: a host
+over SSH or the local folder). `get_backend(host)` is the one place that picks one."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..inventory import Host
+    from ..transport import Transport
+    from .base import Backend
+
+
+def get_backend(host: Host, transport: Transport | None = None) -> Backend:
+    """The backend of an inventory host (today every host is `ssh`: over SSH, or the local folder).
+    `transport`: reuse an open one (its ControlMaster, its resolved workdir)."""
+    from ..transport import get_transport
+    from .ssh import SSHBackend
+    return SSHBackend(host, transport or get_transport(host))

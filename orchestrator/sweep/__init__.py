@@ -1,0 +1,64 @@
+"""Nightly checkpoint sweeps: discover checkpoints, skip what the ledger already has, schedule one run per
+free GPU (one at a time on a CPU host) over a group's hosts, follow, pull, and report every checkpoint
+against the baseline and the previous checkpoint.
+
+Survives the controller: the ledger (ledger.py) records each run when it is launched, with its host and
+its deterministic name, so a re-run re-attaches to runs still going, pulls finished ones and launches only
+what is missing (it finds its own runs by checkpoint, not by ledger key: the key moves when the payload
+changed in between). A host that fails or goes away never stops the others: its queued checkpoints go to the
+remaining hosts, a run in flight there is reported `unreachable` (exit 2) and re-attached next time.
+Only transport errors are retried (with backoff); a failed eval is reported, never retried blindly.
+
+GPUs: nvidia-smi only counts a host's slots; each slot launches with `--gpus auto` and the wrapper on the
+host picks a free GPU and flocks it (backends/ssh.py). A launch the wrapper refuses for "no free GPU" is put
+back in the queue and retried with backoff, never recorded as a failure.
+
+The package by stage: discover (checkpoints and their content hashes), plan (the pure step from ledger +
+checkpoints to a queue; the data types and outcome states live there so the parts never import each other
+in a circle), stage (hosts made ready, checkpoints copied), schedule (the Sweep: workers per GPU slot,
+launch/re-attach, follow, pull, record), report (verdicts, exit code, report files).
+"""
+from __future__ import annotations
+
+from .discover import (
+    CHECKPOINT_NAME,
+    _local_matches,  # noqa: F401 - used by the tests
+    discover,
+    hash_script,
+    list_script,
+    local_content_hash,
+    parse_checkpoint_spec,
+)
+from .plan import (
+    NOT_RUN,
+    SKIPPED,
+    UNREACHABLE,
+    Checkpoint,
+    Job,
+    Outcome,
+    SweepOptions,
+    outcome_from_entry,
+    parse_since,
+    plan_queue,
+    run_name_for,
+    select,
+)
+from .report import (
+    SweepReport,
+    attach_comparisons,
+    build_report,
+    outcome_text,
+    report_json,
+    report_table,
+    sweep_exit_code,
+    verdict,
+    write_report_files,
+)
+from .schedule import Sweep, failure_line, load_baseline
+from .stage import HostSession, gpu_slots, retrying
+
+__all__ = ["CHECKPOINT_NAME", "NOT_RUN", "SKIPPED", "UNREACHABLE", "Checkpoint", "HostSession", "Job", "Outcome", "Sweep",
+           "SweepOptions", "SweepReport", "attach_comparisons", "build_report", "discover", "failure_line",
+           "gpu_slots", "hash_script", "list_script", "load_baseline", "local_content_hash", "outcome_from_entry",
+           "outcome_text", "parse_checkpoint_spec", "parse_since", "plan_queue", "report_json", "report_table",
+           "retrying", "run_name_for", "select", "sweep_exit_code", "verdict", "write_report_files"]

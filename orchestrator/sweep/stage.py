@@ -1,0 +1,222 @@
+"""Sweep staging: the hosts made ready (payload synced, interpreter checked, cache fingerprint read, GPU
+slots counted) and the checkpoints copied to the host that runs them (relayed through this machine from
+another host), every SSH operation retried on transport errors."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .. import hostcheck
+from ..backends import ssh as launch
+from ..environment import provision
+from ..errors import ConfigError, HostUnreachable, RevalError
+from ..inventory import Host
+from ..transport import LocalTransport, Transport, get_transport, q, resolve_workdir
+from .plan import Checkpoint, Job
+
+
+@dataclass
+class HostSession:
+    host: Host
+    transport: Transport
+    python: str = ""
+    workdir: str = ""
+    cache_fingerprint: str = ""
+    slots: list[str] = field(default_factory=lambda: ["none"])  # --gpus of each run slot; ["none"]: CPU
+    down: str | None = None                          # why it is out of the sweep
+    down_unreachable: bool = False
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.slots != ["none"]
+
+
+_FINGERPRINT_PY = ("import sys; from remote_payload.cache import open_cache; "
+                   "print(open_cache(sys.argv[1]).fingerprint)")
+_GPU_LIST_SH = (f"command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi {' '.join(hostcheck.NVIDIA_SMI_QUERY)} "
+                "2>/dev/null; true")
+
+
+def gpu_slots(nvidia_smi_csv: str, spec: str) -> list[str]:
+    """The --gpus each run slot of a host launches with (pure): "auto" once per GPU nvidia-smi lists (the
+    wrapper on the host picks a free, unlocked one), each index of an explicit `gpus: 0,1`, or ["none"]
+    (no GPU: CPU, one run at a time)."""
+    if spec == "none":
+        return ["none"]
+    if spec != "auto":
+        return spec.split(",")
+    return ["auto"] * len(hostcheck.parse_nvidia_smi(nvidia_smi_csv)) or ["none"]
+
+
+def retrying(fn, *, retries: int, backoff_s: float, what: str, on_retry=None):
+    """Call fn(); on a transport error (HostUnreachable) try again after backoff_s, 2x, 4x ... up to
+    `retries` attempts. Anything else (a failed command, bad input) is not retried."""
+    for attempt in range(1, retries + 1):
+        try:
+            return fn()
+        except HostUnreachable as e:
+            if attempt == retries:
+                raise
+            if on_retry:
+                on_retry(f"{what}: {e} — retry {attempt}/{retries - 1} in {backoff_s * 2 ** (attempt - 1):.0f}s")
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+class Staging:
+    """The host and checkpoint half of a Sweep (schedule.Sweep mixes it in: it owns sessions, lock, log)."""
+
+    # -- hosts ----------------------------------------------------------------------------------------------
+    def prepare_host(self, hs: HostSession) -> None:
+        """Sync the payload and check the interpreter (one round trip), read the cache fingerprint, count GPUs."""
+        t, h = hs.transport, hs.host
+        r = self.opts.retries
+
+        def step(what, fn):
+            with self.ssh:
+                return retrying(fn, retries=r, backoff_s=self.opts.backoff_s, what=f"{h.name}: {what}",
+                                on_retry=self.log)
+        hs.python = step("sync", lambda: provision(t, h))[1].python
+        hs.workdir = step("workdir", lambda: resolve_workdir(t))
+        if self.opts.payload == "dummy":
+            hs.cache_fingerprint = "dummy"
+        else:
+            cmd = f"cd {q(hs.workdir + '/payload')} && {q(hs.python)} -c {q(_FINGERPRINT_PY)} {q(self.opts.cache)}"
+            p = step("cache", lambda: t.run(cmd, check=False, timeout_s=600))
+            if p.returncode != 0:
+                tail = (p.stderr.strip().splitlines() or ["?"])[-1]
+                raise ConfigError(f"{h.name}: cannot read the cache {self.opts.cache}: {tail}")
+            hs.cache_fingerprint = p.stdout.strip().splitlines()[-1]
+        spec = launch.normalize_gpus(h.gpus)
+        hs.slots = gpu_slots(step("gpus", lambda: t.run(_GPU_LIST_SH)).stdout if spec == "auto" else "", spec)
+
+    def prepare_hosts(self) -> None:
+        hosts: list[Host] = []
+        for name in self.opts.hosts:
+            hosts += [h for h in self.inventory.resolve(name) if h.name not in {x.name for x in hosts}]
+        self.sessions = {h.name: HostSession(h, get_transport(h)) for h in hosts}
+        threads = [threading.Thread(target=self._prepare_one, args=(hs,)) for hs in self.sessions.values()]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        up = [hs for hs in self.sessions.values() if not hs.down]
+        if not up:
+            reasons = "; ".join(f"{hs.host.name}: {hs.down}" for hs in self.sessions.values())
+            err = HostUnreachable if any(hs.down_unreachable for hs in self.sessions.values()) else ConfigError
+            raise err(f"no host of {', '.join(self.opts.hosts)} can run the sweep ({reasons})",
+                      hint="check them: reval hosts check " + " ".join(self.opts.hosts))
+        fps = {hs.cache_fingerprint for hs in up}
+        if len(fps) > 1:
+            which = ", ".join(f"{hs.host.name}: {hs.cache_fingerprint[:19]}" for hs in up)
+            raise ConfigError(f"the cache {self.opts.cache} differs between hosts ({which})",
+                              hint="results would not be comparable: copy one cache to every host, "
+                                   "or sweep on the hosts that share it (--hosts)")
+
+    def _prepare_one(self, hs: HostSession) -> None:
+        try:
+            self.prepare_host(hs)
+            where = f"{len(hs.slots)} GPU slot(s)" if hs.on_gpu else "CPU, one run at a time"
+            self.log(f"host    {hs.host.name}: ready · {where}")
+        except Exception as e:  # noqa: BLE001 - one host's trouble, whatever it is, must not stop the others
+            why = str(e).splitlines()[0] if isinstance(e, RevalError) else f"{type(e).__name__}: {e}"
+            hs.down, hs.down_unreachable = why, isinstance(e, HostUnreachable)
+            self.log(f"host    {hs.host.name}: left out ({hs.down})")
+
+    def _op(self, hs: HostSession, what: str, fn, bounded: bool = True):
+        """One SSH operation, retried on transport errors; exhausted retries take the host out. Short
+        operations share `max_ssh` slots; the long polls on running runs (one per run) do not."""
+        def call():
+            if not bounded:
+                return fn()
+            with self.ssh:
+                return fn()
+        try:
+            return retrying(call, retries=self.opts.retries, backoff_s=self.opts.backoff_s,
+                            what=f"{hs.host.name}: {what}", on_retry=self.log)
+        except HostUnreachable as e:
+            with self.lock:
+                if not hs.down:
+                    hs.down = str(e).splitlines()[0]
+                    self.log(f"host    {hs.host.name}: gone ({hs.down}); the other hosts carry on")
+            raise
+
+    def _source(self, name: str) -> HostSession:
+        """The session of a checkpoint's host (a sweep host, or one only read from)."""
+        with self.lock:
+            if name not in self.sessions and name not in self.sources:
+                h = self.inventory.get(name)
+                self.sources[name] = HostSession(h, get_transport(h))
+            return self.sessions.get(name) or self.sources[name]
+
+    def stage_checkpoint(self, hs: HostSession, ckpt: Checkpoint) -> str:
+        """The checkpoint's path on hs: as is when it lives there, else copied into
+        <workdir>/checkpoints/<hash>/ (once: a marker file is written last; kept for later sweeps) from here,
+        relaying through sweeps/relay/<hash>/ (deleted once staged) from another host. A dead source host
+        raises HostUnreachable with hs still up."""
+        if ckpt.host == hs.host.name or (ckpt.host is None and isinstance(hs.transport, LocalTransport)):
+            return ckpt.path
+        h16 = ckpt.content_hash.split(":")[-1][:16]
+        with self.lock:
+            lock = self.stage_locks.setdefault(h16, threading.Lock())
+        with lock:
+            dest = f"{hs.workdir}/checkpoints/{h16}/{ckpt.name}"
+            marker = f"{dest}.complete"
+            probe = f"test -e {q(marker)} && echo @@STAGED; mkdir -p {q(os.path.dirname(dest))}"
+            if "@@STAGED" in self._op(hs, "stage", lambda: hs.transport.run(probe)).stdout:
+                return dest
+            src, relay = ckpt.path, None
+            if ckpt.host is not None:  # relay: the source host -> here -> hs
+                src_hs = self._source(ckpt.host)
+                gone = f"{ckpt.host} (holding {ckpt.name}) is unreachable"
+                if src_hs.down:
+                    raise HostUnreachable(f"{gone}: {src_hs.down}")
+                relay = self.root / "relay" / h16
+                relay.mkdir(parents=True, exist_ok=True)
+                try:
+                    self._op(src_hs, "relay", lambda: self._rsync(src_hs.transport.rsync_rsh(),
+                                                                  src_hs.transport.rsync_target(ckpt.path),
+                                                                  str(relay), ckpt.host))
+                except HostUnreachable as e:
+                    with contextlib.suppress(OSError):  # an empty relay dir; a partial copy stays to resume
+                        relay.rmdir()
+                    raise HostUnreachable(f"{gone}: {str(e).splitlines()[0]}") from e
+                src = str(relay / ckpt.name)
+            self._op(hs, "stage", lambda: self._rsync(hs.transport.rsync_rsh(), src,
+                                                     hs.transport.rsync_target(os.path.dirname(dest) + "/"),
+                                                     hs.host.name))
+            self._op(hs, "stage", lambda: hs.transport.run(f"touch {q(marker)}"))
+            if relay is not None:
+                shutil.rmtree(relay, ignore_errors=True)
+            return dest
+
+    def _rsync(self, rsh, src: str, dest: str, host: str) -> None:
+        argv = ["rsync", "-a", "--partial"] + (["-e", shlex.join(rsh)] if rsh else []) + [src, dest]
+        p = subprocess.run(argv, check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if p.returncode in (12, 30, 35, 255):  # rsync: protocol/timeout/connection errors
+            raise HostUnreachable(f"{host}: rsync failed (exit {p.returncode}): "
+                                  f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
+        if p.returncode != 0:
+            raise ConfigError(f"{host}: copying the checkpoint failed (rsync exit {p.returncode}): "
+                              f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
+
+    def prefetch(self, hs: HostSession, held: list[Job]) -> None:
+        """Take this slot's next job now and copy its checkpoint while the current run goes on (the copy
+        then costs nothing on the critical path). Trouble here is left to the job itself."""
+        nxt = self._take(hs)
+        if nxt is None:
+            return
+        held.append(nxt)
+        if nxt.host is None:
+            try:
+                nxt.staged = (hs.host.name, self.stage_checkpoint(hs, nxt.ckpt))
+            except RevalError:
+                nxt.staged = None

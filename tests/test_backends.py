@@ -1,0 +1,108 @@
+"""The backend seam (orchestrator/backends): the SSH backend behind the interface, the job handle in run.json,
+and the wrapper's scheduler mode (GPUs assigned by a scheduler are kept as they are)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends import get_backend
+from orchestrator.backends.base import GPUS_SCHEDULER, Backend, JobHandle, Submission
+from remote_payload import protocol, wrapper
+from tests.runtools import fake_nvidia_smi, synced_local, wait_status
+
+PRINT_CVD = ("import os; v = os.environ.get('CUDA_VISIBLE_DEVICES'); "
+             "print('CVD=' + ('UNSET' if v is None else repr(v)))")
+
+
+@pytest.fixture(autouse=True)
+def _runs_here(tmp_path, monkeypatch):
+    monkeypatch.setenv("REVAL_RUNS_DIR", str(tmp_path / "local-runs"))
+
+
+def _wrap(run_dir: Path, gpus: str, env: dict, *extra: str, run_json: dict | None = None):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "remote_payload", "wrap", "--run-dir", str(run_dir), "--gpus", gpus,
+            "--locks-dir", str(run_dir.parent / "locks"), *extra]
+    if run_json is not None:
+        (run_dir / ".run.json.in").write_text(json.dumps(run_json))
+        argv += ["--run-json", str(run_dir / ".run.json.in")]
+    base = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    return subprocess.run([*argv, "--", sys.executable, "-c", PRINT_CVD], capture_output=True, text=True,
+                          timeout=60, check=False, env={**base, **env},
+                          cwd=os.path.dirname(os.path.dirname(wrapper.__file__)))
+
+
+def _cvd_line(run_dir: Path) -> str:
+    return next(ln for ln in (run_dir / "eval.log").read_text().splitlines() if ln.startswith("CVD="))
+
+
+def test_scheduler_mode_keeps_the_assigned_gpus(tmp_path):
+    # nvidia-smi says GPU 0 is busy: in scheduler mode it is never asked, nothing is locked
+    fake_nvidia_smi(tmp_path / "bin", [(0, 9000, 97871, 99)])
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "2,3"}
+    d = tmp_path / "runs" / "s1"
+    p = _wrap(d, GPUS_SCHEDULER, env)
+    assert p.returncode == 0, p.stderr
+    assert _cvd_line(d) == "CVD='2,3'"
+    st = protocol.read_json(d / "status.json")
+    assert (st["state"], st["gpus"], st["device"]) == ("succeeded", [2, 3], "cuda")
+    assert not (tmp_path / "runs" / "locks").exists() or not list((tmp_path / "runs" / "locks").iterdir())
+
+
+def test_scheduler_mode_never_blanks_an_unset_variable(tmp_path):
+    d = tmp_path / "runs" / "s2"
+    assert _wrap(d, GPUS_SCHEDULER, {}).returncode == 0
+    assert _cvd_line(d) == "CVD=UNSET"
+    assert protocol.read_json(d / "status.json")["device"] == "cpu"
+    # the contrast: --gpus none hides every GPU on purpose
+    d2 = tmp_path / "runs" / "s3"
+    assert _wrap(d2, "none", {"CUDA_VISIBLE_DEVICES": "1"}).returncode == 0
+    assert _cvd_line(d2) == "CVD=''"
+
+
+def test_wrapper_records_the_job_handle_in_run_json(tmp_path):
+    d = tmp_path / "runs" / "j1"
+    p = _wrap(d, GPUS_SCHEDULER, {"SLURM_JOB_ID": "4242"}, "--job-id-env", "SLURM_JOB_ID",
+              run_json={"backend": "slurm", "drafter": "/d"})
+    assert p.returncode == 0, p.stderr
+    run = protocol.read_json(d / "run.json")
+    assert run["handle"] == {"backend": "slurm", "job_id": "4242"} and run["drafter"] == "/d"
+    assert JobHandle.from_json(run["handle"]) == JobHandle("slurm", "4242")
+    assert JobHandle.from_json({"backend": "ssh"}) is None and JobHandle.from_json([1]) is None
+
+
+def test_ssh_backend_submit_state_cancel_pull_list(tmp_path):
+    host, t, wd = synced_local(tmp_path / "work")
+    be = get_backend(host, t)
+    assert isinstance(be, Backend) and be.kind == "ssh" and be.transport is t
+    launched = be.submit(Submission("b1", ["dummy", "--lines", "400", "--interval-s", "0.05"], sys.executable,
+                                    gpus="none", run_json={"drafter": "/x"}))
+    assert launched.handle == JobHandle("ssh", str(launched.pgid)) and launched.pgid > 1
+    assert launched.run_dir == be.run_dir("b1") == f"{wd}/runs/b1"
+    run = protocol.read_json(Path(wd, "runs", "b1", "run.json"))
+    assert run["handle"] == launched.handle.to_json() and run["backend"] == "ssh"
+    s = be.state("b1")
+    assert s is not None and s.state == protocol.RUNNING and not s.terminal
+    assert "b1" in [r.name for r in be.list_runs()]
+    assert be.cancel("b1", grace_s=5).state == protocol.CANCELLED
+    assert be.state("b1").terminal and be.state("nope") is None
+    pulled = be.pull("b1")
+    assert set(pulled.files) >= {"run.json", "status.json", "eval.log"}
+    assert protocol.read_json(pulled.path / "status.json")["state"] == protocol.CANCELLED
+
+
+def test_ssh_backend_stream_command_follows_a_run(tmp_path):
+    from orchestrator.follow import FrameParser
+    host, t, wd = synced_local(tmp_path / "work")
+    be = get_backend(host, t)
+    be.submit(Submission("b2", ["dummy", "--lines", "3", "--interval-s", "0"], sys.executable, gpus="none"))
+    wait_status(Path(wd, "runs", "b2"))
+    p = t.popen(be.stream_command("b2", python=sys.executable, log_offset=0, events_offset=0))
+    out, _ = p.communicate(timeout=60)
+    frames = FrameParser().feed(out)
+    assert frames[-1].tag == "D" and b"prompt3" in b"".join(f.data for f in frames if f.tag == "L")

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import calendar
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from remote_payload import protocol
+from remote_payload.contenthash import STEP_PATTERN as _STEP  # one checkpoint-step rule
 
 from .errors import ConfigError, RunNotFound
 
@@ -221,7 +221,6 @@ class Table:
     notes: list[str] = field(default_factory=list)
 
 
-_STEP = re.compile(r"(?:step|ckpt|checkpoint|iter)[-_]?(\d+)", re.IGNORECASE)
 
 
 def checkpoint_step(results: dict | None, name: str = "") -> int | None:

@@ -161,8 +161,9 @@ def _stop(p: subprocess.Popen) -> str:
 
 def follow(transport: Transport, name: str, *, workdir: str, python: str, log_offset: int = 0, sink=None,
            stall_s: float = 3.0, give_up_s: float = 60.0, max_backoff_s: float = 5.0,
-           save: bool = True) -> FollowResult:
-    """Stream eval.log from `log_offset` until the run is terminal (or lost) and drained."""
+           save: bool = True, stream_cmd=None) -> FollowResult:
+    """Stream eval.log from `log_offset` until the run is terminal (or lost) and drained. `stream_cmd(log_offset,
+    events_offset)`: the remote stream command (a backend's; default: stream_command for this workdir)."""
     sink = sink or PlainSink()
     host = transport.host
     run_dir = remote_run_dir(workdir, name)
@@ -171,7 +172,9 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
     pending = b""  # the tail of events.jsonl after its last newline (only sent once the run is over)
     attempt, down_since = 0, None
     while True:
-        p = transport.popen(stream_command(workdir, python, run_dir, res.log_offset, events_offset))
+        cmd = (stream_cmd(res.log_offset, events_offset) if stream_cmd else
+               stream_command(workdir, python, run_dir, res.log_offset, events_offset))
+        p = transport.popen(cmd)
         parser = FrameParser()
         done = got_frames = False
         try:

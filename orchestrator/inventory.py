@@ -95,6 +95,14 @@ class Inventory:
         raise ConfigError(f"unknown host {name!r} in {self.path or 'the built-in inventory'}"
                           + _did_you_mean(name, self.hosts), hint=f"known hosts: {', '.join(self.hosts)}")
 
+    def __getitem__(self, name: str) -> Host:
+        return self.get(name)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None) -> Inventory:
+        """load_inventory(path): validated, one-line errors (None: the default lookup order)."""
+        return load_inventory(path)
+
     def resolve(self, name: str) -> list[Host]:
         """A host name or a group name -> its hosts, in inventory order."""
         if name in self.hosts:

@@ -9,6 +9,7 @@ One controller at a time: `Ledger.lock()` holds an flock for the sweep's life.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -73,22 +74,36 @@ class Ledger:
             self.hashes = data.get("hashes", {})
 
     def lock(self) -> None:
-        """Take the controller lock (non-blocking): a second `reval sweep` on the same ledger is refused."""
+        """Take the controller lock (non-blocking): a second `reval sweep` on the same ledger is refused.
+        unlock() deletes the lock file; a lock taken on a file deleted meanwhile is retaken on the new one."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = Path(f"{self.path}.lock").read_text(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise ConfigError(f"another reval sweep is using {self.path} ({holder})",
-                              hint="wait for it to finish (or stop it); a killed one releases the lock") from None
+        lock = f"{self.path}.lock"
+        while True:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                try:
+                    holder = Path(lock).read_text(errors="replace").strip() or "another process"
+                except OSError:
+                    holder = "another process"
+                os.close(fd)
+                raise ConfigError(f"another reval sweep is using {self.path} ({holder})",
+                                  hint="wait for it to finish (or stop it); a killed one releases the lock") from None
+            try:
+                if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # the holder deleted it between our open and our flock: take the new file
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()}".encode())
         self._lock_fd = fd
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(f"{self.path}.lock")  # while still holding it (see lock())
             os.close(self._lock_fd)
             self._lock_fd = None
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from .errors import ConfigError, RemoteCommandError
+from .errors import ConfigError, HostUnreachable, RemoteCommandError
 from .inventory import Host
 from .transport import Transport, q, resolve_workdir, workdir_expr
 
@@ -139,13 +139,18 @@ def _file_size(content: Path | bytes) -> int:
     return len(content) if isinstance(content, bytes) else content.stat().st_size
 
 
-def rsync_argv(rsh: list[str] | None, src: str, dest: str, *, delete: bool) -> list[str]:
-    """rsync argv (pure). --checksum: the payload is small, and a same-size edit within the same second
-    must not be skipped by the size+mtime quick check (we only get here when the manifest differs)."""
-    argv = ["rsync", "-a", "--no-links", "--checksum", "--delay-updates"]
-    if delete:
-        argv.append("--delete")
-    argv += [f"--exclude={pat}" for pat in EXCLUDE_NAMES]
+RSYNC_CONNECTION_EXITS = (12, 30, 35, 255)  # rsync: protocol stream / timeout / connection errors
+
+
+def rsync_argv(rsh: list[str] | None, src: str, dest: str, *, delete: bool = False,
+               options: list[str] | None = None) -> list[str]:
+    """rsync argv (pure). Default options: the payload's. --checksum: the payload is small, and a same-size
+    edit within the same second must not be skipped by the size+mtime quick check (we only get here when
+    the manifest differs)."""
+    if options is None:
+        options = ["-a", "--no-links", "--checksum", "--delay-updates",
+                   *(["--delete"] if delete else []), *[f"--exclude={pat}" for pat in EXCLUDE_NAMES]]
+    argv = ["rsync", *options]
     if rsh:
         argv += ["-e", shlex.join(rsh)]
     return argv + [src, dest]
@@ -190,10 +195,21 @@ def _push_rsync(transport: Transport, files: dict[str, Path | bytes], manifest: 
             else:
                 shutil.copy2(content, out)
         Path(stage, MANIFEST).write_text(manifest.to_json())
-        argv = rsync_argv(transport.rsync_rsh(), stage + "/", transport.rsync_target(dest + "/"), delete=True)
-        p = subprocess.run(argv, check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        rsync(transport.rsync_rsh(), stage + "/", transport.rsync_target(dest + "/"), host=transport.host.name,
+              what="payload rsync", delete=True)
+
+
+def rsync(rsh: list[str] | None, src: str, dest: str, *, host: str, what: str, delete: bool = False,
+          options: list[str] | None = None) -> None:
+    """Run rsync (over the host's connection when `rsh`). A connection failure is HostUnreachable (worth a
+    retry); any other failure a RemoteCommandError naming `what` with rsync's last line."""
+    argv = rsync_argv(rsh, src, dest, delete=delete, options=options)
+    p = subprocess.run(argv, check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if p.returncode in RSYNC_CONNECTION_EXITS:
+        raise HostUnreachable(f"{host}: {what} failed (rsync exit {p.returncode}): "
+                              f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
     if p.returncode != 0:
-        raise _transfer_error(transport, "rsync", p.returncode, p.stderr)
+        raise RemoteCommandError(host, what, p.returncode, p.stderr)
 
 
 def _push_tar(transport: Transport, files: dict[str, Path | bytes], manifest: Manifest, dest: str,

@@ -18,6 +18,8 @@ COMMANDS = {
     "bench": ("remote_payload.bench", "time eval at real Qwen3.6-27B-DFlash sizes vs a naive loop"),
     "wrap": ("remote_payload.wrapper", "run a command detached-safe: status.json, eval.log, exit code"),
     "dummy": ("remote_payload.dummy", "a torch-free stand-in job that logs and emits events (tests)"),
+    "preflight": ("remote_payload.preflight", "check an eval's paths and layer compatibility (no torch; before a run)"),
+    "hash": ("remote_payload.contenthash", "print the content hash of checkpoints (the one results.json records)"),
     "stream": ("remote_payload.stream", "stream a run's log, events and status as frames (reval logs -f)"),
 }
 

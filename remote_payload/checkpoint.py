@@ -17,11 +17,7 @@ Drafter layouts (`load_drafter`):
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
-import os
-import re
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,20 +25,25 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from remote_payload.config import DrafterConfig
+from remote_payload.config import DrafterConfig, check_features  # noqa: F401 - re-exported
+from remote_payload.contenthash import (  # noqa: F401 - HASH_CHUNK_BYTES, sha256_files re-exported
+    HASH_CHUNK_BYTES,
+    INDEX_JSON,
+    SINGLE_SAFETENSORS,
+    content_files,
+    parse_step,
+    sha256_files,
+)
 from remote_payload.drafter import DFlashDrafter, TargetHead
-from remote_payload.errors import CheckpointError, ConfigError, FeatureMismatchError
+from remote_payload.errors import CheckpointError, ConfigError
 from remote_payload.safetensors_io import NOTHING_DONE, read_header, read_tensors
 
-INDEX_JSON = "model.safetensors.index.json"
-SINGLE_SAFETENSORS = "model.safetensors"
 STRIPPED_PREFIXES = ("module.", "drafter.")
 PT_WRAPPERS = ("model", "state_dict")
 EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
               "language_model.model.embed_tokens.weight")
 LM_HEAD_KEYS = ("lm_head.weight", "model.language_model.lm_head.weight", "language_model.lm_head.weight")
 STATS_KEYS = ("fc.weight", "hidden_norm.weight", "norm.weight")
-HASH_CHUNK_BYTES = 64 << 20
 
 
 @dataclass
@@ -51,7 +52,7 @@ class DrafterInfo:
     layout: str  # "zlab" | "pt"
     name: str
     step: int | None
-    content_hash: str  # "sha256-64MiB-tree:<hex>" over the weight files (see `sha256_files`)
+    content_hash: str  # "sha256-64MiB-tree:<hex>" over config + weight files (contenthash.content_files)
     num_parameters: int
     weight_stats: dict  # key -> {"mean", "std"} for fc / hidden_norm / norm
     config_source: str
@@ -87,74 +88,12 @@ def _read_json(path: Path, what: str) -> dict:
         raise ConfigError(f"cannot read {what} {path}: {e}") from e
 
 
-def sha256_files(paths: list[Path], *, chunk_bytes: int = HASH_CHUNK_BYTES, threads: int | None = None) -> str:
-    """Content hash `sha256-<C>MiB-tree:<hex>` (C = chunk_bytes in MiB, 64 by default) of weight files.
-
-    Each file is cut into C MiB chunks (the last one shorter, none for an empty file) and every chunk is
-    sha256'd on its own, in a thread pool (hashlib releases the GIL; os.preadv keeps threads off a shared file
-    position). <hex> = sha256 over, per file in name order: the name (UTF-8), NUL, the size in decimal ASCII,
-    NUL, then the raw 32-byte digests of its chunks in order. The value does not depend on `threads`; it is
-    not `sha256sum` of anything (the orchestrator's checkpoint hash is a different scheme).
-    """
-    if chunk_bytes <= 0 or chunk_bytes % (1 << 20):
-        raise ValueError(f"chunk_bytes must be a positive multiple of 1 MiB, got {chunk_bytes}")
-    files = sorted((Path(p) for p in paths), key=lambda p: p.name)
-    local = threading.local()
-
-    def chunk_digest(job: tuple[Path, int, int, int]) -> bytes:
-        path, fd, offset, n = job
-        if getattr(local, "buf", None) is None:
-            local.buf = memoryview(bytearray(chunk_bytes))  # one per thread, reused: no 64 MiB allocation a chunk
-        pos = 0
-        while pos < n:
-            got = os.preadv(fd, [local.buf[pos:n]], offset + pos)
-            if got == 0:
-                raise CheckpointError(f"{path} shrank while it was being hashed; re-copy it. {NOTHING_DONE}")
-            pos += got
-        return hashlib.sha256(local.buf[:n]).digest()
-
-    fds: list[int] = []
-    try:
-        jobs, sizes = [], []
-        for p in files:
-            fds.append(os.open(p, os.O_RDONLY))
-            sizes.append(os.fstat(fds[-1]).st_size)
-            jobs += [(p, fds[-1], off, min(chunk_bytes, sizes[-1] - off)) for off in range(0, sizes[-1], chunk_bytes)]
-        with ThreadPoolExecutor(max_workers=threads or min(8, os.cpu_count() or 1),
-                                thread_name_prefix="reval-hash") as ex:
-            digests = iter(ex.map(chunk_digest, jobs))
-            h = hashlib.sha256()
-            for p, size in zip(files, sizes):
-                h.update(p.name.encode() + b"\0" + str(size).encode() + b"\0")
-                for _ in range(0, size, chunk_bytes):
-                    h.update(next(digests))
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return f"sha256-{chunk_bytes >> 20}MiB-tree:{h.hexdigest()}"
-
-
 def hash_in_background(paths: list[Path]) -> Future:
     """The content hash reads every byte once more; it runs beside the load instead of after it."""
     ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-hash")
     fut = ex.submit(sha256_files, list(paths))
     ex.shutdown(wait=False)
     return fut
-
-
-_STEP = re.compile(r"(?:step|checkpoint|ckpt|iter)[-_]?(\d+)", re.IGNORECASE)
-
-
-def parse_step(path: str | Path, field_value=None) -> int | None:
-    """A `step` field wins; else `step-4000`, `step4000`, `checkpoint-4000`, ... in the path's last 3 parts."""
-    if isinstance(field_value, int) and not isinstance(field_value, bool):
-        return field_value
-    p = Path(path)
-    for part in [p.stem, *[q.name for q in list(p.parents)[:2]]]:
-        m = _STEP.search(part)
-        if m:
-            return int(m.group(1))
-    return None
 
 
 def _check_keys(expected: dict[str, tuple], found: dict[str, tuple], source: str, cfg: DrafterConfig,
@@ -261,7 +200,7 @@ def _load_zlab(p: Path, cfg_path: Path, device, dtype) -> tuple[DFlashDrafter, D
         raise CheckpointError(f"drafter folder {folder} has neither {INDEX_JSON} nor {SINGLE_SAFETENSORS} "
                               f"(it holds: {present})")
     headers = {f: read_header(f) for f in files}
-    content_hash = hash_in_background(files)
+    content_hash = hash_in_background(content_files(p))  # config + weights: the sweep's ledger names it so
     found: dict[str, tuple] = {}
     owner: dict[str, Path] = {}
     for f, h in headers.items():
@@ -403,22 +342,6 @@ def load_target_head(target_dir, *, vocab_size: int, hidden_size: int, device="c
 
 
 # ---- drafter vs cache ---------------------------------------------------------------------------
-def check_features(cfg: DrafterConfig, cache_layer_ids: list[int], cache_hidden_size: int) -> list[int]:
-    """Indices into the cache's layer list, in fc's input order; FeatureMismatchError if it cannot serve."""
-    need, have, H = list(cfg.fc_layer_ids), list(cache_layer_ids), cfg.hidden_size
-    want = f"drafter fc expects {len(need) * H} input features ({len(need)} layers x {H}: {need})"
-    held = f"the cache holds {len(have) * cache_hidden_size} ({len(have)} layers x {cache_hidden_size}: {have})"
-    if cache_hidden_size != H:
-        raise FeatureMismatchError(f"{want}; {held}: hidden sizes differ, so the cache comes from another target "
-                                   f"model. Extract a cache with this drafter's target.")
-    missing = [layer for layer in need if layer not in have]
-    if missing:
-        layers = ",".join(str(x) for x in sorted(set(have) | set(need)))
-        raise FeatureMismatchError(f"{want}; {held}, without layers {missing}. Re-extract with --layers {layers}, "
-                                   f"or evaluate a {len(have)}-layer drafter.")
-    return [have.index(layer) for layer in need]
-
-
 def select_features(feats: Tensor, indices: list[int], hidden_size: int) -> Tensor:
     """feats [T, n_cache*H] -> [T, len(indices)*H] in `indices` order; a view when they are consecutive."""
     n = len(indices)

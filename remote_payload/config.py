@@ -16,7 +16,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from remote_payload.errors import ConfigError
+from remote_payload.errors import ConfigError, FeatureMismatchError
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # Published variants whose extra modules / logit transforms this drafter does not implement.
@@ -221,3 +221,19 @@ def _extra(d: dict, dflash: dict) -> dict:
     if rest:
         extra["dflash_config"] = rest
     return extra
+
+
+def check_features(cfg: DrafterConfig, cache_layer_ids: list[int], cache_hidden_size: int) -> list[int]:
+    """Indices into the cache's layer list, in fc's input order; FeatureMismatchError if it cannot serve."""
+    need, have, H = list(cfg.fc_layer_ids), list(cache_layer_ids), cfg.hidden_size
+    want = f"drafter fc expects {len(need) * H} input features ({len(need)} layers x {H}: {need})"
+    held = f"the cache holds {len(have) * cache_hidden_size} ({len(have)} layers x {cache_hidden_size}: {have})"
+    if cache_hidden_size != H:
+        raise FeatureMismatchError(f"{want}; {held}: hidden sizes differ, so the cache comes from another target "
+                                   f"model. Extract a cache with this drafter's target.")
+    missing = [layer for layer in need if layer not in have]
+    if missing:
+        layers = ",".join(str(x) for x in sorted(set(have) | set(need)))
+        raise FeatureMismatchError(f"{want}; {held}, without layers {missing}. Re-extract with --layers {layers}, "
+                                   f"or evaluate a {len(have)}-layer drafter.")
+    return [have.index(layer) for layer in need]

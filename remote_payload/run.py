@@ -24,99 +24,26 @@ import sys
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from . import __version__, metrics, protocol
-from .cache import open_cache, parse_layer_ids
+from .cache import open_cache
 from .checkpoint import check_features, load_drafter, load_target_head, peek_config
 from .devices import resolve_device_dtype
 from .errors import PayloadError
+from .evalopts import DEFAULT_BUDGETS, DEFAULT_WIDTHS, EvalOptions, add_arguments, options_from_args
+from .summary import _fmt, assess_health, dtype_name, headline, print_summary
 
+__all__ = ["DEFAULT_BUDGETS", "DEFAULT_WIDTHS", "EvalOptions", "add_arguments", "evaluate", "main",
+           "options_from_args"]
 STEPS = 5
-DEFAULT_BUDGETS = (16, 32, 64, 128, 256, 512)
-DEFAULT_WIDTHS = (4, 8)
-# Health guards (the seeds' harness printed "Loaded" and then drafted gibberish at 0.000 accuracy).
-SUSPECT_POS1_ACCURACY = 0.05
-SUSPECT_DRAFT_SHARE = 0.5
-
-
-@dataclass
-class EvalOptions:
-    drafter: str
-    target: str
-    cache: str
-    run_dir: str
-    name: str
-    num_prompts: int | None = None
-    max_blocks: int = 30
-    device: str = "auto"
-    dtype: str = "auto"
-    batch_size: int = 0  # anchors per drafter forward; 0 = auto
-    ddtree_budgets: list[int] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
-    tree_widths: list[int] = field(default_factory=lambda: list(DEFAULT_WIDTHS))
-    cache_layers: list[int] | None = None
-    strict: bool = False
-    all_anchors: bool = False
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def _int_list(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return vals
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", required=True, help="z-lab folder (config.json + safetensors) or team .pt file")
-    p.add_argument("--target", required=True,
-                   help="target model folder: its embed_tokens/lm_head (via model.safetensors.index.json) "
-                        "and tokenizer.json are borrowed")
-    p.add_argument("--cache", required=True, help="hidden-state cache (from `extract`, or the seeds' layout)")
-    p.add_argument("--cache-layers", type=parse_layer_ids, default=None,
-                   help="layer ids of a seeds-layout cache, e.g. 1,16,31,46,61 (aux_hidden..., last_hidden)")
-    p.add_argument("--run-dir", default=None, help="run directory (default: runs/<name>)")
-    p.add_argument("--name", default=None,
-                   help="run name (default: the --run-dir folder name, else <drafter>-<UTC timestamp>)")
-    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of the cache (default: all)")
-    p.add_argument("--max-blocks", type=int, default=30, help="draft rounds per prompt (default 30)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: cuda when available)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
-                   help="auto: bf16 on GPU, fp32 on CPU")
-    p.add_argument("--batch-size", type=int, default=0, help="anchors per drafter forward (0: auto)")
-    p.add_argument("--ddtree-budgets", type=_int_list, default=list(DEFAULT_BUDGETS),
-                   help="DDTree node budgets (default 16,32,64,128,256,512)")
-    p.add_argument("--tree-widths", type=_int_list, default=list(DEFAULT_WIDTHS),
-                   help="width-k trees, the seeds' DDTree-4/DDTree-8 (default 4,8)")
-    p.add_argument("--strict", action="store_true", help="a suspect result fails the run (exit 1)")
-    p.add_argument("--all-anchors", action="store_true",
-                   help="teacher-forced position accuracy at every completion anchor (default: the anchors "
-                        "the walk can reach within --max-blocks; the walks are the same either way)")
-
-
-def options_from_args(args: argparse.Namespace) -> EvalOptions:
-    # A run directory names its run (the controller passes --run-dir <workdir>/runs/<name>).
-    name = args.name or (Path(args.run_dir).name if args.run_dir else protocol.default_run_name(args.drafter))
-    protocol.validate_run_name(name)
-    if args.max_blocks < 1:
-        raise PayloadError(f"--max-blocks must be >= 1, got {args.max_blocks}")
-    if args.num_prompts is not None and args.num_prompts < 1:
-        raise PayloadError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-    return EvalOptions(drafter=args.drafter, target=args.target, cache=args.cache,
-                       run_dir=args.run_dir or str(Path("runs") / name), name=name, num_prompts=args.num_prompts,
-                       max_blocks=args.max_blocks, device=args.device, dtype=args.dtype,
-                       batch_size=args.batch_size, ddtree_budgets=sorted(set(args.ddtree_budgets)),
-                       tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
-                       strict=args.strict, all_anchors=args.all_anchors)
-
-
 def main(args: argparse.Namespace) -> int:
     try:
         opts = options_from_args(args)
@@ -267,12 +194,40 @@ def _stats(x: torch.Tensor) -> tuple[float, float]:
     x = x.float()
     return x.mean().item(), x.std().item()
 
+@dataclass
+class Inputs:
+    """Steps 1-3: the tokenizer, the cache, the prompts evaluated and their feature statistics."""
+    tok: object
+    cache: object
+    prompts: list
+    feature_stats: dict
 
-def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
-    t0 = time.perf_counter()
-    device, dtype = resolve_device_dtype(opts.device, opts.dtype)
-    rep.line(f"DFlash drafter eval · {opts.name} · device {device} ({dtype_name(dtype)})")
 
+@dataclass
+class Loaded:
+    """Step 4: the drafter and the target head it borrows."""
+    drafter: object
+    info: object
+    head: object
+    hinfo: object
+    target_matches: bool | None     # the target's config is the one the cache was extracted with
+    embed_stats: dict
+    load_s: float
+
+
+@dataclass
+class Drafted:
+    """Step 5: per-prompt records of the walks and the drafts/targets the health guard reads."""
+    per_prompt: list
+    drafts: np.ndarray
+    targets: np.ndarray
+    prompt_set: str
+    num_anchors: int
+    eval_s: float
+    batch_size: int
+
+
+def load_inputs(opts: EvalOptions, rep: Reporter) -> Inputs:
     rep.step(1, "tokenizer", "Loading tokenizer...")
     tok = load_tokenizer(opts.target)
     rep.line(f"  vocab_size={tok.get_vocab_size() if tok else 'n/a (no tokenizer.json: tokens shown as ids)'}")
@@ -288,7 +243,7 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     # (page-cache warm), so host memory holds one prompt's features at a time.
     feature_stats = {}
     for i, p in enumerate(prompts):
-        ids, feats_all = cache.load(i)  # validated: shapes, NaN/inf (prompts is a prefix of the cache)
+        _ids, feats_all = cache.load(i)  # validated: shapes, NaN/inf (prompts is a prefix of the cache)
         mean, std = _stats(feats_all)
         if not std > 0:
             raise PayloadError(f"cache {opts.cache}: prompt {p.name!r} features are constant (std {std}); "
@@ -297,9 +252,13 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
         del feats_all
         rep.line(f"  [{i + 1}/{len(prompts)}] {p.name}: {p.seq_len} tokens aux_mean={mean:.4f} aux_std={std:.4f}",
                  stage="load_cache", step=3, steps=STEPS, i=i + 1, n=len(prompts))
+    return Inputs(tok, cache, prompts, feature_stats)
 
+
+def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torch.dtype, rep: Reporter) -> Loaded:
     rep.step(4, "load_drafter", f"Loading drafter {opts.drafter}...")
     t_load = time.perf_counter()
+    cache = inp.cache
     drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype)
     cfg = drafter.cfg
     check_features(cfg, cache.layer_ids, cache.hidden_size)  # names dims and layer ids on a mismatch
@@ -320,7 +279,12 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     rep.line(f"  embed_tokens: mean={e_mean:.4f} std={e_std:.4f}")
     load_s = time.perf_counter() - t_load
     rep.line(f"  loaded in {load_s:.2f}s", stage="load_drafter", step=4, steps=STEPS)
+    return Loaded(drafter, info, head, hinfo, target_matches, {"mean": e_mean, "std": e_std}, load_s)
 
+
+def eval_prompts(opts: EvalOptions, inp: Inputs, mod: Loaded, device: torch.device, dtype: torch.dtype,
+                 rep: Reporter) -> Drafted:
+    prompts, tok, cfg = inp.prompts, inp.tok, mod.drafter.cfg
     rep.step(5, "eval", f"Evaluating {len(prompts)} prompts x {opts.max_blocks} blocks...")
     bs = cfg.block_size
     batch = opts.batch_size or (128 if device.type == "cuda" else 32)
@@ -330,7 +294,7 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     t_eval = time.perf_counter()
     n_anchors_total = 0
     for i, p in enumerate(prompts):
-        ids, feats = cache.load(i, layer_ids=cfg.fc_layer_ids, device=device, dtype=dtype)  # [T], [T, n_fc*H]
+        ids, feats = inp.cache.load(i, layer_ids=cfg.fc_layer_ids, device=device, dtype=dtype)  # [T], [T, n_fc*H]
         if int(ids.max()) >= cfg.vocab_size or int(ids.min()) < 0:
             raise PayloadError(f"cache {opts.cache}: prompt {p.name!r} holds token id {int(ids.max())} outside the "
                                f"drafter's vocabulary ({cfg.vocab_size}): the cache comes from another tokenizer")
@@ -341,8 +305,8 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
         # anchors the walk can reach; --all-anchors: every completion anchor (position accuracy over all)
         n = (max(0, p.seq_len - 1 - p.prompt_len) if opts.all_anchors
              else metrics.num_anchors(p.prompt_len, p.seq_len, opts.max_blocks, bs))
-        out = draft_all_anchors(drafter, head, feats, ids, p.prompt_len, n, batch_size=batch, budgets=budgets,
-                                widths=widths)
+        out = draft_all_anchors(mod.drafter, mod.head, feats, ids, p.prompt_len, n, batch_size=batch,
+                                budgets=budgets, widths=widths)
         n_anchors_total += n
         rec = metrics.prompt_metrics(out.drafts, out.target_rank, out.topk_logprobs, g, p.prompt_len,
                                      opts.max_blocks, bs, budgets=budgets, widths=widths)
@@ -360,15 +324,18 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
                  metrics={"tau": tau_p, "position_1_accuracy": pos1})
     if device.type == "cuda":
         torch.cuda.synchronize()
-    eval_s = time.perf_counter() - t_eval
+    return Drafted(per_prompt, np.concatenate(all_drafts), np.concatenate(all_targets),
+                   "sha256:" + prompt_hash.hexdigest(), n_anchors_total, time.perf_counter() - t_eval, batch)
 
-    m = metrics.aggregate(per_prompt, bs)
-    health = assess_health(m, np.concatenate(all_drafts), np.concatenate(all_targets), tok, rep)
-    health.update(feature_stats=feature_stats, weight_stats=info.weight_stats,
-                  embed_stats={"mean": e_mean, "std": e_std})
 
+def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: dict, health: dict,
+                  device: torch.device, dtype: torch.dtype, total_s: float) -> dict:
+    """results.json (schema: docs/results.md)."""
+    cfg, info, hinfo, cache = mod.drafter.cfg, mod.info, mod.hinfo, inp.cache
+    bs, prompts, budgets, widths = cfg.block_size, inp.prompts, opts.ddtree_budgets, opts.tree_widths
+    eval_s = ev.eval_s
     fingerprint = cache.fingerprint
-    results = {
+    return {
         "schema": protocol.RESULTS_SCHEMA,
         "run": opts.name,
         "created_at": protocol.now_iso(),
@@ -377,90 +344,45 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
                     "fc_layer_ids": list(cfg.fc_layer_ids), "num_parameters": info.num_parameters},
         "target": {"path": str(opts.target), "embed_key": hinfo.embed_key,
                    "lm_head_key": None if hinfo.tied else hinfo.lm_head_key, "tied": hinfo.tied,
-                   "config_matches_cache": target_matches},
+                   "config_matches_cache": mod.target_matches},
         "cache": {"path": str(opts.cache), "fingerprint": fingerprint, "layer_ids": list(cache.layer_ids),
                   "num_prompts_total": len(cache.prompts)},
         "options": {"num_prompts": len(prompts), "max_blocks": opts.max_blocks, "block_size": bs,
                     "ddtree_budgets": budgets, "tree_widths": widths, "device": str(device),
-                    "dtype": dtype_name(dtype), "batch_size": batch, "strict": opts.strict,
+                    "dtype": dtype_name(dtype), "batch_size": ev.batch_size, "strict": opts.strict,
                     "position_accuracy_anchors": "all" if opts.all_anchors else "walk_reach"},
-        "comparability": {"cache_fingerprint": fingerprint, "prompt_set": "sha256:" + prompt_hash.hexdigest(),
+        "comparability": {"cache_fingerprint": fingerprint, "prompt_set": ev.prompt_set,
                           "num_prompts": len(prompts), "max_blocks": opts.max_blocks, "block_size": bs,
                           "metrics_version": protocol.METRICS_VERSION + ("+all-anchors" if opts.all_anchors else "")},
         "definitions": metrics.DEFINITIONS,
         "metrics": m,
-        "per_prompt": per_prompt,
+        "per_prompt": ev.per_prompt,
         "health": health,
-        "timing": {"load_s": round(load_s, 3), "eval_s": round(eval_s, 3),
-                   "anchors_per_s": round(n_anchors_total / eval_s, 1) if eval_s > 0 else None,
-                   "total_s": round(time.perf_counter() - t0, 3)},
+        "timing": {"load_s": round(mod.load_s, 3), "eval_s": round(eval_s, 3),
+                   "anchors_per_s": round(ev.num_anchors / eval_s, 1) if eval_s > 0 else None,
+                   "total_s": round(total_s, 3)},
         "environment": {"torch": torch.__version__, "cuda": torch.version.cuda,
                         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                         "hostname": socket.gethostname(), "python": platform.python_version(),
                         "payload_version": __version__},
     }
+
+
+def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
+    """The five steps (module doc), then the walks' aggregate, the health guard and results.json's dict."""
+    t0 = time.perf_counter()
+    device, dtype = resolve_device_dtype(opts.device, opts.dtype)
+    rep.line(f"DFlash drafter eval · {opts.name} · device {device} ({dtype_name(dtype)})")
+    inp = load_inputs(opts, rep)
+    mod = load_model(opts, inp, device, dtype, rep)
+    ev = eval_prompts(opts, inp, mod, device, dtype, rep)
+    m = metrics.aggregate(ev.per_prompt, mod.drafter.cfg.block_size)
+    health = assess_health(m, ev.drafts, ev.targets, inp.tok, rep)
+    health.update(feature_stats=inp.feature_stats, weight_stats=mod.info.weight_stats, embed_stats=mod.embed_stats)
+    results = build_results(opts, inp, mod, ev, m, health, device, dtype, time.perf_counter() - t0)
     print_summary(results)
     rep.event(stage="done", step=STEPS, steps=STEPS, metrics=headline(results))
     return results
-
-
-def assess_health(m: dict, drafts: np.ndarray, targets: np.ndarray, tok, rep: Reporter) -> dict:
-    """Flag results that look like a broken load rather than a weak drafter (loud warning + reasons)."""
-    reasons, hints = [], []
-    pos1 = m.get("position_1_accuracy")
-    if pos1 is not None and pos1 < SUSPECT_POS1_ACCURACY:
-        reasons.append(f"position-1 accuracy {pos1:.3f} over {m['num_anchors']} anchors")
-    degenerate, token, share = metrics.degenerate_drafts(drafts, SUSPECT_DRAFT_SHARE)
-    valid = targets[targets >= 0]
-    target_share = float((valid == token).mean()) if valid.size and token is not None else 0.0
-    if degenerate and share > 2 * target_share:  # the target itself does not repeat that token
-        reasons.append(f"drafts repeat one token ({decode(tok, [token])!r}, {share:.0%} of drafts vs "
-                       f"{target_share:.0%} of target tokens)")
-    if reasons:
-        hints.append("weights loaded but the drafts look like gibberish: check weight key paths, the target "
-                     "(embed_tokens/lm_head) and dtypes")
-        rep.line(f"\nwarning: SUSPECT RESULT — {'; '.join(reasons)}.\n         {hints[0]}. "
-                 "results.json marked suspect.", stage="suspect")
-    return {"suspect": bool(reasons), "reasons": reasons, "hints": hints,
-            "top_draft_token": {"id": token, "share": share, "target_share": target_share}}
-
-
-def _fmt(x, nd=3) -> str:
-    return "n/a" if x is None else f"{x:.{nd}f}"
-
-
-def dtype_name(dt: torch.dtype) -> str:
-    return str(dt).replace("torch.", "")
-
-
-def headline(results: dict) -> dict:
-    m = results["metrics"]
-    return {"tau": m["tau"], "streak": m["streak"], "ddtree_best": m.get("ddtree_best"),
-            "tree_width_tau": m.get("tree_width_tau"), "position_1_accuracy": m["position_1_accuracy"],
-            "num_rounds": m["num_rounds"], "num_prompts": m["num_prompts"],
-            "suspect": results["health"]["suspect"]}
-
-
-def print_summary(results: dict) -> None:
-    m, o = results["metrics"], results["options"]
-    rows = [("tau (incl. bonus, macro)", _fmt(m["tau"], 2)), ("tau pooled", _fmt(m["tau_pooled"], 2)),
-            ("streak (excl. bonus)", _fmt(m["streak"], 2))]
-    rows += [(f"DDTree-{b} tau", _fmt(v, 2)) for b, v in m["ddtree_tau"].items()]
-    rows += [(f"width-{w} tree tau", _fmt(v, 2)) for w, v in m["tree_width_tau"].items()]
-    rows += [("position-1 accuracy", _fmt(m["position_1_accuracy"])),
-             ("position accuracy k=1..15", " ".join(_fmt(x, 2) for x in m["position_accuracy"])),
-             ("acceptance histogram 1..16", " ".join(str(x) for x in m["acceptance_histogram"][1:])),
-             ("rounds / prompts / anchors", f"{m['num_rounds']} / {m['num_prompts']} / {m['num_anchors']}"),
-             ("max blocks", str(o["max_blocks"])),
-             ("load / eval", f"{results['timing']['load_s']:.2f}s / {results['timing']['eval_s']:.2f}s"),
-             ("suspect", "YES: " + "; ".join(results["health"]["reasons"]) if results["health"]["suspect"] else "no")]
-    w = max(len(k) for k, _ in rows)
-    print("\n" + "=" * 70)
-    print(f"Summary: {results['run']}")
-    print("=" * 70)
-    for k, v in rows:
-        print(f"  {k:<{w}}  {v}")
-    print("=" * 70, flush=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

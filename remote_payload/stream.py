@@ -86,7 +86,7 @@ def main(args) -> int:
         out.flush()
         return 102
     log_off, ev_off = args.log_offset, args.events_offset
-    last_status = None
+    last_status = last_alive = None
     last_beat = 0.0
     probe = JobProbe(args.alive_cmd, args.alive_every_s) if args.alive_cmd else None
     ending = False
@@ -118,8 +118,9 @@ def main(args) -> int:
                     log_off = off
                 else:
                     ev_off = off
-            if status is not None and raw != last_status:
-                last_status = raw
+            # re-sent when the group dies too (status.json unchanged): the controller's last word is the truth
+            if status is not None and (raw != last_status or alive != last_alive):
+                last_status, last_alive = raw, alive
                 body = json.dumps({**status, "alive": alive}).encode()
                 frames.append(b"S %d\n" % len(body) + body)
             now = time.monotonic()

@@ -21,9 +21,9 @@ import pytest
 from orchestrator import cli, compare, ledger, sweep
 from orchestrator.errors import ConfigError, RunNotFound
 from orchestrator.inventory import Host, Inventory, VenvSpec, load_inventory
-from orchestrator.transport import LocalTransport
 from remote_payload import protocol
 from tests.resultsgen import write_run
+from tests.runtools import synced_local
 
 DUMMY = ["--lines", "4", "--interval-s", "0.1"]
 
@@ -125,16 +125,15 @@ def test_content_hash_and_listing_agree_with_the_remote_scripts(tmp_path):
     (d / "step-20" / "sub" / "B.bin").write_bytes(b"upper case sorts first in C order")
     single = d / "ckpt-7.pt"
     single.write_bytes(b"a team .pt checkpoint")
-    t = LocalTransport(Host(name="l", local=True))
+    _, t, wd = synced_local(tmp_path / "work")  # the payload's `hash` runs where the checkpoints live
     paths = [str(p) for p in sorted(d.iterdir())]
-    remote = {}
-    for line in t.run(sweep.hash_script(paths)).stdout.splitlines():
-        h, p = line.split("\t", 1)
-        remote[p] = "sha256:" + h
+    remote = sweep.parse_hashes(t.run(sweep.hash_command(f"{wd}/payload", sys.executable, paths)).stdout)
     assert remote == {p: sweep.local_content_hash(p) for p in paths}
-    assert len(set(remote.values())) == 4
+    assert len(set(remote.values())) == 4 and all(h.startswith("sha256-64MiB-tree:") for h in remote.values())
     before = sweep.local_content_hash(d / "step-10")
-    (d / "step-10" / "sub" / "extra.bin").write_bytes(b"changed")
+    (d / "step-10" / "sub" / "extra.bin").write_bytes(b"not a weight file: the drafter's identity is its weights")
+    assert sweep.local_content_hash(d / "step-10") == before
+    (d / "step-10" / "model.safetensors").write_bytes(b"changed")
     assert sweep.local_content_hash(d / "step-10") != before
     listed = {}
     for line in t.run(sweep.list_script(str(d), "step-*")).stdout.splitlines():
@@ -469,6 +468,12 @@ def test_real_eval_sweep_of_trained_checkpoints(ssh_hosts, tmp_path, monkeypatch
     assert [x.state for x in rep.outcomes] == ["succeeded"] * len(steps)
     assert [x.checkpoint for x in rep.outcomes] == [s.name for s in steps]
     assert rep.outcomes[-1].tau > rep.outcomes[0].tau  # trained beats untrained (step-0000)
+    # one checkpoint hash: the ledger's entry and the run's results.json name the same content
+    entries = {e.run: e for e in ledger.Ledger(tmp_path / "sweeps" / "ledger.json").entries.values()}
+    for x in rep.outcomes:
+        res = compare.load_run(x.local_path).results
+        assert entries[x.run].content_hash == res["drafter"]["content_hash"]
+        assert res["drafter"]["content_hash"].startswith("sha256-64MiB-tree:")
     first = compare.load_run(rep.outcomes[0].local_path)
     cmp = compare.build_comparison([compare.load_run(x.local_path) for x in rep.outcomes[1:]], first)
     assert not cmp.differences  # one cache, one prompt set, one set of options: comparable

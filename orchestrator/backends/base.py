@@ -8,7 +8,7 @@ A backend knows, for one inventory host:
   - `submit(Submission)`: start `python -m remote_payload <argv> --run-dir <run dir>` under the payload's
     wrapper; returns a `Launch` whose `handle` (backend kind + job id) is recorded in run.json (the wrapper
     writes it) and in the local .follow.json. A used name raises RunExists; nothing started -> nothing left.
-  - `state(name)` / `list_runs()`: a `RunState` (runs.py) — `queued` (with `reason`, e.g. the scheduler's
+  - `state(name, wait_s=)` / `list_runs()`: a `RunState` (runs.py) — `queued` (with `reason`, e.g. the scheduler's
     pending reason) | running | succeeded | failed | cancelled | lost; None when there is no such run.
   - `cancel(name, grace_s=)`: stop it (TERM, wait, KILL for a process group; scancel for a job) and
     record `cancelled`; returns the final RunState.
@@ -59,6 +59,9 @@ class Submission:
     python: str                    # the host's interpreter for the payload (environment.provision)
     gpus: str = "auto"             # auto | none | 0,1 (ssh); a scheduler backend passes GPUS_SCHEDULER
     run_json: dict = field(default_factory=dict)  # what was asked (argv, hashes, paths): staged to run.json
+    # `python -m remote_payload <preflight>` run on the host before the name is claimed (exit 3: nothing is
+    # created, the submit raises ConfigError with its line); None: no check
+    preflight: list[str] | None = None
 
 
 @dataclass
@@ -99,8 +102,9 @@ class Backend(ABC):
         """Start the run (see the module doc). Raises RunExists, NoFreeGpu, ConfigError, HostUnreachable."""
 
     @abstractmethod
-    def state(self, name: str) -> RunState | None:
-        """The run's state now; None when the host has no such run."""
+    def state(self, name: str, *, wait_s: float = 0.0) -> RunState | None:
+        """The run's state now; None when the host has no such run. With wait_s: a long poll that answers as
+        soon as the run has left queued/running, at the latest after wait_s (one round trip)."""
 
     @abstractmethod
     def list_runs(self) -> list[RunState]:
@@ -119,6 +123,11 @@ class Backend(ABC):
         """Copy the run's contract files to runs/<host>/<name>/; a pull.PullResult."""
         from ..pull import pull
         return pull(self.transport, name, workdir=self.workdir())
+
+    def remove(self, name: str) -> None:
+        """Delete the run's directory where it lives (a run that must leave nothing behind: bad input)."""
+        from ..transport import q
+        self.transport.run(f"rm -rf -- {q(self.run_dir(name))}", check=False, timeout_s=60)
 
     def close(self) -> None:
         self.transport.close()

@@ -50,8 +50,11 @@ def wrapper_argv(python: str, run_dir: str, locks_dir: str, gpus: str, payload_a
             python, "-m", "remote_payload", *payload_argv, "--run-dir", run_dir]
 
 
-def launch_script(workdir: str, name: str, argv: list[str], env: dict, wait_s: float = STARTUP_WAIT_S) -> str:
-    """The remote shell script (pure; every dynamic part shlex-quoted). Reads run.json on stdin."""
+def launch_script(workdir: str, name: str, argv: list[str], env: dict, wait_s: float = STARTUP_WAIT_S,
+                  preflight: list[str] | None = None) -> str:
+    """The remote shell script (pure; every dynamic part shlex-quoted). Reads run.json on stdin. `preflight`:
+    a command run in the payload folder first; its exit 3 ends the script (@@PREFLIGHT + its stderr)
+    before anything is created."""
     for k in env:
         if not _ENV_NAME.match(str(k)):
             raise ConfigError(f"environment variable name {k!r} in hosts.yaml is not valid",
@@ -59,8 +62,13 @@ def launch_script(workdir: str, name: str, argv: list[str], env: dict, wait_s: f
     d = remote_run_dir(workdir, name)
     env_words = " ".join(q(f"{k}={v}") for k, v in {**env, "PYTHONUNBUFFERED": "1"}.items())
     ticks = int(wait_s / 0.02)
+    pf_cmd = f"env {env_words} {' '.join(q(a) for a in preflight or [])}"
+    check = [] if not preflight else [
+        f'if [ -d "$wd/payload" ] && ! pf=$(cd "$wd/payload" && {pf_cmd} 2>&1 >/dev/null); then',
+        '  echo "@@PREFLIGHT"; printf \'%s\\n\' "$pf"; exit 0; fi']
     return "\n".join([
         f"wd={q(workdir)}; d={q(d)}",
+        *check,
         'mkdir -p "$wd/runs" "$wd/locks" || exit 1',
         'if ! mkdir "$d" 2>/dev/null; then echo "@@EXISTS"; exit 0; fi',
         'cat > "$d/.run.json.in" || exit 1',
@@ -76,7 +84,7 @@ def launch_script(workdir: str, name: str, argv: list[str], env: dict, wait_s: f
 
 
 def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[str], gpus: str = "auto",
-           run_json: dict, python: str) -> Launch:
+           run_json: dict, python: str, preflight: list[str] | None = None) -> Launch:
     """Start `python -m remote_payload <payload_argv> --run-dir <run dir>` detached under the wrapper.
 
     Refuses an invalid or already-used name (exit 3). On a start failure (no free GPU, ...) the run dir is
@@ -89,14 +97,20 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
     workdir = resolve_workdir(transport)
     d = remote_run_dir(workdir, name)
     argv = wrapper_argv(python, d, f"{workdir}/locks", gpus, payload_argv)
-    script = launch_script(workdir, name, argv, host.env)
+    script = launch_script(workdir, name, argv, host.env,
+                           preflight=[python, "-m", "remote_payload", *preflight] if preflight else None)
     staged = json.dumps({**run_json, "run": name, "host": host.name, "python": python, "backend": "ssh"},
                         default=str)
     out = transport.run(script, input=staged, timeout_s=STARTUP_WAIT_S + 60).stdout
+    if "@@PREFLIGHT" in out:
+        lines = [ln for ln in out.split("@@PREFLIGHT", 1)[1].strip().splitlines() if ln.strip()]
+        why = next((ln.removeprefix("error: ") for ln in reversed(lines) if ln.startswith("error: ")),
+                   lines[-1] if lines else "the eval's inputs were refused")
+        raise ConfigError(f"{host.name}: {why}", hint="nothing was started; fix the path (on the host) and run again")
     if "@@EXISTS" in out:
         raise RunExists(f"run name {name!r} is already used on {host.name}",
-                          hint=f"pick another with --name (e.g. --name {name}-2), or leave --name out for a "
-                               f"timestamped one; see it: reval status {host.name}/{name}")
+                          hint=f"follow it: reval logs {name} -f --host {host.name} ; or pick another with "
+                               f"--name (e.g. --name {name}-2), or leave --name out for a timestamped one")
     if "@@NOINPUT" in out:  # a transport failure: safe to retry under the same name
         raise HostUnreachable(f"{host.name}: the launch lost its connection before the run was described; "
                               f"nothing was started", hint=f"retry; check: reval hosts check {host.name}")
@@ -143,10 +157,10 @@ class SSHBackend(Backend):
 
     def submit(self, sub: Submission) -> Launch:
         return launch(self.host, self.transport, name=sub.name, payload_argv=sub.payload_argv, gpus=sub.gpus,
-                      run_json=sub.run_json, python=sub.python)
+                      run_json=sub.run_json, python=sub.python, preflight=sub.preflight)
 
-    def state(self, name: str) -> RunState | None:
-        return run_state(self.transport, name)
+    def state(self, name: str, *, wait_s: float = 0.0) -> RunState | None:
+        return run_state(self.transport, name, wait_s=wait_s)
 
     def list_runs(self) -> list[RunState]:
         return list_runs(self.transport)

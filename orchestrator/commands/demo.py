@@ -3,7 +3,7 @@
 On the `local` host of the inventory (the default hosts.yaml has one): sync the payload, build the tiny
 offline fixtures there (a synthetic language, a tiny Qwen3 target trained on it, a hidden-state cache,
 DFlash drafters trained against it; cached after the first build), then evaluate an early checkpoint and
-the final drafter through the same sync/launch/follow/pull path as `reval run`, and compare the two
+the final drafter through the `reval` API (the same lifecycle as `reval run`), and compare the two
 ("checkpoint vs checkpoint", the final drafter as the baseline).
 """
 from __future__ import annotations
@@ -14,12 +14,8 @@ import shlex
 import sys
 import time
 
-from ..environment import provision
 from ..errors import EXIT_OK, EvalFailed
-from ..inventory import load_inventory
-from ..transport import get_transport, q, resolve_workdir
-from . import compare as compare_cmd
-from . import run as run_cmd
+from ..transport import q
 
 
 def register(sub) -> None:
@@ -47,12 +43,20 @@ def _stream(t, cmd: str) -> int:
 
 
 def cmd_demo(args) -> int:
-    inv = load_inventory(args.inventory)
-    host = inv.get(args.host)
-    t = get_transport(host)
+    """A thin layer over the `reval` API: reval.submit / Run / reval.compare, the CLI's display on top."""
+    import reval
+
+    from .. import compare, report
+    from ..backends import get_backend
+    from ..backends.ssh import describe, normalize_gpus
+    from ..lifecycle import prepare
+    from .runs import finish_run, make_sink
+    inv = reval.Inventory.load(args.inventory)
+    host = inv[args.host]
     t0 = time.monotonic()
-    _, env = provision(t, host)
-    workdir = resolve_workdir(t)
+    backend = get_backend(host)
+    env = prepare(backend).env
+    t, workdir = backend.transport, backend.workdir()
     fixtures = f"{workdir}/fixtures"
     print(f"demo    building the tiny fixtures on {host.name} (cached after the first time): {fixtures}")
     rc = _stream(t, f"cd {q(workdir + '/payload')} && PYTHONUNBUFFERED=1 {q(env.python)} -m remote_payload "
@@ -65,24 +69,26 @@ def cmd_demo(args) -> int:
     steps = list(paths["drafters"])  # drafters/step-NNNN in training order
     early = args.early or steps[min(1, len(steps) - 1)]
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    runs = []
+    results, refs = [], []
     for label, drafter in (("early", early), ("final", paths["drafter_good"])):
         name = f"demo-{label}-{stamp}"
         print(f"\ndemo    eval {label} drafter {drafter} as {name}")
-        ns = argparse.Namespace(inventory=args.inventory, host=host.name, drafter=f"{fixtures}/{drafter}",
-                                target=f"{fixtures}/{paths['target']}", cache=f"{fixtures}/{paths['cache']}",
-                                name=name, gpus=None, detach=False, num_prompts=None, max_blocks=args.max_blocks,
-                                payload="eval", give_up_s=120.0, extra=[])
-        rc = run_cmd.cmd_run(ns)
+        spec = reval.EvalSpec(drafter=f"{fixtures}/{drafter}", target=f"{fixtures}/{paths['target']}",
+                              cache=f"{fixtures}/{paths['cache']}", max_blocks=args.max_blocks)
+        run = reval.submit(host, spec, name=name)
+        print(f"launch  {describe(run.handle.launch, normalize_gpus(host.gpus))}", flush=True)
+        rc = finish_run(run.handle, sink=make_sink())  # the same follow/pull/final line as `reval run`
         if rc != EXIT_OK:
             return rc
-        runs.append(f"{host.name}/{name}")
-    print(f"\ndemo    comparing: reval compare {' '.join(runs)} --baseline {runs[-1]}")
-    ns = argparse.Namespace(inventory=args.inventory, runs=runs, baseline=runs[-1], per_position=False,
-                            per_prompt=False, format="table", plot=args.plot, allow_incomparable=False, pull=False,
-                            runs_dir=None)
-    rc = compare_cmd.main(ns)
-    print(f"\ndemo    done in {time.monotonic() - t0:.0f}s. Next: reval compare {shlex.join(runs)} --per-position "
+        results.append(reval.load(run.handle.local_dir))
+        refs.append(run.ref)
+    print(f"\ndemo    comparing: reval compare {' '.join(refs)} --baseline {refs[-1]}")
+    cmp = reval.compare(results, baseline=results[-1])
+    compare.require_comparable(cmp.model)
+    report.print_tables([compare.main_table(cmp.model)])
+    if args.plot:
+        from .. import plots  # matplotlib only when asked
+        print(f"plot    {plots.save_comparison_plot(cmp.model, args.plot)}", file=sys.stderr)
+    print(f"\ndemo    done in {time.monotonic() - t0:.0f}s. Next: reval compare {shlex.join(refs)} --per-position "
           f"--plot demo.png")
-    return rc
-
+    return EXIT_OK

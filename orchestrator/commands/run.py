@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 from remote_payload import protocol
 
-from .. import __version__
-from ..backends.ssh import describe, launch, normalize_gpus
-from ..environment import provision
+from .. import lifecycle
+from ..backends import get_backend
+from ..backends.ssh import describe, normalize_gpus
 from ..errors import EXIT_STILL_RUNNING, ConfigError
 from ..inventory import load_inventory
-from ..transport import get_transport
+from ..lifecycle import EvalSpec
 from .runs import detached_message, finish_run, make_sink, out
 
 
@@ -44,18 +43,6 @@ def register(sub) -> None:
     _add_options(p)
     p.add_argument("extra", nargs=argparse.REMAINDER, help="options after HOST, then -- extra payload args")
     p.set_defaults(func=cmd_run)
-
-
-def payload_argv(args, name: str) -> list[str]:
-    """`python -m remote_payload ...` arguments, without --run-dir (the launcher adds it) (pure)."""
-    if args.payload == "dummy":
-        return ["dummy", *args.extra]
-    argv = ["eval", "--drafter", args.drafter, "--target", args.target, "--cache", args.cache, "--name", name]
-    if args.num_prompts is not None:
-        argv += ["--num-prompts", str(args.num_prompts)]
-    if args.max_blocks is not None:
-        argv += ["--max-blocks", str(args.max_blocks)]
-    return argv + list(args.extra)
 
 
 def _split_extra(args) -> argparse.Namespace:
@@ -88,47 +75,47 @@ def host_paths(args, host) -> None:
                               hint=f"e.g. --{k} /data/{v}")
 
 
+def spec_from_args(args) -> EvalSpec:
+    return EvalSpec(drafter=args.drafter, target=args.target, cache=args.cache, num_prompts=args.num_prompts,
+                    max_blocks=args.max_blocks, extra=list(args.extra), payload=args.payload, gpus=args.gpus)
+
+
 def cmd_run(args) -> int:
+    """A thin layer over lifecycle: prepare -> (re-attach | submit) -> follow -> pull -> the final line."""
     args = _split_extra(args)
-    if args.payload == "eval":
-        missing = [f"--{k}" for k in ("drafter", "target", "cache") if not getattr(args, k)]
-        if missing:
-            raise ConfigError(f"reval run: missing {', '.join(missing)}",
-                              hint="reval run HOST --drafter PATH --target PATH --cache PATH")
-    for k in ("num_prompts", "max_blocks"):
-        if getattr(args, k) is not None and getattr(args, k) < 1:
-            raise ConfigError(f"--{k.replace('_', '-')} must be at least 1")
+    spec = spec_from_args(args).validate()
     inv = load_inventory(args.inventory)
     host = inv.get(args.host)
-    host_paths(args, host)
-    gpus = normalize_gpus(args.gpus or host.gpus)
-    name = args.name or protocol.default_run_name(args.drafter or args.payload)
-    try:
-        protocol.validate_run_name(name)
-    except protocol.ProtocolError as e:
-        raise ConfigError(str(e)) from None
+    host_paths(spec, host)
+    gpus = normalize_gpus(spec.gpus or host.gpus)
+    if args.name:
+        try:
+            protocol.validate_run_name(args.name)
+        except protocol.ProtocolError as e:
+            raise ConfigError(str(e)) from None
 
-    t0 = time.monotonic()
-    t = get_transport(host)
-    synced, env = provision(t, host)  # payload sync + venv check/build, one probe round trip
+    backend = get_backend(host)
+    prep = lifecycle.prepare(backend)  # payload sync + venv check/build, one probe round trip
+    synced, env = prep.synced, prep.env
     changed = (f"{synced.files_changed} of {synced.files_total} files changed ({synced.bytes / 1024:.0f} KB)"
                if synced.files_changed or synced.files_deleted else "unchanged")
     out(f"sync    payload: {changed} · venv: {'reused' if env.reused else 'built'} ({env.key})")
-    run_json = {"argv": sys.argv[1:], "payload_argv": payload_argv(args, name), "drafter": args.drafter,
-                "target": args.target, "cache": args.cache, "payload_hash": synced.manifest_hash,
-                "venv_key": env.key, "gpus_requested": gpus, "created_at": protocol.now_iso(),
-                "controller_version": __version__}
-    info = launch(host, t, name=name, payload_argv=payload_argv(args, name), gpus=gpus, run_json=run_json,
-                  python=env.python)
-    out(f"launch  {describe(info, gpus)}")
+    again = lifecycle.unfinished(host.name, spec.identity(host.name), name=args.name)
+    if again:  # the same command, started from here by a controller that did not see it end: follow that one
+        run = lifecycle.attach(backend, again, python=env.python)
+        out(f"attach  {again} on {host.name}: this command's run from before (its controller stopped) "
+            f"is {run.state}; following it, not starting another")
+    else:
+        run = lifecycle.submit(backend, spec, python=env.python, name=args.name, argv=sys.argv[1:],
+                               run_json={"payload_hash": synced.manifest_hash, "venv_key": env.key})
+        out(f"launch  {describe(run.launch, gpus)}")
     if args.detach:
-        out(detached_message(name, host.name))
+        out(detached_message(run.name, host.name))
         return EXIT_STILL_RUNNING
     sink = make_sink()
     try:
-        return finish_run(t, name, python=env.python, log_offset=0, sink=sink, give_up_s=args.give_up_s,
-                          started=t0)
+        return finish_run(run, sink=sink, give_up_s=args.give_up_s, log_offset=run.saved_offset() if again else 0)
     except KeyboardInterrupt:
         sink.close()
-        out(detached_message(name, host.name))
+        out(detached_message(run.name, host.name))
         return EXIT_STILL_RUNNING

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from remote_payload import protocol
 
-from .. import report
+from .. import lifecycle, report
+from ..backends import get_backend
 from ..compare import _iso_s, format_duration
 from ..errors import (
     EXIT_BAD_INPUT,
@@ -23,7 +24,7 @@ from ..errors import (
     RevalError,
     RunNotFound,
 )
-from ..follow import PlainSink, RichSink, follow
+from ..follow import PlainSink, RichSink
 from ..inventory import load_inventory
 from ..pull import pull
 from ..runs import (
@@ -37,7 +38,7 @@ from ..runs import (
     resolve_run,
     run_state,
 )
-from ..transport import Transport, get_transport, q, resolve_workdir
+from ..transport import get_transport, q, resolve_workdir
 
 LAST_LINES = 15
 # `reval status RUN`'s exit code by state (failed, lost and an unreadable status.json: EXIT_EVAL_FAILED)
@@ -112,17 +113,17 @@ def report_final(host: str, name: str, state: str, status: dict, pulled: Path) -
     return EXIT_BAD_INPUT if status.get("exit_code") == protocol.EXIT_BAD_INPUT else EXIT_EVAL_FAILED
 
 
-def finish_run(t: Transport, name: str, *, python: str, log_offset: int, sink, give_up_s: float = 120.0,
-               started: float | None = None) -> int:
-    """Follow until the run is over, pull it, print how it ended; the exit code."""
-    workdir = resolve_workdir(t)
+def finish_run(run, *, sink, log_offset: int | None = None, give_up_s: float = 120.0) -> int:
+    """Follow `run` (a lifecycle.Run) until it is over, pull it, print how it ended; the exit code."""
     try:
-        res = follow(t, name, workdir=workdir, python=python, log_offset=log_offset, sink=sink,
-                     give_up_s=give_up_s)
+        fin = run.wait(sink, log_offset=log_offset, give_up_s=give_up_s)
     finally:
         sink.close()
-    pulled = pull(t, name, workdir=workdir)
-    return report_final(t.host.name, name, res.state, res.status, pulled.path)
+    rc = report_final(fin.host, fin.name, fin.state, fin.status, fin.path)
+    if lifecycle.bad_input(fin):  # exit 3 leaves nothing on either side; the name is free again
+        run.discard()
+        err(f"        nothing was kept: {fin.host}/{fin.name} removed there and here (the name is free again)")
+    return rc
 
 
 # -- commands ----------------------------------------------------------------------------------------------
@@ -186,11 +187,10 @@ def cmd_logs(args) -> int:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return EXIT_OK
-    offset = 0 if args.from_start else int(load_follow_state(host.name, name).get("log_offset", 0))
+    run = lifecycle.attach(get_backend(host, t), name, python=_python(host, name))
     sink = make_sink()
     try:
-        return finish_run(t, name, python=_python(host, name), log_offset=offset, sink=sink,
-                          give_up_s=args.give_up_s)
+        return finish_run(run, sink=sink, log_offset=0 if args.from_start else None, give_up_s=args.give_up_s)
     except KeyboardInterrupt:
         sink.close()
         out(detached_message(name, host.name))

@@ -24,10 +24,11 @@ from .discover import (
     CHECKPOINT_NAME,
     _local_matches,  # noqa: F401 - used by the tests
     discover,
-    hash_script,
+    hash_command,
     list_script,
     local_content_hash,
     parse_checkpoint_spec,
+    parse_hashes,
 )
 from .plan import (
     NOT_RUN,
@@ -59,6 +60,6 @@ from .stage import HostSession, gpu_slots, retrying
 
 __all__ = ["CHECKPOINT_NAME", "NOT_RUN", "SKIPPED", "UNREACHABLE", "Checkpoint", "HostSession", "Job", "Outcome", "Sweep",
            "SweepOptions", "SweepReport", "attach_comparisons", "build_report", "discover", "failure_line",
-           "gpu_slots", "hash_script", "list_script", "load_baseline", "local_content_hash", "outcome_from_entry",
-           "outcome_text", "parse_checkpoint_spec", "parse_since", "plan_queue", "report_json", "report_table",
+           "gpu_slots", "hash_command", "list_script", "load_baseline", "local_content_hash", "outcome_from_entry",
+           "outcome_text", "parse_checkpoint_spec", "parse_hashes", "parse_since", "plan_queue", "report_json", "report_table",
            "retrying", "run_name_for", "select", "sweep_exit_code", "verdict", "write_report_files"]

@@ -2,16 +2,17 @@
 its content hash (cached in the ledger by location + size + mtime)."""
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from pathlib import Path
+
+from remote_payload.contenthash import content_hash as local_content_hash
 
 from .. import compare
 from ..errors import ConfigError, RevalError
 from ..inventory import Inventory
 from ..ledger import Ledger
-from ..transport import Transport, get_transport, q
+from ..transport import Transport, get_transport, q, resolve_workdir
 from .plan import Checkpoint
 
 _PATTERN = re.compile(r"^[A-Za-z0-9._*?\[\]-]+$")
@@ -54,38 +55,26 @@ def list_script(d: str, pattern: str) -> str:
             '  printf \'%s\\t%s\\n\' "$D/$n" "$s"\ndone\n')
 
 
-def hash_script(paths: list[str]) -> str:
-    """Remote shell: `sha256<TAB>path` per path; a folder hashes the sha256sum listing of its files (sorted
-    bytewise), a file its content (pure). `local_content_hash` computes the same."""
-    return ("for p in " + " ".join(q(p) for p in paths) + "; do\n"
-            '  if [ -d "$p" ]; then h=$(cd "$p" && find . -type f -print0 | LC_ALL=C sort -z | '
-            "xargs -0 -r sha256sum | sha256sum | cut -c1-64)\n"
-            '  else h=$(sha256sum < "$p" | cut -c1-64); fi\n'
-            '  printf \'%s\\t%s\\n\' "$h" "$p"\ndone\n')
+def hash_command(payload_dir: str, python: str, paths: list[str]) -> str:
+    """Remote shell: the payload's `hash` sub-command over `paths` (pure): `<hash><TAB><path>` per path, the
+    scheme the eval records in results.json (remote_payload/contenthash.py; `local_content_hash` here)."""
+    return (f"cd {q(payload_dir)} && exec {q(python)} -m remote_payload hash -- "
+            + " ".join(q(p) for p in paths))
 
 
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def parse_hashes(out: str) -> dict[str, str]:
+    """{path: hash} from hash_command's output (pure)."""
+    pairs = (line.split("\t", 1) for line in out.splitlines() if "\t" in line)
+    return {p: h for h, p in pairs if h.startswith("sha256-")}
 
 
-def local_content_hash(path: str | Path) -> str:
-    """The checkpoint content hash, computed here (agrees with `hash_script` on a host)."""
-    path = Path(path)
-    if not path.is_dir():
-        return "sha256:" + _file_sha256(str(path))
-    rels = []
-    for root, dirs, files in os.walk(path):
-        dirs.sort()
-        for f in files:
-            full = os.path.join(root, f)
-            if os.path.isfile(full) and not os.path.islink(full):
-                rels.append("./" + os.path.relpath(full, path))
-    listing = "".join(f"{_file_sha256(str(path / r))}  {r}\n" for r in sorted(rels, key=os.fsencode))
-    return "sha256:" + hashlib.sha256(listing.encode()).hexdigest()
+def _synced_hasher(transports: dict[str, Transport], inventory: Inventory):
+    """hasher(host, paths) for hosts whose payload is synced already (the host's own python: stdlib only)."""
+    def hasher(host: str, paths: list[str]) -> dict[str, str]:
+        t = transports.get(host) or get_transport(inventory.get(host))
+        cmd = hash_command(f"{resolve_workdir(t)}/payload", inventory.get(host).python, paths)
+        return parse_hashes(t.run(cmd, check=False, timeout_s=3600).stdout)
+    return hasher
 
 
 def _local_matches(d: str, pattern: str, skipped: list[str] | None = None) -> list[Checkpoint]:
@@ -104,9 +93,11 @@ def _local_matches(d: str, pattern: str, skipped: list[str] | None = None) -> li
 
 
 def discover(specs: list[str], inventory: Inventory, ledger: Ledger, transports: dict[str, Transport],
-             skipped: list[str] | None = None) -> list[Checkpoint]:
+             skipped: list[str] | None = None, hasher=None) -> list[Checkpoint]:
     """Every checkpoint matching the specs, with its content hash (cached in the ledger by size+mtime).
-    Names a sweep refuses (CHECKPOINT_NAME) are left out and appended to `skipped`."""
+    Names a sweep refuses (CHECKPOINT_NAME) are left out and appended to `skipped`. `hasher(host, paths) ->
+    {path: hash}` hashes on a checkpoint's host (default: the payload already synced there, Staging.remote_hashes
+    syncs it first)."""
     found: list[Checkpoint] = []
     skipped = [] if skipped is None else skipped
     for spec in specs:
@@ -146,11 +137,11 @@ def discover(specs: list[str], inventory: Inventory, ledger: Ledger, transports:
             for c in todo:
                 c.content_hash = local_content_hash(c.path)
         elif todo:
-            t = transports.get(host) or get_transport(inventory.get(host))
-            hashes = dict(line.split("\t", 1)[::-1] for line in t.run(hash_script([c.path for c in todo]),
-                                                                       timeout_s=3600).stdout.splitlines())
+            hashes = (hasher or _synced_hasher(transports, inventory))(host, [c.path for c in todo])
             for c in todo:
-                c.content_hash = "sha256:" + hashes[c.path]
+                if c.path not in hashes:
+                    raise ConfigError(f"--checkpoints {spec}: {host} could not hash {c.path}")
+                c.content_hash = hashes[c.path]
         for c in todo:
             ledger.remember_hash(c.location, c.size, c.mtime, c.content_hash)
         found += cks

@@ -15,6 +15,7 @@ from remote_payload import protocol
 
 from ..errors import ConfigError
 from ..ledger import LAUNCHED, Ledger, LedgerEntry, ledger_key
+from ..lifecycle import EvalSpec
 
 # outcome states beyond the run states: checkpoints that were not evaluated in this sweep
 SKIPPED = "skipped"            # the ledger already has it (from an earlier sweep)
@@ -90,15 +91,10 @@ class SweepOptions:
         return {"payload": self.payload, "target": self.target, "cache": self.cache,
                 "num_prompts": self.num_prompts, "max_blocks": self.max_blocks, "eval_args": self.eval_args}
 
-    def payload_argv(self, drafter: str) -> list[str]:
-        if self.payload == "dummy":
-            return ["dummy", *self.eval_args]
-        argv = ["eval", "--drafter", drafter, "--target", self.target or "", "--cache", self.cache or ""]
-        if self.num_prompts is not None:
-            argv += ["--num-prompts", str(self.num_prompts)]
-        if self.max_blocks is not None:
-            argv += ["--max-blocks", str(self.max_blocks)]
-        return argv + list(self.eval_args)
+    def spec(self, drafter: str, gpus: str | None = None) -> EvalSpec:
+        """The eval of one checkpoint (its payload argv is EvalSpec's: one builder for run, sweep and API)."""
+        return EvalSpec(drafter=drafter, target=self.target, cache=self.cache, num_prompts=self.num_prompts,
+                        max_blocks=self.max_blocks, extra=list(self.eval_args), payload=self.payload, gpus=gpus)
 
     def identity(self) -> str:
         """Same command line (what is swept, where, how) = same sweep, for resuming after a kill."""

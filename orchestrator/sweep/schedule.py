@@ -2,6 +2,7 @@
 re-attached), followed, pulled and recorded in the ledger; the sweep directory (sweep.json) for resuming."""
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from dataclasses import asdict
@@ -9,9 +10,9 @@ from pathlib import Path
 
 from remote_payload import protocol
 
-from .. import compare, pull, runs
-from ..backends import ssh as launch
-from ..errors import ConfigError, HostUnreachable, RevalError, RunExists
+from .. import compare, lifecycle, runs
+from ..backends.ssh import NoFreeGpu
+from ..errors import EXIT_BAD_INPUT, ConfigError, HostUnreachable, RevalError, RunExists
 from ..inventory import Inventory
 from ..ledger import LAUNCHED, Ledger, LedgerEntry
 from ..sync import local_manifest_hash
@@ -137,7 +138,7 @@ class Sweep(Staging):
                 refused = 0
             except HostUnreachable:
                 return
-            except launch.NoFreeGpu as e:
+            except NoFreeGpu as e:
                 refused += 1
                 with self.lock:
                     idle = self.active == 0
@@ -173,18 +174,18 @@ class Sweep(Staging):
             before = self.ledger.get(job.key)
             self.ledger.put(entry)  # before launching: a killed controller finds it and re-attaches
             run_json = {"sweep": self.sweep_id, "checkpoint": c.location, "checkpoint_hash": c.content_hash,
-                        "ledger_key": job.key, "drafter": path, "argv": self.opts.payload_argv(path)}
+                        "ledger_key": job.key, "drafter": path, "argv": self.opts.spec(path).payload_argv(job.run)}
             try:
-                info = self._op(hs, "launch", lambda: launch.launch(
-                    hs.host, hs.transport, name=job.run, payload_argv=self.opts.payload_argv(path), gpus=gpu,
-                    run_json=run_json, python=hs.python))
+                spec = self.opts.spec(path, gpu)
+                info = self._op(hs, "launch", lambda: lifecycle.submit(
+                    hs.backend, spec, python=hs.python, name=job.run, run_json=run_json)).launch
                 self.log(f"launch  {c.name} on {hs.host.name}"
                          + "".join(f" · GPU {g}" for g in info.gpus) + f" · run {job.run}")
             except HostUnreachable:
                 # Did it start before the connection broke? The next sweep re-attaches (the ledger says launched).
                 self._record(job, hs, UNREACHABLE, error=hs.down)
                 raise
-            except launch.NoFreeGpu:  # nothing started: not a result; back in the queue (the worker backs off)
+            except NoFreeGpu:  # nothing started: not a result; back in the queue (the worker backs off)
                 self.ledger.restore(job.key, before)
                 self._requeue(job)
                 raise
@@ -206,13 +207,13 @@ class Sweep(Staging):
                 self.active -= 1
 
     def _wait_and_pull(self, hs: HostSession, job: Job) -> None:
+        run = lifecycle.attach(hs.backend, job.run, python=hs.python)  # the same handle `reval run` follows
         try:
             wait_s = 0.0
             while True:
                 # after the first look, a long poll: one SSH command that returns as soon as the run is no longer
                 # running (or after poll_s), so its end is seen within ~0.1 s without a round trip per 0.1 s
-                st = self._op(hs, "status", lambda w=wait_s: runs.run_state(hs.transport, job.run, wait_s=w),
-                              bounded=wait_s == 0)
+                st = self._op(hs, "status", lambda w=wait_s: run.probe(wait_s=w), bounded=wait_s == 0)
                 wait_s = self.opts.poll_s
                 if st is None:  # recorded as launched, but the run never started: launch it now
                     self.log(f"missing {job.ckpt.name}: run {job.run} is not on {hs.host.name}; launching")
@@ -220,7 +221,7 @@ class Sweep(Staging):
                     return self.run_job(hs, job, "auto" if hs.on_gpu else "none")
                 if st.terminal:
                     break
-            res = self._op(hs, "pull", lambda: pull.pull(hs.transport, job.run, workdir=hs.workdir))
+            res = self._op(hs, "pull", run.pull)
         except HostUnreachable:
             self._record(job, hs, UNREACHABLE, error=hs.down)
             raise
@@ -285,19 +286,23 @@ class Sweep(Staging):
         self.queue.clear()
 
     def run(self) -> SweepReport:
+        existed = self.root.exists()
+        bad_input = False
         self.ledger.lock()
         try:
-            self.open_sweep_dir()
+            # hosts and checkpoints first: bad input (an unknown --hosts group, a glob matching nothing) ends
+            # the sweep with exit 3 before its sweep.json exists
             self.prepare_hosts()
             up = {n: hs.transport for n, hs in self.sessions.items() if not hs.down}
             skipped: list[str] = []
-            found = discover(self.opts.checkpoints, self.inventory, self.ledger, up, skipped)
+            found = discover(self.opts.checkpoints, self.inventory, self.ledger, up, skipped, self.remote_hashes)
             if skipped:
                 shown = ", ".join(repr(n) for n in skipped[:8]) + (f" and {len(skipped) - 8} more"
                                                                    if len(skipped) > 8 else "")
                 self.log(f"skip    {len(skipped)} name(s) that are not checkpoint names (letters, digits, . _ -; "
                          f"not starting with - or .): {shown}")
             chosen = select(found, self.opts.latest, parse_since(self.opts.since))
+            self.open_sweep_dir()
             self.plan(chosen)
             n_skip = sum(1 for o in self.outcomes.values() if o.earlier)
             free = sum(len(hs.slots) for hs in self.sessions.values() if not hs.down)
@@ -308,8 +313,13 @@ class Sweep(Staging):
             report = build_report(self, chosen)
             self._write_state(complete=not any(o.state in (UNREACHABLE, NOT_RUN) for o in report.outcomes))
             return report
+        except RevalError as e:
+            bad_input = e.exit_code == EXIT_BAD_INPUT
+            raise
         finally:
-            self.ledger.unlock()
+            self.ledger.unlock()  # deletes ledger.json.lock
+            if bad_input and not existed:  # nothing of this invocation is kept (only it wrote there)
+                shutil.rmtree(self.root, ignore_errors=True)
 
 
 def failure_line(status: dict, run_dir: Path) -> str:

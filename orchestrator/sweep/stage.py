@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import shutil
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 
 from .. import hostcheck
+from ..backends import get_backend
 from ..backends import ssh as launch
+from ..backends.base import Backend
 from ..environment import provision
 from ..errors import ConfigError, HostUnreachable, RevalError
 from ..inventory import Host
+from ..sync import rsync, sync_payload
 from ..transport import LocalTransport, Transport, get_transport, q, resolve_workdir
+from .discover import hash_command, parse_hashes
 from .plan import Checkpoint, Job
 
 
@@ -25,12 +27,16 @@ from .plan import Checkpoint, Job
 class HostSession:
     host: Host
     transport: Transport
+    backend: Backend | None = None  # runs start, are probed and pulled through it (lifecycle.py)
     python: str = ""
     workdir: str = ""
     cache_fingerprint: str = ""
     slots: list[str] = field(default_factory=lambda: ["none"])  # --gpus of each run slot; ["none"]: CPU
     down: str | None = None                          # why it is out of the sweep
     down_unreachable: bool = False
+
+    def __post_init__(self):
+        self.backend = self.backend or get_backend(self.host, self.transport)
 
     @property
     def on_gpu(self) -> bool:
@@ -198,15 +204,23 @@ class Staging:
                 shutil.rmtree(relay, ignore_errors=True)
             return dest
 
-    def _rsync(self, rsh, src: str, dest: str, host: str) -> None:
-        argv = ["rsync", "-a", "--partial"] + (["-e", shlex.join(rsh)] if rsh else []) + [src, dest]
-        p = subprocess.run(argv, check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if p.returncode in (12, 30, 35, 255):  # rsync: protocol/timeout/connection errors
-            raise HostUnreachable(f"{host}: rsync failed (exit {p.returncode}): "
-                                  f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
-        if p.returncode != 0:
-            raise ConfigError(f"{host}: copying the checkpoint failed (rsync exit {p.returncode}): "
+    def remote_hashes(self, host: str, paths: list[str]) -> dict[str, str]:
+        """Content hashes computed on `host` by the payload's `hash` (the scheme results.json records); a
+        host that only holds checkpoints gets the payload synced first (the command is stdlib only)."""
+        hs = self._source(host)
+        if not hs.python:
+            self._op(hs, "sync", lambda: sync_payload(hs.transport, hs.host))
+            hs.workdir = self._op(hs, "workdir", lambda: resolve_workdir(hs.transport))
+            hs.python = hs.host.python
+        cmd = hash_command(f"{hs.workdir}/payload", hs.python, paths)
+        p = self._op(hs, "hash", lambda: hs.transport.run(cmd, check=False, timeout_s=3600))
+        if p.returncode not in (0, 3):
+            raise ConfigError(f"{host}: hashing the checkpoints failed (exit {p.returncode}): "
                               f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
+        return parse_hashes(p.stdout)
+
+    def _rsync(self, rsh, src: str, dest: str, host: str) -> None:
+        rsync(rsh, src, dest, host=host, what="copying the checkpoint", options=["-a", "--partial"])
 
     def prefetch(self, hs: HostSession, held: list[Job]) -> None:
         """Take this slot's next job now and copy its checkpoint while the current run goes on (the copy

@@ -1,0 +1,284 @@
+"""One run's lifecycle, the same for `reval run`, `reval sweep`, `reval demo` and the `reval` API:
+
+    prepare(backend)            payload synced + venv checked (one probe round trip) -> Prepared
+    submit(backend, spec, ...)  the name claimed, the paths checked on the host, the run started -> Run
+    attach(backend, name)       a Run for a run that is already there (re-attach after a killed controller)
+    Run.events()                typed progress events (events.py), resumable from a byte offset of eval.log
+    Run.follow(sink)            the same into a follow sink (the CLI's bar/lines)
+    Run.wait()                  follow until it is over, pull it, and say how it ended -> Finished
+    Run.state / Run.kill()      the backend's verdict (queued/running/succeeded/failed/cancelled/lost); cancel
+
+Everything goes through a `Backend` (backends/base.py), so a scheduler backend gets the whole lifecycle.
+One source of truth for a run's state: the backend's probe (`Backend.state`, runs.verdict), also for the
+end of a follow. Nothing here prints: progress is events and return values.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from remote_payload import protocol
+
+from . import __version__
+from .backends.base import Backend, Launch, Submission
+from .environment import EnvInfo, provision
+from .errors import ConfigError, RunNotFound
+from .events import Event, EventSink
+from .follow import FollowResult, follow
+from .pull import PullResult
+from .runs import RunState, load_follow_state, local_registry, save_follow_state
+from .sync import SyncResult
+
+
+@dataclass
+class EvalSpec:
+    """What to evaluate (paths on the host) and how; `payload="dummy"` runs the torch-free stand-in."""
+    drafter: str | None = None
+    target: str | None = None
+    cache: str | None = None
+    num_prompts: int | None = None
+    max_blocks: int | None = None
+    extra: list[str] = field(default_factory=list)   # more `python -m remote_payload eval` options
+    payload: str = "eval"                             # eval | dummy
+    gpus: str | None = None                           # auto | none | 0,1 (None: the host's `gpus`)
+
+    def validate(self) -> EvalSpec:
+        if self.payload not in ("eval", "dummy"):
+            raise ConfigError(f"payload {self.payload!r}: use eval or dummy")
+        if self.payload == "eval":
+            missing = [f"--{k}" for k in ("drafter", "target", "cache") if not getattr(self, k)]
+            if missing:
+                raise ConfigError(f"reval run: missing {', '.join(missing)}",
+                                  hint="reval run HOST --drafter PATH --target PATH --cache PATH")
+        for k in ("num_prompts", "max_blocks"):
+            v = getattr(self, k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(f"--{k.replace('_', '-')} must be at least 1")
+        return self
+
+    def payload_argv(self, name: str | None = None) -> list[str]:
+        """`python -m remote_payload ...` arguments, without --run-dir (the launcher adds it) (pure)."""
+        if self.payload == "dummy":
+            return ["dummy", *self.extra]
+        argv = ["eval", "--drafter", str(self.drafter), "--target", str(self.target), "--cache", str(self.cache)]
+        argv += ["--name", name] if name else []
+        if self.num_prompts is not None:
+            argv += ["--num-prompts", str(self.num_prompts)]
+        if self.max_blocks is not None:
+            argv += ["--max-blocks", str(self.max_blocks)]
+        return argv + list(self.extra)
+
+    def preflight_argv(self) -> list[str] | None:
+        """`python -m remote_payload preflight ...`: the paths checked on the host before anything starts."""
+        if self.payload != "eval":
+            return None
+        return ["preflight", "--drafter", str(self.drafter), "--target", str(self.target), "--cache",
+                str(self.cache)]
+
+    def default_name(self) -> str:
+        return protocol.default_run_name(self.drafter or self.payload)
+
+    def identity(self, host: str) -> str:
+        """The same command on the same host = the same run (re-attach instead of a duplicate)."""
+        blob = json.dumps({"host": host, "argv": self.payload_argv(), "gpus": self.gpus}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Prepared:
+    synced: SyncResult
+    env: EnvInfo
+
+    @property
+    def python(self) -> str:
+        return self.env.python
+
+
+@dataclass
+class Finished:
+    """How a run ended (Run.wait): its state in the one vocabulary, status.json, the pulled directory."""
+    host: str
+    name: str
+    state: str
+    status: dict
+    path: Path
+    follow: FollowResult | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state == protocol.SUCCEEDED
+
+
+def prepare(backend: Backend) -> Prepared:
+    """Sync the payload and check (or build) its venv on the backend's host: one probe round trip."""
+    synced, env = provision(backend.transport, backend.host)
+    return Prepared(synced, env)
+
+
+def _silent() -> EventSink:
+    return EventSink(lambda ev: None)
+
+
+class Run:
+    """A handle on one run (see the module doc)."""
+
+    def __init__(self, backend: Backend, name: str, *, python: str | None = None, launch: Launch | None = None):
+        self.backend = backend
+        self.name = protocol.validate_run_name(name)
+        self.python = python or load_follow_state(backend.host.name, name).get("python") or backend.host.python
+        self.launch = launch
+
+    def __repr__(self) -> str:
+        return f"Run({self.host}/{self.name})"
+
+    @property
+    def host(self) -> str:
+        return self.backend.host.name
+
+    @property
+    def ref(self) -> str:
+        return f"{self.host}/{self.name}"
+
+    @property
+    def local_dir(self) -> Path:
+        """runs/<host>/<name>/ here (where pull puts it)."""
+        from .runs import local_run_dir
+        return local_run_dir(self.host, self.name)
+
+    def probe(self, *, wait_s: float = 0.0) -> RunState | None:
+        """The backend's RunState (None: no such run); wait_s: a long poll until it is over (Backend.state)."""
+        return self.backend.state(self.name, wait_s=wait_s)
+
+    @property
+    def state(self) -> str:
+        """queued | running | succeeded | failed | cancelled | lost (the backend's verdict, asked now)."""
+        s = self.probe()
+        if s is None:
+            raise RunNotFound(f"no run {self.name!r} on {self.host}", hint=f"list runs: reval ls {self.host}")
+        return s.state
+
+    def saved_offset(self) -> int:
+        """The byte of eval.log after the last line shown (kept in runs/<host>/<run>/.follow.json)."""
+        v = load_follow_state(self.host, self.name).get("log_offset", 0)
+        return v if isinstance(v, int) and v >= 0 else 0
+
+    def follow(self, sink=None, *, log_offset: int | None = None, give_up_s: float = 120.0) -> FollowResult:
+        """Stream the run's log and events into `sink` until it is over (follow.py; reconnects on drops)."""
+        be = self.backend
+        return follow(be.transport, self.name, workdir=be.workdir(), python=self.python,
+                      log_offset=self.saved_offset() if log_offset is None else log_offset, sink=sink or _silent(),
+                      give_up_s=give_up_s,
+                      stream_cmd=lambda lo, eo: be.stream_command(self.name, python=self.python, log_offset=lo,
+                                                                  events_offset=eo))
+
+    def events(self, *, log_offset: int = 0, give_up_s: float = 120.0) -> Iterator[Event]:
+        """Typed events (events.py) as the run goes, from byte `log_offset` of eval.log, until it is over.
+        A follower thread feeds them; stopping the iteration early leaves it to drain in the background."""
+        q: queue.Queue = queue.Queue()
+        done = object()
+        failure: list[BaseException] = []
+
+        def feed():
+            try:
+                self.follow(EventSink(q.put), log_offset=log_offset, give_up_s=give_up_s)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+                failure.append(e)
+            finally:
+                q.put(done)
+        threading.Thread(target=feed, name=f"reval-events-{self.name}", daemon=True).start()
+        while (ev := q.get()) is not done:
+            yield ev
+        if failure:
+            raise failure[0]
+
+    def pull(self) -> PullResult:
+        return self.backend.pull(self.name)
+
+    def wait(self, sink=None, *, log_offset: int | None = None, give_up_s: float = 120.0) -> Finished:
+        """Follow until the run is over, pull it, and report how it ended; the state is the backend's
+        verdict after the end (the same `status` says: a SIGKILLed group is `lost` here too)."""
+        res = self.follow(sink, log_offset=log_offset, give_up_s=give_up_s)
+        pulled = self.pull()
+        s = self.probe()
+        state, status = (s.state, s.status) if s is not None else (res.state, res.status)
+        save_follow_state(self.host, self.name, finished=True)
+        return Finished(self.host, self.name, state, status, pulled.path, res)
+
+    def kill(self, *, grace_s: float = 10.0) -> RunState:
+        return self.backend.cancel(self.name, grace_s=grace_s)
+
+    def discard(self) -> None:
+        """Remove the run on its host and here: a run that ended in bad input (exit 3) leaves nothing, and its
+        name is free again (its log was shown or raised already)."""
+        import shutil
+        self.backend.remove(self.name)
+        shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+def bad_input(fin: Finished) -> bool:
+    """The payload's exit 3: bad input (a missing key, a shape mismatch, a bad path), reval's exit 3 too."""
+    return fin.state == protocol.FAILED and fin.status.get("exit_code") == protocol.EXIT_BAD_INPUT
+
+
+def attach(backend: Backend, name: str, *, python: str | None = None) -> Run:
+    return Run(backend, name, python=python)
+
+
+def unfinished(host: str, identity: str, name: str | None = None) -> str | None:
+    """A run this controller started on `host` with the same command (`identity`) and did not see to its end
+    (killed before it pulled): the same command again re-attaches to it instead of starting a second one."""
+    for h, r in sorted(local_registry(), reverse=True):
+        if h != host or (name and r != name):
+            continue
+        st = load_follow_state(h, r)
+        if isinstance(st, dict) and st.get("identity") == identity and not st.get("finished"):
+            return r
+    return None
+
+
+def submit(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = None, run_json: dict | None = None,
+           argv: list[str] | None = None) -> Run:
+    """Start `spec` on the backend's host (prepare() first). Refuses a used name (RunExists); bad paths on
+    the host are refused before anything is created there or here (exit 3, nothing left behind)."""
+    from .backends.ssh import normalize_gpus
+    spec.validate()
+    name = name or spec.default_name()
+    try:
+        protocol.validate_run_name(name)
+    except protocol.ProtocolError as e:
+        raise ConfigError(str(e)) from None
+    gpus = normalize_gpus(spec.gpus or backend.host.gpus)
+    ident = spec.identity(backend.host.name)
+    info = {"argv": argv if argv is not None else [], "payload_argv": spec.payload_argv(name),
+            "drafter": spec.drafter, "target": spec.target, "cache": spec.cache, "gpus_requested": gpus,
+            "created_at": protocol.now_iso(), "controller_version": __version__, "identity": ident,
+            **(run_json or {})}
+    launched = backend.submit(Submission(name, spec.payload_argv(name), python, gpus=gpus, run_json=info,
+                                         preflight=spec.preflight_argv()))
+    save_follow_state(backend.host.name, name, identity=ident, handle=launched.handle.to_json())
+    return Run(backend, name, python=python, launch=launched)
+
+
+def local_path(host: str, name: str) -> Path:
+    from .runs import local_run_dir
+    return local_run_dir(host, name)
+
+
+__all__ = [
+    "EvalSpec",
+    "Finished",
+    "Prepared",
+    "Run",
+    "attach",
+    "local_path",
+    "os",
+    "prepare",
+    "submit",
+    "unfinished",
+]

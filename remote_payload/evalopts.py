@@ -1,0 +1,85 @@
+"""The eval's options: `python -m remote_payload eval` arguments -> EvalOptions (validated)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import protocol
+from .cache import parse_layer_ids
+from .errors import PayloadError
+
+DEFAULT_BUDGETS = (16, 32, 64, 128, 256, 512)
+DEFAULT_WIDTHS = (4, 8)
+
+
+@dataclass
+class EvalOptions:
+    drafter: str
+    target: str
+    cache: str
+    run_dir: str
+    name: str
+    num_prompts: int | None = None
+    max_blocks: int = 30
+    device: str = "auto"
+    dtype: str = "auto"
+    batch_size: int = 0  # anchors per drafter forward; 0 = auto
+    ddtree_budgets: list[int] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
+    tree_widths: list[int] = field(default_factory=lambda: list(DEFAULT_WIDTHS))
+    cache_layers: list[int] | None = None
+    strict: bool = False
+    all_anchors: bool = False
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drafter", required=True, help="z-lab folder (config.json + safetensors) or team .pt file")
+    p.add_argument("--target", required=True,
+                   help="target model folder: its embed_tokens/lm_head (via model.safetensors.index.json) "
+                        "and tokenizer.json are borrowed")
+    p.add_argument("--cache", required=True, help="hidden-state cache (from `extract`, or the seeds' layout)")
+    p.add_argument("--cache-layers", type=parse_layer_ids, default=None,
+                   help="layer ids of a seeds-layout cache, e.g. 1,16,31,46,61 (aux_hidden..., last_hidden)")
+    p.add_argument("--run-dir", default=None, help="run directory (default: runs/<name>)")
+    p.add_argument("--name", default=None,
+                   help="run name (default: the --run-dir folder name, else <drafter>-<UTC timestamp>)")
+    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of the cache (default: all)")
+    p.add_argument("--max-blocks", type=int, default=30, help="draft rounds per prompt (default 30)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: cuda when available)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                   help="auto: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--batch-size", type=int, default=0, help="anchors per drafter forward (0: auto)")
+    p.add_argument("--ddtree-budgets", type=_int_list, default=list(DEFAULT_BUDGETS),
+                   help="DDTree node budgets (default 16,32,64,128,256,512)")
+    p.add_argument("--tree-widths", type=_int_list, default=list(DEFAULT_WIDTHS),
+                   help="width-k trees, the seeds' DDTree-4/DDTree-8 (default 4,8)")
+    p.add_argument("--strict", action="store_true", help="a suspect result fails the run (exit 1)")
+    p.add_argument("--all-anchors", action="store_true",
+                   help="teacher-forced position accuracy at every completion anchor (default: the anchors "
+                        "the walk can reach within --max-blocks; the walks are the same either way)")
+
+
+def options_from_args(args: argparse.Namespace) -> EvalOptions:
+    # A run directory names its run (the controller passes --run-dir <workdir>/runs/<name>).
+    name = args.name or (Path(args.run_dir).name if args.run_dir else protocol.default_run_name(args.drafter))
+    protocol.validate_run_name(name)
+    if args.max_blocks < 1:
+        raise PayloadError(f"--max-blocks must be >= 1, got {args.max_blocks}")
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise PayloadError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    return EvalOptions(drafter=args.drafter, target=args.target, cache=args.cache,
+                       run_dir=args.run_dir or str(Path("runs") / name), name=name, num_prompts=args.num_prompts,
+                       max_blocks=args.max_blocks, device=args.device, dtype=args.dtype,
+                       batch_size=args.batch_size, ddtree_budgets=sorted(set(args.ddtree_budgets)),
+                       tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
+                       strict=args.strict, all_anchors=args.all_anchors)

@@ -1,0 +1,76 @@
+"""The end of an eval on screen and in results.json: the health guard (a result that looks like a broken
+load is flagged suspect), the headline numbers (the last event) and the summary table."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import metrics
+
+# Health guards (the seeds' harness printed "Loaded" and then drafted gibberish at 0.000 accuracy).
+SUSPECT_POS1_ACCURACY = 0.05
+SUSPECT_DRAFT_SHARE = 0.5
+
+
+def assess_health(m: dict, drafts: np.ndarray, targets: np.ndarray, tok, rep) -> dict:
+    """Flag results that look like a broken load rather than a weak drafter (loud warning + reasons)."""
+    reasons, hints = [], []
+    pos1 = m.get("position_1_accuracy")
+    if pos1 is not None and pos1 < SUSPECT_POS1_ACCURACY:
+        reasons.append(f"position-1 accuracy {pos1:.3f} over {m['num_anchors']} anchors")
+    degenerate, token, share = metrics.degenerate_drafts(drafts, SUSPECT_DRAFT_SHARE)
+    valid = targets[targets >= 0]
+    target_share = float((valid == token).mean()) if valid.size and token is not None else 0.0
+    if degenerate and share > 2 * target_share:  # the target itself does not repeat that token
+        reasons.append(f"drafts repeat one token ({_decode(tok, [token])!r}, {share:.0%} of drafts vs "
+                       f"{target_share:.0%} of target tokens)")
+    if reasons:
+        hints.append("weights loaded but the drafts look like gibberish: check weight key paths, the target "
+                     "(embed_tokens/lm_head) and dtypes")
+        rep.line(f"\nwarning: SUSPECT RESULT — {'; '.join(reasons)}.\n         {hints[0]}. "
+                 "results.json marked suspect.", stage="suspect")
+    return {"suspect": bool(reasons), "reasons": reasons, "hints": hints,
+            "top_draft_token": {"id": token, "share": share, "target_share": target_share}}
+
+
+def _decode(tok, ids) -> str:
+    from .run import decode  # the eval's decoding (tokenizer or ids)
+    return decode(tok, ids)
+
+
+def _fmt(x, nd=3) -> str:
+    return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def headline(results: dict) -> dict:
+    m = results["metrics"]
+    return {"tau": m["tau"], "streak": m["streak"], "ddtree_best": m.get("ddtree_best"),
+            "tree_width_tau": m.get("tree_width_tau"), "position_1_accuracy": m["position_1_accuracy"],
+            "num_rounds": m["num_rounds"], "num_prompts": m["num_prompts"],
+            "suspect": results["health"]["suspect"]}
+
+
+def print_summary(results: dict) -> None:
+    m, o = results["metrics"], results["options"]
+    rows = [("tau (incl. bonus, macro)", _fmt(m["tau"], 2)), ("tau pooled", _fmt(m["tau_pooled"], 2)),
+            ("streak (excl. bonus)", _fmt(m["streak"], 2))]
+    rows += [(f"DDTree-{b} tau", _fmt(v, 2)) for b, v in m["ddtree_tau"].items()]
+    rows += [(f"width-{w} tree tau", _fmt(v, 2)) for w, v in m["tree_width_tau"].items()]
+    rows += [("position-1 accuracy", _fmt(m["position_1_accuracy"])),
+             ("position accuracy k=1..15", " ".join(_fmt(x, 2) for x in m["position_accuracy"])),
+             ("acceptance histogram 1..16", " ".join(str(x) for x in m["acceptance_histogram"][1:])),
+             ("rounds / prompts / anchors", f"{m['num_rounds']} / {m['num_prompts']} / {m['num_anchors']}"),
+             ("max blocks", str(o["max_blocks"])),
+             ("load / eval", f"{results['timing']['load_s']:.2f}s / {results['timing']['eval_s']:.2f}s"),
+             ("suspect", "YES: " + "; ".join(results["health"]["reasons"]) if results["health"]["suspect"] else "no")]
+    w = max(len(k) for k, _ in rows)
+    print("\n" + "=" * 70)
+    print(f"Summary: {results['run']}")
+    print("=" * 70)
+    for k, v in rows:
+        print(f"  {k:<{w}}  {v}")
+    print("=" * 70, flush=True)

@@ -35,12 +35,12 @@ bench: bench-payload bench-orchestrator bench-sweep
 bench-payload: setup      # eval vs a naive loop; 27B-drafter sizes on a GPU, tiny sizes on CPU
 	$(PY) -m remote_payload bench $(ARGS)
 bench-orchestrator: setup # sync vs bare rsync, hosts check fan-out, follow latency, `reval run` overhead
-	scripts/netns-run $(PY) -m orchestrator.bench
+	scripts/netns-run $(PY) -m benchmarks.bench
 bench-sweep: setup        # a sweep's per-checkpoint overhead beyond the eval
-	scripts/netns-run $(PY) -m orchestrator.bench_sweep
+	scripts/netns-run $(PY) -m benchmarks.bench_sweep
 
 lint: setup
-	.venv/bin/ruff check orchestrator remote_payload tests
+	.venv/bin/ruff check orchestrator remote_payload reval benchmarks tests
 
 clean:
 	rm -rf .venv .cache runs .reval

@@ -13,15 +13,13 @@ import json
 import os
 import select
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
-
-from rich.markup import escape
 
 from remote_payload import protocol
 
 from .errors import HostKeyError, HostUnreachable, RevalError, RunNotFound
+from .events import EventSink
 from .runs import remote_run_dir, save_follow_state, verdict
 from .transport import Transport, q
 
@@ -82,72 +80,6 @@ def stream_command(workdir: str, python: str, run_dir: str, log_offset: int, eve
             f"--log-offset {int(log_offset)} --events-offset {int(events_offset)}")
 
 
-class PlainSink:
-    """Non-TTY output: the log lines as they are, notes on stderr."""
-
-    def __init__(self, out=None, err=None):
-        self.out, self.err = out or sys.stdout, err or sys.stderr
-
-    def line(self, text: str) -> None:
-        self.out.write(text + "\n")
-        self.out.flush()
-
-    def event(self, ev: dict) -> None:
-        pass
-
-    def status(self, st: dict) -> None:
-        pass
-
-    def note(self, text: str) -> None:
-        self.err.write(text + "\n")
-        self.err.flush()
-
-    def close(self) -> None:
-        pass
-
-
-class RichSink(PlainSink):
-    """TTY output: a progress bar from events.jsonl, the log lines printed above it. The label is the
-    payload's current step (`[3/5] Loading cached hidden states`, from events with step/steps), else the
-    stage; the bar is i/n of the latest event that has them."""
-
-    def __init__(self, console):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.console = console
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=console, transient=True)
-        self.task = None
-        self.label = ""
-        self.progress.start()
-
-    def line(self, text: str) -> None:
-        from rich.text import Text
-        self.progress.console.print(Text(text), highlight=False)
-
-    def event(self, ev: dict) -> None:
-        fields = {}
-        if "step" in ev and "steps" in ev and ev.get("message") and "i" not in ev:
-            self.label = f"[{ev['step']}/{ev['steps']}] {ev['message']}"
-            fields = {"completed": 0, "total": None}  # a new step: indeterminate until it counts
-        n, i = ev.get("n"), ev.get("i")
-        if isinstance(n, int) and isinstance(i, int):
-            fields = {"completed": i, "total": max(n, 1)}
-        if not fields:
-            return
-        fields["description"] = escape(self.label or str(ev.get("stage", "")))
-        if self.task is None:
-            self.task = self.progress.add_task(**fields)
-        else:
-            self.progress.update(self.task, **fields)
-
-    def note(self, text: str) -> None:
-        self.progress.console.print(f"[dim]{escape(text)}[/dim]")
-
-    def close(self) -> None:
-        self.progress.stop()
-
-
 def _stop(p: subprocess.Popen) -> str:
     """End our own ssh/stream child (by its pid) and return its stderr."""
     if p.poll() is None:
@@ -164,7 +96,7 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
            save: bool = True, stream_cmd=None) -> FollowResult:
     """Stream eval.log from `log_offset` until the run is terminal (or lost) and drained. `stream_cmd(log_offset,
     events_offset)`: the remote stream command (a backend's; default: stream_command for this workdir)."""
-    sink = sink or PlainSink()
+    sink = sink or EventSink(lambda ev: None)  # the library prints nothing (the CLI's sinks: commands/display.py)
     host = transport.host
     run_dir = remote_run_dir(workdir, name)
     res = FollowResult(state=protocol.RUNNING, log_offset=log_offset)

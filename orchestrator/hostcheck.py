@@ -9,6 +9,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from remote_payload.wrapper import smi_rows
+
 from .environment import module_names, venv_key
 from .errors import EXIT_OK, EXIT_PARTIAL, EXIT_UNREACHABLE, HostKeyError, HostUnreachable, RevalError
 from .inventory import Host
@@ -91,21 +93,9 @@ class HostCheck:
 
 
 def parse_nvidia_smi(text: str) -> list[dict]:
-    """`index, name, memory.total, memory.used, utilization.gpu` csv rows (MiB, %) -> dicts (pure)."""
-    gpus = []
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 5:
-            continue
-
-        def num(s):
-            try:
-                return int(float(s))
-            except ValueError:
-                return None  # "[N/A]" on some boards
-        gpus.append({"index": num(parts[0]), "name": ",".join(parts[1:-3]), "memory_total_mib": num(parts[-3]),
-                     "memory_used_mib": num(parts[-2]), "utilization_pct": num(parts[-1])})
-    return gpus
+    """`index, name, memory.total, memory.used, utilization.gpu` csv rows (MiB, %) -> dicts (pure; the
+    wrapper's parser, remote_payload/wrapper.smi_rows)."""
+    return smi_rows(text, ["index", "name", "memory.total", "memory.used", "utilization.gpu"])
 
 
 def check_command(host: Host, modules: list[str]) -> str:

@@ -32,7 +32,7 @@ from .errors import ConfigError, RunNotFound
 from .events import Event, EventSink
 from .follow import FollowResult, follow
 from .pull import PullResult
-from .runs import RunState, load_follow_state, local_registry, save_follow_state
+from .runs import RunState, check_run_name, load_follow_state, local_registry, save_follow_state
 from .sync import SyncResult
 
 
@@ -249,10 +249,7 @@ def submit(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = 
     from .backends.ssh import normalize_gpus
     spec.validate()
     name = name or spec.default_name()
-    try:
-        protocol.validate_run_name(name)
-    except protocol.ProtocolError as e:
-        raise ConfigError(str(e)) from None
+    check_run_name(name)
     gpus = normalize_gpus(spec.gpus or backend.host.gpus)
     ident = spec.identity(backend.host.name)
     info = {"argv": argv if argv is not None else [], "payload_argv": spec.payload_argv(name),

@@ -78,6 +78,15 @@ def local_run_dir(host_name: str, run: str) -> Path:
         raise ConfigError(f"cannot keep a local copy of {host_name}/{run}: {e}") from None
 
 
+def check_run_name(name: str) -> str:
+    """`name` when it is a legal run name, else ConfigError (exit 3) with the rule: the one check of a
+    user's run name (reval run --name, RUN references, the lifecycle, the launch)."""
+    try:
+        return protocol.validate_run_name(name)
+    except protocol.ProtocolError as e:
+        raise ConfigError(str(e)) from None
+
+
 def is_run_name(name: str) -> bool:
     try:
         protocol.validate_run_name(name)
@@ -173,10 +182,7 @@ def resolve_run(inventory, ref: str, host_opt: str | None = None, *, search_host
         host_name, name = ref.split("/", 1)
     else:
         host_name, name = host_opt, ref
-    try:
-        protocol.validate_run_name(name)
-    except protocol.ProtocolError as e:
-        raise ConfigError(str(e)) from None
+    check_run_name(name)
     if host_name:
         return inventory.get(host_name), name
     local = sorted({h for h, r in local_registry() if r == name and h in inventory.hosts})

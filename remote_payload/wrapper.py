@@ -58,19 +58,41 @@ class StartError(Exception):
     """The run could not start (recorded as failed, exit 3)."""
 
 
+SMI_KEYS = {"index": "index", "name": "name", "memory.total": "memory_total_mib", "memory.used": "memory_used_mib",
+            "utilization.gpu": "utilization_pct"}
+
+
+def _smi_num(s: str) -> int | None:
+    try:
+        return int(float(s))
+    except ValueError:
+        return None  # "[N/A]" on some boards
+
+
+def smi_rows(text: str, fields: list[str]) -> list[dict]:
+    """Rows of `nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits` as dicts keyed by SMI_KEYS
+    (numbers as int, None where the board says [N/A]; a name may hold commas). The one nvidia-smi parser:
+    the wrapper's GPU choice and `reval hosts check` (orchestrator/hostcheck.py) both read through it."""
+    rows = []
+    for line in text.strip().splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        extra = len(parts) - len(fields)
+        if extra < 0 or (extra and "name" not in fields):
+            continue
+        if extra:
+            i = fields.index("name")
+            parts = parts[:i] + [",".join(parts[i:i + extra + 1])] + parts[i + extra + 1:]
+        rows.append({SMI_KEYS[f]: v if f == "name" else _smi_num(v) for f, v in zip(fields, parts)})
+    return rows
+
+
 def parse_nvidia_smi(text: str) -> list[Gpu]:
     """Rows of `index, memory.used, memory.total, utilization.gpu` (csv, noheader, nounits)."""
     gpus = []
-    for line in text.splitlines():
-        parts = [x.strip() for x in line.split(",")]
-        if len(parts) != 4:
+    for r in smi_rows(text, ["index", "memory.used", "memory.total", "utilization.gpu"]):
+        if None in (r["index"], r["memory_used_mib"], r["memory_total_mib"]):
             continue
-        try:
-            idx, used, total = int(parts[0]), int(float(parts[1])), int(float(parts[2]))
-            util = int(float(parts[3])) if parts[3].replace(".", "", 1).isdigit() else 0
-        except ValueError:
-            continue
-        gpus.append(Gpu(idx, used, total, util))
+        gpus.append(Gpu(r["index"], r["memory_used_mib"], r["memory_total_mib"], r["utilization_pct"] or 0))
     return gpus
 
 

@@ -104,3 +104,12 @@ def trained_fixtures():
     Built once into <repo>/.cache/fixtures/ and reused while its recipe hash matches; concurrent test
     sessions wait on a file lock instead of building twice."""
     return _build_trained_fixtures()
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """A fresh current directory: built-in `local` host (workdir .reval/local), local registry runs/."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("REVAL_HOSTS", raising=False)
+    monkeypatch.delenv("REVAL_RUNS_DIR", raising=False)
+    return tmp_path

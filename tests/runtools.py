@@ -79,3 +79,11 @@ def wait_lines(path: Path, n: int, timeout_s: float = 60) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"{path} did not reach {n} lines within {timeout_s}s")
+
+
+def reval(capsys, *argv) -> tuple[int, str, str]:
+    """`reval ARGV...` through the CLI runner in this process: (exit code, stdout, stderr)."""
+    from orchestrator import cli
+    rc = cli.main(list(argv))
+    o, e = capsys.readouterr()
+    return rc, o, e

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from orchestrator.backends.ssh import launch
-from orchestrator.follow import FrameParser, PlainSink, follow
+from orchestrator.commands.display import PlainSink
+from orchestrator.follow import FrameParser, follow
 from orchestrator.pull import extract_contract_files, pull
 from orchestrator.runs import load_follow_state
 from orchestrator.transport import SSHTransport
@@ -203,7 +204,7 @@ def test_rich_sink_renders_bar_and_lines_on_a_fixed_width_terminal():
 
     from rich.console import Console
 
-    from orchestrator.follow import RichSink
+    from orchestrator.commands.display import RichSink
     buf = io.StringIO()
     sink = RichSink(Console(file=buf, force_terminal=True, width=100, color_system=None))
     sink.event({"stage": "load_cache", "step": 3, "steps": 5, "message": "Loading cached hidden states"})

@@ -13,26 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
 from remote_payload import protocol
-from tests.runtools import group_members, wait_lines
+from tests.runtools import group_members, reval, wait_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOW = ["--", "--lines", "60", "--interval-s", "0.05"]
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("REVAL_HOSTS", raising=False)
-    monkeypatch.delenv("REVAL_RUNS_DIR", raising=False)
-    return tmp_path
-
-
-def reval(capsys, *argv) -> tuple[int, str, str]:
-    rc = cli.main(list(argv))
-    o, e = capsys.readouterr()
-    return rc, o, e
 
 
 def remote_runs(here: Path) -> list[str]:

@@ -12,24 +12,9 @@ from orchestrator import cli
 from orchestrator.commands import run as run_cmd
 from orchestrator.commands import runs as runs_cmd
 from remote_payload import protocol
-from tests.runtools import group_members, wait_lines
+from tests.runtools import group_members, reval, wait_lines
 
 FAST = ["--", "--lines", "5", "--interval-s", "0"]
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    """A fresh current directory: built-in `local` host (workdir .reval/local), local registry runs/."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("REVAL_HOSTS", raising=False)
-    monkeypatch.delenv("REVAL_RUNS_DIR", raising=False)
-    return tmp_path
-
-
-def reval(capsys, *argv) -> tuple[int, str, str]:
-    rc = cli.main(list(argv))
-    o, e = capsys.readouterr()
-    return rc, o, e
 
 
 def test_run_local_end_to_end(here, capsys):

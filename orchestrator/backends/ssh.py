@@ -19,7 +19,7 @@ from remote_payload import protocol
 
 from ..errors import ConfigError, HostUnreachable, RevalError, RunExists
 from ..inventory import Host
-from ..runs import RunState, kill_run, list_runs, remote_run_dir, run_state, save_follow_state
+from ..runs import RunState, check_run_name, kill_run, list_runs, remote_run_dir, run_state, save_follow_state
 from ..transport import Transport, q, resolve_workdir
 from .base import GPUS_SCHEDULER, Backend, JobHandle, Launch, Submission
 
@@ -89,10 +89,7 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
 
     Refuses an invalid or already-used name (exit 3). On a start failure (no free GPU, ...) the run dir is
     removed again, so nothing half-written stays behind."""
-    try:
-        protocol.validate_run_name(name)
-    except protocol.ProtocolError as e:
-        raise ConfigError(str(e)) from None
+    check_run_name(name)
     gpus = normalize_gpus(gpus)
     workdir = resolve_workdir(transport)
     d = remote_run_dir(workdir, name)

@@ -6,14 +6,13 @@ import argparse
 import os
 import sys
 
-from remote_payload import protocol
-
 from .. import lifecycle
 from ..backends import get_backend
 from ..backends.ssh import describe, normalize_gpus
 from ..errors import EXIT_STILL_RUNNING, ConfigError
 from ..inventory import load_inventory
 from ..lifecycle import EvalSpec
+from ..runs import check_run_name
 from .runs import detached_message, finish_run, make_sink, out
 
 
@@ -89,10 +88,7 @@ def cmd_run(args) -> int:
     host_paths(spec, host)
     gpus = normalize_gpus(spec.gpus or host.gpus)
     if args.name:
-        try:
-            protocol.validate_run_name(args.name)
-        except protocol.ProtocolError as e:
-            raise ConfigError(str(e)) from None
+        check_run_name(args.name)
 
     backend = get_backend(host)
     prep = lifecycle.prepare(backend)  # payload sync + venv check/build, one probe round trip

@@ -24,7 +24,6 @@ from ..errors import (
     RevalError,
     RunNotFound,
 )
-from ..follow import PlainSink, RichSink
 from ..inventory import load_inventory
 from ..pull import pull
 from ..runs import (
@@ -39,6 +38,7 @@ from ..runs import (
     run_state,
 )
 from ..transport import get_transport, q, resolve_workdir
+from .display import PlainSink, RichSink
 
 LAST_LINES = 15
 # `reval status RUN`'s exit code by state (failed, lost and an unreadable status.json: EXIT_EVAL_FAILED)

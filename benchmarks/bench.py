@@ -1,4 +1,4 @@
-"""`python -m orchestrator.bench` (under scripts/netns-run; `make bench` does): the orchestrator's speed
+"""`python -m benchmarks.bench` (under scripts/netns-run; `make bench` does): the orchestrator's speed
 targets as ratios measured in one run, against real OpenSSH sshd on loopback.
 
 BENCHES is a list of functions `bench(ctx) -> list[Row]`; add yours to it. Each takes the shared BenchContext
@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import transport as transport_mod
-from .environment import provision
-from .hostcheck import check_hosts
-from .inventory import load_inventory
-from .sync import payload_source, sync_payload
+from orchestrator import transport as transport_mod
+from orchestrator.environment import provision
+from orchestrator.hostcheck import check_hosts
+from orchestrator.inventory import load_inventory
+from orchestrator.sync import payload_source, sync_payload
 
 
 @dataclass
@@ -167,7 +167,7 @@ def format_table(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m orchestrator.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("-k", metavar="WORD", help="only the benchmarks whose function name contains WORD")
     args = p.parse_args(argv)
@@ -180,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="reval-bench-") as root:
         ctx = BenchContext(Path(root), repeat=args.repeat)
         try:
-            from .bench_run import RUN_BENCHES  # the run path's rows (launch/follow); imports this module
+            from benchmarks.bench_run import (
+                RUN_BENCHES,  # the run path's rows (launch/follow); imports this module
+            )
             for bench in [*BENCHES, *RUN_BENCHES]:
                 if not args.k or args.k in bench.__name__:
                     rows += bench(ctx)

@@ -1,4 +1,4 @@
-"""Benchmarks of the run path, for orchestrator.bench's table (BENCHES += RUN_BENCHES):
+"""Benchmarks of the run path, for benchmarks.bench's table (BENCHES += RUN_BENCHES):
 
 - live-progress latency: a line appended to eval.log on the server -> handed to the follower's sink, over a
   real sshd on loopback; median over ~50 lines (target: under 0.5 s);
@@ -15,13 +15,13 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.bench import BenchContext, Row, median_s
+from orchestrator import transport as transport_mod
+from orchestrator.commands.display import PlainSink
+from orchestrator.follow import follow
+from orchestrator.inventory import load_inventory
+from orchestrator.sync import sync_payload
 from remote_payload import protocol
-
-from . import transport as transport_mod
-from .bench import BenchContext, Row, median_s
-from .follow import PlainSink, follow
-from .inventory import load_inventory
-from .sync import sync_payload
 
 LATENCY_LINES = 50
 

@@ -1,7 +1,7 @@
 """Sweep overhead per checkpoint beyond the eval itself (discover, hash, schedule, stage, launch, follow, pull,
 ledger, report), over real sshd hosts on loopback with `python -m remote_payload dummy` as the eval.
 
-    scripts/netns-run .venv/bin/python -m orchestrator.bench_sweep [--hosts 3] [--checkpoints 12] [--eval-s 3]
+    scripts/netns-run .venv/bin/python -m benchmarks.bench_sweep [--hosts 3] [--checkpoints 12] [--eval-s 3]
 
 Each host is a CPU host (one run at a time), so the ideal sweep takes ceil(checkpoints / hosts) x eval-s;
 overhead per checkpoint = (wall x hosts - checkpoints x eval-s) / checkpoints. Target: under 2 s, and
@@ -18,13 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import sweep
-from .inventory import load_inventory
-from .transport import close_all
+from orchestrator import sweep
+from orchestrator.inventory import load_inventory
+from orchestrator.transport import close_all
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m orchestrator.bench_sweep", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_sweep", description=__doc__.splitlines()[0])
     p.add_argument("--hosts", type=int, default=3)
     p.add_argument("--checkpoints", type=int, default=12)
     p.add_argument("--eval-s", type=float, default=3.0, help="how long each dummy eval runs")

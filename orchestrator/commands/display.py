@@ -1,0 +1,73 @@
+"""The CLI's display of a followed run (follow sinks, see follow.py / events.py): plain lines when stdout is
+not a terminal, a rich progress bar with the log lines above it on a terminal. Only the CLI prints."""
+from __future__ import annotations
+
+import sys
+
+from rich.markup import escape
+
+
+class PlainSink:
+    """Non-TTY output: the log lines as they are, notes on stderr."""
+
+    def __init__(self, out=None, err=None):
+        self.out, self.err = out or sys.stdout, err or sys.stderr
+
+    def line(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def event(self, ev: dict) -> None:
+        pass
+
+    def status(self, st: dict) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        self.err.write(text + "\n")
+        self.err.flush()
+
+    def close(self) -> None:
+        pass
+
+
+class RichSink(PlainSink):
+    """TTY output: a progress bar from events.jsonl, the log lines printed above it. The label is the
+    payload's current step (`[3/5] Loading cached hidden states`, from events with step/steps), else the
+    stage; the bar is i/n of the latest event that has them."""
+
+    def __init__(self, console):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, transient=True)
+        self.task = None
+        self.label = ""
+        self.progress.start()
+
+    def line(self, text: str) -> None:
+        from rich.text import Text
+        self.progress.console.print(Text(text), highlight=False)
+
+    def event(self, ev: dict) -> None:
+        fields = {}
+        if "step" in ev and "steps" in ev and ev.get("message") and "i" not in ev:
+            self.label = f"[{ev['step']}/{ev['steps']}] {ev['message']}"
+            fields = {"completed": 0, "total": None}  # a new step: indeterminate until it counts
+        n, i = ev.get("n"), ev.get("i")
+        if isinstance(n, int) and isinstance(i, int):
+            fields = {"completed": i, "total": max(n, 1)}
+        if not fields:
+            return
+        fields["description"] = escape(self.label or str(ev.get("stage", "")))
+        if self.task is None:
+            self.task = self.progress.add_task(**fields)
+        else:
+            self.progress.update(self.task, **fields)
+
+    def note(self, text: str) -> None:
+        self.progress.console.print(f"[dim]{escape(text)}[/dim]")
+
+    def close(self) -> None:
+        self.progress.stop()

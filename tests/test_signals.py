@@ -90,7 +90,7 @@ def test_payload_left_alone_by_its_dead_wrapper_is_proven_by_its_run_id(tmp_path
 def _launch_sleeper(t, wd, name):
     from pathlib import Path
 
-    from orchestrator.launch import launch
+    from orchestrator.backends.ssh import launch
     info = launch(t.host, t, name=name, payload_argv=["dummy", "--lines", "10000", "--interval-s", "0.1"],
                   gpus="none", run_json={}, python=sys.executable)
     wait_status(Path(wd) / "runs" / name, (protocol.RUNNING,))

@@ -197,17 +197,21 @@ class Run:
         if failure:
             raise failure[0]
 
-    def pull(self) -> PullResult:
-        return self.backend.pull(self.name)
+    def pull(self, *, finished: bool = False) -> PullResult:
+        """Copy the run's files to runs/<host>/<name>/; `finished`: it is over and seen to its end (the same
+        command again then starts a new run instead of re-attaching)."""
+        res = self.backend.pull(self.name)
+        if finished:
+            save_follow_state(self.host, self.name, finished=True)
+        return res
 
     def wait(self, sink=None, *, log_offset: int | None = None, give_up_s: float = 120.0) -> Finished:
         """Follow until the run is over, pull it, and report how it ended; the state is the backend's
         verdict after the end (the same `status` says: a SIGKILLed group is `lost` here too)."""
         res = self.follow(sink, log_offset=log_offset, give_up_s=give_up_s)
-        pulled = self.pull()
+        pulled = self.pull(finished=True)
         s = self.probe()
         state, status = (s.state, s.status) if s is not None else (res.state, res.status)
-        save_follow_state(self.host, self.name, finished=True)
         return Finished(self.host, self.name, state, status, pulled.path, res)
 
     def kill(self, *, grace_s: float = 10.0) -> RunState:

@@ -193,9 +193,9 @@ def resolve_run(inventory, ref: str, host_opt: str | None = None, *, search_host
         hosts = list(inventory.hosts.values())
 
         def has(h: Host) -> bool:
-            from .transport import get_transport
+            from .backends import get_backend
             try:
-                return run_state(get_transport(h), name) is not None
+                return get_backend(h).state(name) is not None
             except HostUnreachable:
                 return False
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as ex:

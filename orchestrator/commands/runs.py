@@ -25,19 +25,15 @@ from ..errors import (
     RunNotFound,
 )
 from ..inventory import load_inventory
-from ..pull import pull
 from ..runs import (
     RunState,
-    kill_run,
-    list_runs,
     load_follow_state,
     local_registry,
     progress_text,
     remote_run_dir,
     resolve_run,
-    run_state,
 )
-from ..transport import get_transport, q, resolve_workdir
+from ..transport import q, resolve_workdir
 from .display import PlainSink, RichSink
 
 LAST_LINES = 15
@@ -172,9 +168,10 @@ def _python(host, name: str) -> str:
 def cmd_logs(args) -> int:
     inv = load_inventory(args.inventory)
     host, name = resolve_run(inv, args.run, args.host)
-    t = get_transport(host)
+    be = get_backend(host)
+    t = be.transport
     if not args.follow:
-        state = run_state(t, name)
+        state = be.state(name)
         if state is None:
             raise RunNotFound(f"no run {name!r} on {host.name}", hint=f"list runs: reval ls {host.name}")
         log = q(remote_run_dir(resolve_workdir(t), name) + "/" + protocol.EVAL_LOG)
@@ -187,7 +184,7 @@ def cmd_logs(args) -> int:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return EXIT_OK
-    run = lifecycle.attach(get_backend(host, t), name, python=_python(host, name))
+    run = lifecycle.attach(be, name, python=_python(host, name))
     sink = make_sink()
     try:
         return finish_run(run, sink=sink, log_offset=0 if args.from_start else None, give_up_s=args.give_up_s)
@@ -220,10 +217,10 @@ def _print_table(table) -> None:
 
 
 def _per_host(hosts, fn) -> tuple[dict, dict[str, str]]:
-    """Run fn(transport) on every host in parallel: ({host: result}, {host: why unreachable})."""
+    """Run fn(backend) on every host in parallel: ({host: result}, {host: why unreachable})."""
     def one(h):
         try:
-            return h.name, fn(get_transport(h)), None
+            return h.name, fn(get_backend(h)), None
         except RevalError as e:
             return h.name, None, str(e)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as ex:
@@ -235,7 +232,7 @@ def cmd_status(args) -> int:
     inv = load_inventory(args.inventory)
     if args.run:
         host, name = resolve_run(inv, args.run, args.host)
-        s = run_state(get_transport(host), name)
+        s = get_backend(host).state(name)
         if s is None:
             raise RunNotFound(f"no run {name!r} on {host.name}", hint=f"list runs: reval ls {host.name}")
         st = s.status
@@ -248,7 +245,7 @@ def cmd_status(args) -> int:
         return STATUS_EXIT.get(s.state, EXIT_EVAL_FAILED)
     known = local_registry()
     hosts = [inv.hosts[h] for h in sorted({h for h, _ in known}) if h in inv.hosts]
-    found, unreachable = _per_host(hosts, list_runs)
+    found, unreachable = _per_host(hosts, lambda be: be.list_runs())
     wanted = set(known)
     states = [s for h in found.values() for s in h if (s.host, s.name) in wanted]
     _print_table(states_table(states, unreachable))
@@ -258,7 +255,7 @@ def cmd_status(args) -> int:
 def cmd_ls(args) -> int:
     inv = load_inventory(args.inventory)
     hosts = inv.resolve(args.host) if args.host else list(inv.hosts.values())
-    found, unreachable = _per_host(hosts, list_runs)
+    found, unreachable = _per_host(hosts, lambda be: be.list_runs())
     _print_table(states_table([s for h in hosts for s in found.get(h.name, [])], unreachable))
     return EXIT_PARTIAL if unreachable else EXIT_OK
 
@@ -269,16 +266,15 @@ def cmd_pull(args) -> int:
         if not args.run:
             raise RevalError("reval pull: give a RUN or --all", hint="reval pull HOST/NAME ; reval pull --all")
         host, name = resolve_run(inv, args.run, args.host)
-        t = get_transport(host)
-        res = pull(t, name, workdir=resolve_workdir(t))
-        s = run_state(t, name)
+        be = get_backend(host)
+        res = be.pull(name)
+        s = be.state(name)
         out(f"pulled  {host.name}/{name} ({s.state if s else '?'}) -> {res.path}/ · {', '.join(res.files)}")
         return EXIT_OK
     hosts = inv.resolve(args.host) if args.host else list(inv.hosts.values())
 
-    def pull_all(t):
-        workdir = resolve_workdir(t)
-        return [(s, pull(t, s.name, workdir=workdir)) for s in list_runs(t)]
+    def pull_all(be):
+        return [(s, be.pull(s.name)) for s in be.list_runs()]
     found, unreachable = _per_host(hosts, pull_all)
     for h in hosts:
         for s, res in found.get(h.name, []):
@@ -291,11 +287,11 @@ def cmd_pull(args) -> int:
 def cmd_kill(args) -> int:
     inv = load_inventory(args.inventory)
     host, name = resolve_run(inv, args.run, args.host)
-    t = get_transport(host)
-    before = run_state(t, name)
+    be = get_backend(host)
+    before = be.state(name)
     if before is not None and before.terminal:
         out(f"{name} on {host.name} already ended: {before.state}; nothing to kill")
         return EXIT_OK
-    s = kill_run(t, name, grace_s=args.grace_s)
+    s = be.cancel(name, grace_s=args.grace_s)
     out(f"cancelled {name} on {host.name}: process group {s.status.get('pgid')} is gone · status {s.state}")
     return EXIT_OK

@@ -221,7 +221,7 @@ class Sweep(Staging):
                     return self.run_job(hs, job, "auto" if hs.on_gpu else "none")
                 if st.terminal:
                     break
-            res = self._op(hs, "pull", run.pull)
+            res = self._op(hs, "pull", lambda: run.pull(finished=True))
         except HostUnreachable:
             self._record(job, hs, UNREACHABLE, error=hs.down)
             raise

@@ -1,6 +1,7 @@
 """Runs: where they live (remote run dirs, the local registry `runs/<host>/<run>/`), which host a RUN
-reference means, and what state a run is in — including `lost` (status.json says running but its
-process group is gone), which is the controller's verdict and never written on the server."""
+reference means, and the state vocabulary — including `lost` (status.json says running but its process
+group is gone), which is the controller's verdict and never written on the server. The probes that ask a
+host (status / ls / kill) are the SSH backend's: backends/ssh.py."""
 from __future__ import annotations
 
 import json
@@ -9,38 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remote_payload import protocol, runstate
+from remote_payload import protocol
 
-from .errors import ConfigError, HostUnreachable, RevalError, RunNotFound
+from .errors import ConfigError, HostUnreachable, RunNotFound
 from .inventory import Host
-from .transport import Transport, q, resolve_workdir
 
 FOLLOW_JSON = ".follow.json"
-
-# The host-side half of status/ls/kill: a stdlib-only script fed to the host's python on stdin (so it works
-# whatever payload version is synced there). It parses status.json as JSON and counts a process group as the
-# run's only when a live member proves it (remote_payload/runstate.py); it prints one JSON object a line.
-_RUNSTATE_SRC = Path(runstate.__file__).read_text(encoding="utf-8")
-
-
-def _host_python(transport: Transport) -> str:
-    return transport.host.python or "python3"
-
-
-def _runstate(transport: Transport, *args: str, timeout_s: float = 60) -> list[dict]:
-    """Run remote_payload/runstate.py on the host with `args`; its JSON lines (pure parse, damage skipped)."""
-    cmd = f"{q(_host_python(transport))} - {' '.join(q(a) for a in args)}"
-    out = transport.run(cmd, input=_RUNSTATE_SRC, timeout_s=timeout_s).stdout
-    recs = []
-    for line in out.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            recs.append(rec)
-    return recs
-
 
 @dataclass
 class RunState:
@@ -120,58 +95,6 @@ def local_registry() -> list[tuple[str, str]]:
         return []
     return sorted((h.name, r.name) for h in root.iterdir() if h.is_dir()
                   for r in h.iterdir() if r.is_dir() and is_run_name(r.name) and is_run_name(h.name))
-
-
-# -- remote probes ------------------------------------------------------------------------------------------
-def state_from_probe(rec: dict, host: str) -> RunState | None:
-    """One probe record (runstate.probe) -> RunState; `unknown` when status.json is missing or damaged (pure)."""
-    name = rec.get("name")
-    if not isinstance(name, str) or not is_run_name(name):
-        return None  # a directory reval did not make is not a run
-    st = rec.get("status")
-    alive = rec.get("alive") is True
-    event = rec.get("last_event") if isinstance(rec.get("last_event"), dict) else {}
-    if not isinstance(st, dict) or not st:
-        return RunState(host, name, "unknown", {}, alive, event)
-    return RunState(host, name, verdict(st, alive), st, alive, event)
-
-
-def run_state(transport: Transport, run: str, *, wait_s: float = 0) -> RunState | None:
-    """The run's state on its host, or None when the host has no such run. With wait_s: a long poll that
-    answers as soon as the run is no longer running, at the latest after wait_s."""
-    runs_dir = f"{resolve_workdir(transport)}/runs"
-    protocol.validate_run_name(run)
-    args = ("wait", runs_dir, run, str(float(wait_s))) if wait_s > 0 else ("probe", runs_dir, run)
-    states = [s for s in (state_from_probe(r, transport.host.name)
-                          for r in _runstate(transport, *args, timeout_s=wait_s + 60)) if s]
-    return states[0] if states else None
-
-
-def list_runs(transport: Transport) -> list[RunState]:
-    runs_dir = f"{resolve_workdir(transport)}/runs"
-    return [s for s in (state_from_probe(r, transport.host.name) for r in _runstate(transport, "probe", runs_dir))
-            if s]
-
-
-def kill_run(transport: Transport, run: str, *, grace_s: float = 10.0) -> RunState:
-    """TERM the run's process group, wait up to grace_s, then KILL; confirm it is gone; status cancelled.
-    Only a group that proves, on the host and right before each signal, that it is the run's is signalled
-    (remote_payload/runstate.py): a damaged status.json or a reused pgid gets no signal."""
-    state = run_state(transport, run)
-    if state is None:
-        raise RunNotFound(f"no run {run!r} on {transport.host.name}", hint=f"list them: reval ls {transport.host.name}")
-    if not state.status:
-        raise RevalError(f"{transport.host.name}: run {run!r} has no readable status.json; nothing was signalled",
-                         hint=f"look at it: reval logs {transport.host.name}/{run}", exit_code=3)
-    d = remote_run_dir(resolve_workdir(transport), run)
-    recs = _runstate(transport, "kill", d, str(float(grace_s)), timeout_s=grace_s + 60)
-    rec = recs[-1] if recs else {}
-    if rec.get("alive") is True:
-        raise RevalError(f"{transport.host.name}: run {run!r} (process group {state.status.get('pgid')}) survived "
-                         "SIGKILL", hint="check the host: the processes may be stuck in the kernel (D state)",
-                         exit_code=1)
-    st = rec.get("status") if isinstance(rec.get("status"), dict) else state.status
-    return RunState(transport.host.name, run, verdict(st, False), st, False)
 
 
 # -- which host a RUN reference means ----------------------------------------------------------------------

@@ -122,7 +122,7 @@ def test_run_alive_live_zombie_dead(zombie_group):
 
 def test_follow_and_status_agree_a_zombie_only_group_is_lost(tmp_path, zombie_group):
     """A KILLed wrapper left as a zombie: `reval status` says lost, and `logs -f` ends (lost) too."""
-    from orchestrator.runs import run_state
+    from orchestrator.backends.ssh import run_state
     _, t, wd = synced_local(tmp_path / "work")
     d = tmp_path / "work" / "runs" / "zomb"
     d.mkdir(parents=True)
@@ -240,7 +240,8 @@ def test_follow_gives_up_with_exit_4_and_the_reattach_command(ssh_hosts, tmp_pat
 
 
 def test_probe_records_and_progress_text():
-    from orchestrator.runs import progress_text, state_from_probe
+    from orchestrator.backends.ssh import state_from_probe
+    from orchestrator.runs import progress_text
     recs = [{"name": "a", "alive": True, "status": {"state": "running", "pgid": 7},
              "last_event": {"stage": "eval", "step": 5, "steps": 5, "i": 6, "n": 10}},
             {"name": "b", "alive": False, "status": {"state": "running", "pgid": 8}, "last_event": {}},
@@ -258,7 +259,7 @@ def test_a_group_recorded_in_another_boot_is_lost_and_never_signalled(tmp_path):
     """After a reboot a recorded pgid can belong to anything: status says lost, logs -f ends, kill sends nothing."""
     import subprocess
 
-    from orchestrator.runs import kill_run, run_state
+    from orchestrator.backends.ssh import kill_run, run_state
     assert protocol.boot_id(), "this test needs /proc/sys/kernel/random/boot_id (Linux)"
     _, t, wd = synced_local(tmp_path / "work")
     stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)  # holds the pgid now

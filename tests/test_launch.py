@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.ssh import describe, launch, launch_script, normalize_gpus
+from orchestrator.backends.ssh import describe, kill_run, launch, launch_script, normalize_gpus, run_state
 from orchestrator.errors import ConfigError
-from orchestrator.runs import kill_run, run_state
 from orchestrator.transport import SSHTransport, resolve_workdir
 from remote_payload import protocol, wrapper
 from tests.runtools import fake_nvidia_smi, group_members, synced_local, synced_ssh, wait_lines, wait_status

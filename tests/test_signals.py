@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from orchestrator.runs import kill_run, list_runs, run_state
+from orchestrator.backends.ssh import kill_run, list_runs, run_state
 from remote_payload import protocol, runstate
 from tests.runtools import group_members, synced_local, synced_ssh, wait_status
 

@@ -127,7 +127,8 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
         transport.run(f"rm -rf {q(d)}", check=False, timeout_s=60)
         err = NoFreeGpu if status["error"].startswith("no free GPU") else ConfigError  # wrapper.acquire_gpus
         raise err(f"{host.name}: {status['error']}")
-    save_follow_state(host.name, name, run_dir=d, python=python, log_offset=0, launched_at=protocol.now_iso())
+    save_follow_state(host.name, name, run_dir=d, python=python, log_offset=0, launched_at=protocol.now_iso(),
+                      identity=run_json.get("identity"))  # at once: a controller killed now still re-attaches
     pgid = int(status.get("pgid", 0))
     return Launch(host=host.name, name=name, run_dir=d, handle=JobHandle("ssh", str(pgid)),
                   pid=int(status.get("pid", 0)), pgid=pgid, device=status.get("device", "cpu"),

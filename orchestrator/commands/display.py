@@ -6,6 +6,8 @@ import sys
 
 from rich.markup import escape
 
+from ..events import Progress
+
 
 class PlainSink:
     """Non-TTY output: the log lines as they are, notes on stderr."""
@@ -51,16 +53,16 @@ class RichSink(PlainSink):
         self.progress.console.print(Text(text), highlight=False)
 
     def event(self, ev: dict) -> None:
+        p = Progress.from_event(ev)  # the typed event the API's Run.events() yields too
         fields = {}
-        if "step" in ev and "steps" in ev and ev.get("message") and "i" not in ev:
-            self.label = f"[{ev['step']}/{ev['steps']}] {ev['message']}"
+        if p.step is not None and p.steps is not None and p.message and p.i is None:
+            self.label = f"[{p.step}/{p.steps}] {p.message}"
             fields = {"completed": 0, "total": None}  # a new step: indeterminate until it counts
-        n, i = ev.get("n"), ev.get("i")
-        if isinstance(n, int) and isinstance(i, int):
-            fields = {"completed": i, "total": max(n, 1)}
+        if p.n is not None and p.i is not None:
+            fields = {"completed": p.i, "total": max(p.n, 1)}
         if not fields:
             return
-        fields["description"] = escape(self.label or str(ev.get("stage", "")))
+        fields["description"] = escape(self.label or p.stage)
         if self.task is None:
             self.task = self.progress.add_task(**fields)
         else:

@@ -14,33 +14,40 @@ from typing import Any
 
 from remote_payload import protocol
 from remote_payload.contenthash import STEP_PATTERN as _STEP  # one checkpoint-step rule
+from remote_payload.results import Result, ResultsError
 
 from .errors import ConfigError, RunNotFound
 
 # comparability_key field -> the words used when telling the user what differs
 FIELD_WORDS = {"cache_fingerprint": "cache", "prompt_set": "prompt set", "num_prompts": "num_prompts",
-               "max_blocks": "max_blocks", "block_size": "block_size", "metrics_version": "metric definitions"}
+               "max_blocks": "max_blocks", "block_size": "block_size", "metrics_version": "metric definitions",
+               "attention": "drafter attention (window / causal inside the block)"}
 
 
 @dataclass
 class RunRecord:
-    """One pulled run directory, as read from disk (results is None when the eval did not finish)."""
+    """One pulled run directory, as read from disk (result is None when the eval did not finish).
+    `result` is the typed results.json (remote_payload/results.py); `results` the same file as a plain dict."""
     name: str
     host: str
     path: Path
-    results: dict | None = None
+    result: Result | None = None
     status: dict | None = None
     run_info: dict | None = None
 
     @property
+    def results(self) -> dict | None:
+        return None if self.result is None else self.result.to_dict()
+
+    @property
     def state(self) -> str:
-        if self.results is not None:
+        if self.result is not None:
             return protocol.SUCCEEDED
         return (self.status or {}).get("state", "unknown")
 
     @property
     def suspect(self) -> bool:
-        return bool(((self.results or {}).get("health") or {}).get("suspect"))
+        return self.result is not None and self.result.suspect
 
     @property
     def spec(self) -> str:
@@ -60,16 +67,20 @@ def load_run(path: str | Path) -> RunRecord:
     """Read a run directory (results.json, status.json, run.json; any may be missing but not all)."""
     path = Path(path)
     results = _read_optional(path / protocol.RESULTS_JSON)
+    result = None
+    if results is not None:
+        try:
+            result = Result.from_dict(results, source=path / protocol.RESULTS_JSON)
+        except ResultsError as e:
+            raise ConfigError(str(e), hint="re-pull the run (reval pull RUN), or re-run the eval with this "
+                                           "version of reval") from None
     status = _read_optional(path / protocol.STATUS_JSON)
     run_info = _read_optional(path / protocol.RUN_JSON)
     if results is None and status is None and run_info is None:
         raise RunNotFound(f"{path}: not a run directory (no results.json, status.json or run.json)",
                           hint="pull it first: reval pull <run>, or pass the run's folder")
-    if results is not None and results.get("schema") != protocol.RESULTS_SCHEMA:
-        raise ConfigError(f"{path / protocol.RESULTS_JSON}: schema {results.get('schema')!r}, expected "
-                          f"{protocol.RESULTS_SCHEMA!r}", hint="re-run the eval with this version of reval")
     host = (run_info or {}).get("host") or path.parent.name
-    return RunRecord(name=path.name, host=str(host), path=path, results=results, status=status, run_info=run_info)
+    return RunRecord(name=path.name, host=str(host), path=path, result=result, status=status, run_info=run_info)
 
 
 def resolve_run(spec: str, runs_root: str | Path | None = None) -> Path:
@@ -118,7 +129,7 @@ class Difference:
 
 def _short(v: Any) -> str:
     s = str(v)
-    return s[:19] + "..." if isinstance(v, str) and len(s) > 22 else s
+    return s[:19] + "..." if isinstance(v, str) and len(s) > 22 and s.startswith("sha256") else s
 
 
 @dataclass
@@ -135,7 +146,7 @@ class Comparison:
         return any(d.run == self.label(run) for d in self.differences)
 
     def rankable(self, run: RunRecord) -> bool:
-        return run.results is not None and not run.suspect and not self.incomparable(run)
+        return run.result is not None and not run.suspect and not self.incomparable(run)
 
 
 def run_labels(runs: list[RunRecord]) -> dict[str, str]:
@@ -152,16 +163,18 @@ def build_comparison(runs: list[RunRecord], baseline: RunRecord | None = None) -
     if baseline is not None:
         runs = [baseline] + [r for r in runs if r.path.resolve() != baseline.path.resolve()]
     cmp = Comparison(runs=runs, labels=run_labels(runs), baseline=baseline)
-    with_results = [r for r in runs if r.results is not None]
+    with_results = [r for r in runs if r.result is not None]
     if not with_results:
         return cmp
-    ref = baseline if baseline is not None and baseline.results is not None else with_results[0]
-    ref_key = protocol.comparability_key(ref.results)
+    ref = baseline if baseline is not None and baseline.result is not None else with_results[0]
+    ref_key = ref.result.comparability.key()
     for r in with_results:
         if r is ref:
             continue
-        key = protocol.comparability_key(r.results)
+        key = r.result.comparability.key()
         for f, expected in ref_key.items():
+            if f == "attention" and (key[f] is None or expected is None):
+                continue  # not recorded (a file from before reval.results/2): unknown, not different
             if key[f] != expected:
                 cmp.differences.append(Difference(cmp.label(r), f, key[f], expected, cmp.label(ref)))
     return cmp
@@ -223,12 +236,11 @@ class Table:
 
 
 
-def checkpoint_step(results: dict | None, name: str = "") -> int | None:
+def checkpoint_step(result: Result | None, name: str = "") -> int | None:
     """The drafter's training step: results.drafter.step, else a `step-N`/`ckpt-N` in its path or the run name."""
-    d = (results or {}).get("drafter") or {}
-    if d.get("step") is not None:
-        return int(d["step"])
-    for s in (str(d.get("path") or ""), name):
+    if result is not None and result.drafter.step is not None:
+        return result.drafter.step
+    for s in (result.drafter.path if result is not None else "", name):
         m = _STEP.search(Path(s.rstrip("/")).name) or _STEP.search(s)
         if m:
             return int(m.group(1))
@@ -254,7 +266,7 @@ def _iso_s(ts: str | None) -> float | None:
 
 
 def run_duration_s(run: RunRecord) -> float | None:
-    t = ((run.results or {}).get("timing") or {}).get("total_s")
+    t = run.result.timing.total_s if run.result is not None else None
     if t is not None:
         return float(t)
     st = run.status or {}
@@ -263,20 +275,20 @@ def run_duration_s(run: RunRecord) -> float | None:
 
 
 def _budgets(runs: list[RunRecord], key: str) -> list[str]:
-    keys = {k for r in runs if r.results for k in (r.results.get("metrics", {}).get(key) or {})}
+    keys = {k for r in runs if r.result for k in getattr(r.result.metrics, key)}
     return sorted(keys, key=lambda k: int(k))
 
 
-def metric_values(results: dict) -> dict[str, float | None]:
+def metric_values(result: Result) -> dict[str, float | None]:
     """The ranked numbers of one result, flat: tau, streak, ddtree_best, ddtree_<B>, width_<k>, pos1_acc."""
-    m = results.get("metrics", {})
-    out: dict[str, float | None] = {"tau": m.get("tau"), "streak": m.get("streak"),
-                                    "ddtree_best": (m.get("ddtree_best") or {}).get("tau")}
-    for b, v in (m.get("ddtree_tau") or {}).items():
+    m = result.metrics
+    out: dict[str, float | None] = {"tau": m.tau, "streak": m.streak,
+                                    "ddtree_best": m.ddtree_best.tau if m.ddtree_best else None}
+    for b, v in m.ddtree_tau.items():
         out[f"ddtree_{b}"] = v
-    for w, v in (m.get("tree_width_tau") or {}).items():
+    for w, v in m.tree_width_tau.items():
         out[f"width_{w}"] = v
-    out["pos1_acc"] = m.get("position_1_accuracy")
+    out["pos1_acc"] = m.position_1_accuracy
     return out
 
 
@@ -284,7 +296,7 @@ def run_marks(cmp: Comparison, run: RunRecord) -> list[str]:
     marks = []
     if run is cmp.baseline:
         marks.append("base")
-    if run.results is None:
+    if run.result is None:
         marks.append(run.state.upper())
     if run.suspect:
         marks.append("SUSPECT")
@@ -316,28 +328,27 @@ def main_table(cmp: Comparison) -> Table:
     cols += [Column(f"ddtree_{b}", f"DDT\n{b}", ranked=True) for b in budgets]
     cols += [Column(f"width_{w}", f"width\n{w}", ranked=True) for w in widths]
     cols += [Column("pos1_acc", "pos-1\nacc", ranked=True, digits=3), Column("duration", "duration", digits=None)]
-    base_vals = metric_values(cmp.baseline.results) if cmp.baseline and cmp.baseline.results else {}
+    base_vals = metric_values(cmp.baseline.result) if cmp.baseline and cmp.baseline.result else {}
     rows = []
     for run in cmp.runs:
-        res = run.results or {}
-        opts = res.get("options") or {}
-        d = res.get("drafter") or {}
+        res = run.result
         step = checkpoint_step(res, run.name)
         marks = run_marks(cmp, run)
+        name = res.drafter.name if res else None
+        size = f"{res.options.num_prompts}x{res.options.max_blocks}" if res else ""
         cells = {"run": Cell(cmp.label(run), cmp.label(run) + "".join(f" ({m})" for m in marks)),
                  "host": Cell(run.host, run.host),
-                 "drafter": Cell(d.get("name"), d.get("name") or ""),
+                 "drafter": Cell(name, name or ""),
                  "step": Cell(step, "" if step is None else str(step)),
-                 "size": Cell(None, f"{opts['num_prompts']}x{opts['max_blocks']}"
-                              if "num_prompts" in opts and "max_blocks" in opts else "")}
+                 "size": Cell(size or None, size)}
         vals = metric_values(res) if res else {}
         for c in cols:
             if c.ranked:
                 base = None if run is cmp.baseline else base_vals.get(c.key)
                 cells[c.key] = _num_cell(vals.get(c.key), c.digits, base)
-        best = (res.get("metrics") or {}).get("ddtree_best") or {}
-        if cells["ddtree_best"].value is not None and best.get("budget") is not None:
-            cells["ddtree_best"].text += f" @{best['budget']}"
+        best = res.metrics.ddtree_best if res else None
+        if cells["ddtree_best"].value is not None and best is not None:
+            cells["ddtree_best"].text += f" @{best.budget}"
         dur = run_duration_s(run)
         cells["duration"] = Cell(dur, format_duration(dur))
         rows.append(Row(cells, marks, cmp.rankable(run)))
@@ -351,17 +362,17 @@ def per_position_tables(cmp: Comparison) -> list[Table]:
     views = [("per_position_acceptance_unconditional", "per-position acceptance #(acc>=k)/#rounds"),
              ("per_position_acceptance_conditional", "per-position acceptance #(acc>=k)/#(acc>=k-1)"),
              ("position_accuracy", "teacher-forced position accuracy")]
-    with_res = [r for r in cmp.runs if r.results is not None]
+    with_res = [r for r in cmp.runs if r.result is not None]
     tables = []
     for key, title in views:
-        n = max((len(r.results["metrics"].get(key) or []) for r in with_res), default=0)
+        n = max((len(getattr(r.result.metrics, key)) for r in with_res), default=0)
         cols = [Column("k", "k", digits=None)] + [Column(cmp.label(r), _col_label(cmp, r), ranked=True, digits=3)
                                                    for r in with_res]
         rows = []
         for k in range(1, n + 1):
             cells = {"k": Cell(k, str(k))}
             for r in with_res:
-                seq = r.results["metrics"].get(key) or []
+                seq = getattr(r.result.metrics, key)
                 cells[cmp.label(r)] = _num_cell(seq[k - 1] if k <= len(seq) else None, 3, None)
             rows.append(Row(cells))
         tables.append(mark_best(Table(title, cols, rows, best_per="row"), rankable=_rankable_cols(cmp, with_res)))
@@ -370,20 +381,20 @@ def per_position_tables(cmp: Comparison) -> list[Table]:
 
 def per_prompt_table(cmp: Comparison) -> Table:
     """Rows = prompts (by name, in first-seen order), one column per run: that prompt's tau."""
-    with_res = [r for r in cmp.runs if r.results is not None]
+    with_res = [r for r in cmp.runs if r.result is not None]
     names: list[str] = []
     for r in with_res:
-        for p in r.results.get("per_prompt") or []:
-            if p.get("name") not in names:
-                names.append(p.get("name"))
+        for p in r.result.per_prompt:
+            if p.name not in names:
+                names.append(p.name)
     cols = [Column("prompt", "prompt", digits=None)] + [Column(cmp.label(r), _col_label(cmp, r), ranked=True)
                                                          for r in with_res]
     rows = []
     for name in names:
         cells = {"prompt": Cell(name, str(name))}
         for r in with_res:
-            p = next((p for p in r.results.get("per_prompt") or [] if p.get("name") == name), None)
-            cells[cmp.label(r)] = _num_cell(p.get("tau") if p else None, 2, None)
+            p = next((p for p in r.result.per_prompt if p.name == name), None)
+            cells[cmp.label(r)] = _num_cell(p.tau if p else None, 2, None)
         rows.append(Row(cells))
     return mark_best(Table("per-prompt tau", cols, rows, best_per="row"), rankable=_rankable_cols(cmp, with_res))
 
@@ -422,29 +433,28 @@ def _flag(cells: list[Cell], digits: int | None) -> None:
 
 def comparison_json(cmp: Comparison, per_position: bool = False, per_prompt: bool = False) -> dict:
     """A machine-readable comparison: comparability, and per run its marks, metrics and ratio/delta vs base."""
-    base_vals = metric_values(cmp.baseline.results) if cmp.baseline and cmp.baseline.results else {}
+    base_vals = metric_values(cmp.baseline.result) if cmp.baseline and cmp.baseline.result else {}
     runs = []
     for r in cmp.runs:
-        res = r.results or {}
+        res = r.result
         vals = metric_values(res) if res else {}
         entry = {"name": r.name, "host": r.host, "label": cmp.label(r), "path": str(r.path), "state": r.state,
                  "marks": run_marks(cmp, r), "rankable": cmp.rankable(r),
-                 "drafter": (res.get("drafter") or {}).get("name"), "step": checkpoint_step(res, r.name),
-                 "num_prompts": (res.get("options") or {}).get("num_prompts"),
-                 "max_blocks": (res.get("options") or {}).get("max_blocks"),
+                 "drafter": res.drafter.name if res else None, "step": checkpoint_step(res, r.name),
+                 "num_prompts": res.options.num_prompts if res else None,
+                 "max_blocks": res.options.max_blocks if res else None,
                  "duration_s": run_duration_s(r), "metrics": vals,
-                 "suspect_reasons": ((res.get("health") or {}).get("reasons") or []) if r.suspect else []}
+                 "suspect_reasons": res.health.reasons if r.suspect else []}
         if base_vals and r is not cmp.baseline and res:
             entry["vs_baseline"] = {k: {"ratio": (v / base_vals[k]) if base_vals.get(k) else None,
                                         "delta": v - base_vals[k]}
                                     for k, v in vals.items() if v is not None and base_vals.get(k) is not None}
         if per_position and res:
-            m = res.get("metrics", {})
-            entry["per_position"] = {k: m.get(k) for k in ("per_position_acceptance_unconditional",
-                                                           "per_position_acceptance_conditional",
-                                                           "position_accuracy")}
+            entry["per_position"] = {k: getattr(res.metrics, k) for k in ("per_position_acceptance_unconditional",
+                                                                         "per_position_acceptance_conditional",
+                                                                         "position_accuracy")}
         if per_prompt and res:
-            entry["per_prompt"] = [{"name": p.get("name"), "tau": p.get("tau")} for p in res.get("per_prompt") or []]
+            entry["per_prompt"] = [{"name": p.name, "tau": p.tau} for p in res.per_prompt]
         runs.append(entry)
     return {"baseline": cmp.label(cmp.baseline) if cmp.baseline else None,
             "comparable": not cmp.differences,

@@ -12,22 +12,22 @@ from .errors import ConfigError
 
 
 def comparison_figure(cmp: Comparison) -> Figure:
-    runs = [r for r in cmp.runs if r.results is not None]
+    runs = [r for r in cmp.runs if r.result is not None]
     fig = Figure(figsize=(16, 4.8), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax_pos, ax_hist, ax_tree = fig.subplots(1, 3)
     for r in runs:
-        m = r.results.get("metrics") or {}
+        m = r.result.metrics
         label = cmp.label(r) + ("" if cmp.rankable(r) or r is cmp.baseline else " (not ranked)")
         style = {"linestyle": "--" if r.suspect or cmp.incomparable(r) else "-",
                  "linewidth": 2.5 if r is cmp.baseline else 1.6, "marker": "o", "markersize": 3}
-        acc = m.get("per_position_acceptance_unconditional") or []
+        acc = m.per_position_acceptance_unconditional
         ax_pos.plot(range(1, len(acc) + 1), acc, label=label, **style)
-        hist = m.get("acceptance_histogram") or []
+        hist = m.acceptance_histogram
         total = sum(hist) or 1
         ax_hist.plot(range(len(hist)), [h / total for h in hist], label=label, drawstyle="steps-mid",
                      **{k: v for k, v in style.items() if k != "marker"})
-        tree = sorted(((int(b), t) for b, t in (m.get("ddtree_tau") or {}).items()))
+        tree = sorted(((int(b), t) for b, t in m.ddtree_tau.items() if t is not None))
         ax_tree.plot([b for b, _ in tree], [t for _, t in tree], label=label, **style)
     ax_pos.set(title="per-position acceptance  #(acc>=k)/#rounds", xlabel="draft position k",
                ylabel="fraction of rounds", ylim=(0, 1.02))

@@ -11,32 +11,33 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
 
+from remote_payload.results import Result
+
 from .compare import Cell, Column, Table
 
 
-def summary_line(results: dict) -> str:
+def summary_line(result: Result | dict) -> str:
     """'tau 8.37 · streak 7.37 · DDTree-512 12.38 · width-8 11.90 · position-1 accuracy 0.920 · 300 blocks,
-    10 prompts' (+ SUSPECT and its reasons) for one results.json."""
-    m = results.get("metrics") or {}
+    10 prompts' (+ SUSPECT and its reasons) for one results.json (a Result, or the file's dict)."""
+    if isinstance(result, dict):
+        result = Result.from_dict(result)
+    m = result.metrics
     parts = []
-    if m.get("tau") is not None:
-        parts.append(f"tau {m['tau']:.2f}")
-    if m.get("streak") is not None:
-        parts.append(f"streak {m['streak']:.2f}")
-    best = m.get("ddtree_best") or {}
-    if best.get("tau") is not None:
-        parts.append(f"DDTree-{best.get('budget')} {best['tau']:.2f}")
-    widths = m.get("tree_width_tau") or {}
+    if m.tau is not None:
+        parts.append(f"tau {m.tau:.2f}")
+    if m.streak is not None:
+        parts.append(f"streak {m.streak:.2f}")
+    if m.ddtree_best is not None:
+        parts.append(f"DDTree-{m.ddtree_best.budget} {m.ddtree_best.tau:.2f}")
+    widths = {w: v for w, v in m.tree_width_tau.items() if v is not None}
     if widths:
         w = max(widths, key=int)
         parts.append(f"width-{w} {widths[w]:.2f}")
-    if m.get("position_1_accuracy") is not None:
-        parts.append(f"position-1 accuracy {m['position_1_accuracy']:.3f}")
-    if m.get("num_rounds") is not None:
-        parts.append(f"{m['num_rounds']} blocks, {m.get('num_prompts')} prompts")
-    health = results.get("health") or {}
-    if health.get("suspect"):
-        reasons = "; ".join(health.get("reasons") or [])
+    if m.position_1_accuracy is not None:
+        parts.append(f"position-1 accuracy {m.position_1_accuracy:.3f}")
+    parts.append(f"{m.num_rounds} blocks, {m.num_prompts} prompts")
+    if result.health.suspect:
+        reasons = "; ".join(result.health.reasons)
         parts.append("SUSPECT" + (f" ({reasons})" if reasons else ""))
     return " · ".join(parts)
 

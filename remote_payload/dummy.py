@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from . import protocol
+from .results import Result
 
 BLOCK_SIZE = 16
 
@@ -39,7 +40,7 @@ def fake_results(run: str, n: int) -> dict:
     pos_acc = [round(0.9 ** k, 4) for k in range(1, BLOCK_SIZE)]
     comp = {"cache_fingerprint": "sha256:dummy", "prompt_set": "sha256:dummy", "num_prompts": n,
             "max_blocks": 3, "block_size": BLOCK_SIZE, "metrics_version": protocol.METRICS_VERSION}
-    return {
+    return Result.from_dict({
         "schema": protocol.RESULTS_SCHEMA, "run": run, "created_at": protocol.now_iso(),
         "drafter": {"path": "dummy", "name": "dummy", "layout": "pt", "step": None, "content_hash": "sha256:dummy",
                     "target_layer_ids": [1], "fc_layer_ids": [1], "num_parameters": 0},
@@ -61,7 +62,7 @@ def fake_results(run: str, n: int) -> dict:
         "health": {"suspect": False, "reasons": []},
         "timing": {"load_s": 0.0, "eval_s": 0.0, "anchors_per_s": 0.0, "total_s": 0.0},
         "environment": {"torch": None, "cuda": None, "gpu": None, "hostname": socket.gethostname()},
-    }
+    }).to_dict()
 
 
 def main(args) -> int:

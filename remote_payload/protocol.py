@@ -23,7 +23,7 @@ from typing import Any
 from . import runstate
 
 PROTOCOL_VERSION = 1
-RESULTS_SCHEMA = "reval.results/1"
+RESULTS_SCHEMA = "reval.results/2"  # remote_payload/results.py (the schema); /1 files still load
 # Bump when any metric definition changes: runs with different versions are not comparable.
 METRICS_VERSION = "dflash-metrics/1"
 
@@ -148,10 +148,3 @@ def run_alive(status) -> bool:
     counts (remote_payload/runstate.py: pgid > 1, same boot, the leader's recorded start time or the run id in
     a member's environment); zombies do not. The controller's probes run the same module on the host."""
     return runstate.run_alive(status)
-
-
-def comparability_key(results: dict) -> dict:
-    """What must be equal for two results to be ranked against each other."""
-    c = results.get("comparability", {})
-    return {k: c.get(k) for k in ("cache_fingerprint", "prompt_set", "num_prompts", "max_blocks", "block_size",
-                                  "metrics_version")}

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from . import __version__, metrics, protocol
+from . import results as R
 from .cache import open_cache
 from .checkpoint import check_features, load_drafter, load_target_head, peek_config
 from .devices import resolve_device_dtype
@@ -335,37 +336,40 @@ def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: d
     bs, prompts, budgets, widths = cfg.block_size, inp.prompts, opts.ddtree_budgets, opts.tree_widths
     eval_s = ev.eval_s
     fingerprint = cache.fingerprint
-    return {
-        "schema": protocol.RESULTS_SCHEMA,
-        "run": opts.name,
-        "created_at": protocol.now_iso(),
-        "drafter": {"path": str(opts.drafter), "name": info.name, "layout": info.layout, "step": info.step,
-                    "content_hash": info.content_hash, "target_layer_ids": list(cfg.target_layer_ids),
-                    "fc_layer_ids": list(cfg.fc_layer_ids), "num_parameters": info.num_parameters},
-        "target": {"path": str(opts.target), "embed_key": hinfo.embed_key,
-                   "lm_head_key": None if hinfo.tied else hinfo.lm_head_key, "tied": hinfo.tied,
-                   "config_matches_cache": mod.target_matches},
-        "cache": {"path": str(opts.cache), "fingerprint": fingerprint, "layer_ids": list(cache.layer_ids),
-                  "num_prompts_total": len(cache.prompts)},
-        "options": {"num_prompts": len(prompts), "max_blocks": opts.max_blocks, "block_size": bs,
-                    "ddtree_budgets": budgets, "tree_widths": widths, "device": str(device),
-                    "dtype": dtype_name(dtype), "batch_size": ev.batch_size, "strict": opts.strict,
-                    "position_accuracy_anchors": "all" if opts.all_anchors else "walk_reach"},
-        "comparability": {"cache_fingerprint": fingerprint, "prompt_set": ev.prompt_set,
-                          "num_prompts": len(prompts), "max_blocks": opts.max_blocks, "block_size": bs,
-                          "metrics_version": protocol.METRICS_VERSION + ("+all-anchors" if opts.all_anchors else "")},
-        "definitions": metrics.DEFINITIONS,
-        "metrics": m,
-        "per_prompt": ev.per_prompt,
-        "health": health,
-        "timing": {"load_s": round(mod.load_s, 3), "eval_s": round(eval_s, 3),
-                   "anchors_per_s": round(ev.num_anchors / eval_s, 1) if eval_s > 0 else None,
-                   "total_s": round(total_s, 3)},
-        "environment": {"torch": torch.__version__, "cuda": torch.version.cuda,
-                        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-                        "hostname": socket.gethostname(), "python": platform.python_version(),
-                        "payload_version": __version__},
-    }
+    attention = [R.LayerAttention(layer=i, type=cfg.layer_types[i], window=cfg.layer_window(i),
+                                  causal_in_block=cfg.layer_is_causal(i)) for i in range(cfg.num_hidden_layers)]
+    result = R.Result(
+        schema=R.SCHEMA, run=opts.name, created_at=protocol.now_iso(),
+        drafter=R.Drafter(path=str(opts.drafter), name=info.name, layout=info.layout, step=info.step,
+                          content_hash=info.content_hash, target_layer_ids=list(cfg.target_layer_ids),
+                          fc_layer_ids=list(cfg.fc_layer_ids), num_parameters=info.num_parameters,
+                          attention=attention),
+        target=R.Target(path=str(opts.target), embed_key=hinfo.embed_key,
+                        lm_head_key=None if hinfo.tied else hinfo.lm_head_key, tied=hinfo.tied,
+                        config_matches_cache=mod.target_matches),
+        cache=R.CacheInfo(path=str(opts.cache), fingerprint=fingerprint, layer_ids=list(cache.layer_ids),
+                          num_prompts_total=len(cache.prompts)),
+        options=R.Options(num_prompts=len(prompts), max_blocks=opts.max_blocks, block_size=bs,
+                          ddtree_budgets=budgets, tree_widths=widths, device=str(device), dtype=dtype_name(dtype),
+                          batch_size=ev.batch_size, strict=opts.strict,
+                          position_accuracy_anchors="all" if opts.all_anchors else "walk_reach"),
+        comparability=R.Comparability(
+            cache_fingerprint=fingerprint, prompt_set=ev.prompt_set,
+            num_prompts=len(prompts), max_blocks=opts.max_blocks, block_size=bs,
+            metrics_version=protocol.METRICS_VERSION + ("+all-anchors" if opts.all_anchors else ""),
+            attention=R.attention_signature(attention)),
+        definitions=metrics.DEFINITIONS,
+        metrics=R.Metrics.from_dict(m, "metrics"),
+        per_prompt=[R.PromptResult.from_dict(p, f"per_prompt[{i}]") for i, p in enumerate(ev.per_prompt)],
+        health=R.Health.from_dict(health, "health"),
+        timing=R.Timing(load_s=round(mod.load_s, 3), eval_s=round(eval_s, 3),
+                        anchors_per_s=round(ev.num_anchors / eval_s, 1) if eval_s > 0 else None,
+                        total_s=round(total_s, 3)),
+        environment=R.Environment(torch=torch.__version__, cuda=torch.version.cuda,
+                                  gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                                  hostname=socket.gethostname(), python=platform.python_version(),
+                                  payload_version=__version__))
+    return result.to_dict()
 
 
 def evaluate(opts: EvalOptions, rep: Reporter) -> dict:

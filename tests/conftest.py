@@ -113,3 +113,55 @@ def here(tmp_path, monkeypatch):
     monkeypatch.delenv("REVAL_HOSTS", raising=False)
     monkeypatch.delenv("REVAL_RUNS_DIR", raising=False)
     return tmp_path
+
+
+# --- every results.json the suite writes goes through the schema (results engineer) ----------------------
+def check_results_roundtrip(path) -> str | None:
+    """None when `path` loads through remote_payload.results and writes back every value it holds (exactly,
+    for files of the current schema); else why not."""
+    import json
+    from pathlib import Path
+
+    from remote_payload import results
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        res = results.Result.from_dict(data, source=path)
+    except (OSError, ValueError) as e:
+        return str(e)
+    out = res.to_dict()
+    if results.Result.from_dict(out) != res:
+        return f"{path}: load(dump(x)) != x"
+    if data.get("schema") == results.SCHEMA and out != data:
+        return f"{path}: written back differently"
+    lost = _not_kept(data, out)
+    return f"{path}: {lost} not kept" if lost else None
+
+
+def _not_kept(data, out, where="") -> str | None:
+    """The first value of `data` that `out` does not hold (out may add fields: defaults of optional ones)."""
+    if isinstance(data, dict) and isinstance(out, dict):
+        for k, v in data.items():
+            if k not in out:
+                return f"{where}.{k}".lstrip(".")
+            if (lost := _not_kept(v, out[k], f"{where}.{k}")) is not None:
+                return lost
+        return None
+    if isinstance(data, list) and isinstance(out, list) and len(data) == len(out):
+        return next((lost for i, (a, b) in enumerate(zip(data, out))
+                     if (lost := _not_kept(a, b, f"{where}[{i}]")) is not None), None)
+    return None if data == out and type(data) is type(out) else (where.lstrip(".") or "(top level)")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _every_results_json_roundtrips(tmp_path_factory):
+    """After the session: every results.json under pytest's tmp dirs (evals, dummy runs, pulled runs, sweeps,
+    synthetic ones) round-trips through the schema; a failure is reported as an error of the last test."""
+    yield
+    bad = []
+    for root, _dirs, files in os.walk(tmp_path_factory.getbasetemp()):
+        if "results.json" in files:
+            why = check_results_roundtrip(os.path.join(root, "results.json"))
+            if why:
+                bad.append(why)
+    assert not bad, "results.json files that do not round-trip through remote_payload/results.py:\n" + "\n".join(bad)

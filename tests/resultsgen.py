@@ -1,4 +1,4 @@
-"""Realistic synthetic results.json files (schema reval.results/1) for compare/sweep tests.
+"""Realistic synthetic results.json files (the current schema, remote_payload/results.py) for compare/sweep tests.
 
 Metrics are derived from generated acceptance walks (so tau, streak, histogram and per-position curves
 agree with each other as the payload's would), not typed in by hand."""
@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 from remote_payload import protocol
+from remote_payload import results as R
 
 BLOCK = 16
 
@@ -26,7 +27,7 @@ def _walk(rng: random.Random, p_accept: float, num_blocks: int) -> list[int]:
 def make_results(run: str, *, quality: float = 0.8, num_prompts: int = 4, max_blocks: int = 12, seed: int = 0,
                  cache_fingerprint: str = "sha256:cafe", prompt_set: str = "sha256:p1", step: int | None = None,
                  suspect: bool = False, metrics_version: str = protocol.METRICS_VERSION,
-                 drafter_name: str = "tiny-dflash", total_s: float = 12.5) -> dict:
+                 drafter_name: str = "tiny-dflash", total_s: float = 12.5, causal: bool = False) -> dict:
     rng = random.Random(f"{run}-{seed}-{quality}")
     per_prompt, all_lengths = [], []
     for i in range(num_prompts):
@@ -47,11 +48,12 @@ def make_results(run: str, *, quality: float = 0.8, num_prompts: int = 4, max_bl
     budgets = [16, 32, 64, 128, 256, 512]
     ddtree = {str(b): round(tau * (1.2 + 0.08 * i), 4) for i, b in enumerate(budgets)}
     path = f"/ckpt/step-{step}" if step is not None else f"/models/{drafter_name}"
-    return {
+    attention = [R.LayerAttention(layer=0, type="full_attention", window=None, causal_in_block=causal)]
+    return R.Result.from_dict({
         "schema": protocol.RESULTS_SCHEMA, "run": run, "created_at": "2026-11-30T10:00:00Z",
         "drafter": {"path": path, "name": drafter_name, "layout": "zlab", "step": step,
                     "content_hash": f"sha256:{run}", "target_layer_ids": [1, 2], "fc_layer_ids": [1, 2],
-                    "num_parameters": 1000},
+                    "num_parameters": 1000, "attention": [a.to_dict() for a in attention]},
         "target": {"path": "/models/target", "embed_key": "model.embed_tokens.weight", "lm_head_key": None},
         "cache": {"path": "/eval/cache", "fingerprint": cache_fingerprint, "layer_ids": [1, 2],
                   "num_prompts_total": num_prompts},
@@ -60,7 +62,7 @@ def make_results(run: str, *, quality: float = 0.8, num_prompts: int = 4, max_bl
                     "batch_size": 8, "strict": False},
         "comparability": {"cache_fingerprint": cache_fingerprint, "prompt_set": prompt_set,
                           "num_prompts": num_prompts, "max_blocks": max_blocks, "block_size": BLOCK,
-                          "metrics_version": metrics_version},
+                          "metrics_version": metrics_version, "attention": R.attention_signature(attention)},
         "definitions": {"tau": "mean acceptance length incl. bonus token, macro-averaged over prompts"},
         "metrics": {"tau": tau, "tau_pooled": tau_pooled, "streak": tau - 1, "streak_pooled": tau_pooled - 1,
                     "num_prompts": num_prompts, "num_rounds": len(all_lengths),
@@ -73,7 +75,7 @@ def make_results(run: str, *, quality: float = 0.8, num_prompts: int = 4, max_bl
         "health": {"suspect": suspect, "reasons": ["position-1 accuracy 0.000"] if suspect else []},
         "timing": {"load_s": 1.0, "eval_s": total_s - 1.0, "anchors_per_s": 100.0, "total_s": total_s},
         "environment": {"torch": "2.13.0", "cuda": None, "gpu": None, "hostname": "test"},
-    }
+    }).to_dict()
 
 
 def write_run(root: Path, host: str, run: str, results: dict | None = None, *, state: str = "succeeded",

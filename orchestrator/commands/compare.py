@@ -39,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
     paths = [compare.resolve_run(s, args.runs_dir) for s in args.runs]
     runs = [compare.load_run(p) for p in paths]
     baseline = compare.load_run(compare.resolve_run(args.baseline, args.runs_dir)) if args.baseline else None
-    if baseline is not None and baseline.results is None:
+    if baseline is not None and baseline.result is None:
         raise ConfigError(f"baseline {args.baseline!r} has no results ({baseline.state})",
                           hint="pick a finished run as --baseline")
     cmp = compare.build_comparison(runs, baseline)

@@ -3,12 +3,12 @@
 RUN is `name` (looked up in runs/ here, then on every inventory host) or `host/name`."""
 from __future__ import annotations
 
-import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from remote_payload import protocol
+from remote_payload.results import Result
 
 from .. import lifecycle, report
 from ..backends import get_backend
@@ -79,17 +79,16 @@ def report_final(host: str, name: str, state: str, status: dict, pulled: Path) -
     where = f"pulled to {pulled}/"
     if state == protocol.SUCCEEDED:
         try:
-            results = json.loads((pulled / protocol.RESULTS_JSON).read_text())
-        except (FileNotFoundError, ValueError):
+            result = Result.load(pulled / protocol.RESULTS_JSON)
+        except (FileNotFoundError, ValueError):  # ResultsError is a ValueError
             err(f"failed  {name} exited 0 but wrote no readable results.json · {where}")
             for line in last_lines(pulled / protocol.EVAL_LOG):
                 err(f"        {line}")
             return EXIT_EVAL_FAILED
         out(f"done    {name} succeeded in {duration_text(status)} · {where}")
-        out(f"        {report.summary_line(results)}")
-        health = results.get("health") or {}
-        if health.get("suspect"):
-            err(f"warning: SUSPECT RESULT — {'; '.join(health.get('reasons') or ['see results.json health'])}")
+        out(f"        {report.summary_line(result)}")
+        if result.health.suspect:
+            err(f"warning: SUSPECT RESULT — {'; '.join(result.health.reasons or ['see results.json health'])}")
         return EXIT_OK
     if state == protocol.CANCELLED:
         out(f"cancelled {name} on {host} after {duration_text(status)} · {where}")

@@ -58,7 +58,7 @@ def attach_comparisons(outcomes: list[Outcome], series: list[LedgerEntry], basel
     """Fill prev_* (the closest earlier finished, non-suspect checkpoint of the same configuration),
     base_ratio and the verdict of every outcome (pure, given the loaded baseline)."""
     done = [e for e in series if e.state == protocol.SUCCEEDED and e.tau is not None and not e.suspect]
-    base_tau = ((baseline.results or {}).get("metrics") or {}).get("tau") if baseline else None
+    base_tau = baseline.result.metrics.tau if baseline and baseline.result else None
     for o in outcomes:
         earlier = [e for e in done if e.checkpoint != o.checkpoint and
                    (e.step, e.checkpoint) < (o.step, o.checkpoint)] if o.step is not None else \

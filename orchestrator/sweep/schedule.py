@@ -43,7 +43,7 @@ def load_baseline(spec: str | None) -> compare.RunRecord | None:
         raise ConfigError(f"--baseline {spec!r}: {e}") from None
     except RevalError as e:
         raise type(e)(f"--baseline: {e}", hint=e.hint, exit_code=e.exit_code) from None
-    if rec.results is None:
+    if rec.result is None:
         raise ConfigError(f"--baseline {spec!r}: {rec.path} has no results.json (state {rec.state})",
                           hint="pick a finished run (reval ls), or pull it again: reval pull HOST/NAME")
     return rec
@@ -226,10 +226,10 @@ class Sweep(Staging):
             self._record(job, hs, UNREACHABLE, error=hs.down)
             raise
         run = compare.load_run(res.path)
-        if st.state == protocol.SUCCEEDED and run.results is not None:
-            m = run.results.get("metrics") or {}
-            self._record(job, hs, protocol.SUCCEEDED, tau=m.get("tau"), suspect=run.suspect, local=res.path)
-            self.log(f"done    {job.ckpt.name} on {hs.host.name} · tau {m.get('tau', float('nan')):.2f}"
+        if st.state == protocol.SUCCEEDED and run.result is not None:
+            tau = run.result.metrics.tau
+            self._record(job, hs, protocol.SUCCEEDED, tau=tau, suspect=run.suspect, local=res.path)
+            self.log(f"done    {job.ckpt.name} on {hs.host.name} · tau {float('nan') if tau is None else tau:.2f}"
                      + (" · SUSPECT" if run.suspect else ""))
         else:
             err = failure_line(st.status, res.path)

@@ -1,0 +1,433 @@
+"""The results.json schema: one versioned set of dataclasses that the payload writes and the orchestrator reads.
+
+Stdlib only (beside protocol.py): the laptop half imports it without torch. Reading is strict where it must be
+and lenient where it can be:
+- a missing required field, or a value of the wrong type, is one line naming the file and the field
+  (`ResultsError`, a ValueError);
+- unknown fields (a newer payload's additions) are kept in `.extra` and written back unchanged;
+- files written before schema `reval.results/2` still load (the fields added since are optional).
+
+    res = Result.load("runs/gpu1/step4000/results.json")
+    res.metrics.tau, res.per_prompt[0].acceptance_lengths, res.health.suspect, res.drafter.attention
+
+`docs/results.md` is generated from these classes (`python -m remote_payload.results > docs/results.md`;
+a test fails when the two differ).
+"""
+# ruff: noqa: RUF009 — `doc(...)` is dataclasses.field(...) with the field's documentation
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .protocol import RESULTS_SCHEMA as SCHEMA
+
+SCHEMA_VERSION = int(SCHEMA.rsplit("/", 1)[1])
+_SCHEMA_RE = re.compile(r"^reval\.results/(\d+)$")
+
+
+class ResultsError(ValueError):
+    """A results.json that breaks the schema (one line: the file, the field, what is wrong)."""
+
+
+def doc(text: str, default: Any = MISSING, factory: Any = MISSING) -> Any:
+    """A schema field with its documentation (docs/results.md); a default makes it optional."""
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass(kw_only=True)
+class Record:
+    """Base of every schema object: unknown fields of the file are kept in `extra` (and written back)."""
+    extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, metadata={"internal": True})
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = ""):
+        return _record(cls, d, where or cls.__name__)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: _dump(getattr(self, f.name)) for f in fields(self) if not f.metadata.get("internal")}
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
+
+# --------------------------------------------------------------------------------------------- the schema
+
+@dataclass(kw_only=True)
+class LayerAttention(Record):
+    layer: int = doc("drafter layer index (0-based)")
+    type: str = doc("`full_attention` or `sliding_attention` (config.json layer_types)")
+    window: int | None = doc("keys a query sees, itself included (sliding layers); null: no window")
+    causal_in_block: bool = doc("block positions see only earlier block positions (else bidirectional inside "
+                                "the block); the context before the anchor is always visible (within the window)")
+
+
+@dataclass(kw_only=True)
+class Drafter(Record):
+    path: str = doc("the drafter as given to --drafter")
+    name: str = doc("display name (folder or file name)")
+    layout: str = doc("`zlab` (config.json + safetensors) or `pt` (team .pt file)")
+    step: int | None = doc("training step, when the checkpoint records one")
+    content_hash: str = doc("checkpoint content hash `sha256-64MiB-tree:<hex>` over the weight files: the same "
+                            "hash the sweep ledger records for this checkpoint")
+    target_layer_ids: list[int] = doc("target layers the drafter was trained on")
+    fc_layer_ids: list[int] = doc("target layers its fc input reads from the cache")
+    num_parameters: int = doc("parameters loaded")
+    attention: list[LayerAttention] | None = doc(
+        "per drafter layer, the attention the eval used (window, causal inside the block); part of the "
+        "comparability key. Absent in files written before reval.results/2", None)
+
+
+@dataclass(kw_only=True)
+class Target(Record):
+    path: str = doc("the target folder (--target): its embed_tokens / lm_head and tokenizer are borrowed")
+    embed_key: str = doc("weight key of the embedding read")
+    lm_head_key: str | None = doc("weight key of the lm_head read; null when tied to the embedding")
+    tied: bool | None = doc("lm_head tied to embed_tokens", None)
+    config_matches_cache: bool | None = doc("the target's config.json is the one the cache was extracted with "
+                                            "(null: the cache does not record it)", None)
+
+
+@dataclass(kw_only=True)
+class CacheInfo(Record):
+    path: str = doc("the hidden-state cache (--cache)")
+    fingerprint: str = doc("content fingerprint of the cache (`sha256:<hex>`)")
+    layer_ids: list[int] = doc("target layers the cache holds")
+    num_prompts_total: int = doc("prompts in the cache (the eval reads the first options.num_prompts)")
+
+
+@dataclass(kw_only=True)
+class Options(Record):
+    num_prompts: int = doc("prompts evaluated")
+    max_blocks: int = doc("draft rounds per prompt (--max-blocks)")
+    block_size: int = doc("drafter block size (bonus token + block_size-1 drafts)")
+    ddtree_budgets: list[int] = doc("DDTree node budgets evaluated")
+    tree_widths: list[int] = doc("width-k trees evaluated")
+    device: str = doc("torch device, e.g. `cuda:0`, `cpu`")
+    dtype: str = doc("compute dtype, e.g. `bfloat16`")
+    batch_size: int = doc("anchors per drafter forward")
+    strict: bool = doc("--strict: a suspect result failed the run")
+    position_accuracy_anchors: str = doc("`walk_reach` (anchors the walk can reach) or `all` (--all-anchors)",
+                                         "walk_reach")
+
+
+@dataclass(kw_only=True)
+class Comparability(Record):
+    cache_fingerprint: str = doc("the cache's fingerprint")
+    prompt_set: str = doc("sha256 of the evaluated prompts' token ids and prompt lengths")
+    num_prompts: int = doc("prompts evaluated")
+    max_blocks: int = doc("draft rounds per prompt")
+    block_size: int = doc("drafter block size")
+    metrics_version: str = doc("metric definitions version (`dflash-metrics/N`, `+all-anchors`)")
+    attention: str | None = doc("the drafter's attention semantics, one `type/window/causal|bidirectional` per "
+                                "layer (drafter.attention); null: not recorded (before reval.results/2)", None)
+
+    KEY_FIELDS = ("cache_fingerprint", "prompt_set", "num_prompts", "max_blocks", "block_size", "metrics_version",
+                  "attention")
+
+    def key(self) -> dict[str, Any]:
+        """What must be equal for two results to be ranked against each other (null attention: unknown)."""
+        return {k: getattr(self, k) for k in self.KEY_FIELDS}
+
+
+@dataclass(kw_only=True)
+class DDTreeBest(Record):
+    budget: int = doc("the budget with the largest ddtree_tau (equal tau: the smaller budget)")
+    tau: float = doc("its tau")
+
+
+@dataclass(kw_only=True)
+class Metrics(Record):
+    tau: float | None = doc("mean acceptance length incl. the bonus token, macro over prompts (tokens per round)")
+    tau_pooled: float | None = doc("mean acceptance length incl. bonus over all rounds of all prompts")
+    streak: float | None = doc("tau - 1: drafts accepted per round excl. the bonus token")
+    streak_pooled: float | None = doc("tau_pooled - 1")
+    num_prompts: int = doc("prompts evaluated")
+    num_rounds: int = doc("rounds of the vanilla walk over all prompts")
+    num_anchors: int = doc("teacher-forced anchors evaluated")
+    acceptance_histogram: list[int] = doc("index L = rounds whose acceptance length incl. bonus was L (index 0 is "
+                                          "always 0), block_size+1 entries")
+    per_position_acceptance_unconditional: list[float | None] = doc("k=1..block_size-1: #(acc>=k)/#rounds")
+    per_position_acceptance_conditional: list[float | None] = doc("k=1..block_size-1: #(acc>=k)/#(acc>=k-1)")
+    position_accuracy: list[float | None] = doc("k=1..block_size-1, teacher-forced, pooled over anchors")
+    position_accuracy_macro: list[float | None] | None = doc("as position_accuracy, averaged over prompts", None)
+    position_1_accuracy: float | None = doc("position_accuracy at k=1 (teacher-forced)")
+    ddtree_tau: dict[str, float | None] = doc("per node budget (string key): DDTree tau, macro over prompts")
+    ddtree_best: DDTreeBest | None = doc("the best budget and its tau")
+    tree_width_tau: dict[str, float | None] = doc("per width k (string key): width-k tree tau, macro over prompts")
+
+
+@dataclass(kw_only=True)
+class FirstBlock(Record):
+    draft: str = doc("the first drafted block, decoded")
+    target: str = doc("the target's tokens at the same positions, decoded")
+
+
+@dataclass(kw_only=True)
+class PromptResult(Record):
+    name: str = doc("prompt name (from the cache)")
+    prompt_len: int = doc("prompt tokens (the completion starts here)")
+    seq_len: int = doc("prompt + completion tokens")
+    acceptance_lengths: list[int] = doc("per round of the vanilla walk: drafts accepted + 1 (bonus)")
+    tau: float | None = doc("mean of acceptance_lengths")
+    num_anchors: int | None = doc("anchors drafted at", None)
+    position_hits: list[int] | None = doc("k=1..block_size-1: anchors whose draft k equals the target", None)
+    position_totals: list[int] | None = doc("k=1..block_size-1: anchors with a+k < seq_len", None)
+    position_accuracy: list[float | None] | None = doc("position_hits / position_totals", None)
+    ddtree_acceptance_lengths: dict[str, list[int]] | None = doc("per budget: the DDTree walk's lengths", None)
+    ddtree_tau: dict[str, float | None] | None = doc("per budget: mean of those", None)
+    tree_width_acceptance_lengths: dict[str, list[int]] | None = doc("per width: the width-k walk's lengths", None)
+    tree_width_tau: dict[str, float | None] | None = doc("per width: mean of those", None)
+    first_block: FirstBlock | None = doc("the first block, drafted vs target", None)
+
+
+@dataclass(kw_only=True)
+class Health(Record):
+    suspect: bool = doc("the result looks like a broken load (see reasons); never ranked silently")
+    reasons: list[str] = doc("why it is suspect")
+    hints: list[str] = doc("what to check", factory=list)
+    top_draft_token: dict[str, Any] | None = doc("the most common draft token: id, share, target_share", None)
+    feature_stats: dict[str, Any] | None = doc("per prompt: mean/std of the cached features", None)
+    weight_stats: dict[str, Any] | None = doc("per weight key: mean/std", None)
+    embed_stats: dict[str, Any] | None = doc("embed_tokens mean/std", None)
+
+
+@dataclass(kw_only=True)
+class Timing(Record):
+    load_s: float | None = doc("seconds loading the drafter and the target head")
+    eval_s: float | None = doc("seconds drafting and walking (the eval proper)")
+    anchors_per_s: float | None = doc("anchors drafted per second of eval_s")
+    total_s: float | None = doc("seconds of the whole payload run (wall)")
+
+
+@dataclass(kw_only=True)
+class Environment(Record):
+    torch: str | None = doc("torch version")
+    cuda: str | None = doc("CUDA version torch was built with")
+    gpu: str | None = doc("GPU name; null on CPU")
+    hostname: str = doc("host the eval ran on")
+    python: str | None = doc("Python version", None)
+    payload_version: str | None = doc("reval payload version", None)
+
+
+@dataclass(kw_only=True)
+class Result(Record):
+    schema: str = doc(f"`{SCHEMA}` (files with `reval.results/1` still load)")
+    run: str = doc("run name")
+    created_at: str = doc("UTC, ISO 8601")
+    drafter: Drafter = doc("what was evaluated")
+    target: Target = doc("the target model whose head and tokenizer were borrowed")
+    cache: CacheInfo = doc("the hidden-state cache")
+    options: Options = doc("eval options")
+    comparability: Comparability = doc("what must be equal for two runs to be ranked against each other")
+    definitions: dict[str, str] = doc("the exact definition of every metric (remote_payload/metrics.py)")
+    metrics: Metrics = doc("the headline numbers over all prompts")
+    per_prompt: list[PromptResult] = doc("per prompt, in cache order (confidence intervals are computed from these)")
+    health: Health = doc("guards against a broken load")
+    timing: Timing = doc("durations")
+    environment: Environment = doc("software and host")
+    source: Path | None = field(default=None, repr=False, compare=False, metadata={"internal": True})
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "", source: str | Path | None = None) -> Result:
+        if not isinstance(d, dict):
+            raise ResultsError(f"{_file(source)}not a JSON object")
+        check_schema(d.get("schema"), source)
+        try:
+            res = _record(cls, d, where)
+        except ResultsError as e:
+            raise ResultsError(f"{_file(source)}{e}") from None
+        res.source = Path(source) if source is not None else None
+        return res
+
+    @classmethod
+    def load(cls, path: str | Path) -> Result:
+        """Read and check a results.json; every problem is one ResultsError line naming the file."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ResultsError(f"{path}: not UTF-8 text") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ResultsError(f"{path}: not valid JSON ({e})") from None
+        return cls.from_dict(data, source=path)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str) + "\n"
+
+    @property
+    def suspect(self) -> bool:
+        return self.health.suspect
+
+
+def check_schema(schema: Any, source: str | Path | None = None) -> int:
+    """The schema's version number; an unknown or newer schema is a one-line error."""
+    m = _SCHEMA_RE.match(schema) if isinstance(schema, str) else None
+    if not m:
+        raise ResultsError(f"{_file(source)}schema {schema!r} is not a reval results schema (expected {SCHEMA!r})")
+    version = int(m.group(1))
+    if version < 1 or version > SCHEMA_VERSION:
+        raise ResultsError(f"{_file(source)}schema {schema!r} is newer than this reval reads ({SCHEMA!r}): "
+                           "upgrade reval")
+    return version
+
+
+def attention_signature(layers: list[LayerAttention] | None) -> str | None:
+    """'sliding_attention/4/causal,full_attention/-/bidirectional' (the comparability key's form)."""
+    if layers is None:
+        return None
+    return ",".join(f"{a.type}/{a.window if a.window is not None else '-'}/"
+                    f"{'causal' if a.causal_in_block else 'bidirectional'}" for a in layers)
+
+
+# --------------------------------------------------------------------------------------------- machinery
+
+def _file(source: str | Path | None) -> str:
+    return f"{source}: " if source is not None else ""
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(tp: Any) -> str:
+    if dataclasses.is_dataclass(tp):
+        return "object"
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return f"object of {_type_name(typing.get_args(tp)[1])}"
+    return {str: "string", int: "integer", float: "number", bool: "true/false", type(None): "null",
+            Any: "any"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _bad(where: str, tp: Any, v: Any) -> ResultsError:
+    shown = repr(v) if not isinstance(v, (dict, list)) else type(v).__name__
+    return ResultsError(f"field {where}: expected {_type_name(tp)}, got {shown[:40]}")
+
+
+_SCALARS = {float: lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
+            int: lambda x: isinstance(x, int) and not isinstance(x, bool),
+            bool: lambda x: isinstance(x, bool), str: lambda x: isinstance(x, str)}
+
+
+def _convert(tp: Any, v: Any, where: str) -> Any:
+    if tp is Any:
+        return v
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if v is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) != 1:
+            raise TypeError(f"unsupported schema type {tp}")
+        if inner[0] in _SCALARS and not _SCALARS[inner[0]](v):
+            raise _bad(where, tp, v)  # "expected number or null"
+        return _convert(inner[0], v, where)
+    if dataclasses.is_dataclass(tp):
+        return _record(tp, v, where)
+    if origin is list:
+        if not isinstance(v, list):
+            raise _bad(where, tp, v)
+        (item,) = typing.get_args(tp)
+        return [_convert(item, x, f"{where}[{i}]") for i, x in enumerate(v)]
+    if origin is dict:
+        if not isinstance(v, dict):
+            raise _bad(where, tp, v)
+        _, item = typing.get_args(tp)
+        return {str(k): _convert(item, x, f"{where}.{k}") for k, x in v.items()}
+    ok = _SCALARS.get(tp)
+    if ok is None:
+        raise TypeError(f"unsupported schema type {tp}")
+    if not ok(v):
+        raise _bad(where, tp, v)
+    return v
+
+
+def _record(cls: type, d: Any, where: str) -> Any:
+    if not isinstance(d, dict):
+        raise _bad(where or "(top level)", cls, d)
+    hints = _hints(cls)
+    kw, known = {}, set()
+    for f in fields(cls):
+        if f.metadata.get("internal"):
+            continue
+        known.add(f.name)
+        path = f"{where}.{f.name}" if where else f.name
+        if f.name in d:
+            kw[f.name] = _convert(hints[f.name], d[f.name], path)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise ResultsError(f"missing required field {path}")
+    obj = cls(**kw)
+    obj.extra = {k: v for k, v in d.items() if k not in known}
+    return obj
+
+
+def _dump(v: Any) -> Any:
+    if isinstance(v, Record):
+        return v.to_dict()
+    if isinstance(v, list):
+        return [_dump(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _dump(x) for k, x in v.items()}
+    return v
+
+
+# --------------------------------------------------------------------------------------------- docs
+
+_SECTIONS = [(Result, "results.json"), (Drafter, "drafter"), (LayerAttention, "drafter.attention[]"),
+             (Target, "target"), (CacheInfo, "cache"), (Options, "options"), (Comparability, "comparability"),
+             (Metrics, "metrics"), (DDTreeBest, "metrics.ddtree_best"), (PromptResult, "per_prompt[]"),
+             (FirstBlock, "per_prompt[].first_block"), (Health, "health"), (Timing, "timing"),
+             (Environment, "environment")]
+
+
+def markdown() -> str:
+    """docs/results.md, generated from the dataclasses above."""
+    out = [f"# results.json (schema `{SCHEMA}`)", "",
+           "Written once, atomically, by the payload at the end of a successful eval; read back by the orchestrator",
+           "through the same classes (`remote_payload/results.py`), and generated from them:",
+           "`python -m remote_payload.results > docs/results.md`.", "",
+           "- A field marked *required* must be present (its value may still be null where the type allows it);",
+           "  a missing one is a one-line error naming the file and the field.",
+           "- Unknown fields are kept and ignored, so a newer payload's additions do not break an older reval.",
+           "- Files of `reval.results/1` (before per-layer attention was recorded) still load.",
+           "- Every metric's exact definition is in the file itself (`definitions`); `tau` includes the bonus",
+           "  token, `streak` excludes it. Confidence intervals are not stored: reval computes them from",
+           "  `per_prompt` when it compares or reports, so older runs get them too.", ""]
+    for cls, title in _SECTIONS:
+        out += [f"## `{title}`", "", "| field | type | | meaning |", "|---|---|---|---|"]
+        hints = _hints(cls)
+        for f in fields(cls):
+            if f.metadata.get("internal"):
+                continue
+            req = "required" if f.default is MISSING and f.default_factory is MISSING else "optional"
+            tp = hints[f.name]
+            name = next((t for c, t in _SECTIONS if c is _inner(tp)), None)
+            shown = f"{_type_name(tp)} (`{name}`)" if name else _type_name(tp)
+            out.append(f"| `{f.name}` | {shown} | {req} | {f.metadata['doc']} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _inner(tp: Any) -> Any:
+    while typing.get_origin(tp) in (typing.Union, types.UnionType, list):
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(markdown(), end="")

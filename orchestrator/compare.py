@@ -1,7 +1,9 @@
-"""Load pulled runs and compare them: name resolution, comparability, and the pure table builders.
+"""Load pulled runs and compare them: name resolution, comparability, intervals and paired comparisons.
 
-Nothing here prints or writes; `report.py` renders the `Table`s built here (rich, markdown, csv, json)
-and `plots.py` draws the curves. A pulled run lives in `runs/<host>/<run>/` (remote_payload/protocol.py).
+The API (what `reval.load()` / `reval.compare()` call): `load_result(path) -> Result` and
+`compare(runs, baseline=...) -> Comparison` (its `.rows()` are plain records). Nothing here prints or
+writes; `tables.py` builds the tables, `report.py` renders them (rich, markdown, csv, json), `html.py` writes
+the HTML report and `plots.py` draws the curves. A pulled run lives in `runs/<host>/<run>/`.
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from remote_payload import protocol
 from remote_payload.contenthash import STEP_PATTERN as _STEP  # one checkpoint-step rule
 from remote_payload.results import Result, ResultsError
 
+from . import intervals
 from .errors import ConfigError, RunNotFound
+from .stats import Estimate, Paired
 
 # comparability_key field -> the words used when telling the user what differs
 FIELD_WORDS = {"cache_fingerprint": "cache", "prompt_set": "prompt set", "num_prompts": "num_prompts",
@@ -138,6 +142,8 @@ class Comparison:
     labels: dict[str, str]             # run path (str) -> display label
     baseline: RunRecord | None = None
     differences: list[Difference] = field(default_factory=list)
+    _estimates: dict = field(default_factory=dict, repr=False)
+    _paired: dict = field(default_factory=dict, repr=False)
 
     def label(self, run: RunRecord) -> str:
         return self.labels[str(run.path)]
@@ -147,6 +153,29 @@ class Comparison:
 
     def rankable(self, run: RunRecord) -> bool:
         return run.result is not None and not run.suspect and not self.incomparable(run)
+
+    def estimates(self, run: RunRecord) -> dict[str, Estimate]:
+        """95% bootstrap intervals over prompts of the run's headline numbers (computed once)."""
+        key = str(run.path)
+        if key not in self._estimates:
+            self._estimates[key] = intervals.estimates(run.result) if run.result is not None else {}
+        return self._estimates[key]
+
+    def paired(self, run: RunRecord) -> dict[str, Paired]:
+        """The run against the baseline, paired by prompt (empty for the baseline itself, runs without
+        results, and runs that are not comparable with the baseline)."""
+        base = self.baseline
+        if base is None or run is base or run.result is None or base.result is None or self.incomparable(run):
+            return {}
+        key = str(run.path)
+        if key not in self._paired:
+            self._paired[key] = intervals.compare_paired(run.result, base.result)
+        return self._paired[key]
+
+    def rows(self) -> list[dict]:
+        """The comparison as plain records, one per run (what `--format json` prints under "runs")."""
+        from .tables import comparison_json
+        return comparison_json(self)["runs"]
 
 
 def run_labels(runs: list[RunRecord]) -> dict[str, str]:
@@ -180,6 +209,42 @@ def build_comparison(runs: list[RunRecord], baseline: RunRecord | None = None) -
     return cmp
 
 
+def load_result(path: str | Path) -> Result:
+    """A results.json, or a run directory holding one, as a typed Result (ConfigError naming the file and
+    field when it breaks the schema; RunNotFound when there is none)."""
+    path = Path(path)
+    rec = load_run(path) if path.is_dir() else None
+    if rec is not None:
+        if rec.result is None:
+            raise RunNotFound(f"{path}: no results.json (state {rec.state})", hint="pull it when it has finished")
+        return rec.result
+    try:
+        return Result.load(path)
+    except FileNotFoundError:
+        raise RunNotFound(f"{path}: no such results.json or run directory") from None
+    except ResultsError as e:
+        raise ConfigError(str(e), hint="re-run the eval with this version of reval") from None
+
+
+def _record(x: RunRecord | Result | str | Path) -> RunRecord:
+    if isinstance(x, RunRecord):
+        return x
+    if isinstance(x, Result):
+        where = x.source.parent if x.source is not None else Path(x.run)
+        return RunRecord(name=x.run, host=x.environment.hostname, path=where, result=x)
+    return load_run(x)
+
+
+def compare(runs: list, baseline=None, *, allow_incomparable: bool = False) -> Comparison:
+    """The comparison the CLI prints: runs (RunRecords, Results or run directories) in order, the baseline
+    first; comparability checked (ConfigError naming what differs unless allow_incomparable); intervals and
+    paired comparisons computed on demand (`Comparison.estimates(run)`, `.paired(run)`, `.rows()`)."""
+    cmp = build_comparison([_record(r) for r in runs], None if baseline is None else _record(baseline))
+    if not allow_incomparable:
+        require_comparable(cmp)
+    return cmp
+
+
 def require_comparable(cmp: Comparison) -> None:
     """Raise (exit 3) naming every differing field, unless all runs are comparable."""
     if not cmp.differences:
@@ -196,42 +261,6 @@ def comparability_note(cmp: Comparison) -> str:
     fields = sorted({FIELD_WORDS.get(d.field, d.field) for d in cmp.differences})
     runs = sorted({d.run for d in cmp.differences})
     return f"NOT comparable ({', '.join(fields)} differ for {', '.join(runs)}): marked, not ranked"
-
-
-# ---------------------------------------------------------------------------------------------------------
-# tables (pure)
-
-@dataclass
-class Column:
-    key: str
-    label: str
-    ranked: bool = False     # highlight the best (highest) value
-    digits: int | None = 2   # None: text column
-
-
-@dataclass
-class Cell:
-    value: Any = None        # float/int for numbers, str for text, None for empty
-    text: str = ""
-    ratio: float | None = None   # vs baseline
-    delta: float | None = None
-    best: bool = False
-
-
-@dataclass
-class Row:
-    cells: dict[str, Cell]
-    marks: list[str] = field(default_factory=list)  # base, SUSPECT, INCOMPARABLE, FAILED, ...
-    rankable: bool = True
-
-
-@dataclass
-class Table:
-    title: str
-    columns: list[Column]
-    rows: list[Row]
-    best_per: str = "column"   # "column": best run per metric; "row": best run per position/prompt
-    notes: list[str] = field(default_factory=list)
 
 
 
@@ -274,11 +303,6 @@ def run_duration_s(run: RunRecord) -> float | None:
     return b - a if a is not None and b is not None else None
 
 
-def _budgets(runs: list[RunRecord], key: str) -> list[str]:
-    keys = {k for r in runs if r.result for k in getattr(r.result.metrics, key)}
-    return sorted(keys, key=lambda k: int(k))
-
-
 def metric_values(result: Result) -> dict[str, float | None]:
     """The ranked numbers of one result, flat: tau, streak, ddtree_best, ddtree_<B>, width_<k>, pos1_acc."""
     m = result.metrics
@@ -305,159 +329,13 @@ def run_marks(cmp: Comparison, run: RunRecord) -> list[str]:
     return marks
 
 
-def _num_cell(v: float | None, digits: int, base: float | None) -> Cell:
-    if v is None:
-        return Cell()
-    c = Cell(value=v, text=f"{v:.{digits}f}")
-    if base is not None:
-        c.delta = v - base
-        c.ratio = v / base if base else None
-    return c
+# the table builders live in tables.py; these names stay importable from here (lazily: tables imports us)
+_TABLE_NAMES = ("Cell", "Column", "Row", "Table", "comparison_json", "main_table", "mark_best", "paired_table",
+                "per_position_tables", "per_prompt_table")
 
 
-def main_table(cmp: Comparison) -> Table:
-    """One row per run: name, host, drafter, step, prompts x blocks, tau, streak, DDTree best and per budget,
-    width-k trees, position-1 accuracy, duration; ratios/deltas against the baseline when there is one."""
-    budgets = _budgets(cmp.runs, "ddtree_tau")
-    widths = _budgets(cmp.runs, "tree_width_tau")
-    cols = [Column("run", "run", digits=None), Column("host", "host", digits=None),
-            Column("drafter", "drafter", digits=None), Column("step", "step", digits=None),
-            Column("size", "prompts\nx blocks", digits=None),
-            Column("tau", "tau", ranked=True), Column("streak", "streak", ranked=True),
-            Column("ddtree_best", "DDTree\nbest", ranked=True)]
-    cols += [Column(f"ddtree_{b}", f"DDT\n{b}", ranked=True) for b in budgets]
-    cols += [Column(f"width_{w}", f"width\n{w}", ranked=True) for w in widths]
-    cols += [Column("pos1_acc", "pos-1\nacc", ranked=True, digits=3), Column("duration", "duration", digits=None)]
-    base_vals = metric_values(cmp.baseline.result) if cmp.baseline and cmp.baseline.result else {}
-    rows = []
-    for run in cmp.runs:
-        res = run.result
-        step = checkpoint_step(res, run.name)
-        marks = run_marks(cmp, run)
-        name = res.drafter.name if res else None
-        size = f"{res.options.num_prompts}x{res.options.max_blocks}" if res else ""
-        cells = {"run": Cell(cmp.label(run), cmp.label(run) + "".join(f" ({m})" for m in marks)),
-                 "host": Cell(run.host, run.host),
-                 "drafter": Cell(name, name or ""),
-                 "step": Cell(step, "" if step is None else str(step)),
-                 "size": Cell(size or None, size)}
-        vals = metric_values(res) if res else {}
-        for c in cols:
-            if c.ranked:
-                base = None if run is cmp.baseline else base_vals.get(c.key)
-                cells[c.key] = _num_cell(vals.get(c.key), c.digits, base)
-        best = res.metrics.ddtree_best if res else None
-        if cells["ddtree_best"].value is not None and best is not None:
-            cells["ddtree_best"].text += f" @{best.budget}"
-        dur = run_duration_s(run)
-        cells["duration"] = Cell(dur, format_duration(dur))
-        rows.append(Row(cells, marks, cmp.rankable(run)))
-    table = Table("runs" + (f" vs {cmp.label(cmp.baseline)}" if cmp.baseline else ""), cols, rows,
-                  notes=[comparability_note(cmp)])
-    return mark_best(table)
-
-
-def per_position_tables(cmp: Comparison) -> list[Table]:
-    """Rows k=1..15, one column per run: unconditional and conditional acceptance, teacher-forced accuracy."""
-    views = [("per_position_acceptance_unconditional", "per-position acceptance #(acc>=k)/#rounds"),
-             ("per_position_acceptance_conditional", "per-position acceptance #(acc>=k)/#(acc>=k-1)"),
-             ("position_accuracy", "teacher-forced position accuracy")]
-    with_res = [r for r in cmp.runs if r.result is not None]
-    tables = []
-    for key, title in views:
-        n = max((len(getattr(r.result.metrics, key)) for r in with_res), default=0)
-        cols = [Column("k", "k", digits=None)] + [Column(cmp.label(r), _col_label(cmp, r), ranked=True, digits=3)
-                                                   for r in with_res]
-        rows = []
-        for k in range(1, n + 1):
-            cells = {"k": Cell(k, str(k))}
-            for r in with_res:
-                seq = getattr(r.result.metrics, key)
-                cells[cmp.label(r)] = _num_cell(seq[k - 1] if k <= len(seq) else None, 3, None)
-            rows.append(Row(cells))
-        tables.append(mark_best(Table(title, cols, rows, best_per="row"), rankable=_rankable_cols(cmp, with_res)))
-    return tables
-
-
-def per_prompt_table(cmp: Comparison) -> Table:
-    """Rows = prompts (by name, in first-seen order), one column per run: that prompt's tau."""
-    with_res = [r for r in cmp.runs if r.result is not None]
-    names: list[str] = []
-    for r in with_res:
-        for p in r.result.per_prompt:
-            if p.name not in names:
-                names.append(p.name)
-    cols = [Column("prompt", "prompt", digits=None)] + [Column(cmp.label(r), _col_label(cmp, r), ranked=True)
-                                                         for r in with_res]
-    rows = []
-    for name in names:
-        cells = {"prompt": Cell(name, str(name))}
-        for r in with_res:
-            p = next((p for p in r.result.per_prompt if p.name == name), None)
-            cells[cmp.label(r)] = _num_cell(p.tau if p else None, 2, None)
-        rows.append(Row(cells))
-    return mark_best(Table("per-prompt tau", cols, rows, best_per="row"), rankable=_rankable_cols(cmp, with_res))
-
-
-def _col_label(cmp: Comparison, run: RunRecord) -> str:
-    return cmp.label(run) + "".join(f" ({m})" for m in run_marks(cmp, run))
-
-
-def _rankable_cols(cmp: Comparison, runs: list[RunRecord]) -> set[str]:
-    return {cmp.label(r) for r in runs if cmp.rankable(r)}
-
-
-def mark_best(table: Table, rankable: set[str] | None = None) -> Table:
-    """Flag the highest value per ranked column (best_per="column", among rankable rows) or per row
-    (best_per="row", among the ranked columns in `rankable`). Ties are all flagged. Mutates and returns."""
-    if table.best_per == "column":
-        for c in table.columns:
-            if not c.ranked:
-                continue
-            cand = [r.cells[c.key] for r in table.rows if r.rankable and r.cells[c.key].value is not None]
-            _flag(cand, c.digits)
-    else:
-        keys = [c for c in table.columns if c.ranked and (rankable is None or c.key in rankable)]
-        for r in table.rows:
-            _flag([r.cells[c.key] for c in keys if r.cells[c.key].value is not None], keys[0].digits if keys else 2)
-    return table
-
-
-def _flag(cells: list[Cell], digits: int | None) -> None:
-    if len(cells) < 2:
-        return  # one value is not a ranking
-    top = max(round(c.value, digits or 0) for c in cells)
-    for c in cells:
-        c.best = round(c.value, digits or 0) == top
-
-
-def comparison_json(cmp: Comparison, per_position: bool = False, per_prompt: bool = False) -> dict:
-    """A machine-readable comparison: comparability, and per run its marks, metrics and ratio/delta vs base."""
-    base_vals = metric_values(cmp.baseline.result) if cmp.baseline and cmp.baseline.result else {}
-    runs = []
-    for r in cmp.runs:
-        res = r.result
-        vals = metric_values(res) if res else {}
-        entry = {"name": r.name, "host": r.host, "label": cmp.label(r), "path": str(r.path), "state": r.state,
-                 "marks": run_marks(cmp, r), "rankable": cmp.rankable(r),
-                 "drafter": res.drafter.name if res else None, "step": checkpoint_step(res, r.name),
-                 "num_prompts": res.options.num_prompts if res else None,
-                 "max_blocks": res.options.max_blocks if res else None,
-                 "duration_s": run_duration_s(r), "metrics": vals,
-                 "suspect_reasons": res.health.reasons if r.suspect else []}
-        if base_vals and r is not cmp.baseline and res:
-            entry["vs_baseline"] = {k: {"ratio": (v / base_vals[k]) if base_vals.get(k) else None,
-                                        "delta": v - base_vals[k]}
-                                    for k, v in vals.items() if v is not None and base_vals.get(k) is not None}
-        if per_position and res:
-            entry["per_position"] = {k: getattr(res.metrics, k) for k in ("per_position_acceptance_unconditional",
-                                                                         "per_position_acceptance_conditional",
-                                                                         "position_accuracy")}
-        if per_prompt and res:
-            entry["per_prompt"] = [{"name": p.name, "tau": p.tau} for p in res.per_prompt]
-        runs.append(entry)
-    return {"baseline": cmp.label(cmp.baseline) if cmp.baseline else None,
-            "comparable": not cmp.differences,
-            "differences": [{"run": d.run, "field": d.field, "value": d.value, "expected": d.expected,
-                             "reference": d.reference} for d in cmp.differences],
-            "note": comparability_note(cmp), "runs": runs}
+def __getattr__(name: str):
+    if name in _TABLE_NAMES:
+        from . import tables
+        return getattr(tables, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

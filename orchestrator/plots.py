@@ -1,52 +1,139 @@
-"""PNG plots of a comparison (matplotlib, Agg, no pyplot global state): per-position acceptance curves,
-the acceptance-length histogram and tau against DDTree budget, one curve per run in each panel."""
+"""Plots of a comparison (matplotlib, Agg, no pyplot global state): per-position acceptance (both conventions),
+the acceptance-length histogram, tau against DDTree budget, and for sweeps tau against training step with
+its 95% CI band and the baseline as a line. `--plot` writes .png, .svg or .pdf; the HTML report inlines SVG."""
 from __future__ import annotations
 
+import io
+import re
 from pathlib import Path
 
+import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .compare import Comparison
 from .errors import ConfigError
+from .tables import StepPoint
+
+FORMATS = (".png", ".svg", ".pdf")
+PANELS = ("per_position_unconditional", "per_position_conditional", "histogram", "ddtree")
 
 
-def comparison_figure(cmp: Comparison) -> Figure:
-    runs = [r for r in cmp.runs if r.result is not None]
-    fig = Figure(figsize=(16, 4.8), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    ax_pos, ax_hist, ax_tree = fig.subplots(1, 3)
-    for r in runs:
-        m = r.result.metrics
+def _runs(cmp: Comparison):
+    for r in cmp.runs:
+        if r.result is None:
+            continue
         label = cmp.label(r) + ("" if cmp.rankable(r) or r is cmp.baseline else " (not ranked)")
         style = {"linestyle": "--" if r.suspect or cmp.incomparable(r) else "-",
                  "linewidth": 2.5 if r is cmp.baseline else 1.6, "marker": "o", "markersize": 3}
-        acc = m.per_position_acceptance_unconditional
-        ax_pos.plot(range(1, len(acc) + 1), acc, label=label, **style)
-        hist = m.acceptance_histogram
-        total = sum(hist) or 1
-        ax_hist.plot(range(len(hist)), [h / total for h in hist], label=label, drawstyle="steps-mid",
-                     **{k: v for k, v in style.items() if k != "marker"})
-        tree = sorted(((int(b), t) for b, t in m.ddtree_tau.items() if t is not None))
-        ax_tree.plot([b for b, _ in tree], [t for _, t in tree], label=label, **style)
-    ax_pos.set(title="per-position acceptance  #(acc>=k)/#rounds", xlabel="draft position k",
-               ylabel="fraction of rounds", ylim=(0, 1.02))
-    ax_hist.set(title="acceptance length (incl. bonus)", xlabel="tokens accepted per round",
-                ylabel="fraction of rounds")
-    ax_tree.set(title="DDTree tau vs node budget", xlabel="budget B (nodes)", ylabel="tau (incl. bonus)")
-    ax_tree.set_xscale("log", base=2)
-    for ax in (ax_pos, ax_hist, ax_tree):
-        ax.grid(alpha=0.3)
+        yield r, label, style
+
+
+def draw_panel(ax, cmp: Comparison, panel: str) -> None:
+    for r, label, style in _runs(cmp):
+        m = r.result.metrics
+        if panel in ("per_position_unconditional", "per_position_conditional"):
+            acc = getattr(m, panel.replace("per_position", "per_position_acceptance"))
+            ax.plot(range(1, len(acc) + 1), [float("nan") if a is None else a for a in acc], label=label, **style)
+        elif panel == "histogram":
+            hist = m.acceptance_histogram
+            total = sum(hist) or 1
+            ax.plot(range(len(hist)), [h / total for h in hist], label=label, drawstyle="steps-mid",
+                    **{k: v for k, v in style.items() if k != "marker"})
+        else:
+            tree = sorted((int(b), t) for b, t in m.ddtree_tau.items() if t is not None)
+            ax.plot([b for b, _ in tree], [t for _, t in tree], label=label, **style)
+    titles = {"per_position_unconditional": ("per-position acceptance  #(acc>=k)/#rounds", "draft position k",
+                                             "fraction of rounds"),
+              "per_position_conditional": ("per-position acceptance  #(acc>=k)/#(acc>=k-1)", "draft position k",
+                                           "fraction of rounds reaching k-1"),
+              "histogram": ("acceptance length (incl. bonus)", "tokens accepted per round", "fraction of rounds"),
+              "ddtree": ("DDTree tau vs node budget", "budget B (nodes)", "tau (tokens per round incl. bonus)")}
+    title, xl, yl = titles[panel]
+    ax.set(title=title, xlabel=xl, ylabel=yl)
+    if panel.startswith("per_position"):
+        ax.set_ylim(0, 1.02)
+    if panel == "ddtree":
+        ax.set_xscale("log", base=2)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
+
+
+def draw_tau_vs_step(ax, points: list[StepPoint], baseline: tuple[str, float, float | None, float | None] | None
+                     ) -> None:
+    """tau against training step with its 95% CI band; tonight's checkpoints filled, earlier ones hollow."""
+    pts = sorted(points, key=lambda p: p.step)
+    xs = [p.step for p in pts]
+    if pts:
+        ax.plot(xs, [p.tau for p in pts], color="C0", linewidth=1.5, label="tau (95% CI band)")
+        band = [(p.step, p.lo, p.hi) for p in pts if p.lo is not None]
+        if band:
+            ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band], color="C0", alpha=0.2)
+        for tonight, kw in ((False, {"facecolors": "white", "label": "earlier sweeps"}),
+                            (True, {"facecolors": "C0", "label": "this sweep"})):
+            sel = [p for p in pts if p.tonight == tonight]
+            if sel:
+                ax.scatter([p.step for p in sel], [p.tau for p in sel], edgecolors="C0", zorder=3, s=28, **kw)
+    if baseline is not None:
+        name, tau, lo, hi = baseline
+        ax.axhline(tau, color="C3", linestyle="--", linewidth=1.5, label=f"baseline {name}")
+        if lo is not None:
+            ax.axhspan(lo, hi, color="C3", alpha=0.08)
+    ax.set(title="tau vs training step", xlabel="training step", ylabel="tau (tokens per round incl. bonus)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
     return fig
 
 
-def save_comparison_plot(cmp: Comparison, path: str | Path) -> Path:
+def comparison_figure(cmp: Comparison, steps: list[StepPoint] | None = None, baseline=None) -> Figure:
+    """One figure: the four comparison panels, and the tau-vs-step curve first when `steps` is given."""
+    n = len(PANELS) + (1 if steps is not None else 0)
+    fig = _figure(4.2 * n, 4.6)
+    axes = list(fig.subplots(1, n))
+    if steps is not None:
+        draw_tau_vs_step(axes.pop(0), steps, baseline)
+    for ax, panel in zip(axes, PANELS):
+        draw_panel(ax, cmp, panel)
+    return fig
+
+
+def svg_text(fig: Figure) -> str:
+    """The figure as an inline <svg> element: text kept as text, no XML prolog or DOCTYPE, no metadata."""
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "reval"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+    text = buf.getvalue()
+    text = text[text.index("<svg"):]
+    return re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.DOTALL)
+
+
+def panel_svg(cmp: Comparison, panel: str) -> str:
+    fig = _figure(6.4, 4.2)
+    draw_panel(fig.subplots(), cmp, panel)
+    return svg_text(fig)
+
+
+def tau_vs_step_svg(points: list[StepPoint], baseline=None) -> str:
+    fig = _figure(7.5, 4.2)
+    draw_tau_vs_step(fig.subplots(), points, baseline)
+    return svg_text(fig)
+
+
+def save_comparison_plot(cmp: Comparison, path: str | Path, steps: list[StepPoint] | None = None,
+                         baseline=None) -> Path:
     path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise ConfigError(f"--plot {path}: only PNG is written", hint=f"use --plot {path.with_suffix('.png')}")
+    if path.suffix.lower() not in FORMATS:
+        raise ConfigError(f"--plot {path}: unknown format {path.suffix or '(none)'!r}",
+                          hint=f"use --plot {path.with_suffix('.png')} (or .svg, .pdf)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    comparison_figure(cmp).savefig(tmp, format="png")
-    tmp.replace(path)  # never a half-written PNG
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    comparison_figure(cmp, steps, baseline).savefig(tmp, format=path.suffix.lower()[1:])
+    tmp.replace(path)  # never a half-written file
     return path

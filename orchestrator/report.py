@@ -8,12 +8,13 @@ import json
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table as RichTable
 from rich.text import Text
 
 from remote_payload.results import Result
 
-from .compare import Cell, Column, Table
+from .tables import Cell, Column, Table, fmt_ci, shorten
 
 
 def summary_line(result: Result | dict) -> str:
@@ -50,99 +51,135 @@ def vs_text(cell: Cell, col: Column) -> str:
     return f"{ratio}({cell.delta:+.{col.digits or 0}f})"
 
 
-def cell_lines(cell: Cell, col: Column) -> str:
-    """The terminal cell: the value, then ratio and delta on their own lines (keeps columns narrow)."""
-    if cell.delta is None:
-        return cell.text
-    ratio = f"{cell.ratio:.2f}x" if cell.ratio is not None else "-"
-    return f"{cell.text}\n{ratio}\n{cell.delta:+.{col.digits or 0}f}"
+def ci_text(cell: Cell, col: Column) -> str:
+    """'[7.91, 8.80]' when the cell has a bootstrap interval over more than one prompt."""
+    e = cell.est
+    if e is None or e.n < 2 or col.digits is None:
+        return ""
+    return fmt_ci(e.lo, e.hi, col.digits)
 
 
-def rich_table(table: Table) -> RichTable:
-    t = RichTable(title=table.title, title_justify="left", caption=" · ".join(table.notes) or None,
+def cell_lines(cell: Cell, col: Column, wide: bool = False) -> str:
+    """The terminal cell: the value, and its 95% interval on the line below (keeps columns narrow)."""
+    if col.key == "run" and not wide and isinstance(cell.value, str) and cell.text.startswith(cell.value):
+        return shorten(cell.value) + cell.text[len(cell.value):]  # the name shortened, the marks kept
+    ci = ci_text(cell, col)
+    return f"{cell.text}\n{ci}" if ci else cell.text
+
+
+def visible_columns(table: Table, wide: bool) -> list[Column]:
+    return [c for c in table.columns if wide or c.headline]
+
+
+def rich_table(table: Table, wide: bool = False) -> RichTable:
+    t = RichTable(title=escape(table.title), title_justify="left", caption=escape("\n".join(table.notes)) or None,
                   caption_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
-                  show_lines=any(c.delta is not None for r in table.rows for c in r.cells.values()))
-    for i, col in enumerate(table.columns):
-        t.add_column(col.label, justify="left" if col.digits is None else "right", no_wrap=i == 0,
-                     overflow="fold")
+                  show_lines=any(c.est is not None and c.est.n > 1 for r in table.rows for c in r.cells.values()))
+    for col in visible_columns(table, wide):
+        t.add_column(escape(col.label), justify="left" if col.digits is None else "right", no_wrap=True,
+                     overflow="ellipsis" if col.key == "run" else "fold")
     for row in table.rows:
         cells = []
-        for col in table.columns:
+        for col in visible_columns(table, wide):
             c = row.cells.get(col.key, Cell())
-            cells.append(Text(cell_lines(c, col), style="bold" if c.best else ""))
+            cells.append(Text(cell_lines(c, col, wide), style="bold" if c.best else ""))
         t.add_row(*cells)
     return t
 
 
-def render_text(tables: list[Table], width: int = 160) -> str:
+def render_text(tables: list[Table], width: int = 160, wide: bool = False) -> str:
     """Tables rendered by rich to plain text at a fixed width (no colour, no bold): tests and logs."""
     con = Console(width=width, file=io.StringIO(), color_system=None, force_terminal=False, record=True)
     for t in tables:
-        con.print(rich_table(t))
+        con.print(rich_table(t, wide))
     return con.export_text()
 
 
-def print_tables(tables: list[Table], console: Console | None = None) -> None:
-    """Print at least at each table's natural width: squeezed into 80 columns (a pipe, a narrow terminal)
-    rich would break every number into a column of single characters."""
+def natural_width(tables: list[Table], wide: bool = False) -> int:
+    probe = Console(width=1000)
+    return max((probe.measure(rich_table(t, wide)).maximum for t in tables), default=80)
+
+
+def print_tables(tables: list[Table], console: Console | None = None, wide: bool = False) -> None:
+    """In a terminal: the terminal's width (the default columns fit 100; --wide may need more: then the
+    tables' natural width, never squeezed). In a pipe: the tables' natural width, not 80."""
     own = console is None
     console = console or Console()
+    if own:
+        natural = min(natural_width(tables, wide), 1000)
+        console.width = max(console.width, natural) if console.is_terminal else natural
     for t in tables:
-        rt = rich_table(t)
-        if own:
-            natural = Console(width=400).measure(rt).maximum
-            console.width = max(console.width, min(natural, 400))
-        console.print(rt)
+        console.print(rich_table(t, wide))
 
 
 def _md_escape(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(tables: list[Table]) -> str:
-    """GitHub markdown: one table per `Table`, best values as **x**, notes as a line below."""
+def render_markdown(tables: list[Table], wide: bool = True) -> str:
+    """GitHub markdown: one table per `Table`, best values as **x**, intervals after the value, notes below."""
     out = []
     for table in tables:
+        cols = visible_columns(table, wide)
         out.append(f"### {table.title}\n")
-        out.append("| " + " | ".join(_md_escape(c.label) for c in table.columns) + " |")  # \n -> space
-        out.append("|" + "|".join("---" if c.digits is None else "---:" for c in table.columns) + "|")
+        out.append("| " + " | ".join(_md_escape(c.label) for c in cols) + " |")  # \n -> space
+        out.append("|" + "|".join("---" if c.digits is None else "---:" for c in cols) + "|")
         for row in table.rows:
             cells = []
-            for col in table.columns:
+            for col in cols:
                 c = row.cells.get(col.key, Cell())
                 text = _md_escape(c.text)
                 if c.best and text:
                     text = f"**{text}**"
-                vs = vs_text(c, col)
-                cells.append(text + (f" · {vs}" if vs else ""))
+                ci = ci_text(c, col)
+                cells.append(text + (f" {ci}" if ci else ""))
             out.append("| " + " | ".join(cells) + " |")
         out += [""] + [f"_{_md_escape(n)}_" for n in table.notes] + [""]
     return "\n".join(out).rstrip() + "\n"
 
 
+def _has(table: Table, key: str, what: str) -> bool:
+    return any(getattr(r.cells.get(key, Cell()), what) is not None for r in table.rows)
+
+
+def _r(x: float | None) -> str | float:
+    return "" if x is None else round(x, 6)
+
+
 def render_csv(tables: list[Table]) -> str:
-    """Raw values (no formatting); with a baseline, `<key>_ratio` and `<key>_delta` columns; a `marks` column.
-    Several tables are separated by a blank line, each with its own header."""
+    """Raw values (no formatting), every column; intervals as `<key>_lo/_hi/_sd/_n`; with a baseline
+    `<key>_ratio`, `<key>_delta` and the paired `<key>_delta_lo/_delta_hi/_ratio_lo/_ratio_hi/_p`; a `marks`
+    column. Several tables are separated by a blank line, each with its own header."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     for i, table in enumerate(tables):
         if i:
             buf.write("\n")
-        has_vs = {c.key for c in table.columns for r in table.rows if r.cells.get(c.key, Cell()).delta is not None}
         header = []
         for c in table.columns:
             header.append(c.key)
-            if c.key in has_vs:
+            if _has(table, c.key, "est"):
+                header += [f"{c.key}_lo", f"{c.key}_hi", f"{c.key}_sd", f"{c.key}_n"]
+            if _has(table, c.key, "delta"):
                 header += [f"{c.key}_ratio", f"{c.key}_delta"]
+            if _has(table, c.key, "pair"):
+                header += [f"{c.key}_delta_lo", f"{c.key}_delta_hi", f"{c.key}_ratio_lo", f"{c.key}_ratio_hi",
+                           f"{c.key}_p"]
         w.writerow(header + ["marks"])
         for row in table.rows:
             vals = []
             for c in table.columns:
                 cell = row.cells.get(c.key, Cell())
                 vals.append("" if cell.value is None else cell.value)
-                if c.key in has_vs:
-                    vals += ["" if cell.ratio is None else round(cell.ratio, 6),
-                             "" if cell.delta is None else round(cell.delta, 6)]
+                if _has(table, c.key, "est"):
+                    e = cell.est
+                    vals += ["", "", "", ""] if e is None else [_r(e.lo), _r(e.hi), _r(e.sd), e.n]
+                if _has(table, c.key, "delta"):
+                    vals += [_r(cell.ratio), _r(cell.delta)]
+                if _has(table, c.key, "pair"):
+                    p = cell.pair
+                    vals += [""] * 5 if p is None else [_r(p.delta_lo), _r(p.delta_hi), _r(p.ratio_lo),
+                                                        _r(p.ratio_hi), _r(p.p_value)]
             w.writerow(vals + [";".join(row.marks)])
     return buf.getvalue()
 

@@ -30,11 +30,19 @@ def make_results(run: str, *, quality: float = 0.8, num_prompts: int = 4, max_bl
                  drafter_name: str = "tiny-dflash", total_s: float = 12.5, causal: bool = False) -> dict:
     rng = random.Random(f"{run}-{seed}-{quality}")
     per_prompt, all_lengths = [], []
+    budgets = [16, 32, 64, 128, 256, 512]
     for i in range(num_prompts):
         lengths = _walk(rng, quality, max_blocks)
         all_lengths += lengths
+        p_tau = sum(lengths) / len(lengths)
+        anchors = 20 + sum(lengths)
+        hits = [sum(rng.random() < quality ** (0.6 * k) for _ in range(anchors)) for k in range(1, BLOCK)]
         per_prompt.append({"name": f"prompt-{i}", "prompt_len": 20, "seq_len": 20 + sum(lengths),
-                           "acceptance_lengths": lengths, "tau": sum(lengths) / len(lengths),
+                           "acceptance_lengths": lengths, "tau": p_tau, "num_anchors": anchors,
+                           "position_hits": hits, "position_totals": [anchors] * (BLOCK - 1),
+                           "position_accuracy": [h / anchors for h in hits],
+                           "ddtree_tau": {str(b): round(p_tau * (1.2 + 0.08 * j), 4) for j, b in enumerate(budgets)},
+                           "tree_width_tau": {"4": round(p_tau * 1.3, 4), "8": round(p_tau * 1.45, 4)},
                            "first_block": {"draft": "a b c", "target": "a b d"}})
     tau = sum(p["tau"] for p in per_prompt) / num_prompts
     tau_pooled = sum(all_lengths) / len(all_lengths)
@@ -44,9 +52,10 @@ def make_results(run: str, *, quality: float = 0.8, num_prompts: int = 4, max_bl
     accs = [L - 1 for L in all_lengths]
     uncond = [sum(a >= k for a in accs) / len(accs) for k in range(1, BLOCK)]
     cond = [sum(a >= k for a in accs) / max(1, sum(a >= k - 1 for a in accs)) for k in range(1, BLOCK)]
-    pos_acc = [round(quality ** (0.6 * k), 4) for k in range(1, BLOCK)]
-    budgets = [16, 32, 64, 128, 256, 512]
-    ddtree = {str(b): round(tau * (1.2 + 0.08 * i), 4) for i, b in enumerate(budgets)}
+    pos_acc = [sum(p["position_hits"][k] for p in per_prompt) / sum(p["position_totals"][k] for p in per_prompt)
+               for k in range(BLOCK - 1)]
+    ddtree = {str(b): sum(p["ddtree_tau"][str(b)] for p in per_prompt) / num_prompts for b in budgets}
+    widths = {w: sum(p["tree_width_tau"][w] for p in per_prompt) / num_prompts for w in ("4", "8")}
     path = f"/ckpt/step-{step}" if step is not None else f"/models/{drafter_name}"
     attention = [R.LayerAttention(layer=0, type="full_attention", window=None, causal_in_block=causal)]
     return R.Result.from_dict({
@@ -70,7 +79,7 @@ def make_results(run: str, *, quality: float = 0.8, num_prompts: int = 4, max_bl
                     "per_position_acceptance_unconditional": uncond, "per_position_acceptance_conditional": cond,
                     "position_accuracy": pos_acc, "position_1_accuracy": pos_acc[0],
                     "ddtree_tau": ddtree, "ddtree_best": {"budget": 512, "tau": ddtree["512"]},
-                    "tree_width_tau": {"4": round(tau * 1.3, 4), "8": round(tau * 1.45, 4)}},
+                    "tree_width_tau": widths},
         "per_prompt": per_prompt,
         "health": {"suspect": suspect, "reasons": ["position-1 accuracy 0.000"] if suspect else []},
         "timing": {"load_s": 1.0, "eval_s": total_s - 1.0, "anchors_per_s": 100.0, "total_s": total_s},

@@ -91,19 +91,25 @@ def test_main_table_values_and_baseline_ratios(runs_dir):
 
 def test_rendered_table_at_fixed_width(runs_dir):
     cmp = _cmp(runs_dir, ["step4000"], baseline="zlab_full")
-    text = report.render_text([compare.main_table(cmp)], width=160)
+    main, paired = compare.main_table(cmp), compare.paired_table(cmp)
+    text = report.render_text([main, paired], width=100)
     base, s4k = (r.results["metrics"] for r in cmp.runs)
     assert "zlab_full (base)" in text and "step4000" in text
     assert f"{s4k['tau']:.2f}" in text and f"{base['tau']:.2f}" in text
-    # under each metric: the ratio and the delta against the baseline, right-aligned in the same column
+    # under each value: its 95% bootstrap interval, right-aligned in the same column
     lines = text.splitlines()
     i = next(i for i, line in enumerate(lines) if line.lstrip().startswith("step4000"))
-    value, ratio, delta = (f"{s4k['streak']:.2f}", f"{s4k['streak'] / base['streak']:.2f}x",
-                           f"{s4k['streak'] - base['streak']:+.2f}")
+    value, est = f"{s4k['tau']:.2f}", cmp.estimates(cmp.runs[1])["tau"]
+    ci = f"[{est.lo:.2f}, {est.hi:.2f}]"
     end = lines[i].index(f" {value} ") + 1 + len(value)
-    assert lines[i + 1][end - len(ratio): end] == ratio and lines[i + 2][end - len(delta): end] == delta
+    assert lines[i + 1][end - len(ci): end] == ci and est.lo <= s4k["tau"] <= est.hi
+    # the paired table: Δ [CI] (* when it excludes 0), ratio [CI], p against the baseline
+    p = cmp.paired(cmp.runs[1])["tau"]
+    row = next(line for line in lines[i + 2:] if line.lstrip().startswith("step4000"))
+    assert f"{p.delta:+.2f} [{p.delta_lo:+.2f}, {p.delta_hi:+.2f}]" in row and f"{p.ratio:.2f}x" in row
+    assert p.delta == pytest.approx(s4k["tau"] - base["tau"]) and (" *" in row) == p.excludes_zero
     assert "same cache, prompts, max-blocks and metric definitions: comparable" in text
-    assert max(len(line) for line in text.splitlines()) <= 160
+    assert max(len(line) for line in text.splitlines()) <= 100
     # best values are bold in a terminal
     con = Console(width=220, file=io.StringIO(), force_terminal=True, color_system="standard")
     report.print_tables([compare.main_table(cmp)], con)
@@ -250,11 +256,23 @@ def test_plot_is_a_png_with_one_curve_per_run(runs_dir, tmp_path, capsys):
     img = image.imread(out_png)
     assert img.shape[0] > 300 and img.shape[1] > 1000
     fig = plots.comparison_figure(_cmp(runs_dir, ["zlab_full", "step4000", "step5000"]))
+    assert len(fig.axes) == 4  # per-position (both conventions), histogram, DDTree
     for ax in fig.axes:
         assert len(ax.get_lines()) == 3
         assert [t.get_text() for t in ax.get_legend().get_texts()] == ["zlab_full", "step4000", "step5000"]
-    rc, _out, err = _cli(capsys, "zlab_full", "--plot", str(tmp_path / "x.svg"))
-    assert rc == 3 and "only PNG" in err and not (tmp_path / "x.svg").exists()
+    for ext, magic in ((".svg", b"<?xml"), (".pdf", b"%PDF")):  # --plot writes png, svg or pdf
+        rc, _out, err = _cli(capsys, "zlab_full", "step4000", "--plot", str(tmp_path / f"x{ext}"))
+        assert rc == 0, err
+        assert (tmp_path / f"x{ext}").read_bytes()[:len(magic)] == magic
+    rc, _out, err = _cli(capsys, "zlab_full", "--plot", str(tmp_path / "x.gif"))
+    assert rc == 3 and "unknown format '.gif'" in err and not (tmp_path / "x.gif").exists()
+    # the sweep's figure gains the tau-vs-step curve with its CI band and the baseline line
+    pts = [plots.StepPoint(100 * i, 5.0 + i, 4.5 + i, 5.5 + i, f"step-{i}", i == 3) for i in range(4)]
+    fig = plots.comparison_figure(_cmp(runs_dir, ["step4000"]), pts, ("zlab_full", 8.0, 7.5, 8.5))
+    ax = fig.axes[0]
+    assert ax.get_title() == "tau vs training step" and list(ax.get_lines()[0].get_xdata()) == [0, 100, 200, 300]
+    assert {t.get_text() for t in ax.get_legend().get_texts()} >= {"this sweep", "earlier sweeps",
+                                                                     "baseline zlab_full"}
 
 
 def test_summary_line():

@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator import cli, compare
 from remote_payload import results as R
+from remote_payload import results_docs
 from remote_payload.__main__ import main as payload_main
 from tests.conftest import check_results_roundtrip
 from tests.resultsgen import make_results, write_run
@@ -20,9 +21,9 @@ OLD = ROOT / "tests" / "data" / "results-v1.json"  # written by the payload befo
 
 
 def test_docs_are_generated_from_the_schema():
-    assert (ROOT / "docs" / "results.md").read_text() == R.markdown(), \
-        "docs/results.md is stale: python -m remote_payload.results > docs/results.md"
-    text = R.markdown()
+    assert (ROOT / "docs" / "results.md").read_text() == results_docs.markdown(), \
+        "docs/results.md is stale: python -m remote_payload.results_docs > docs/results.md"
+    text = results_docs.markdown()
     for name in ("target.tied", "config_matches_cache", "position_accuracy_anchors", "hints", "top_draft_token",
                  "causal_in_block", "content_hash"):
         assert f"`{name.split('.')[-1]}`" in text

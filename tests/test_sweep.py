@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, compare, ledger, sweep
+from orchestrator import cli, compare, ledger, stats, sweep
 from orchestrator.errors import ConfigError, RunNotFound
 from orchestrator.inventory import Host, Inventory, VenvSpec, load_inventory
 from remote_payload import protocol
@@ -88,9 +88,19 @@ def test_select_latest_and_since():
 
 def test_verdicts_and_exit_codes():
     O = sweep.Outcome
-    assert sweep.verdict(O("b", 2, "succeeded", tau=5.02, prev_tau=4.33), 0.1) == "improved"
-    assert sweep.verdict(O("b", 2, "succeeded", tau=4.95, prev_tau=5.02), 0.1) == "within noise"
-    assert sweep.verdict(O("b", 2, "succeeded", tau=4.0, prev_tau=5.02), 0.1) == "regressed"
+
+    def paired(delta, lo, hi):
+        return stats.Paired(delta, lo, hi, None, None, None, 0.01, 0.3, 10)
+    # improved / regressed only when the paired CI excludes 0 and the change is at least the threshold
+    assert sweep.verdict(O("b", 2, "succeeded", tau=5.02, prev_tau=4.33, vs_prev=paired(0.69, 0.4, 0.9)), 0.1) \
+        == "improved"
+    assert sweep.verdict(O("b", 2, "succeeded", tau=4.0, prev_tau=5.02, vs_prev=paired(-1.02, -1.3, -0.7)), 0.1) \
+        == "regressed"
+    assert sweep.verdict(O("b", 2, "succeeded", tau=4.95, prev_tau=5.02, vs_prev=paired(-0.07, -0.3, 0.2)), 0.1) \
+        == "no clear change"  # the CI includes 0
+    assert sweep.verdict(O("b", 2, "succeeded", tau=5.07, prev_tau=5.02, vs_prev=paired(0.05, 0.02, 0.08)), 0.1) \
+        == "no clear change"  # real, but below --threshold
+    assert sweep.verdict(O("b", 2, "succeeded", tau=6.0, prev_tau=5.0), 0.1) == "no clear change"  # not paired
     assert sweep.verdict(O("b", 2, "succeeded", tau=9.0, prev_tau=5.0, suspect=True), 0.1) == "suspect"
     assert sweep.verdict(O("b", 2, "failed"), 0.1) == "failed"
     assert sweep.verdict(O("a", 1, "succeeded", tau=4.0), 0.1) == "new"
@@ -177,14 +187,17 @@ def test_local_sweep_ledger_skip_force_and_report(tmp_path, monkeypatch):
     assert all(o.state == "succeeded" and o.tau is not None for o in rep.outcomes)
     assert {o.host for o in rep.outcomes} == {"loc1", "loc2"}  # both hosts got work
     assert rep.outcomes[0].verdict == "new" and rep.outcomes[1].prev_checkpoint == "step-100"
-    assert rep.outcomes[1].verdict == "within noise"  # the dummy gives every checkpoint the same tau
+    assert rep.outcomes[1].verdict == "no clear change"  # the dummy gives every checkpoint the same tau
+    assert rep.outcomes[1].vs_prev.delta == 0 and rep.outcomes[1].tau_ci is not None
     # the dummy's results differ from the baseline's cache: ratio shown, marked not comparable
     assert rep.outcomes[0].base_ratio is not None and "not comparable" in rep.outcomes[0].base_note
     runs1 = remote_run_dirs([tmp_path / "loc1", tmp_path / "loc2"])
     assert len(runs1) == 4
     md = (rep.sweep_dir / "report.md").read_text()
-    assert "| step-300 |" in md and "within noise" in md
+    assert "| step-300 |" in md and "no clear change" in md
     assert (rep.sweep_dir / "plots.png").read_bytes()[:4] == b"\x89PNG"
+    page = (rep.sweep_dir / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and 'id="tau-vs-step"' in page and "step-400" in page
     js = json.loads((rep.sweep_dir / "report.json").read_text())
     assert js["exit_code"] == 0 and len(js["checkpoints"]) == 4
     assert "4 checkpoints · 0 already evaluated (skipped) · 4 to run on 2 host(s), 2 slot(s)" in log

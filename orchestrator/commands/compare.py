@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from .. import compare, pull, report, runs
+from .. import compare, pull, report, runs, tables
 from ..errors import ConfigError
 from ..inventory import load_inventory
 from ..transport import get_transport, resolve_workdir
@@ -20,8 +20,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", metavar="RUN", help="show every metric also as ratio and delta against RUN")
     p.add_argument("--per-position", action="store_true", help="add per-position acceptance/accuracy tables")
     p.add_argument("--per-prompt", action="store_true", help="add a per-prompt tau table")
-    p.add_argument("--format", choices=("table", "md", "csv", "json"), default="table")
-    p.add_argument("--plot", metavar="FILE.png", help="write acceptance curves, histogram and DDTree plots")
+    p.add_argument("--format", choices=("table", "md", "csv", "json"), default="table",
+                   help="table (fits 100 columns; --wide: every column), md, csv or json (every value, with "
+                        "95%% intervals, SD, n and the paired comparison)")
+    p.add_argument("--wide", action="store_true", help="every column (tau pooled, streak, each DDTree budget, "
+                                                       "width-k trees, host, step, ...), not only the headline ones")
+    p.add_argument("--threshold", type=float, default=0.1, metavar="TAU",
+                   help="the tau change that matters: how many prompts would detect it (default 0.1)")
+    p.add_argument("--html", metavar="FILE.html", help="write a self-contained HTML report (tables, plots, "
+                                                       "definitions, provenance; no network needed to view it)")
+    p.add_argument("--plot", metavar="FILE", help="write acceptance curves, histogram and DDTree plots "
+                                                  "(.png, .svg or .pdf)")
     p.add_argument("--allow-incomparable", action="store_true",
                    help="show runs that differ in cache/prompts/max-blocks/metrics anyway (marked, not ranked)")
     p.add_argument("--pull", action="store_true", help="pull the runs from their hosts first (HOST/NAME or NAME)")
@@ -42,25 +51,26 @@ def main(args: argparse.Namespace) -> int:
     if baseline is not None and baseline.result is None:
         raise ConfigError(f"baseline {args.baseline!r} has no results ({baseline.state})",
                           hint="pick a finished run as --baseline")
-    cmp = compare.build_comparison(runs, baseline)
-    if not args.allow_incomparable:
-        compare.require_comparable(cmp)
-    tables = [compare.main_table(cmp)]
-    if args.per_position:
-        tables += compare.per_position_tables(cmp)
+    cmp = compare.compare(runs, baseline, allow_incomparable=args.allow_incomparable)
+    main_t = tables.main_table(cmp, args.threshold)
+    paired_t = tables.paired_table(cmp, args.threshold)
+    extra = tables.per_position_tables(cmp) if args.per_position else []
     if args.per_prompt:
-        tables.append(compare.per_prompt_table(cmp))
+        extra.append(tables.per_prompt_table(cmp))
     if args.plot:
         from .. import plots  # matplotlib only when asked
         print(f"plot    {plots.save_comparison_plot(cmp, args.plot)}", file=sys.stderr)
+    if args.html:
+        from .. import html
+        print(f"html    {html.write_comparison_report(cmp, args.html, threshold=args.threshold)}", file=sys.stderr)
     if args.format == "json":
-        sys.stdout.write(report.render_json(compare.comparison_json(cmp, args.per_position, args.per_prompt)))
+        sys.stdout.write(report.render_json(tables.comparison_json(cmp, args.per_position, args.per_prompt)))
     elif args.format == "md":
-        sys.stdout.write(report.render_markdown(tables))
-    elif args.format == "csv":
-        sys.stdout.write(report.render_csv(tables))
+        sys.stdout.write(report.render_markdown([main_t] + ([paired_t] if paired_t else []) + extra))
+    elif args.format == "csv":  # the main table's cells carry the paired comparison: one CSV block per table
+        sys.stdout.write(report.render_csv([main_t] + extra))
     else:
-        report.print_tables(tables)
+        report.print_tables([main_t] + ([paired_t] if paired_t else []) + extra, wide=args.wide)
     return 0
 
 

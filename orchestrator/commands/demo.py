@@ -46,7 +46,7 @@ def cmd_demo(args) -> int:
     """A thin layer over the `reval` API: reval.submit / Run / reval.compare, the CLI's display on top."""
     import reval
 
-    from .. import compare, report
+    from .. import compare, report, tables
     from ..backends import get_backend
     from ..backends.ssh import describe, normalize_gpus
     from ..lifecycle import prepare
@@ -85,7 +85,8 @@ def cmd_demo(args) -> int:
     print(f"\ndemo    comparing: reval compare {' '.join(refs)} --baseline {refs[-1]}")
     cmp = reval.compare(results, baseline=results[-1])
     compare.require_comparable(cmp.model)
-    report.print_tables([compare.main_table(cmp.model)])
+    paired = tables.paired_table(cmp.model)  # the early checkpoint paired by prompt with the final one
+    report.print_tables([tables.main_table(cmp.model)] + ([paired] if paired else []))
     if args.plot:
         from .. import plots  # matplotlib only when asked
         print(f"plot    {plots.save_comparison_plot(cmp.model, args.plot)}", file=sys.stderr)

@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--since", metavar="WHEN", help="only checkpoints modified since: 36h, 7d, or 2026-11-30")
     p.add_argument("--baseline", metavar="RUN", help="a pulled run to compare every checkpoint with")
     p.add_argument("--threshold", type=float, default=0.1,
-                   help="tau change that counts as improved/regressed (default 0.1)")
+                   help="minimum effect size: improved/regressed need a paired 95%% CI excluding 0 AND a tau "
+                        "change of at least this much (default 0.1)")
     p.add_argument("--force", action="store_true", help="re-run checkpoints the ledger already has")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout (progress on stderr)")
     p.add_argument("--sweep-dir", default="sweeps", help="ledger and per-sweep reports (default ./sweeps)")
@@ -74,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
         for o in rep.outcomes:
             out.print(sweep.outcome_text(o), markup=False)
     words = {0: "ok", 1: "an eval failed", 2: "partial: not every checkpoint was evaluated"}
-    err.print(f"report  {rep.files.get('markdown')}" + (f" · plots {rep.files['plot']}" if "plot" in rep.files
-                                                          else ""), markup=False)
+    err.print(f"report  {rep.files.get('html')} · {rep.files.get('markdown')}"
+              + (f" · plots {rep.files['plot']}" if "plot" in rep.files else ""), markup=False)
     err.print(f"exit {rep.exit_code} ({words[rep.exit_code]})", markup=False)
     return rep.exit_code

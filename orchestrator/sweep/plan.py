@@ -16,6 +16,7 @@ from remote_payload import protocol
 from ..errors import ConfigError
 from ..ledger import LAUNCHED, Ledger, LedgerEntry, ledger_key
 from ..lifecycle import EvalSpec
+from ..stats import Paired
 
 # outcome states beyond the run states: checkpoints that were not evaluated in this sweep
 SKIPPED = "skipped"            # the ledger already has it (from an earlier sweep)
@@ -131,6 +132,11 @@ class Outcome:
     base_ratio: float | None = None
     base_note: str | None = None
     verdict: str = ""
+    tau_ci: list[float] | None = None      # 95% bootstrap CI over prompts
+    vs_prev: Paired | None = None          # tau paired by prompt against prev_checkpoint
+    prev_note: str | None = None           # why it was not paired
+    vs_base: Paired | None = None          # tau paired by prompt against the baseline
+    base_verdict: str = ""
 
 
 def run_name_for(ckpt: Checkpoint, key: str, suffix: str = "") -> str:

@@ -1,20 +1,26 @@
-"""Sweep reporting: every checkpoint's verdict against the previous one and the baseline, the exit code,
-and the report files (report.md, report.json, plots.png)."""
+"""Sweep reporting: every checkpoint paired by prompt against the previous checkpoint and the baseline (Δ tau
+with its 95% paired-bootstrap CI; improved / regressed only when the CI excludes 0 and |Δ| >= --threshold,
+else no clear change), the smallest change the prompts can detect, the tau-vs-step history (every checkpoint
+the ledger holds for this cache and these options, across nights), the exit code, and the report files
+(report.md, report.json, report.html, plots.png)."""
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from remote_payload import protocol
 
-from .. import compare
+from .. import compare, intervals, stats
 from ..errors import EXIT_EVAL_FAILED, EXIT_OK, EXIT_PARTIAL, RevalError
 from ..ledger import LedgerEntry
+from ..tables import Cell, Column, Row, StepPoint, Table, fmt_ci, fmt_delta, mark_best
 from .plan import NOT_RUN, UNREACHABLE, Checkpoint, Outcome
 
 if TYPE_CHECKING:
     from .schedule import Sweep
+
 
 @dataclass
 class SweepReport:
@@ -27,10 +33,12 @@ class SweepReport:
     exit_code: int = 0
     files: dict[str, str] = field(default_factory=dict)
     baseline_run: compare.RunRecord | None = None
+    history: list[StepPoint] = field(default_factory=list)  # tau vs step: every checkpoint of this configuration
 
 
 def verdict(o: Outcome, threshold: float) -> str:
-    """improved | regressed | within noise | new (nothing earlier to compare) | suspect | failed | ... (pure)."""
+    """improved | regressed (the paired 95% CI against the previous checkpoint excludes 0 and |Δ tau| >=
+    threshold) | no clear change | new (nothing earlier to compare) | suspect | failed | ... (pure)."""
     if o.state in (protocol.FAILED, protocol.CANCELLED, protocol.LOST):
         return "failed" if o.state == protocol.FAILED else o.state
     if o.state in (UNREACHABLE, NOT_RUN):
@@ -39,8 +47,7 @@ def verdict(o: Outcome, threshold: float) -> str:
         return "suspect"
     if o.tau is None or o.prev_tau is None:
         return "new"
-    d = o.tau - o.prev_tau
-    return "improved" if d > threshold else "regressed" if d < -threshold else "within noise"
+    return stats.verdict(o.vs_prev, threshold)
 
 
 def sweep_exit_code(outcomes: list[Outcome], hosts_down: dict[str, str]) -> int:
@@ -53,97 +60,195 @@ def sweep_exit_code(outcomes: list[Outcome], hosts_down: dict[str, str]) -> int:
     return EXIT_OK
 
 
-def attach_comparisons(outcomes: list[Outcome], series: list[LedgerEntry], baseline: compare.RunRecord | None,
-                       threshold: float) -> None:
-    """Fill prev_* (the closest earlier finished, non-suspect checkpoint of the same configuration),
-    base_ratio and the verdict of every outcome (pure, given the loaded baseline)."""
+def build_report(sw: Sweep, chosen: list[Checkpoint]) -> SweepReport:
+    order = {c.name: i for i, c in enumerate(chosen)}
+    outcomes = sorted(sw.outcomes.values(), key=lambda o: order.get(o.checkpoint, 1 << 30))
+    series, loaded = sw.ledger.series(sw.config), _Results()
+    attach_comparisons(outcomes, series, sw.baseline, sw.opts.threshold, loaded)
+    down = {n: hs.down for n, hs in {**sw.sources, **sw.sessions}.items() if hs.down}
+    rep = SweepReport(sw.sweep_id, sw.dir, outcomes, sw.opts.baseline, down, sw.opts.threshold,
+                      baseline_run=sw.baseline, history=history_points(series, sw.sweep_id, loaded))
+    rep.exit_code = sweep_exit_code(outcomes, down)
+    return rep
+
+
+def report_json(rep: SweepReport) -> dict:
+    note = detection_note(rep.outcomes, rep.threshold)
+    return {"sweep": rep.sweep_id, "dir": str(rep.sweep_dir), "baseline": rep.baseline, "threshold": rep.threshold,
+            "exit_code": rep.exit_code, "hosts_down": rep.hosts_down, "detection": note,
+            "checkpoints": [asdict(o) for o in rep.outcomes],
+            "history": [asdict(p) for p in rep.history], "files": rep.files}
+
+
+class _Results:
+    """Pulled runs by path, loaded once; None where the folder is gone or unreadable."""
+
+    def __init__(self):
+        self.cache: dict[str, compare.RunRecord | None] = {}
+
+    def get(self, path: str | None) -> compare.RunRecord | None:
+        if not path:
+            return None
+        if path not in self.cache:
+            try:
+                rec = compare.load_run(path)
+                self.cache[path] = rec if rec.result is not None else None
+            except (RevalError, OSError):
+                self.cache[path] = None
+        return self.cache[path]
+
+
+def _paired_tau(run: compare.RunRecord | None, ref: compare.RunRecord | None) -> tuple[stats.Paired | None, str]:
+    """(tau paired by prompt, '') or (None, why not)."""
+    if run is None or ref is None:
+        return None, "no per-prompt results to pair with"
+    cmp = compare.build_comparison([run], ref)
+    if cmp.differences:
+        return None, "not comparable: " + ", ".join(compare.FIELD_WORDS.get(d.field, d.field)
+                                                    for d in cmp.differences)
+    return intervals.compare_paired(run.result, ref.result).get("tau"), ""
+
+
+def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: compare.RunRecord | None,
+                       threshold: float, loaded: _Results | None = None) -> None:
+    """Fill, per outcome: prev_* (the closest earlier finished, non-suspect checkpoint of the same
+    configuration), tau_ci, vs_prev (paired against it), base_ratio, vs_base and base_verdict (paired against
+    the baseline), base_note (why not compared), and the verdict."""
+    loaded = loaded or _Results()
     done = [e for e in series if e.state == protocol.SUCCEEDED and e.tau is not None and not e.suspect]
     base_tau = baseline.result.metrics.tau if baseline and baseline.result else None
     for o in outcomes:
         earlier = [e for e in done if e.checkpoint != o.checkpoint and
                    (e.step, e.checkpoint) < (o.step, o.checkpoint)] if o.step is not None else \
             [e for e in done if e.checkpoint < o.checkpoint]
+        run = loaded.get(o.local_path) if o.tau is not None else None
+        if run is not None and (tau := intervals.estimates(run.result).get("tau")) is not None:
+            o.tau_ci = [tau.lo, tau.hi]
         if earlier:
-            o.prev_checkpoint, o.prev_tau = earlier[-1].checkpoint, earlier[-1].tau
+            prev = earlier[-1]
+            o.prev_checkpoint, o.prev_tau = prev.checkpoint, prev.tau
+            if run is not None:
+                o.vs_prev, o.prev_note = _paired_tau(run, loaded.get(prev.local_path))
         if base_tau and o.tau is not None:
             o.base_ratio = o.tau / base_tau
-            if o.local_path and baseline is not None:
-                try:
-                    cmp = compare.build_comparison([compare.load_run(o.local_path)], baseline)
-                    if cmp.differences:
-                        o.base_note = "not comparable: " + ", ".join(
-                            compare.FIELD_WORDS.get(d.field, d.field) for d in cmp.differences)
-                except RevalError:
-                    pass
+            if run is not None and baseline is not None:
+                o.vs_base, note = _paired_tau(run, baseline)
+                o.base_note = note or None
+                o.base_verdict = stats.verdict(o.vs_base, threshold) if o.vs_base else ""
         o.verdict = verdict(o, threshold)
 
 
-def build_report(sw: Sweep, chosen: list[Checkpoint]) -> SweepReport:
-    order = {c.name: i for i, c in enumerate(chosen)}
-    outcomes = sorted(sw.outcomes.values(), key=lambda o: order.get(o.checkpoint, 1 << 30))
-    attach_comparisons(outcomes, sw.ledger.series(sw.config), sw.baseline, sw.opts.threshold)
-    down = {n: hs.down for n, hs in {**sw.sources, **sw.sessions}.items() if hs.down}
-    rep = SweepReport(sw.sweep_id, sw.dir, outcomes, sw.opts.baseline, down, sw.opts.threshold,
-                      baseline_run=sw.baseline)
-    rep.exit_code = sweep_exit_code(outcomes, down)
-    return rep
+def history_points(series: list[LedgerEntry], sweep_id: str, loaded: _Results | None = None) -> list[StepPoint]:
+    """Every finished, non-suspect checkpoint of this configuration with a step (the training run's history
+    across nights), with its tau CI when its pulled results are still there; this sweep's marked."""
+    loaded = loaded or _Results()
+    out = []
+    for e in series:
+        if e.state != protocol.SUCCEEDED or e.tau is None or e.suspect or e.step is None:
+            continue
+        run = loaded.get(e.local_path)
+        est = intervals.estimates(run.result).get("tau") if run is not None else None
+        out.append(StepPoint(e.step, e.tau, est.lo if est else None, est.hi if est else None, e.checkpoint,
+                             e.sweep == sweep_id))
+    return out
+
+
+def detection_note(outcomes: list, threshold: float) -> str | None:
+    """From the spread of this sweep's paired differences: the smallest tau change its prompts can detect,
+    and how many prompts would detect --threshold."""
+    pairs = [p for o in outcomes for p in (getattr(o, "vs_prev", None), getattr(o, "vs_base", None))
+             if p is not None and p.sd_diff is not None]
+    if not pairs:
+        return None
+    sd = statistics.median(p.sd_diff for p in pairs)
+    n = min(p.n for p in pairs)
+    mde, need = stats.detectable_change(sd, n), stats.prompts_needed(sd, threshold)
+    return (f"{n} prompts detect a tau change of ±{mde:.2f} (5% two-sided, 80% power; median SD of the "
+            f"per-prompt differences {sd:.2f} over {len(pairs)} comparisons); detecting ±{threshold:g} tau "
+            f"needs {need} prompts")
+
+
+def _vs_text(p: stats.Paired | None, point: str, ref: str | None) -> str:
+    if p is not None:
+        return f"Δ {fmt_delta(p, 2)}" + (f" vs {ref}" if ref else "")
+    return point
 
 
 def outcome_text(o: Outcome) -> str:
-    """'step-5000  tau 5.02 (+0.69 vs step-4000) · 0.60x baseline   improved' (pure)."""
+    """'step-5000  tau 5.02 [4.61, 5.40] · Δ +0.69 [+0.41, +0.98] * vs step-4000 · 0.60x baseline   improved'."""
     if o.tau is None:
         where = f" on {o.host}" if o.host else ""
         return f"{o.checkpoint}  {o.state.upper()}{where}" + (f" ({o.error})" if o.error else "")
-    parts = [f"tau {o.tau:.2f}" + (f" ({o.tau - o.prev_tau:+.2f} vs {o.prev_checkpoint})"
-                                   if o.prev_tau is not None else "")]
+    head = f"tau {o.tau:.2f}" + (f" {fmt_ci(*o.tau_ci, 2)}" if o.tau_ci else "")
+    parts = [head]
+    if o.prev_tau is not None:
+        parts.append(_vs_text(o.vs_prev, f"{o.tau - o.prev_tau:+.2f} vs {o.prev_checkpoint}"
+                              + (f" ({o.prev_note})" if o.prev_note else ""), o.prev_checkpoint))
     if o.base_ratio is not None:
         parts.append(f"{o.base_ratio:.2f}x baseline" + (f" ({o.base_note})" if o.base_note else ""))
     return f"{o.checkpoint}  " + " · ".join(parts) + f"   {o.verdict}" + (" (earlier sweep)" if o.earlier else "")
 
 
-def report_table(rep: SweepReport) -> compare.Table:
-    cols = [compare.Column("checkpoint", "checkpoint", digits=None), compare.Column("step", "step", digits=None),
-            compare.Column("host", "host", digits=None), compare.Column("tau", "tau", ranked=True),
-            compare.Column("vs_prev", "vs previous", digits=None),
-            compare.Column("vs_base", "vs " + (rep.baseline or "baseline"), digits=None),
-            compare.Column("verdict", "verdict", digits=None)]
+def report_table(rep: SweepReport) -> Table:
+    """One row per checkpoint: tau [CI], paired Δ vs the previous checkpoint and vs the baseline, verdicts."""
+    base = rep.baseline or "baseline"
+    cols = [Column("checkpoint", "checkpoint", digits=None), Column("step", "step", digits=None),
+            Column("host", "host", digits=None), Column("tau", "tau", ranked=True),
+            Column("vs_prev", "vs previous\nΔ tau [95% CI]", digits=None),
+            Column("vs_base", f"vs {base}\nratio · Δ tau [95% CI]", digits=None),
+            Column("verdict", "verdict\n(vs previous)", digits=None),
+            Column("base_verdict", f"vs {base}", digits=None)]
     rows = []
     for o in rep.outcomes:
-        cells = {
-            "checkpoint": compare.Cell(o.checkpoint, o.checkpoint),
-            "step": compare.Cell(o.step, "" if o.step is None else str(o.step)),
-            "host": compare.Cell(o.host, o.host or ""),
-            "tau": compare.Cell(o.tau, "" if o.tau is None else f"{o.tau:.2f}"),
-            "vs_prev": compare.Cell(None if o.prev_tau is None or o.tau is None else o.tau - o.prev_tau,
-                                    "" if o.prev_tau is None or o.tau is None
-                                    else f"{o.tau - o.prev_tau:+.2f} vs {o.prev_checkpoint}"),
-            "vs_base": compare.Cell(o.base_ratio, "" if o.base_ratio is None else f"{o.base_ratio:.2f}x"
-                                    + (f" ({o.base_note})" if o.base_note else "")),
-            "verdict": compare.Cell(o.verdict, o.verdict + (f": {o.error}" if o.error else "")
-                                    + (" (earlier sweep)" if o.earlier else "")),
-        }
-        rows.append(compare.Row(cells, [], rankable=o.tau is not None and not o.suspect))
-    notes = [f"threshold ±{rep.threshold:.2f} tau"] + [f"host {h} left out: {why}" for h, why in rep.hosts_down.items()]
-    return compare.mark_best(compare.Table(f"sweep {rep.sweep_id}", cols, rows, notes=notes))
-
-
-def report_json(rep: SweepReport) -> dict:
-    return {"sweep": rep.sweep_id, "dir": str(rep.sweep_dir), "baseline": rep.baseline, "threshold": rep.threshold,
-            "exit_code": rep.exit_code, "hosts_down": rep.hosts_down,
-            "checkpoints": [asdict(o) for o in rep.outcomes], "files": rep.files}
+        prev = "" if o.prev_tau is None or o.tau is None else \
+            _vs_text(o.vs_prev, f"{o.tau - o.prev_tau:+.2f}", None) + f" vs {o.prev_checkpoint}"
+        vs_base = "" if o.base_ratio is None else f"{o.base_ratio:.2f}x" + (
+            f" · {_vs_text(o.vs_base, '', None)}" if o.vs_base else "") + (f" ({o.base_note})" if o.base_note else "")
+        tau = Cell(o.tau, "" if o.tau is None else f"{o.tau:.2f}")
+        if o.tau_ci:
+            tau.est = stats.Estimate(o.tau, o.tau_ci[0], o.tau_ci[1], None, 2)
+        cells = {"checkpoint": Cell(o.checkpoint, o.checkpoint), "step": Cell(o.step, "" if o.step is None
+                                                                               else str(o.step)),
+                 "host": Cell(o.host, o.host or ""), "tau": tau,
+                 "vs_prev": Cell(o.vs_prev.delta if o.vs_prev else None, prev, pair=o.vs_prev),
+                 "vs_base": Cell(o.base_ratio, vs_base, pair=o.vs_base),
+                 "verdict": Cell(o.verdict, o.verdict + (f": {o.error}" if o.error else "")
+                                 + (" (earlier sweep)" if o.earlier else "")),
+                 "base_verdict": Cell(o.base_verdict or None, o.base_verdict)}
+        rows.append(Row(cells, [], rankable=o.tau is not None and not o.suspect))
+    notes = [(f"improved / regressed: the paired 95% CI of Δ tau excludes 0 and |Δ| >= --threshold "
+              f"{rep.threshold:g}; otherwise no clear change (the CI says what it cannot rule out)"),
+             "Δ paired by prompt; * = the CI excludes 0; tau in tokens per round incl. the bonus token"]
+    if (note := detection_note(rep.outcomes, rep.threshold)) is not None:
+        notes.append(note)
+    notes += [f"host {h} left out: {why}" for h, why in rep.hosts_down.items()]
+    return mark_best(Table(f"sweep {rep.sweep_id}", cols, rows, notes=notes))
 
 
 def write_report_files(rep: SweepReport) -> None:
-    """report.md, report.json and plots.png (when there are results) in the sweep dir."""
-    from .. import plots, report
+    """report.md, report.json, plots.png (with the tau-vs-step curve) and report.html in the sweep dir."""
+    from .. import html, plots, report
     md = report.render_markdown([report_table(rep)])
     md += "\n" + "\n".join(f"- {outcome_text(o)}" for o in rep.outcomes) + "\n"
     protocol.atomic_write_text(rep.sweep_dir / "report.md", md)
     rep.files["markdown"] = str(rep.sweep_dir / "report.md")
     paths = [o.local_path for o in rep.outcomes if o.local_path and o.state == protocol.SUCCEEDED]
-    if paths:
-        recs = [compare.load_run(p) for p in paths]
-        rep.files["plot"] = str(plots.save_comparison_plot(compare.build_comparison(recs, rep.baseline_run),
-                                                           rep.sweep_dir / "plots.png"))
+    recs = []
+    for p in paths:
+        try:
+            recs.append(compare.load_run(p))
+        except RevalError:
+            continue
+    cmp = compare.build_comparison(recs, rep.baseline_run)
+    base_pt = None
+    if rep.baseline_run is not None and rep.baseline_run.result is not None:
+        est = cmp.estimates(rep.baseline_run).get("tau")
+        base_pt = (cmp.label(rep.baseline_run), rep.baseline_run.result.metrics.tau, est.lo if est else None,
+                   est.hi if est else None)
+    if recs:
+        rep.files["plot"] = str(plots.save_comparison_plot(cmp, rep.sweep_dir / "plots.png", rep.history, base_pt))
+    text = html.render_report(f"reval sweep {rep.sweep_id}", cmp, threshold=rep.threshold,
+                              sweep_table=report_table(rep), steps=rep.history, baseline_point=base_pt)
+    rep.files["html"] = str(html.write_report(text, Path(rep.sweep_dir) / "report.html"))
     rep.files["json"] = str(rep.sweep_dir / "report.json")
     protocol.atomic_write_json(rep.sweep_dir / "report.json", report_json(rep))

@@ -1,0 +1,69 @@
+"""The headline numbers of a result as per-prompt samples (stats.Sample), their bootstrap intervals, and
+paired comparisons between two results. Computed from results.json's per_prompt, so runs written before
+intervals existed get them too. Keys are those of compare.metric_values."""
+from __future__ import annotations
+
+import numpy as np
+
+from remote_payload.results import PromptResult, Result
+
+from . import stats
+
+# key -> what the number is (tables, legends, the HTML report)
+LABELS = {"tau": "tau (tokens per round incl. bonus, macro over prompts)",
+          "tau_pooled": "tau pooled over all rounds",
+          "streak": "streak = tau - 1 (drafts accepted per round excl. bonus)",
+          "ddtree_best": "DDTree tau at the best budget",
+          "pos1_acc": "position-1 accuracy (teacher-forced, pooled over anchors)"}
+
+
+def _macro(per_prompt: list[PromptResult], value) -> stats.Sample | None:
+    rows = [(p.name, v) for p in per_prompt if (v := value(p)) is not None]
+    if not rows:
+        return None
+    return stats.Sample([n for n, _ in rows], np.array([v for _, v in rows], dtype=np.float64), np.ones(len(rows)))
+
+
+def _pooled(per_prompt: list[PromptResult], parts) -> stats.Sample | None:
+    rows = [(p.name, *nd) for p in per_prompt if (nd := parts(p)) is not None and nd[1] > 0]
+    if not rows:
+        return None
+    return stats.Sample([r[0] for r in rows], np.array([r[1] for r in rows], dtype=np.float64),
+                        np.array([r[2] for r in rows], dtype=np.float64))
+
+
+def _tree_tau(p: PromptResult, field: str, key: str) -> float | None:
+    lengths = getattr(p, field) or {}
+    if key in lengths:
+        return float(np.mean(lengths[key])) if lengths[key] else None
+    taus = getattr(p, field.replace("_acceptance_lengths", "_tau")) or {}
+    return taus.get(key)
+
+
+def samples(result: Result) -> dict[str, stats.Sample]:
+    """Every headline number of `result` that its per_prompt records can rebuild."""
+    pp = result.per_prompt
+    out = {"tau": _macro(pp, lambda p: p.tau),
+           "tau_pooled": _pooled(pp, lambda p: (sum(p.acceptance_lengths), len(p.acceptance_lengths))),
+           "streak": _macro(pp, lambda p: None if p.tau is None else p.tau - 1)}
+    m = result.metrics
+    for b in m.ddtree_tau:
+        out[f"ddtree_{b}"] = _macro(pp, lambda p, b=b: _tree_tau(p, "ddtree_acceptance_lengths", b))
+    if m.ddtree_best is not None:
+        out["ddtree_best"] = out.get(f"ddtree_{m.ddtree_best.budget}")
+    for w in m.tree_width_tau:
+        out[f"width_{w}"] = _macro(pp, lambda p, w=w: _tree_tau(p, "tree_width_acceptance_lengths", w))
+    out["pos1_acc"] = _pooled(pp, lambda p: (p.position_hits[0], p.position_totals[0])
+                              if p.position_hits and p.position_totals else None)
+    return {k: s for k, s in out.items() if s is not None}
+
+
+def estimates(result: Result, *, seed: int | None = None) -> dict[str, stats.Estimate]:
+    """Bootstrap 95% intervals (SD, n) of every headline number that has per-prompt data."""
+    return {k: stats.bootstrap(s, seed=seed) for k, s in samples(result).items()}
+
+
+def compare_paired(result: Result, reference: Result, *, seed: int | None = None) -> dict[str, stats.Paired]:
+    """`result` against `reference`, paired by prompt, for every headline number both can rebuild."""
+    a, b = samples(result), samples(reference)
+    return {k: stats.paired(a[k], b[k], seed=seed) for k in a if k in b and stats.align(a[k], b[k])[0].n}

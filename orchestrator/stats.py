@@ -1,0 +1,211 @@
+"""Uncertainty over prompts: bootstrap confidence intervals, paired comparisons, sign-flip permutation tests,
+and the smallest change a number of prompts can detect. Pure numpy (no torch, no scipy), seeded, deterministic.
+
+Every headline number of a run is a ratio of sums over its prompts, `sum(num) / sum(den)`:
+  - macro numbers (tau, streak, DDTree tau per budget, width-k tau): num = the prompt's value, den = 1;
+  - pooled numbers (tau pooled, position-1 accuracy): num/den = the prompt's counts (lengths/rounds,
+    hits/anchors).
+So one vectorised resampler serves all of them: draw prompts with replacement (the same draws for both runs
+of a paired comparison), recompute the statistic, take the 2.5th and 97.5th percentiles.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+RESAMPLES = 100_000       # the ends of a tau interval move by < 0.01 (the last digit shown) between seeds
+SEED = 20261201
+CONFIDENCE = 0.95
+EXACT_PERMUTATION_MAX_N = 16   # up to 2**16 sign patterns: enumerate them all (an exact p-value)
+PERMUTATIONS = 20_000
+Z_ALPHA = 1.959964        # two-sided 5%
+Z_POWER = 0.841621        # 80% power
+_CHUNK = 10_000           # resamples drawn per step
+
+
+@dataclass
+class Sample:
+    """One number's per-prompt parts (the prompts' names, numerators, denominators)."""
+    names: list[str]
+    num: np.ndarray
+    den: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    @property
+    def value(self) -> float:
+        return float(self.num.sum() / self.den.sum())
+
+    @property
+    def per_prompt(self) -> np.ndarray:
+        return self.num / self.den
+
+
+@dataclass
+class Estimate:
+    """A headline number with its 95% bootstrap interval over prompts, the SD across prompts and n."""
+    value: float
+    lo: float
+    hi: float
+    sd: float | None     # SD of the per-prompt values (ddof 1); None with one prompt
+    n: int
+
+    def as_dict(self) -> dict:
+        return {"value": self.value, "ci": [self.lo, self.hi], "sd": self.sd, "n": self.n}
+
+
+@dataclass
+class Paired:
+    """A run against a reference, paired by prompt: the difference and the ratio with their paired-bootstrap
+    95% intervals, the sign-flip permutation p-value, the SD of the per-prompt differences and n."""
+    delta: float
+    delta_lo: float
+    delta_hi: float
+    ratio: float | None
+    ratio_lo: float | None
+    ratio_hi: float | None
+    p_value: float
+    sd_diff: float | None
+    n: int
+
+    @property
+    def excludes_zero(self) -> bool:
+        """The 95% interval of the difference lies on one side of 0 (a difference the data supports)."""
+        return self.delta_lo > 0 or self.delta_hi < 0
+
+    def as_dict(self) -> dict:
+        return {"delta": self.delta, "delta_ci": [self.delta_lo, self.delta_hi], "ratio": self.ratio,
+                "ratio_ci": [self.ratio_lo, self.ratio_hi], "p_value": self.p_value, "sd_diff": self.sd_diff,
+                "n": self.n, "ci_excludes_0": self.excludes_zero}
+
+
+def resample_indices(n: int, resamples: int = RESAMPLES, seed: int | None = None):
+    """The draws: chunks of [k, n] prompt indices, with replacement (the sampling scheme, seeded)."""
+    rng = np.random.default_rng(SEED if seed is None else seed)
+    for s in range(0, resamples, _CHUNK):
+        yield rng.integers(0, n, size=(min(_CHUNK, resamples - s), n))
+
+
+@functools.lru_cache(maxsize=8)
+def _weights(n: int, resamples: int, seed: int | None) -> np.ndarray:
+    """[resamples, n]: how often each prompt was drawn in each resample (one bincount per chunk). A statistic
+    sum(num)/sum(den) over a resample is then (W @ num) / (W @ den): one matrix product for all resamples,
+    shared by every number of a run and by both runs of a paired comparison."""
+    out = np.empty((resamples, n), dtype=np.float64)
+    row = 0
+    for idx in resample_indices(n, resamples, seed):
+        k = len(idx)
+        flat = (idx + (np.arange(k) * n)[:, None]).ravel()
+        out[row:row + k] = np.bincount(flat, minlength=k * n).reshape(k, n)
+        row += k
+    out.setflags(write=False)
+    return out
+
+
+def _percentiles(stats: np.ndarray, confidence: float) -> tuple[float, float]:
+    a = (1 - confidence) / 2
+    lo, hi = np.quantile(stats, [a, 1 - a])
+    return float(lo), float(hi)
+
+
+def _sd(x: np.ndarray) -> float | None:
+    return float(np.std(x, ddof=1)) if len(x) > 1 else None
+
+
+def bootstrap(sample: Sample, *, resamples: int = RESAMPLES, seed: int | None = None,
+              confidence: float = CONFIDENCE) -> Estimate:
+    """Percentile bootstrap over prompts of sum(num)/sum(den)."""
+    w = _weights(sample.n, resamples, seed)
+    lo, hi = _percentiles((w @ sample.num) / (w @ sample.den), confidence)
+    return Estimate(sample.value, lo, hi, _sd(sample.per_prompt), sample.n)
+
+
+def align(a: Sample, b: Sample) -> tuple[Sample, Sample]:
+    """The prompts both samples have, in a's order (comparable runs have the same prompts)."""
+    pos = {name: i for i, name in enumerate(b.names)}
+    keep = [i for i, name in enumerate(a.names) if name in pos]
+    j = [pos[a.names[i]] for i in keep]
+    names = [a.names[i] for i in keep]
+    return Sample(names, a.num[keep], a.den[keep]), Sample(names, b.num[j], b.den[j])
+
+
+def paired(a: Sample, b: Sample, *, resamples: int = RESAMPLES, seed: int | None = None,
+           confidence: float = CONFIDENCE) -> Paired:
+    """a against b, paired by prompt name: Δ = stat(a) - stat(b) and stat(a)/stat(b), both from the same
+    resampled prompts; p-value: sign flips (a and b swapped per prompt) under 'no difference'."""
+    a, b = align(a, b)
+    if a.n == 0:
+        raise ValueError("no prompt in common: a paired comparison needs the same prompts")
+    w = _weights(a.n, resamples, seed)
+    sa, sb = (w @ a.num) / (w @ a.den), (w @ b.num) / (w @ b.den)
+    d_lo, d_hi = _percentiles(sa - sb, confidence)
+    delta = a.value - b.value
+    if b.value != 0:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = sa / sb
+        r_lo, r_hi = _percentiles(r[np.isfinite(r)], confidence) if np.isfinite(r).any() else (None, None)
+        ratio = a.value / b.value
+    else:
+        ratio = r_lo = r_hi = None
+    if delta == 0 and np.array_equal(a.per_prompt, b.per_prompt):
+        d_lo = d_hi = 0.0   # identical per prompt: every resample agrees exactly
+    return Paired(delta, d_lo, d_hi, ratio, r_lo, r_hi, sign_flip_p(a, b, seed=seed),
+                  _sd(a.per_prompt - b.per_prompt), a.n)
+
+
+def sign_flip_p(a: Sample, b: Sample, *, permutations: int = PERMUTATIONS, seed: int | None = None) -> float:
+    """Two-sided permutation p-value of |stat(a) - stat(b)|, swapping a and b within prompts (aligned samples).
+    Exact (every one of the 2**n swap patterns) up to EXACT_PERMUTATION_MAX_N prompts, else Monte Carlo with
+    the +1 correction (never 0)."""
+    n = a.n
+    observed = abs(a.value - b.value)
+    if n <= EXACT_PERMUTATION_MAX_N:
+        flips = np.array(list(itertools.product((False, True), repeat=n)), dtype=bool).reshape(-1, n)
+        extreme = _extreme(a, b, flips, observed)
+        return float(extreme.sum() / len(flips))
+    rng = np.random.default_rng(SEED if seed is None else seed)
+    count = 0
+    for s in range(0, permutations, _CHUNK):
+        flips = rng.random((min(_CHUNK, permutations - s), n)) < 0.5
+        count += int(_extreme(a, b, flips, observed).sum())
+    return (count + 1) / (permutations + 1)
+
+
+def _extreme(a: Sample, b: Sample, flips: np.ndarray, observed: float) -> np.ndarray:
+    an = np.where(flips, b.num, a.num).sum(1) / np.where(flips, b.den, a.den).sum(1)
+    bn = np.where(flips, a.num, b.num).sum(1) / np.where(flips, a.den, b.den).sum(1)
+    # relative tolerance: the observed pattern itself (no flip) must count as at least as extreme
+    return np.abs(an - bn) >= observed - 1e-12 * max(1.0, observed)
+
+
+def detectable_change(sd_diff: float | None, n: int) -> float | None:
+    """The smallest true difference that n paired prompts detect (two-sided 5%, 80% power), from the SD of
+    the per-prompt differences: (z_0.975 + z_0.8) * sd / sqrt(n) (normal approximation)."""
+    if sd_diff is None or n < 2:
+        return None
+    return (Z_ALPHA + Z_POWER) * sd_diff / math.sqrt(n)
+
+
+def prompts_needed(sd_diff: float | None, change: float) -> int | None:
+    """Paired prompts needed to detect `change` (two-sided 5%, 80% power) at this SD of differences."""
+    if sd_diff is None or change <= 0:
+        return None
+    if sd_diff == 0:
+        return 2
+    return max(2, math.ceil(((Z_ALPHA + Z_POWER) * sd_diff / change) ** 2))
+
+
+def verdict(p: Paired | None, threshold: float) -> str:
+    """improved / regressed: the paired 95% interval excludes 0 AND the change is at least `threshold`;
+    otherwise 'no clear change' (the interval says how large a change it cannot rule out)."""
+    if p is None:
+        return "no clear change"
+    if p.excludes_zero and abs(p.delta) >= threshold:
+        return "improved" if p.delta > 0 else "regressed"
+    return "no clear change"

@@ -216,11 +216,32 @@ def test_local_sweep_ledger_skip_force_and_report(tmp_path, monkeypatch):
     rep3 = sweep.Sweep(opts(f"{ck}/step-*", ["locs"], tmp_path), inv, log=log.append).run()
     assert [o.state for o in rep3.outcomes] == ["skipped", "skipped", "succeeded", "skipped"]
     assert len(remote_run_dirs([tmp_path / "loc1", tmp_path / "loc2"])) == 5
+    # tau vs step covers every checkpoint the ledger holds for this configuration (earlier sweeps too, the old
+    # step-300 as well), with its CI; only tonight's re-run step-300 is marked as this sweep's
+    assert sorted((p.step, p.tonight) for p in rep3.history) == \
+        [(100, False), (200, False), (300, False), (300, True), (400, False)]
+    assert all(p.lo is not None and p.lo <= p.tau <= p.hi for p in rep3.history)
+    sweep.write_report_files(rep3)
+    _open_sweep_report(rep3.sweep_dir / "report.html")
 
     # --force re-runs everything, under new run names
     rep4 = sweep.Sweep(opts(f"{ck}/step-*", ["locs"], tmp_path, force=True, latest=2), inv, log=log.append).run()
     assert [(o.checkpoint, o.state) for o in rep4.outcomes] == [("step-300", "succeeded"), ("step-400", "succeeded")]
     assert len(remote_run_dirs([tmp_path / "loc1", tmp_path / "loc2"])) == 7
+
+
+def _open_sweep_report(page: Path) -> None:
+    """The sweep's report.html in headless Chromium (when installed; .ci/run installs it): no console error,
+    no request but the page, the sweep's sections with their plot."""
+    from tests import browser
+    if browser.chromium_path() is None:
+        return  # tests/test_report.py skips its browser test saying why; the HTML itself was checked above
+    probe = "JSON.stringify([...document.querySelectorAll('section[id]')].map(s => [s.id, s.querySelectorAll('svg').length]))"
+    rep = browser.open_page(page.as_uri(), probe)
+    assert rep.console_errors == [] and rep.exceptions == [] and rep.requests == [page.as_uri()]
+    got = dict(json.loads(rep.probe))
+    assert list(got)[:3] == ["sweep", "tau-vs-step", "comparison"] and got["tau-vs-step"] == 1
+    assert {"per-position", "histogram", "ddtree", "per-prompt", "definitions", "provenance"} <= set(got)
 
 
 def test_resumed_sweep_keeps_its_runs_when_the_payload_changed(tmp_path, monkeypatch):

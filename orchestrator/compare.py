@@ -8,6 +8,7 @@ the HTML report and `plots.py` draws the curves. A pulled run lives in `runs/<ho
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,9 @@ FIELD_WORDS = {"cache_fingerprint": "cache", "prompt_set": "prompt set", "num_pr
                "attention": "drafter attention (window / causal inside the block)"}
 
 
+_RESULT_SECTIONS = frozenset(f.name for f in dataclasses.fields(Result) if not f.metadata.get("internal"))
+
+
 @dataclass
 class RunRecord:
     """One pulled run directory, as read from disk (result is None when the eval did not finish).
@@ -42,6 +46,17 @@ class RunRecord:
     @property
     def results(self) -> dict | None:
         return None if self.result is None else self.result.to_dict()
+
+    def __getattr__(self, name: str):
+        """The typed results.json's sections straight from the run: run.metrics.tau, run.per_prompt[0],
+        run.health.suspect (AttributeError naming the run when it has no results)."""
+        if name in _RESULT_SECTIONS:
+            result = self.__dict__.get("result")
+            if result is None:
+                raise AttributeError(f"{self.__dict__.get('path')}: no results.json (state {self.state}): "
+                                     f"no {name!r}")
+            return getattr(result, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def state(self) -> str:

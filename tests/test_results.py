@@ -85,6 +85,17 @@ def test_missing_field_or_wrong_type_is_one_line_naming_file_and_field(tmp_path,
             R.Result.from_dict({**good, "schema": schema})
 
 
+def test_a_pulled_run_reads_as_its_typed_result(tmp_path):
+    d = write_run(tmp_path, "h", "r", make_results("r", quality=0.8))
+    run = compare.load_run(d)
+    assert run.metrics.tau == run.result.metrics.tau and run.health.suspect is False
+    assert run.per_prompt[0].acceptance_lengths == run.results["per_prompt"][0]["acceptance_lengths"]
+    assert compare.load_result(d) == run.result and compare.load_result(d / "results.json") == run.result
+    failed = compare.load_run(write_run(tmp_path, "h", "oom", state="failed"))
+    with pytest.raises(AttributeError, match=r"oom: no results.json \(state failed\): no 'metrics'"):
+        _ = failed.metrics
+
+
 def test_unknown_future_fields_are_kept():
     data = make_results("x")
     data["future_section"] = {"a": 1}

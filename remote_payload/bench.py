@@ -25,12 +25,13 @@ from pathlib import Path
 
 import torch
 
-from . import metrics
+from . import kernels, metrics
+from .anchors import draft_all_anchors
 from .checkpoint import sha256_files
 from .config import DrafterConfig
 from .devices import resolve_device_dtype
 from .drafter import DFlashDrafter
-from .run import draft_all_anchors, load_weights
+from .run import load_weights
 
 PRESETS = {
     "27b": {"hidden_size": 5120, "intermediate_size": 17408, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -180,6 +181,7 @@ def bench_eval(name, drafter, head, cfg, dev, dtype, prompts, blocks, prompt_len
     bs = cfg.block_size
     data = [synthetic_prompt(cfg, prompt_len, completion, dev, dtype, s) for s in range(prompts)]
     n = metrics.num_anchors(prompt_len, prompt_len + completion, blocks, bs)
+    kernels.plan(prompts * n * (bs - 1) * cfg.vocab_size)  # as eval decides for this run (Triton or not)
     # warm-up (kernels, allocator) on one prompt
     draft_all_anchors(drafter, head, data[0][1], data[0][0], prompt_len, min(n, batch), batch_size=batch,
                       budgets=BUDGETS)
@@ -189,7 +191,7 @@ def bench_eval(name, drafter, head, cfg, dev, dtype, prompts, blocks, prompt_len
     for ids, feats in data:
         out = draft_all_anchors(drafter, head, feats, ids, prompt_len, n, batch_size=batch, budgets=BUDGETS, widths=[4, 8])
         metrics.prompt_metrics(out.drafts, out.target_rank, out.topk_logprobs, ids.cpu().numpy(), prompt_len,
-                               blocks, bs, budgets=BUDGETS, widths=[4, 8])
+                               blocks, bs, budgets=BUDGETS, widths=[4, 8], tree_acc=out.tree_acc)
         flops += n * block_flops(cfg, prompt_len + n / 2) + context_flops(cfg, prompt_len + completion)
     sync(dev)
     secs = time.perf_counter() - t

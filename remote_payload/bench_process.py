@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,6 +26,8 @@ import torch
 from .cache import CacheWriter
 from .config import DrafterConfig
 
+# the knobs' effect, one run each: the warm-up beside the load on; Triton's lse kernel (and its start) forced on
+VARIANTS = [("REVAL_WARMUP=1", {"REVAL_WARMUP": "1"}), ("REVAL_TRITON=1", {"REVAL_TRITON": "1"})]
 SEEDS_RUN = {"prompts": 10, "prompt_len": 60, "completion": 480, "max_blocks": 30}
 
 
@@ -81,19 +84,22 @@ def warm_eval_s(argv: list[str]) -> float:
     return secs[-1]
 
 
-def process_runs(argv: list[str], root: Path, runs: int = 2) -> list[tuple[float, dict]]:
+def process_runs(argv: list[str], root: Path, runs: int = 2, env: dict | None = None) -> list[tuple[float, dict]]:
     """`python -m remote_payload eval ...` as a subprocess: [(wall seconds, results.json timing)]."""
     out = []
-    for k in range(runs):
-        run_dir = root / f"run-proc{k}"
+    for _ in range(runs):
+        run_dir = root / f"run-proc{len(list(root.glob('run-proc*')))}"
         a = [*argv, "--run-dir", str(run_dir)]
         t = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "remote_payload", "eval", *a], check=False, env=_env(),
+        p = subprocess.run([sys.executable, "-m", "remote_payload", "eval", *a], check=False,
+                           env={**_env(), **(env or {})},
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         wall = time.perf_counter() - t
         if p.returncode != 0:
             raise RuntimeError(f"eval exited {p.returncode}:\n{p.stdout[-3000:]}")
-        out.append((wall, json.loads((run_dir / "results.json").read_text())["timing"]))
+        timing = json.loads((run_dir / "results.json").read_text())["timing"]
+        warmed = re.search(r"warmed up beside it in ([0-9.]+)s", p.stdout)
+        out.append((wall, {**timing, "warm_up_s": float(warmed.group(1)) if warmed else None}))
     return out
 
 
@@ -110,6 +116,13 @@ def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device,
     wall, timing = min(runs, key=lambda r: r[0])
     floor = init + raw_s + warm
     walls = ", ".join(f"{w:.2f}" for w, _ in runs)
+    variants = []
+    for label, env in VARIANTS if dev.type == "cuda" else ():
+        (w, t), = process_runs(argv, root, runs=1, env=env)
+        warmed = f", warm-up beside the load {t['warm_up_s']:.2f}s" if t["warm_up_s"] else ""
+        variants.append(Row(f"process: `eval` wall, {label}", 0, w, 0,
+                            f"= {w / floor:.2f}x floor; load {t['load_s']:.2f}s, eval stage {t['eval_s']:.2f}s"
+                            + warmed))
     return [
         Row("process: torch + CUDA init", 0, init, 0, "bare interpreter, best of 2"),
         Row("process: warm eval stage in-process", 0, warm, 0, "evaluate()'s eval stage, 2nd of 2 runs"),
@@ -118,4 +131,5 @@ def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device,
             f"= {wall / floor:.2f}x floor (runs {walls}s); its load {timing['load_s']:.2f}s = "
             f"{raw_s / timing['load_s']:.2f}x raw read speed, eval stage {timing['eval_s']:.2f}s = "
             f"{timing['eval_s'] / warm:.2f}x warm in-process"),
+        *variants,
     ]

@@ -16,6 +16,7 @@ Drafter layouts (`load_drafter`):
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -333,8 +334,18 @@ def load_target_head(target_dir, *, vocab_size: int, hidden_size: int, device="c
                                   f"target model? {NOTHING_DONE}")
         return read_tensors(h, [key], device=device, dtype=dtype)[key]  # [vocab_size, hidden_size]
 
-    embed = load(embed_key)
-    lm_head = embed if tied else load(lm_key)
+    if tied:
+        embed = lm_head = load(embed_key)
+    else:  # two readers: page-cached reads are CPU-bound per thread (the second on the caller's CUDA stream)
+        stream = torch.cuda.current_stream(device) if torch.device(device).type == "cuda" else None
+
+        def load_lm_head() -> Tensor:
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                return load(lm_key)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-head") as ex:
+            lm_f = ex.submit(load_lm_head)
+            embed = load(embed_key)
+            lm_head = lm_f.result()
     info = HeadInfo(source=str(source), embed_key=embed_key, embed_file=str(d / weight_map[embed_key]),
                     lm_head_key=lm_key, lm_head_file=None if tied else str(d / weight_map[lm_key]), tied=tied,
                     vocab_size=vocab_size, hidden_size=hidden_size)

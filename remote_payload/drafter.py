@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from remote_payload.config import DrafterConfig
+from remote_payload.kernels import row_logsumexp
 
 
 @dataclass
@@ -43,6 +44,7 @@ class ContextKV:
     v: list[Tensor]  # per layer [B, kvh, R, d]
     lengths: Tensor  # [B] long: valid positions of each prompt (context rows >= length are zero padding)
     T: int  # context rows (the longest prompt)
+    host_lengths: tuple[int, ...] = ()  # `lengths` on the host (checks without a device sync)
 
 
 @dataclass
@@ -190,8 +192,9 @@ class DFlashDrafter(nn.Module):
             if f.dim() != 2 or f.shape[1] != cfg.fc_in_features:
                 raise ValueError(f"features must be [T, {cfg.fc_in_features}], got {list(f.shape)}")
         device = self.fc.weight.device
-        lengths = torch.tensor([f.shape[0] for f in items], device=device)
-        T = int(lengths.max())
+        host_lengths = tuple(int(f.shape[0]) for f in items)
+        lengths = torch.tensor(host_lengths).to(device, non_blocking=True)
+        T = max(host_lengths)
         R = _rows(T, anchors_per_prompt * cfg.block_size)
         cos, sin = rope_cos_sin(torch.arange(T, device=device), d, cfg.rope_theta)  # [T, d]
         ks: list[list[Tensor]] = [[] for _ in self.layers]
@@ -205,9 +208,11 @@ class DFlashDrafter(nn.Module):
                 v = att.v_proj(ctx).view(n, kvh, d)
                 ks[i].append(F.pad(k.transpose(0, 1), (0, 0, 0, R - n)))  # [kvh, R, d]
                 vs[i].append(F.pad(v.transpose(0, 1), (0, 0, 0, R - n)))
-        return ContextKV(k=[torch.stack(k) for k in ks], v=[torch.stack(v) for v in vs], lengths=lengths, T=T)
+        return ContextKV(k=[torch.stack(k) for k in ks], v=[torch.stack(v) for v in vs], lengths=lengths, T=T,
+                         host_lengths=host_lengths)
 
-    def draft_hidden(self, ctx: ContextKV, anchors: Tensor, bonus_ids: Tensor, head: TargetHead) -> Tensor:
+    def draft_hidden(self, ctx: ContextKV, anchors: Tensor, bonus_ids: Tensor, head: TargetHead,
+                     bounds: tuple[int, int] | None = None) -> Tensor:
         """Draft blocks for many anchors -> out = norm(x) [..., bs, H] (row k predicts position a+k).
 
         anchors/bonus_ids: [n] (ctx holds ONE prompt) or [B, m] (m anchors for each of ctx's B prompts;
@@ -216,6 +221,7 @@ class DFlashDrafter(nn.Module):
         Each layer writes the blocks' K/V into ctx's slot rows (overwriting the previous call's) and runs
         ONE SDPA over [context | slots] with a mask: the context is never copied. Autograd through two
         calls on the same ctx is therefore not supported (train with one call per `precompute_context`).
+        bounds: (smallest, largest) anchor when the caller knows them: checked on the host, no device sync.
         """
         cfg, dt = self.cfg, self.dtype
         bs, H = cfg.block_size, cfg.hidden_size
@@ -227,11 +233,16 @@ class DFlashDrafter(nn.Module):
         B, m = anchors.shape
         if B != ctx.lengths.numel():
             raise ValueError(f"anchors are for {B} prompts but the context holds {ctx.lengths.numel()}")
-        if bool((anchors < 1).any()) or bool((anchors > ctx.lengths[:, None]).any()):
-            raise ValueError("every anchor a must satisfy 1 <= a <= its prompt's context length")
+        if bounds is not None and ctx.host_lengths:
+            if bounds[0] < 1 or bounds[1] > min(ctx.host_lengths):
+                raise ValueError("every anchor a must satisfy 1 <= a <= its prompt's context length")
+            a_min = bounds[0]
+        else:
+            if bool((anchors < 1).any()) or bool((anchors > ctx.lengths[:, None]).any()):
+                raise ValueError("every anchor a must satisfy 1 <= a <= its prompt's context length")
+            a_min = int(anchors.min())
         T, S = ctx.T, m * bs
         _ensure_slots(ctx, S)
-        a_min = int(anchors.min())
         dev = anchors.device
         x = F.embedding(self._block_ids(bonus_ids), head.embed).to(dt).view(B * m * bs, H)
         q_pos = anchors[..., None] + torch.arange(bs, device=dev)  # [B, m, bs]
@@ -314,7 +325,7 @@ def logits_topk(hidden: Tensor, head: TargetHead, k: int, target_ids: Tensor | N
     lead, (bs, H) = hidden.shape[:-2], hidden.shape[-2:]
     rows = hidden[..., 1:, :].contiguous().view(-1, H)  # [N*(bs-1), H]
     logits = F.linear(rows, head.lm_head.to(rows.dtype))  # [N*(bs-1), V]
-    lse = torch.logsumexp(logits.float(), dim=-1, keepdim=True)
+    lse = row_logsumexp(logits)  # fp32 [N, 1]; one pass over the logits on CUDA (kernels.py)
     top_val, top_ids = logits.topk(k, dim=-1)
     out_shape = (*lead, bs - 1)
     res = DraftLogits(

@@ -151,19 +151,43 @@ def ddtree_accept_lengths(topk_logprobs, target_rank, budgets: Sequence[int],
     another prefix does too depend on the tie rule: they go to the heap reference. Candidate
     (beam i, rank r) is skipped when (i+1)(r+1) > B: that many candidates already score as high.
     Memory: about max_elements float64 values per depth step (anchors are chunked).
+    Two halves: `ddtree_accept_device` (no host sync: it can be queued behind the drafting) and
+    `ddtree_resolve` (host: the tied anchors through the heap).
     """
+    budgets = sorted({int(b) for b in budgets})
+    acc, tied = ddtree_accept_device(topk_logprobs, target_rank, budgets, max_elements)
+    return ddtree_resolve(acc.cpu().numpy(), tied.cpu().numpy(), topk_logprobs, target_rank, budgets)
+
+
+_PAIRS: dict = {}
+
+
+def _beam_pairs(w: int, width: int, dev):
+    """(beam index i, rank r) candidates with (i+1)(r+1) <= w, as device index tensors (built once a device)."""
+    import torch
+    key = (w, width, str(dev))
+    if key not in _PAIRS:
+        i_idx, r_idx = zip(*[(i, r) for r in range(width) for i in range(w // (r + 1))])
+        _PAIRS[key] = (torch.tensor(i_idx).to(dev), torch.tensor(r_idx).to(dev))
+    return _PAIRS[key]
+
+
+def ddtree_accept_device(topk_logprobs, target_rank, budgets: Sequence[int], max_elements: int = 1 << 24):
+    """The device half of `ddtree_accept_lengths` -> (acc [len(budgets), n] long, tied [len(budgets), n] bool),
+    budgets sorted ascending; acc is exact where tied is False."""
     import torch
 
     lp = torch.as_tensor(topk_logprobs).to(torch.float64)
     n, depth, k = lp.shape
     dev = lp.device
-    rank = torch.as_tensor(target_rank, device=dev).long()
+    rank = torch.as_tensor(target_rank).to(dev).long()
     budgets = sorted({int(b) for b in budgets})
     if not budgets or budgets[0] < 1:
         raise ValueError(f"DDTree budgets must be positive node counts; got {budgets}")
     b_max = budgets[-1]
     if n == 0 or depth == 0:
-        return {b: np.zeros(0, dtype=np.int64) for b in budgets}
+        return (torch.zeros(len(budgets), n, dtype=torch.long, device=dev),
+                torch.zeros(len(budgets), n, dtype=torch.bool, device=dev))
 
     # Target path: its prefix scores c[:, d], summed sequentially in depth order.
     on_path = torch.cumprod(((rank >= 0) & (rank < k)).long(), dim=1).bool()  # [n, D]
@@ -178,9 +202,7 @@ def ddtree_accept_lengths(topk_logprobs, target_rank, budgets: Sequence[int],
     # descending: scores [n, D, w]; -inf pads when fewer prefixes exist.
     w = b_max + 1
     width = min(k, w)
-    i_idx, r_idx = zip(*[(i, r) for r in range(width) for i in range(w // (r + 1))])
-    i_idx = torch.tensor(i_idx, device=dev)
-    r_idx = torch.tensor(r_idx, device=dev)
+    i_idx, r_idx = _beam_pairs(w, width, dev)
     scores = torch.empty((n, depth, w), dtype=torch.float64, device=dev)
     chunk = max(1, max_elements // len(i_idx))
     for s in range(0, n, chunk):
@@ -193,18 +215,29 @@ def ddtree_accept_lengths(topk_logprobs, target_rank, budgets: Sequence[int],
             beam = cand.topk(w, dim=1).values
             scores[s:s + chunk, d] = beam
 
-    out = {}
+    accs, ties = [], []
     for b in budgets:
         # the top-b of each depth is the first b of its top-w; theta = the b-th largest over depths
         theta = scores[:, :, :b].reshape(n, depth * b).topk(b, dim=1).values[:, -1:]  # [n, 1]
-        acc = torch.cumprod((on_path & (c >= theta)).long(), dim=1).sum(dim=1).cpu().numpy()
+        accs.append(torch.cumprod((on_path & (c >= theta)).long(), dim=1).sum(dim=1))
         # c == theta is exact when the target prefix is the only prefix scoring theta (it is then the
         # B-th node). Any other prefix at theta shows up in the top-(b+1) of some depth.
         shared = (scores[:, :, :b + 1] == theta[:, :, None]).sum(dim=(1, 2)) > 1
-        tied = ((on_path & (c == theta)).any(dim=1) & shared).nonzero()[:, 0].cpu().tolist()
-        for j in tied:
-            acc[j] = ddtree_accept_heap(lp[j].cpu().numpy(), rank[j].cpu().numpy(), b)
-        out[b] = acc.astype(np.int64)
+        ties.append((on_path & (c == theta)).any(dim=1) & shared)
+    return torch.stack(accs), torch.stack(ties)
+
+
+def ddtree_resolve(acc: np.ndarray, tied: np.ndarray, topk_logprobs, target_rank,
+                   budgets: Sequence[int]) -> dict[int, np.ndarray]:
+    """Host half: acc/tied [len(budgets), n] (budgets ascending) -> {B: acc [n]}, tied anchors by the heap."""
+    out = {}
+    for row, b in enumerate(sorted({int(b) for b in budgets})):
+        a = np.array(acc[row], dtype=np.int64)
+        for j in np.flatnonzero(tied[row]).tolist():
+            lp_j = topk_logprobs[j].cpu().numpy() if hasattr(topk_logprobs, "cpu") else np.asarray(topk_logprobs[j])
+            r_j = target_rank[j].cpu().numpy() if hasattr(target_rank, "cpu") else np.asarray(target_rank[j])
+            a[j] = ddtree_accept_heap(lp_j.astype(np.float64), r_j, b)
+        out[b] = a
     return out
 
 
@@ -288,16 +321,19 @@ def _mean(xs: Sequence[float]) -> float | None:
 
 
 def prompt_metrics(drafts: np.ndarray, target_rank, topk_logprobs, g: Sequence[int], prompt_len: int,
-                   max_blocks: int, bs: int, budgets: Sequence[int] = (), widths: Sequence[int] = ()) -> dict:
+                   max_blocks: int, bs: int, budgets: Sequence[int] = (), widths: Sequence[int] = (),
+                   tree_acc: dict | None = None) -> dict:
     """One prompt's per-anchor arrays (module docstring; target_rank -1 past the end, topk_logprobs
     numpy or torch on any device, None when budgets is empty) -> its JSON-ready per_prompt record:
     prompt_len, seq_len, acceptance_lengths, tau, position_hits, position_totals, position_accuracy,
     ddtree_acceptance_lengths, ddtree_tau, tree_width_acceptance_lengths, tree_width_tau
-    (budget/width keys are strings, as JSON keeps them)."""
+    (budget/width keys are strings, as JSON keeps them). tree_acc: the DDTree acc per budget, when computed
+    already (topk_logprobs is then not read)."""
     seq_len = len(g)
     lengths = walk(accept_lengths_vanilla(drafts, g, prompt_len), prompt_len, seq_len, max_blocks, bs)
     hits, totals = position_hits(drafts, g, prompt_len)
-    tree_acc = ddtree_accept_lengths(topk_logprobs, target_rank, budgets) if budgets else {}
+    if tree_acc is None:  # precomputed: {B: acc [n]} from ddtree_accept_lengths (e.g. queued on the GPU)
+        tree_acc = ddtree_accept_lengths(topk_logprobs, target_rank, budgets) if budgets else {}
     dd = {str(b): walk(a, prompt_len, seq_len, max_blocks, bs) for b, a in tree_acc.items()}
     ranks = np.asarray(target_rank.cpu() if hasattr(target_rank, "cpu") else target_rank)
     wide = {str(k): walk(accept_lengths_width(ranks, k), prompt_len, seq_len, max_blocks, bs) for k in widths}

@@ -16,6 +16,7 @@ line; anything else keeps its traceback and exits 1; nothing half-written either
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import platform
@@ -32,6 +33,7 @@ import torch
 
 from . import __version__, metrics, protocol
 from . import results as R
+from .anchors import AnchorOutputs, draft_all_anchors, drafted_prompts, warm_up  # noqa: F401 (re-exported)
 from .cache import open_cache
 from .checkpoint import check_features, load_drafter, load_target_head, peek_config
 from .devices import resolve_device_dtype
@@ -131,63 +133,32 @@ def decode(tok, ids) -> str:
     return tok.decode(ids, skip_special_tokens=False)
 
 
-@dataclass
-class AnchorOutputs:
-    """Per-anchor results of one prompt, anchors a = prompt_len + j (metrics.py conventions)."""
-
-    drafts: np.ndarray  # [n, bs-1] int
-    target_rank: np.ndarray  # [n, bs-1] int, -1 past the end
-    topk_logprobs: torch.Tensor | None  # [n, bs-1, K] fp32 sorted descending, on the device (DDTree)
-
-
-@torch.inference_mode()
-def draft_all_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, prompt_len: int, n: int,
-                      *, batch_size: int, budgets: list[int], widths: list[int] = ()) -> AnchorOutputs:
-    """feats [T, n_fc*H] (on the drafter's device), ids [T] -> outputs at anchors prompt_len..prompt_len+n-1."""
-    from .drafter import logits_topk
-    bs = drafter.cfg.block_size
-    dev = feats.device
-    ctx = drafter.precompute_context(feats, anchors_per_prompt=batch_size)  # context K/V once per prompt
-    g = ids.cpu().numpy()
-    targets = metrics.target_tokens(g, prompt_len, n, bs - 1)  # [n, bs-1], -1 past the end
-    # top-k per row: DDTree needs the top-B values, width-k trees ranks below k (ranks are capped at k)
-    k = min(max([*budgets, *widths, 1]), drafter.cfg.vocab_size)
-    drafts, ranks, topk = [], [], []
-    ids_dev = ids.to(dev)
-    for s in range(0, n, batch_size):
-        anchors = torch.arange(prompt_len + s, prompt_len + min(n, s + batch_size), device=dev)  # [m]
-        hidden = drafter.draft_hidden(ctx, anchors, ids_dev[anchors], head)  # [m, bs, H]
-        tgt = torch.as_tensor(targets[s:s + len(anchors)], device=dev)  # [m, bs-1]
-        out = logits_topk(hidden, head, k, target_ids=tgt.clamp(min=0))
-        if not torch.isfinite(out.topk_logprobs[..., 0]).all():
-            raise PayloadError("drafter produced NaN/inf logits: check the weights' dtype and the cache features")
-        drafts.append(out.argmax_ids)
-        ranks.append(out.target_ranks.masked_fill(tgt < 0, -1))
-        if budgets:
-            topk.append(out.topk_logprobs)
-    width = bs - 1
-    if not drafts:
-        empty = np.zeros((0, width), dtype=np.int64)
-        return AnchorOutputs(empty, empty, torch.zeros(0, width, k) if budgets else None)
-    return AnchorOutputs(drafts=torch.cat(drafts).cpu().numpy(), target_rank=torch.cat(ranks).cpu().numpy(),
-                         topk_logprobs=torch.cat(topk) if budgets else None)
-
-
-def load_weights(drafter_path: str, target: str, device: torch.device, dtype: torch.dtype):
+def load_weights(drafter_path: str, target: str, device: torch.device, dtype: torch.dtype, warm_up=None):
     """(drafter, DrafterInfo, TargetHead, HeadInfo). When the drafter's config can be read first (z-lab
-    layout), the target's embed/lm_head are read by a second thread beside the drafter's weights: reading
-    page-cached bytes is CPU-bound per thread, so two readers finish sooner than one after the other."""
+    layout), the drafter and the target's embed/lm_head are read by threads side by side (page-cached reads
+    are CPU-bound per thread), on CUDA on a stream of their own, while `warm_up(config)` (if given) runs the
+    kernels once on this thread's stream: first-call costs are paid during the load, not in the eval."""
     peek = peek_config(drafter_path)
     if peek is None:
         drafter, info = load_drafter(drafter_path, device=device, dtype=dtype)
         head, hinfo = load_target_head(target, vocab_size=drafter.cfg.vocab_size,
                                        hidden_size=drafter.cfg.hidden_size, device=device, dtype=dtype)
         return drafter, info, head, hinfo
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-head") as ex:
-        head_f = ex.submit(load_target_head, target, vocab_size=peek.vocab_size, hidden_size=peek.hidden_size,
-                           device=device, dtype=dtype)
-        drafter, info = load_drafter(drafter_path, device=device, dtype=dtype)
+    side = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def on_side(fn, *args, **kw):
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            return fn(*args, **kw)
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="reval-load") as ex:
+        head_f = ex.submit(on_side, load_target_head, target, vocab_size=peek.vocab_size,
+                           hidden_size=peek.hidden_size, device=device, dtype=dtype)
+        drafter_f = ex.submit(on_side, load_drafter, drafter_path, device=device, dtype=dtype)
+        if warm_up is not None:
+            warm_up(peek)
+        drafter, info = drafter_f.result()
         head, hinfo = head_f.result()
+    if side is not None:
+        torch.cuda.current_stream(device).wait_stream(side)  # the weights are ready for this stream's kernels
     return drafter, info, head, hinfo
 
 
@@ -256,11 +227,27 @@ def load_inputs(opts: EvalOptions, rep: Reporter) -> Inputs:
     return Inputs(tok, cache, prompts, feature_stats)
 
 
+def batch_size(opts: EvalOptions, device: torch.device) -> int:
+    """Anchors per drafter forward: --batch-size, else 128 on a GPU and 32 on the CPU."""
+    return opts.batch_size or (128 if device.type == "cuda" else 32)
+
+
 def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torch.dtype, rep: Reporter) -> Loaded:
     rep.step(4, "load_drafter", f"Loading drafter {opts.drafter}...")
     t_load = time.perf_counter()
     cache = inp.cache
-    drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype)
+    batch = batch_size(opts, device)
+    first = inp.prompts[0]
+    warmed = []
+
+    def warm(peek) -> None:  # the first prompt's drafting with throwaway weights, while the real ones load
+        t = time.perf_counter()
+        n = (first.seq_len - 1 - first.prompt_len if opts.all_anchors
+             else metrics.num_anchors(first.prompt_len, first.seq_len, opts.max_blocks, peek.block_size))
+        if warm_up(peek, device, dtype, seq_len=first.seq_len, prompt_len=first.prompt_len, n=n, batch_size=batch,
+                   budgets=opts.ddtree_budgets, widths=opts.tree_widths):
+            warmed.append(time.perf_counter() - t)
+    drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype, warm_up=warm)
     cfg = drafter.cfg
     check_features(cfg, cache.layer_ids, cache.hidden_size)  # names dims and layer ids on a mismatch
     rep.line(f"  layout={info.layout} params={info.num_parameters:,} fc layers {cfg.fc_layer_ids} "
@@ -279,7 +266,8 @@ def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torc
     e_mean, e_std = _stats(head.embed)
     rep.line(f"  embed_tokens: mean={e_mean:.4f} std={e_std:.4f}")
     load_s = time.perf_counter() - t_load
-    rep.line(f"  loaded in {load_s:.2f}s", stage="load_drafter", step=4, steps=STEPS)
+    rep.line(f"  loaded in {load_s:.2f}s" + (f" (kernels warmed up beside it in {warmed[0]:.2f}s)" if warmed else ""),
+             stage="load_drafter", step=4, steps=STEPS)
     return Loaded(drafter, info, head, hinfo, target_matches, {"mean": e_mean, "std": e_std}, load_s)
 
 
@@ -287,30 +275,29 @@ def eval_prompts(opts: EvalOptions, inp: Inputs, mod: Loaded, device: torch.devi
                  rep: Reporter) -> Drafted:
     prompts, tok, cfg = inp.prompts, inp.tok, mod.drafter.cfg
     rep.step(5, "eval", f"Evaluating {len(prompts)} prompts x {opts.max_blocks} blocks...")
-    bs = cfg.block_size
-    batch = opts.batch_size or (128 if device.type == "cuda" else 32)
+    bs, batch = cfg.block_size, batch_size(opts, device)
     budgets, widths = opts.ddtree_budgets, opts.tree_widths
     per_prompt, all_drafts, all_targets = [], [], []
     prompt_hash = hashlib.sha256()
     t_eval = time.perf_counter()
     n_anchors_total = 0
-    for i, p in enumerate(prompts):
-        ids, feats = inp.cache.load(i, layer_ids=cfg.fc_layer_ids, device=device, dtype=dtype)  # [T], [T, n_fc*H]
-        if int(ids.max()) >= cfg.vocab_size or int(ids.min()) < 0:
-            raise PayloadError(f"cache {opts.cache}: prompt {p.name!r} holds token id {int(ids.max())} outside the "
-                               f"drafter's vocabulary ({cfg.vocab_size}): the cache comes from another tokenizer")
+
+    def anchors_of(i: int) -> int:  # the anchors the walk can reach; --all-anchors: every completion anchor
+        p = prompts[i]
+        return (max(0, p.seq_len - 1 - p.prompt_len) if opts.all_anchors
+                else metrics.num_anchors(p.prompt_len, p.seq_len, opts.max_blocks, bs))
+
+    # the device runs a prompt ahead of this loop: its walks and metrics overlap the next prompt's drafting
+    for i, ids, out in drafted_prompts(mod.drafter, mod.head, inp.cache, len(prompts), anchors_of, device=device,
+                                       dtype=dtype, batch_size=batch, budgets=budgets, widths=widths):
+        p, n = prompts[i], anchors_of(i)
         rep.line(f"  [{i + 1}/{len(prompts)}] {p.name}: {p.seq_len} tokens", stage="eval", step=5, steps=STEPS,
                  i=i + 1, n=len(prompts))
-        g = ids.cpu().numpy()
+        g = ids.numpy()
         prompt_hash.update(g.astype(np.int64).tobytes() + p.prompt_len.to_bytes(8, "little"))
-        # anchors the walk can reach; --all-anchors: every completion anchor (position accuracy over all)
-        n = (max(0, p.seq_len - 1 - p.prompt_len) if opts.all_anchors
-             else metrics.num_anchors(p.prompt_len, p.seq_len, opts.max_blocks, bs))
-        out = draft_all_anchors(mod.drafter, mod.head, feats, ids, p.prompt_len, n, batch_size=batch,
-                                budgets=budgets, widths=widths)
         n_anchors_total += n
         rec = metrics.prompt_metrics(out.drafts, out.target_rank, out.topk_logprobs, g, p.prompt_len,
-                                     opts.max_blocks, bs, budgets=budgets, widths=widths)
+                                     opts.max_blocks, bs, budgets=budgets, widths=widths, tree_acc=out.tree_acc)
         all_drafts.append(out.drafts)
         all_targets.append(metrics.target_tokens(g, p.prompt_len, n, bs - 1))
         first = {"draft": decode(tok, out.drafts[0]) if n else "",

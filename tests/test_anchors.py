@@ -1,0 +1,70 @@
+"""remote_payload.anchors: the pipelined drafting (features read ahead by a thread, a prompt queued before the
+previous one's outputs are taken) hands out exactly what drafting each prompt on its own gives."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from remote_payload import metrics
+from remote_payload.anchors import draft_all_anchors, drafted_prompts
+from remote_payload.cache import CacheWriter, open_cache
+from remote_payload.errors import PayloadError
+from tests.tiny_models import random_drafter, random_head, tiny_drafter_config
+
+
+def _cache(path, cfg, lengths, bad_id=False):
+    g = torch.Generator().manual_seed(0)
+    with CacheWriter(path, layer_ids=cfg.fc_layer_ids, hidden_size=cfg.hidden_size) as w:
+        for i, T in enumerate(lengths):
+            ids = torch.randint(0, cfg.vocab_size - 1, (T,), generator=g)
+            if bad_id and i == 1:
+                ids[3] = cfg.vocab_size
+            w.add(f"p{i}", 5 + i, ids, torch.randn(T, len(cfg.fc_layer_ids), cfg.hidden_size, generator=g))
+    return open_cache(path)
+
+
+def test_pipelined_prompts_equal_one_prompt_at_a_time(tmp_path):
+    cfg = tiny_drafter_config()
+    model, head = random_drafter(cfg, seed=2), random_head(cfg, seed=3)
+    cache = _cache(tmp_path / "c", cfg, [30, 47, 21, 38])
+    budgets, widths = [4, 16], [2]
+
+    def n_of(i):
+        p = cache.prompts[i]
+        return metrics.num_anchors(p.prompt_len, p.seq_len, 3, cfg.block_size)
+    got = list(drafted_prompts(model, head, cache, len(cache), n_of, device=torch.device("cpu"),
+                               dtype=torch.float32, batch_size=8, budgets=budgets, widths=widths))
+    assert [i for i, _, _ in got] == [0, 1, 2, 3]
+    for i, ids, out in got:
+        ids_ref, feats = cache.load(i)
+        ref = draft_all_anchors(model, head, feats, ids_ref, cache.prompts[i].prompt_len, n_of(i), batch_size=5,
+                                budgets=budgets, widths=widths)
+        assert torch.equal(ids, ids_ref) and out.drafts.shape == (n_of(i), cfg.block_size - 1)
+        assert np.array_equal(out.drafts, ref.drafts) and np.array_equal(out.target_rank, ref.target_rank)
+        heap = {b: [metrics.ddtree_accept_heap(ref.topk_logprobs[j].double().numpy(), ref.target_rank[j], b)
+                    for j in range(n_of(i))] for b in budgets}
+        assert {b: a.tolist() for b, a in out.tree_acc.items()} == heap  # the device half + resolve == the heap
+
+
+def test_a_token_outside_the_vocabulary_is_bad_input(tmp_path):
+    cfg = tiny_drafter_config()
+    cache = _cache(tmp_path / "c", cfg, [30, 40], bad_id=True)
+    gen = drafted_prompts(random_drafter(cfg), random_head(cfg), cache, 2, lambda i: 4, device=torch.device("cpu"),
+                          dtype=torch.float32, batch_size=8, budgets=[4], widths=[])
+    with pytest.raises(PayloadError, match="outside the drafter's vocabulary"):
+        list(gen)
+
+
+
+def test_triton_is_planned_only_where_it_pays(monkeypatch):
+    from remote_payload import kernels
+    monkeypatch.delenv("REVAL_TRITON", raising=False)
+    monkeypatch.setattr(kernels, "_load_triton", lambda: True)  # the decision, not the import
+    seeds = 4790 * 15 * 248320  # the seeds' 10 x 30 run at the 27B vocabulary: Triton's start does not pay
+    assert kernels.plan(seeds) is False and kernels.plan(30 * seeds) is True
+    monkeypatch.setenv("REVAL_TRITON", "0")
+    assert kernels.plan(30 * seeds) is False
+    monkeypatch.setenv("REVAL_TRITON", "1")
+    assert kernels.plan(seeds) is True
+    kernels.plan(0)

@@ -47,8 +47,7 @@ def bench_extract(dev: torch.device, dtype: torch.dtype) -> list:
                              generator=g).tolist() for _ in range(n_batched)]
     # warm-up: kernels, allocator, cuBLAS for both paths
     greedy_complete_batch(model, prompts[:2], 2, set())
-    tapped_features(model, torch.tensor(greedy_complete(model, torch.tensor(prompts[0], device=dev), 2, set()),
-                                        device=dev), layers)
+    tapped_features(model, greedy_complete(model, torch.tensor(prompts[0], device=dev), 2, set()).to(dev), layers)
     _sync(dev)
     t = time.perf_counter()
     for p in prompts[:n_single]:

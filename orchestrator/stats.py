@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-RESAMPLES = 100_000       # the ends of a tau interval move by < 0.01 (the last digit shown) between seeds
+RESAMPLES = 100_000       # at 10 prompts the ends of a tau interval move by < 0.01 (the digit shown) between seeds
+MIN_RESAMPLES = 10_000
 SEED = 20261201
 CONFIDENCE = 0.95
 EXACT_PERMUTATION_MAX_N = 16   # up to 2**16 sign patterns: enumerate them all (an exact p-value)
@@ -25,6 +26,7 @@ PERMUTATIONS = 20_000
 Z_ALPHA = 1.959964        # two-sided 5%
 Z_POWER = 0.841621        # 80% power
 _CHUNK = 10_000           # resamples drawn per step
+CACHE_MAX_ELEMENTS = 4_000_000  # resample counts kept for reuse up to this size (32 MB of float64 each)
 
 
 @dataclass
@@ -57,7 +59,8 @@ class Estimate:
     n: int
 
     def as_dict(self) -> dict:
-        return {"value": self.value, "ci": [self.lo, self.hi], "sd": self.sd, "n": self.n}
+        return {"value": self.value, "ci": [self.lo, self.hi], "sd": self.sd, "n": self.n,
+                "resamples": resamples_for(self.n)}
 
 
 @dataclass
@@ -85,6 +88,12 @@ class Paired:
                 "n": self.n, "ci_excludes_0": self.excludes_zero}
 
 
+def resamples_for(n: int) -> int:
+    """Resamples for n prompts: RESAMPLES at 10 prompts or fewer, then fewer in proportion (the interval
+    narrows as 1/sqrt(n), so does the Monte Carlo error of its ends: the same error in tau), >= MIN_RESAMPLES."""
+    return max(MIN_RESAMPLES, min(RESAMPLES, RESAMPLES * 10 // max(n, 1)))
+
+
 def resample_indices(n: int, resamples: int = RESAMPLES, seed: int | None = None):
     """The draws: chunks of [k, n] prompt indices, with replacement (the sampling scheme, seeded)."""
     rng = np.random.default_rng(SEED if seed is None else seed)
@@ -92,20 +101,35 @@ def resample_indices(n: int, resamples: int = RESAMPLES, seed: int | None = None
         yield rng.integers(0, n, size=(min(_CHUNK, resamples - s), n))
 
 
-@functools.lru_cache(maxsize=8)
+def _weight_chunk(idx: np.ndarray, n: int) -> np.ndarray:
+    """[k, n] indices -> [k, n] counts: how often each prompt was drawn in each resample (one bincount)."""
+    k = len(idx)
+    flat = (idx + (np.arange(k) * n)[:, None]).ravel()
+    return np.bincount(flat, minlength=k * n).reshape(k, n).astype(np.float64)
+
+
+@functools.lru_cache(maxsize=4)
 def _weights(n: int, resamples: int, seed: int | None) -> np.ndarray:
-    """[resamples, n]: how often each prompt was drawn in each resample (one bincount per chunk). A statistic
-    sum(num)/sum(den) over a resample is then (W @ num) / (W @ den): one matrix product for all resamples,
-    shared by every number of a run and by both runs of a paired comparison."""
-    out = np.empty((resamples, n), dtype=np.float64)
-    row = 0
-    for idx in resample_indices(n, resamples, seed):
-        k = len(idx)
-        flat = (idx + (np.arange(k) * n)[:, None]).ravel()
-        out[row:row + k] = np.bincount(flat, minlength=k * n).reshape(k, n)
-        row += k
+    """[resamples, n] counts, kept for reuse while small (CACHE_MAX_ELEMENTS): every number of a run and
+    both runs of a paired comparison share the same draws."""
+    out = np.concatenate([_weight_chunk(idx, n) for idx in resample_indices(n, resamples, seed)])
     out.setflags(write=False)
     return out
+
+
+def resampled(samples: tuple[Sample, ...], resamples: int, seed: int | None) -> list[np.ndarray]:
+    """Per sample, sum(num)/sum(den) over every resample, from the same draws: (W @ num) / (W @ den), one
+    matrix product per chunk of resamples. Many prompts: the counts are made chunk by chunk, never all."""
+    n = samples[0].n
+    if n * resamples <= CACHE_MAX_ELEMENTS:
+        chunks = [_weights(n, resamples, seed)]
+    else:
+        chunks = (_weight_chunk(idx, n) for idx in resample_indices(n, resamples, seed))
+    parts: list[list[np.ndarray]] = [[] for _ in samples]
+    for w in chunks:
+        for out, s in zip(parts, samples):
+            out.append((w @ s.num) / (w @ s.den))
+    return [np.concatenate(p) for p in parts]
 
 
 def _percentiles(stats: np.ndarray, confidence: float) -> tuple[float, float]:
@@ -118,11 +142,11 @@ def _sd(x: np.ndarray) -> float | None:
     return float(np.std(x, ddof=1)) if len(x) > 1 else None
 
 
-def bootstrap(sample: Sample, *, resamples: int = RESAMPLES, seed: int | None = None,
+def bootstrap(sample: Sample, *, resamples: int | None = None, seed: int | None = None,
               confidence: float = CONFIDENCE) -> Estimate:
     """Percentile bootstrap over prompts of sum(num)/sum(den)."""
-    w = _weights(sample.n, resamples, seed)
-    lo, hi = _percentiles((w @ sample.num) / (w @ sample.den), confidence)
+    (values,) = resampled((sample,), resamples or resamples_for(sample.n), seed)
+    lo, hi = _percentiles(values, confidence)
     return Estimate(sample.value, lo, hi, _sd(sample.per_prompt), sample.n)
 
 
@@ -135,15 +159,14 @@ def align(a: Sample, b: Sample) -> tuple[Sample, Sample]:
     return Sample(names, a.num[keep], a.den[keep]), Sample(names, b.num[j], b.den[j])
 
 
-def paired(a: Sample, b: Sample, *, resamples: int = RESAMPLES, seed: int | None = None,
+def paired(a: Sample, b: Sample, *, resamples: int | None = None, seed: int | None = None,
            confidence: float = CONFIDENCE) -> Paired:
     """a against b, paired by prompt name: Δ = stat(a) - stat(b) and stat(a)/stat(b), both from the same
     resampled prompts; p-value: sign flips (a and b swapped per prompt) under 'no difference'."""
     a, b = align(a, b)
     if a.n == 0:
         raise ValueError("no prompt in common: a paired comparison needs the same prompts")
-    w = _weights(a.n, resamples, seed)
-    sa, sb = (w @ a.num) / (w @ a.den), (w @ b.num) / (w @ b.den)
+    sa, sb = resampled((a, b), resamples or resamples_for(a.n), seed)
     d_lo, d_hi = _percentiles(sa - sb, confidence)
     delta = a.value - b.value
     if b.value != 0:

@@ -19,8 +19,8 @@ from .compare import (
 )
 from .stats import Estimate, Paired
 
-CI_NOTE = (f"[a, b] = 95% bootstrap CI over prompts ({stats.RESAMPLES:,} resamples, seeded); "
-           "SD and n in --format csv/json")
+CI_NOTE = (f"[a, b] = 95% bootstrap CI over prompts (seeded; {stats.RESAMPLES:,} resamples up to 10 prompts, "
+           "fewer for more); SD and n in --format csv/json")
 PAIRED_NOTE = ("Δ = run - baseline, paired by prompt, with its 95% paired-bootstrap CI; * = the CI excludes 0; "
                "ratio = run / baseline; p = two-sided sign-flip permutation test")
 MAIN_NOTE = ("tau = tokens per round incl. the bonus token (macro over prompts); pos-1 acc is teacher-forced; "
@@ -341,5 +341,5 @@ def comparison_json(cmp: Comparison, per_position: bool = False, per_prompt: boo
             "comparable": not cmp.differences,
             "differences": [{"run": d.run, "field": d.field, "value": d.value, "expected": d.expected,
                              "reference": d.reference} for d in cmp.differences],
-            "note": comparability_note(cmp), "resamples": stats.RESAMPLES, "confidence": stats.CONFIDENCE,
+            "note": comparability_note(cmp), "confidence": stats.CONFIDENCE,
             "runs": runs}

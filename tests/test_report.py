@@ -110,7 +110,7 @@ def test_cli_table_csv_and_json_carry_every_value(evals, capsys, monkeypatch):
     js = json.loads(capsys.readouterr().out)
     e = js["runs"][1]
     assert e["intervals"]["tau"]["n"] == 10 and e["vs_baseline"]["tau"]["paired"]["ci_excludes_0"] is True
-    assert js["resamples"] == stats.RESAMPLES and e["size"] == "10x30"
+    assert e["intervals"]["tau"]["resamples"] == stats.RESAMPLES and e["size"] == "10x30"
     rc = cli.main(["compare", "step-0080", "--baseline", "good"])  # a pipe: the natural width, not 80
     out = capsys.readouterr().out
     assert rc == 0 and max(len(line) for line in out.splitlines()) > 80 and "Δ tau" in out

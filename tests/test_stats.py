@@ -45,6 +45,18 @@ def test_fast_bootstrap_equals_a_plain_resampling_loop():
     assert 2.2 < est.sd < 2.4  # the issue's "SD 2.3"
 
 
+def test_many_prompts_are_resampled_chunk_by_chunk_with_the_same_draws(monkeypatch):
+    rnd = random.Random(3)
+    a = _sample([rnd.gauss(8, 2) for _ in range(50)])
+    b = _sample([x + rnd.gauss(0.2, 0.5) for x in a.num])
+    kept = stats.bootstrap(a, resamples=30_000, seed=2), stats.paired(a, b, resamples=30_000, seed=2)
+    monkeypatch.setattr(stats, "CACHE_MAX_ELEMENTS", 0)  # as with thousands of prompts: never all counts at once
+    chunked = stats.bootstrap(a, resamples=30_000, seed=2), stats.paired(a, b, resamples=30_000, seed=2)
+    assert (kept[0].lo, kept[0].hi) == pytest.approx((chunked[0].lo, chunked[0].hi), abs=1e-12)
+    assert (kept[1].delta_lo, kept[1].delta_hi) == pytest.approx((chunked[1].delta_lo, chunked[1].delta_hi),
+                                                                 abs=1e-12)
+
+
 def test_ratio_of_sums_bootstrap_equals_the_loop_on_recorded_data():
     res = Result.load(OLD)
     pooled = intervals.samples(res)["tau_pooled"]  # sum(lengths)/rounds per resample
@@ -81,6 +93,15 @@ def test_seeded_deterministic_and_stable_to_the_digits_shown():
         sd = float(np.std([getattr(o, end) for o in others], ddof=1))
         assert sd < 0.01, f"{stats.RESAMPLES} resamples leave the {end} end uncertain by {sd:.4f} tau"
         assert all(abs(getattr(o, end) - getattr(a, end)) <= 0.02 for o in others)
+
+
+def test_fewer_resamples_for_more_prompts_keep_the_ends_as_stable():
+    rnd = random.Random(8)
+    s = _sample([rnd.gauss(8.4, 2.3) for _ in range(200)])  # the seeds' spread, 200 prompts
+    assert stats.resamples_for(200) == 10_000 and stats.resamples_for(10) == stats.RESAMPLES
+    ends = [stats.bootstrap(s, seed=k) for k in range(21, 27)]
+    for end in ("lo", "hi"):
+        assert float(np.std([getattr(e, end) for e in ends], ddof=1)) < 0.01
 
 
 def test_sign_flip_p_equals_brute_force_enumeration():

@@ -1,6 +1,7 @@
 """The SSH backend (also the `local` host: a folder, no SSH): today's way of running, behind the seam of
-base.py. Its transport is transport.py (OpenSSH + ControlMaster, or the local shell); its probes and kill
-are runs.py's (one remote script each); this module starts runs.
+base.py. Its transport is transport.py (OpenSSH + ControlMaster, or the local shell). This module starts
+runs (below) and probes them (status / ls / kill: remote_payload/runstate.py fed to the host's python, one
+round trip each).
 
 Start a run detached on a host: one remote shell script (one SSH round trip) that claims the run name
 (`mkdir` is atomic, so a used name is refused), stages run.json, and starts the payload's wrapper with

@@ -7,7 +7,7 @@
     for ev in run.events():                              # typed progress (what the CLI's bar draws):
         ...                                              #   reval.LogLine / Progress / StatusChange / Note
     res = run.wait()                                     # follows, pulls, returns a reval.Result
-    res.results["metrics"]["tau"], res.suspect, res.path
+    res.metrics.tau, res.per_prompt[0].acceptance_lengths, res.health.suspect, res.path
     base = reval.load("runs/gpu1/zlab_full")             # any pulled run directory
     cmp = reval.compare([res, base], baseline=base)      # what `reval compare` prints, as data
     cmp.best, cmp.rows                                   # the top-tau rankable run; one plain dict per run
@@ -15,8 +15,9 @@
 One entry point per verb; nothing here prints. Errors are `reval.Error` (a RevalError: `str(e)` is the
 one line, `e.hint` the fix, `e.exit_code` the CLI's code). `reval run/sweep/demo` are thin layers over the
 same lifecycle (orchestrator/lifecycle.py) through a backend (orchestrator/backends/: SSH or the local
-folder; a scheduler next). `Result` is the pulled run directory as read from disk (results.json as a
-dict until the typed schema lands).
+folder; a scheduler next). `Result` is the pulled run directory as read from disk: its typed results.json
+(`res.result`, remote_payload/results.py; `res.metrics`, `res.per_prompt`, `res.health`... forward to it),
+status.json, run.json, `res.state`, `res.suspect`, `res.path`.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from orchestrator import compare as _compare
 from orchestrator import lifecycle as _lifecycle
+from orchestrator import tables as _tables
 from orchestrator.backends import get_backend
 from orchestrator.errors import EvalFailed, RevalError
 from orchestrator.events import Event, LogLine, Note, Progress, StatusChange
@@ -33,7 +35,7 @@ from orchestrator.inventory import Host, Inventory, load_inventory
 from orchestrator.lifecycle import EvalSpec, Finished
 
 Error = RevalError
-Result = _compare.RunRecord  # a pulled run directory: .results (results.json), .status, .state, .suspect, .path
+Result = _compare.RunRecord  # a pulled run directory: .result (typed results.json), .metrics..., .state, .path
 
 __all__ = ["Comparison", "Error", "EvalSpec", "Event", "Finished", "Host", "Inventory", "LogLine", "Note",
            "Progress", "Result", "Run", "StatusChange", "attach", "compare", "load", "submit"]
@@ -140,7 +142,7 @@ def compare(results: list[Result | str | Path], *, baseline: Result | str | Path
     runs = [r if isinstance(r, Result) else load(r) for r in results]
     base = baseline if baseline is None or isinstance(baseline, Result) else load(baseline)
     model = _compare.build_comparison(runs, base)
-    data = _compare.comparison_json(model)
+    data = _tables.comparison_json(model)
     ranked = [r for r in data["runs"] if r["rankable"] and r["metrics"].get("tau") is not None]
     best = max(ranked, key=lambda r: r["metrics"]["tau"])["label"] if ranked else None
     return Comparison(model, data["runs"], best, data["comparable"], data["differences"], data["note"])

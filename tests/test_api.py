@@ -48,7 +48,8 @@ def test_api_eval_on_trained_fixtures_and_the_better_drafter_wins(inv, tmp_path,
     seen = []
     res_good = reval.submit(inv["box"], spec(paths["drafter_good"]), name="api-good").wait(on_event=seen.append)
     assert any(isinstance(e, reval.Progress) and e.stage == "done" for e in seen)
-    assert res_good.results["per_prompt"][0]["acceptance_lengths"]
+    assert res_good.per_prompt[0].acceptance_lengths and res_good.health.suspect is False  # the typed result
+    assert res_good.metrics.tau == res_good.results["metrics"]["tau"] > res_early.metrics.tau
 
     cmp = reval.compare([res_early, reval.load(tmp_path / "runs" / "box" / "api-good")], baseline=res_early)
     assert cmp.comparable and not cmp.differences

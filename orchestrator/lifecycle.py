@@ -19,6 +19,7 @@ import json
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,9 +169,28 @@ class Run:
         v = load_follow_state(self.host, self.name).get("log_offset", 0)
         return v if isinstance(v, int) and v >= 0 else 0
 
+    def wait_started(self, sink=None, *, poll_s: float = 2.0) -> RunState | None:
+        """While a scheduler keeps the run queued: a note (`queued NAME on HOST · job J · Reason`) each time
+        Slurm's reason changes; returns the first state that is not queued. Polls fast at first (a job that
+        starts at once is seen at once), then every poll_s."""
+        sink, shown, wait_s = sink or _silent(), None, min(0.25, poll_s)
+        while True:
+            s = self.probe()
+            if s is None or s.state != protocol.QUEUED:
+                return s
+            if s.reason != shown:
+                shown = s.reason
+                sink.note(f"queued  {self.name} on {self.host} · job {s.status.get('job_id', '?')} · "
+                          f"{s.reason or 'pending'}")
+            time.sleep(wait_s)
+            wait_s = min(poll_s, wait_s * 2)
+
     def follow(self, sink=None, *, log_offset: int | None = None, give_up_s: float = 120.0) -> FollowResult:
-        """Stream the run's log and events into `sink` until it is over (follow.py; reconnects on drops)."""
+        """Stream the run's log and events into `sink` until it is over (follow.py; reconnects on drops);
+        a scheduler's run is first waited for while it is queued (wait_started)."""
         be = self.backend
+        if be.queues:
+            self.wait_started(sink)
         return follow(be.transport, self.name, workdir=be.workdir(), python=self.python,
                       log_offset=self.saved_offset() if log_offset is None else log_offset, sink=sink or _silent(),
                       give_up_s=give_up_s,

@@ -33,7 +33,7 @@ ACTIVE_STATES = QUEUED_STATES | RUNNING_STATES
 JOB_FILE = ".slurm.json"       # in the run dir: {"job_id": "123" | "123_4", "script": ..., "submitted_at": ...}
 STAGED_RUN_JSON = ".run.json.job"  # what was asked; copied for the wrapper at every (re)start
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
-QUEUED = getattr(protocol, "QUEUED", "queued")
+QUEUED = protocol.QUEUED
 
 
 @dataclass
@@ -221,19 +221,21 @@ def verdict(job: JobInfo | None, status: dict) -> Verdict:
 
 
 def final_status(status: dict, v: Verdict, job: JobInfo) -> dict | None:
-    """The status.json to record when Slurm's verdict on a finished job differs from the wrapper's (or the
-    wrapper never wrote one: cancelled while queued, killed before it could): None when they agree."""
+    """The status.json to record once Slurm says the job is over: the wrapper's, with Slurm's state (and its
+    verdict where they differ: a TIMEOUT, a job cancelled while queued or killed before the wrapper could
+    write); None when that is already recorded."""
     if v.state not in protocol.TERMINAL_STATES:
         return None
-    if status.get("state") == v.state and status.get("slurm_state", job.state) == job.state:
-        return None
+    if status.get("state") == v.state and status.get("slurm_state") == job.state:
+        return None  # recorded (a terminal job's record is final: later looks need not ask Slurm)
     out = {**status, "state": v.state, "slurm_state": job.state, "job_id": job.job_id}
     out.setdefault("finished_at", protocol.now_iso())
     if v.exit_code is not None:
         out["exit_code"] = v.exit_code
     if v.reason and v.state == protocol.FAILED:
         out["reason"] = v.reason
-        out.setdefault("error", f"Slurm: {job.state}" + (f" ({job.reason})" if job.reason else ""))
+        if job.state != "FAILED":  # a plain non-zero exit says it all; a TIMEOUT, an OOM kill ... say why
+            out.setdefault("error", f"Slurm: {job.state}" + (f" ({job.reason})" if job.reason else ""))
     return out
 
 

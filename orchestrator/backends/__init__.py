@@ -11,8 +11,12 @@ if TYPE_CHECKING:
 
 
 def get_backend(host: Host, transport: Transport | None = None) -> Backend:
-    """The backend of an inventory host (today every host is `ssh`: over SSH, or the local folder).
-    `transport`: reuse an open one (its ControlMaster, its resolved workdir)."""
+    """The backend of an inventory host: `slurm` for a host with a `slurm:` entry (a cluster through its login
+    node), else `ssh` (over SSH, or the local folder). `transport`: reuse an open one (its ControlMaster, its
+    resolved workdir)."""
     from ..transport import get_transport
+    if host.slurm is not None:
+        from .slurm import SlurmBackend
+        return SlurmBackend(host, transport or get_transport(host))
     from .ssh import SSHBackend
     return SSHBackend(host, transport or get_transport(host))

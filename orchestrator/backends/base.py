@@ -84,6 +84,7 @@ class Backend(ABC):
     """One host's way of running runs. Subclasses: ssh.SSHBackend (the host or the local folder)."""
 
     kind: str = ""
+    queues: bool = False  # a scheduler: a submitted run may wait (`queued`, with a reason) before it starts
 
     def __init__(self, host: Host, transport: Transport):
         self.host = host

@@ -64,10 +64,7 @@ def launch_script(workdir: str, name: str, argv: list[str], env: dict, wait_s: f
     d = remote_run_dir(workdir, name)
     env_words = " ".join(q(f"{k}={v}") for k, v in {**env, "PYTHONUNBUFFERED": "1"}.items())
     ticks = int(wait_s / 0.02)
-    pf_cmd = f"env {env_words} {' '.join(q(a) for a in preflight or [])}"
-    check = [] if not preflight else [
-        f'if [ -d "$wd/payload" ] && ! pf=$(cd "$wd/payload" && {pf_cmd} 2>&1 >/dev/null); then',
-        '  echo "@@PREFLIGHT"; printf \'%s\\n\' "$pf"; exit 0; fi']
+    check = preflight_sh(env_words, preflight)
     return "\n".join([
         f"wd={q(workdir)}; d={q(d)}",
         *check,
@@ -83,6 +80,26 @@ def launch_script(workdir: str, name: str, argv: list[str], env: dict, wait_s: f
         f'i=0; while [ ! -s "$d/status.json" ] && [ $i -lt {ticks} ]; do sleep 0.02; i=$((i+1)); done',
         'echo "@@STATUS"; cat "$d/status.json" 2>/dev/null; exit 0',
     ])
+
+
+def preflight_sh(env_words: str, preflight: list[str] | None) -> list[str]:
+    """Shell lines (need $wd) running `preflight` in the payload folder; its failure prints @@PREFLIGHT + its
+    stderr and ends the script before anything is created (pure)."""
+    if not preflight:
+        return []
+    pf_cmd = f"env {env_words} {' '.join(q(a) for a in preflight)}"
+    return [f'if [ -d "$wd/payload" ] && ! pf=$(cd "$wd/payload" && {pf_cmd} 2>&1 >/dev/null); then',
+            '  echo "@@PREFLIGHT"; printf \'%s\\n\' "$pf"; exit 0; fi']
+
+
+def preflight_refusal(host: str, out: str) -> ConfigError | None:
+    """The one-line error for a script's @@PREFLIGHT answer, or None."""
+    if "@@PREFLIGHT" not in out:
+        return None
+    lines = [ln for ln in out.split("@@PREFLIGHT", 1)[1].strip().splitlines() if ln.strip()]
+    why = next((ln.removeprefix("error: ") for ln in reversed(lines) if ln.startswith("error: ")),
+               lines[-1] if lines else "the eval's inputs were refused")
+    return ConfigError(f"{host}: {why}", hint="nothing was started; fix the path (on the host) and run again")
 
 
 def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[str], gpus: str = "auto",
@@ -101,11 +118,9 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
     staged = json.dumps({**run_json, "run": name, "host": host.name, "python": python, "backend": "ssh"},
                         default=str)
     out = transport.run(script, input=staged, timeout_s=STARTUP_WAIT_S + 60).stdout
-    if "@@PREFLIGHT" in out:
-        lines = [ln for ln in out.split("@@PREFLIGHT", 1)[1].strip().splitlines() if ln.strip()]
-        why = next((ln.removeprefix("error: ") for ln in reversed(lines) if ln.startswith("error: ")),
-                   lines[-1] if lines else "the eval's inputs were refused")
-        raise ConfigError(f"{host.name}: {why}", hint="nothing was started; fix the path (on the host) and run again")
+    refused = preflight_refusal(host.name, out)
+    if refused:
+        raise refused
     if "@@EXISTS" in out:
         raise RunExists(f"run name {name!r} is already used on {host.name}",
                           hint=f"follow it: reval logs {name} -f --host {host.name} ; or pick another with "

@@ -79,6 +79,14 @@ def spec_from_args(args) -> EvalSpec:
                     max_blocks=args.max_blocks, extra=list(args.extra), payload=args.payload, gpus=args.gpus)
 
 
+def launch_line(info, gpus: str) -> str:
+    """The `launch` line (pure): where the run started, or the scheduler's job it waits in."""
+    if info.queued:
+        return (f"{info.name} on {info.host} · {info.handle.backend} job {info.handle.job_id} (GPUs: the job's) · "
+                f"log {info.run_dir}/eval.log on the cluster")
+    return describe(info, gpus)
+
+
 def cmd_run(args) -> int:
     """A thin layer over lifecycle: prepare -> (re-attach | submit) -> follow -> pull -> the final line."""
     args = _split_extra(args)
@@ -104,7 +112,7 @@ def cmd_run(args) -> int:
     else:
         run = lifecycle.submit(backend, spec, python=env.python, name=args.name, argv=sys.argv[1:],
                                run_json={"payload_hash": synced.manifest_hash, "venv_key": env.key})
-        out(f"launch  {describe(run.launch, gpus)}")
+        out(f"launch  {launch_line(run.launch, gpus)}")
     if args.detach:
         out(detached_message(run.name, host.name))
         return EXIT_STILL_RUNNING

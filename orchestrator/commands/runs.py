@@ -38,7 +38,14 @@ from .display import PlainSink, RichSink
 
 LAST_LINES = 15
 # `reval status RUN`'s exit code by state (failed, lost and an unreadable status.json: EXIT_EVAL_FAILED)
-STATUS_EXIT = {protocol.SUCCEEDED: EXIT_OK, protocol.RUNNING: EXIT_STILL_RUNNING, protocol.CANCELLED: EXIT_CANCELLED}
+STATUS_EXIT = {protocol.SUCCEEDED: EXIT_OK, protocol.RUNNING: EXIT_STILL_RUNNING, protocol.QUEUED: EXIT_STILL_RUNNING,
+               protocol.CANCELLED: EXIT_CANCELLED}
+
+
+def state_text(s: RunState) -> str:
+    """`queued (Priority)`, `failed (TIMEOUT)`, `running` (pure): the state, and a scheduler's reason."""
+    return f"{s.state} ({s.reason})" if s.reason and s.state != protocol.RUNNING else s.state
+
 
 
 def out(text: str = "") -> None:
@@ -131,9 +138,9 @@ def register(sub) -> None:
     p.add_argument("--give-up-s", type=float, default=120.0, help="stop reconnecting after this long (exit 4)")
     p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("status", help="a run's state (running / succeeded / failed / cancelled / lost)",
+    p = sub.add_parser("status", help="a run's state (queued / running / succeeded / failed / cancelled / lost)",
                        description="With RUN: one line, and the exit code says the state: 0 succeeded, "
-                                   "101 running, 1 failed or lost, 103 cancelled, 102 no such run, "
+                                   "101 queued or running, 1 failed or lost, 103 cancelled, 102 no such run, "
                                    "4 host unreachable. Without RUN: a table of the runs in runs/ here "
                                    "(launched or pulled from this folder) as their hosts report them now; "
                                    "runs no longer on their host are left out, unreachable hosts are listed "
@@ -153,7 +160,8 @@ def register(sub) -> None:
     p.add_argument("--host", help="a host or group")
     p.set_defaults(func=cmd_pull)
 
-    p = sub.add_parser("kill", help="cancel a run: TERM its process group, wait, KILL, confirm it is gone")
+    p = sub.add_parser("kill", help="cancel a run: TERM its process group, wait, KILL, confirm it is gone "
+                                    "(a Slurm job: scancel, then wait until Slurm says all of it is gone)")
     p.add_argument("run", metavar="RUN", help="name or host/name")
     p.add_argument("--host", help="the run's host")
     p.add_argument("--grace-s", type=float, default=10.0, help="seconds between TERM and KILL")
@@ -201,7 +209,7 @@ def states_table(states: list[RunState], unreachable: dict[str, str]):
         table.add_column(col)
     for s in states:
         st = s.status
-        table.add_row(s.host, s.name, s.state, st.get("started_at", ""),
+        table.add_row(s.host, s.name, state_text(s), st.get("started_at", ""),
                       duration_text(st) if st.get("finished_at") else "", str(st.get("exit_code", "")),
                       ",".join(map(str, st.get("gpus", []))) or (st.get("device") or ""),
                       progress_text(s.last_event) if s.state == protocol.RUNNING else "")
@@ -237,10 +245,12 @@ def cmd_status(args) -> int:
         st = s.status
         extra = f" · exit {st['exit_code']}" if "exit_code" in st else ""
         extra += f" · {st['error']}" if st.get("error") else ""
-        took = f" · {duration_text(st)}" if st.get("finished_at") else f" · since {st.get('started_at')}"
+        took = f" · {duration_text(st)}" if st.get("finished_at") else (
+            f" · since {st.get('started_at')}" if st.get("started_at") else "")
         if s.state == protocol.RUNNING and s.last_event:
             took += f" · {progress_text(s.last_event)}"
-        out(f"{name} on {host.name}: {s.state}{took}{extra}")
+        took += f" · job {st['job_id']}" if st.get("job_id") else ""
+        out(f"{name} on {host.name}: {state_text(s)}{took}{extra}")
         return STATUS_EXIT.get(s.state, EXIT_EVAL_FAILED)
     known = local_registry()
     hosts = [inv.hosts[h] for h in sorted({h for h, _ in known}) if h in inv.hosts]
@@ -292,5 +302,6 @@ def cmd_kill(args) -> int:
         out(f"{name} on {host.name} already ended: {before.state}; nothing to kill")
         return EXIT_OK
     s = be.cancel(name, grace_s=args.grace_s)
-    out(f"cancelled {name} on {host.name}: process group {s.status.get('pgid')} is gone · status {s.state}")
+    what = f"Slurm job {s.status['job_id']}" if s.status.get("job_id") else f"process group {s.status.get('pgid')}"
+    out(f"cancelled {name} on {host.name}: {what} is gone · status {s.state}")
     return EXIT_OK

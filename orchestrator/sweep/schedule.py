@@ -16,6 +16,7 @@ from ..errors import EXIT_BAD_INPUT, ConfigError, HostUnreachable, RevalError, R
 from ..inventory import Inventory
 from ..ledger import LAUNCHED, Ledger, LedgerEntry
 from ..sync import local_manifest_hash
+from .cluster import ClusterBatches
 from .discover import discover
 from .plan import (
     NOT_RUN,
@@ -49,7 +50,7 @@ def load_baseline(spec: str | None) -> compare.RunRecord | None:
     return rec
 
 
-class Sweep(Staging):
+class Sweep(Staging, ClusterBatches):
     def __init__(self, opts: SweepOptions, inventory: Inventory, *, log=None,
                  baseline: compare.RunRecord | None = None):
         self.opts = opts
@@ -221,6 +222,15 @@ class Sweep(Staging):
                     return self.run_job(hs, job, "auto" if hs.on_gpu else "none")
                 if st.terminal:
                     break
+        except HostUnreachable:
+            self._record(job, hs, UNREACHABLE, error=hs.down)
+            raise
+        self.pull_and_record(hs, job, st)
+
+    def pull_and_record(self, hs: HostSession, job: Job, st: runs.RunState) -> None:
+        """A finished run: pull it, record its outcome in the ledger, log it."""
+        try:
+            run = lifecycle.attach(hs.backend, job.run, python=hs.python)
             res = self._op(hs, "pull", lambda: run.pull(finished=True))
         except HostUnreachable:
             self._record(job, hs, UNREACHABLE, error=hs.down)
@@ -273,6 +283,9 @@ class Sweep(Staging):
             last = (len(self.outcomes), len(up))
             threads = []
             for hs in up:
+                if hs.host.slurm is not None:  # a cluster: one job array for its share, one poller
+                    threads.append(threading.Thread(target=self.cluster_worker, args=(hs,)))
+                    continue
                 n_attach = sum(1 for j in self.queue if j.host == hs.host.name)
                 threads += [threading.Thread(target=self.worker, args=(hs, "none", True)) for _ in range(n_attach)]
                 if hs.on_gpu or not n_attach:

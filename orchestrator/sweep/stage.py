@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from .. import hostcheck
 from ..backends import get_backend
 from ..backends import ssh as launch
-from ..backends.base import Backend
+from ..backends.base import GPUS_SCHEDULER, Backend
 from ..environment import provision
 from ..errors import ConfigError, HostUnreachable, RevalError
 from ..inventory import Host
@@ -101,6 +101,9 @@ class Staging:
                 tail = (p.stderr.strip().splitlines() or ["?"])[-1]
                 raise ConfigError(f"{h.name}: cannot read the cache {self.opts.cache}: {tail}")
             hs.cache_fingerprint = p.stdout.strip().splitlines()[-1]
+        if h.slurm is not None:  # a cluster: Slurm places the runs; K of them at once (the array's %K)
+            hs.slots = [GPUS_SCHEDULER] * h.slurm.max_running
+            return
         spec = launch.normalize_gpus(h.gpus)
         hs.slots = gpu_slots(step("gpus", lambda: t.run(_GPU_LIST_SH)).stdout if spec == "auto" else "", spec)
 

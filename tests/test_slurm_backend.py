@@ -1,0 +1,328 @@
+"""Runs through a real single-node Slurm (tests/slurm.py), reached through a loopback sshd login node, with
+the CLI as a user drives it: `reval run/status/ls/logs/kill` on a cluster entry, a failing eval, a job over
+its time limit, a requeued job, and the login-node connection cut in the middle of a follow.
+
+One cluster serves the whole module (its daemons start in about a second, but a job over its time limit
+takes Slurm's minimum of one minute plus up to 30 s to be noticed): the time-limit run is submitted when the
+module starts and judged by the last test, so that wait overlaps the others."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cli, transport
+from remote_payload import protocol
+from tests import slurm as slurm_mod
+from tests import sshd
+from tests.runtools import wait_lines
+from tests.test_runs_cli import random_eval_inputs  # noqa: F401 - a fixture: the real eval's inputs in seconds
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
+FAST = ["--", "--lines", "5", "--interval-s", "0"]
+
+
+class Cluster:
+    """The module's cluster: `slurm` (the daemons), `login` (sshd: ssh1 = the login node, ssh2 = a plain SSH
+    box), `inv` (hosts.yaml: hpc, hpc1min (time: 1), group mixed = [ssh2, hpc]), `shared` (hpc's workdir)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.slurm = slurm_mod.make_slurm(root / "slurm")
+        try:
+            self.login = sshd.make_ssh_hosts(root / "sshd", 2, sshd_extra=self.slurm.sshd_extra())
+        except BaseException:
+            self.slurm.close()
+            raise
+        self.shared = root / "shared"
+        self.inv = str(self.login.inventory_path)
+        slurm_mod.add_cluster_host(self.login.inventory_path, "ssh1", self.shared,
+                                   slurm={"gres": "gpu:1", "max_running": 2}, group=["ssh2", "hpc"])
+        slurm_mod.add_cluster_host(self.login.inventory_path, "ssh1", self.shared, name="hpc1min",
+                                   slurm={"time": "1"})
+        self.here = root / "here"
+        self.here.mkdir()
+
+    def run_dir(self, name: str) -> Path:
+        return self.shared / "runs" / name
+
+    def job_id(self, name: str) -> str:
+        return json.loads((self.run_dir(name) / ".slurm.json").read_text())["job_id"]
+
+    def scontrol(self, job: str) -> dict:
+        out = self.slurm.cmd("scontrol", "-o", "show", "job", job).stdout
+        return dict(w.split("=", 1) for w in out.split() if "=" in w)
+
+    def close(self) -> None:
+        transport.close_all()
+        self.login.close()
+        self.slurm.close()
+
+
+@pytest.fixture(scope="module")
+def hpc(tmp_path_factory):
+    reason = slurm_mod.slurm_skip_reason() or sshd.netns_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    c = Cluster(tmp_path_factory.mktemp("hpc"))
+    old = os.getcwd()
+    os.chdir(c.here)
+    try:
+        # the time-limit run: submitted now, judged by the last test of the module
+        rc = cli.main(["-i", c.inv, "run", "hpc1min", "--payload", "dummy", "--name", "overtime", "--detach",
+                       "--", "--lines", "100000", "--interval-s", "0.2"])
+        assert rc == 101
+        yield c
+    finally:
+        os.chdir(old)
+        c.close()
+
+
+def reval(capsys, c: Cluster, *argv) -> tuple[int, str, str]:
+    rc = cli.main(["-i", c.inv, *argv])
+    o, e = capsys.readouterr()
+    return rc, o, e
+
+
+def job_processes(c: Cluster, job: str) -> list[int]:
+    """Live processes of a Slurm job (its environment names the job id)."""
+    out = []
+    for pid in c.slurm.job_pids():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[0] != "Z" and f"SLURM_JOB_ID={job}".encode() in env:
+            out.append(pid)
+    return out
+
+
+# --- one run ------------------------------------------------------------------------------------------------
+def test_run_through_slurm_like_an_ssh_run(hpc, capsys, random_eval_inputs):  # noqa: F811
+    """The same eval on the plain SSH box and through Slurm: the same run directory, the same comparison."""
+    fx = random_eval_inputs
+    args = ["--drafter", str(fx / "drafter"), "--target", str(fx / "target"), "--cache", str(fx / "cache"),
+            "--num-prompts", "2", "--max-blocks", "3", "--", "--device", "cpu", "--dtype", "fp32"]
+    rc, out, err = reval(capsys, hpc, "run", "ssh2", "--name", "same-ssh", *args)
+    assert rc == 0, out + err
+    rc, out, err = reval(capsys, hpc, "run", "hpc", "--name", "same-hpc", *args)
+    assert rc == 0, out + err
+    assert "launch  same-hpc on hpc" in out and "job " in out
+    assert "[2/2]" in out and "done    same-hpc succeeded" in out
+    ssh_dir, hpc_dir = hpc.here / "runs/ssh2/same-ssh", hpc.here / "runs/hpc/same-hpc"
+    assert sorted(p.name for p in ssh_dir.iterdir()) == sorted(p.name for p in hpc_dir.iterdir())
+    a, b = (json.loads((d / "results.json").read_text()) for d in (ssh_dir, hpc_dir))
+    assert a["metrics"] == b["metrics"] and a["comparability"] == b["comparability"]
+    # the GPU is the one Slurm assigned (gres: gpu:1 -> CUDA_VISIBLE_DEVICES), never chosen by reval
+    st = protocol.read_json(hpc_dir / "status.json")
+    run = protocol.read_json(hpc_dir / "run.json")
+    assert st["gpus"] in ([0], [1]) and run["handle"] == {"backend": "slurm", "job_id": hpc.job_id("same-hpc")}
+    assert not (hpc.shared / "locks").exists() or not list((hpc.shared / "locks").iterdir())
+    assert (hpc_dir / "eval.log").read_bytes() == (hpc.run_dir("same-hpc") / "eval.log").read_bytes()
+    rc, cmp_out, _ = reval(capsys, hpc, "compare", "ssh2/same-ssh", "hpc/same-hpc", "--baseline", "ssh2/same-ssh",
+                           "--format", "json")
+    assert rc == 0, cmp_out
+    cmp = json.loads(cmp_out)
+    assert cmp["comparable"] and not cmp["differences"]
+    ssh_row, hpc_row = cmp["runs"]
+    assert ssh_row["metrics"] == hpc_row["metrics"] and ssh_row["metrics"]
+    assert all(v["ratio"] in (1.0, None) and v["delta"] == 0 for v in hpc_row["vs_baseline"].values())
+    rc, out, _ = reval(capsys, hpc, "status", "hpc/same-hpc")
+    assert rc == 0 and "succeeded" in out
+
+
+def test_queued_with_slurms_reason_then_kill_cancels_it(hpc, capsys):
+    """A job that cannot start yet (more CPUs than the node has, via an extra #SBATCH line) is `queued`
+    with Slurm's reason; kill = scancel; it never ran, so reval records `cancelled` for it."""
+    import yaml
+    inv = yaml.safe_load(Path(hpc.inv).read_text())
+    inv["hosts"]["hpcbig"] = {**inv["hosts"]["hpc"], "slurm": {"cpus": 64}}
+    Path(hpc.inv).write_text(yaml.safe_dump(inv, sort_keys=False))
+    rc, out, err = reval(capsys, hpc, "run", "hpcbig", "--payload", "dummy", "--name", "waits", "--detach", *FAST)
+    assert rc == 101, out + err
+    rc, out, _ = reval(capsys, hpc, "status", "hpcbig/waits")
+    assert rc == 101 and "queued" in out and "PartitionConfig" in out, out
+    rc, out, _ = reval(capsys, hpc, "ls", "hpcbig")
+    assert "waits" in out and "queued" in out
+    rc, out, err = reval(capsys, hpc, "kill", "hpcbig/waits")
+    assert rc == 0, out + err
+    assert hpc.scontrol(hpc.job_id("waits"))["JobState"] == "CANCELLED"
+    rc, out, _ = reval(capsys, hpc, "status", "hpcbig/waits")
+    assert rc == 103 and "cancelled" in out
+    assert protocol.read_json(hpc.run_dir("waits") / "status.json")["state"] == "cancelled"
+
+
+def test_kill_a_running_job_leaves_no_process(hpc, capsys):
+    rc, out, err = reval(capsys, hpc, "run", "hpc", "--payload", "dummy", "--name", "victim", "--detach", "--",
+                         "--lines", "100000", "--interval-s", "0.05")
+    assert rc == 101, out + err
+    wait_lines(hpc.run_dir("victim") / "eval.log", 5)
+    job = hpc.job_id("victim")
+    assert job_processes(hpc, job), "the job's processes should be running now"
+    rc, out, err = reval(capsys, hpc, "kill", "victim")
+    assert rc == 0, out + err
+    assert job_processes(hpc, job) == []
+    assert hpc.scontrol(job)["JobState"] == "CANCELLED"
+    rc, out, _ = reval(capsys, hpc, "status", "hpc/victim")
+    assert rc == 103 and "cancelled" in out
+
+
+def test_a_failing_eval_exit_code_reaches_reval(hpc, capsys):
+    rc, out, err = reval(capsys, hpc, "run", "hpc", "--payload", "dummy", "--name", "fails", "--",
+                         "--lines", "2", "--interval-s", "0", "--exit-code", "2")
+    assert rc == 1, out + err  # reval's "an eval failed"
+    assert "failed  fails on hpc (exit 2)" in err
+    assert hpc.scontrol(hpc.job_id("fails"))["ExitCode"] == "2:0"
+    rc, out, _ = reval(capsys, hpc, "status", "hpc/fails")
+    assert rc == 1 and "failed (exit 2)" in out and "· exit 2" in out
+    # the payload's own "bad input" (exit 3) is reval's exit 3, as on an SSH host
+    rc, out, err = reval(capsys, hpc, "run", "hpc", "--payload", "dummy", "--name", "bad-input", "--",
+                         "--lines", "1", "--interval-s", "0", "--exit-code", "3")
+    assert rc == 3 and "exit 3" in err
+
+
+def test_login_connection_cut_mid_follow_loses_nothing(hpc, capsys):
+    """iptables DROP on the login node's sshd while `reval run` follows: the job runs on, the follow
+    reconnects at its byte offset, every line shows exactly once, the pulled log equals the server's."""
+    n = 100
+    p = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", hpc.inv, "run", "hpc", "--payload", "dummy",
+                          "--name", "cut", "--give-up-s", "120", "--", "--lines", str(n), "--interval-s", "0.1"],
+                         cwd=hpc.here, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    shown: list[str] = []
+    reader = threading.Thread(target=lambda: shown.extend(iter(p.stdout.readline, "")))
+    reader.start()
+    try:
+        log = hpc.run_dir("cut") / "eval.log"
+        deadline = time.monotonic() + 120
+        while sum("prompt" in line for line in shown) < 5:  # the follow is streaming now
+            assert time.monotonic() < deadline and p.poll() is None, shown
+            time.sleep(0.05)
+        hpc.login.cut(0, "drop")
+        size = log.stat().st_size
+        deadline = time.monotonic() + 60
+        while log.stat().st_size == size and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(5)  # longer than the follow's stall detection (3 s of silence) needs to notice
+        grew = log.stat().st_size > size
+    finally:
+        hpc.login.restore(0)
+    err = p.stderr.read()
+    assert p.wait(timeout=180) == 0, err
+    reader.join(60)
+    out = "".join(shown)
+    assert grew, "the job must keep running while the login node is unreachable"
+    assert "reconnecting" in err
+    server = log.read_text().splitlines()
+    shown = [line for line in out.splitlines() if line in server]
+    assert shown == [line for line in server if line in out.splitlines()]
+    for i in range(1, n + 1):
+        assert sum(f"[{i}/{n}]" in line for line in out.splitlines()) == 1
+    assert (hpc.here / "runs/hpc/cut/eval.log").read_bytes() == log.read_bytes()
+
+
+def test_a_requeued_job_restarts_cleanly(hpc, capsys):
+    """Slurm requeues a running job (as for preemption or a node failure): the run starts over in the same
+    run directory; the cut-short attempt's output never becomes the result."""
+    rc, out, err = reval(capsys, hpc, "run", "hpc", "--payload", "dummy", "--name", "again", "--detach", "--",
+                         "--lines", "20", "--interval-s", "0.1")
+    assert rc == 101, out + err
+    log = hpc.run_dir("again") / "eval.log"
+    wait_lines(log, 4)
+    job = hpc.job_id("again")
+    hpc.slurm.cmd("scontrol", "requeue", job)
+    slurm_mod.wait_state(hpc.slurm, job, {"PENDING"})
+    rc, out, _ = reval(capsys, hpc, "status", "hpc/again")
+    assert rc == 101 and "queued" in out  # Slurm holds a requeued job back (BeginTime) before it runs again
+    hpc.slurm.cmd("scontrol", "update", f"JobId={job}", "StartTime=now")
+    rc, out, err = reval(capsys, hpc, "logs", "hpc/again", "-f")
+    assert rc == 0, out + err
+    text = log.read_text()
+    assert "requeued by Slurm (restart 1)" in text and text.count("[reval] again started") == 2
+    assert "done" in out or "succeeded" in out
+    st = protocol.read_json(hpc.run_dir("again") / "status.json")
+    assert st["state"] == "succeeded"
+    res = json.loads((hpc.run_dir("again") / "results.json").read_text())
+    assert res["run"] == "again"
+    assert hpc.scontrol(job)["Restarts"] == "1"
+
+
+# --- sweeps ---------------------------------------------------------------------------------------------------
+def make_checkpoints(root: Path, names: list[str]) -> Path:
+    for n in names:
+        (root / n).mkdir(parents=True)
+        (root / n / "model.safetensors").write_bytes(n.encode() * 64)
+    return root
+
+
+def sweep_argv(c: Cluster, ckpts: Path, hosts: str, sweep_dir: Path) -> list[str]:
+    return ["sweep", "--checkpoints", f"{ckpts}/step-*", "--hosts", hosts, "--payload", "dummy", "--poll-s", "0.2",
+            "--sweep-dir", str(sweep_dir), "--json", "--", "--lines", "6", "--interval-s", "0.2"]
+
+
+def test_sweep_is_one_job_array_at_most_two_running(hpc, capsys):
+    ck = make_checkpoints(hpc.root / "ck6", [f"step-{s}" for s in range(100, 700, 100)])
+    running: list[list[str]] = []
+    stop = threading.Event()
+
+    def watch():  # what squeue says, sampled while the sweep goes on
+        while not stop.is_set():
+            out = hpc.slurm.cmd("squeue", "-h", "-r", "-t", "R", "-o", "%i|%j", check=False).stdout.split()
+            running.append([x for x in out if x.split("|")[-1].startswith("reval-step-100-")])
+            time.sleep(0.05)
+    th = threading.Thread(target=watch)
+    th.start()
+    try:
+        rc, out, err = reval(capsys, hpc, *sweep_argv(hpc, ck, "hpc", hpc.root / "sw6"))
+    finally:
+        stop.set()
+        th.join()
+    assert rc == 0, err
+    rep = json.loads(out)
+    assert [o["state"] for o in rep["checkpoints"]] == ["succeeded"] * 6
+    assert max(len(r) for r in running) == 2, running  # %2: two at once, never more
+    assert "submit  6 checkpoint(s) on hpc · job array" in err and "(at most 2 at once)" in err
+    jobs = {json.loads((hpc.run_dir(o["run"]) / ".slurm.json").read_text())["job_id"] for o in rep["checkpoints"]}
+    arrays = {j.split("_")[0] for j in jobs}
+    assert len(jobs) == 6 and len(arrays) == 1  # one array, six tasks
+    for o in rep["checkpoints"]:  # each checkpoint evaluated exactly once, its own run dir, its own checkpoint
+        log = (hpc.run_dir(o["run"]) / "eval.log").read_text()
+        assert log.count("[reval] " + o["run"] + " started") == 1
+        assert protocol.read_json(hpc.run_dir(o["run"]) / "run.json")["checkpoint"].endswith(o["checkpoint"])
+    assert Path(rep["dir"], "report.md").exists()
+    n_jobs = len(hpc.slurm.cmd("squeue", "-h", "-r", "-t", "all", "-o", "%i").stdout.split())
+    rc, out, err = reval(capsys, hpc, *sweep_argv(hpc, ck, "hpc", hpc.root / "sw6"))
+    assert rc == 0 and "6 already evaluated (skipped)" in err and "submit" not in err
+    assert len(hpc.slurm.cmd("squeue", "-h", "-r", "-t", "all", "-o", "%i").stdout.split()) == n_jobs
+
+
+def test_sweep_over_a_mixed_group_ssh_box_and_cluster(hpc, capsys):
+    ck = make_checkpoints(hpc.root / "ck4", [f"step-{s}" for s in (1, 2, 3, 4)])
+    rc, out, err = reval(capsys, hpc, *sweep_argv(hpc, ck, "mixed", hpc.root / "swm"))
+    assert rc == 0, err
+    rep = json.loads(out)
+    assert [o["state"] for o in rep["checkpoints"]] == ["succeeded"] * 4
+    hosts = [o["host"] for o in rep["checkpoints"]]
+    assert set(hosts) == {"ssh2", "hpc"}, hosts
+    for o in rep["checkpoints"]:
+        where = hpc.run_dir(o["run"]) if o["host"] == "hpc" else hpc.login.hosts[1].workdir / "runs" / o["run"]
+        assert (where / "eval.log").read_text().count("started") == 1
+
+
+# --- last: the run submitted when the module started ---------------------------------------------------------
+def test_a_job_over_its_time_limit_is_failed_timeout(hpc, capsys):
+    job = hpc.job_id("overtime")
+    slurm_mod.wait_state(hpc.slurm, job, {"TIMEOUT"}, timeout_s=240)
+    rc, out, _ = reval(capsys, hpc, "status", "hpc1min/overtime")
+    assert rc == 1 and "failed" in out and "TIMEOUT" in out, out
+    st = protocol.read_json(hpc.run_dir("overtime") / "status.json")
+    assert (st["state"], st["slurm_state"], st["reason"]) == ("failed", "TIMEOUT", "TIMEOUT")
+    assert "DUE TO TIME LIMIT" in (hpc.run_dir("overtime") / "eval.log").read_text()
+    assert job_processes(hpc, job) == []

@@ -186,6 +186,18 @@ def test_a_failing_eval_exit_code_reaches_reval(hpc, capsys):
     rc, out, err = reval(capsys, hpc, "run", "hpc", "--payload", "dummy", "--name", "bad-input", "--",
                          "--lines", "1", "--interval-s", "0", "--exit-code", "3")
     assert rc == 3 and "exit 3" in err
+    assert not hpc.run_dir("bad-input").exists()  # bad input leaves nothing behind, on the cluster either
+    assert [p.name for p in (hpc.shared / "slurm").iterdir() if (p / "job.sh").read_text().count("bad-input")] == []
+
+
+def test_bad_paths_are_refused_on_the_login_node_before_anything_is_submitted(hpc, capsys):
+    jobs = hpc.slurm.cmd("squeue", "-h", "-r", "-t", "all", "-o", "%i").stdout.split()
+    rc, out, err = reval(capsys, hpc, "run", "hpc", "--name", "nopath", "--drafter", "/nonexistent/drafter",
+                         "--target", "/nonexistent/target", "--cache", "/nonexistent/cache")
+    assert rc == 3, out + err
+    assert "error: hpc:" in err and "nonexistent" in err and "nothing was started" in err
+    assert not hpc.run_dir("nopath").exists()
+    assert hpc.slurm.cmd("squeue", "-h", "-r", "-t", "all", "-o", "%i").stdout.split() == jobs
 
 
 def test_login_connection_cut_mid_follow_loses_nothing(hpc, capsys):

@@ -14,6 +14,7 @@ wrapper's status.json; a terminal verdict that differs from status.json is recor
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 
@@ -285,6 +286,16 @@ class SlurmBackend(Backend):
                                  hint=f"look at it: squeue -j {job} ; scontrol show job {job}", exit_code=1)
             st = self.state(name)
         return st
+
+    def remove(self, name: str) -> None:
+        """Delete the run dir, and the submission's folder when it held this run alone (bad input: nothing
+        is left behind)."""
+        r = self._read_runs([name]).get(name) or {}
+        token = (r.get("JOB") or {}).get("submission")
+        alone = "_" not in _job_id(r)
+        extra = (f" {q(self.workdir() + '/slurm/' + token)}" if alone and isinstance(token, str)
+                 and re.fullmatch(r"[0-9A-Za-z-]{1,64}", token) else "")
+        self.transport.run(f"rm -rf -- {q(self.run_dir(name))}{extra}", check=False, timeout_s=60)
 
     # -- follow ----------------------------------------------------------------------------------------
     def job_id(self, name: str) -> str | None:

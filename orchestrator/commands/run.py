@@ -1,5 +1,9 @@
 """`reval run HOST --drafter PATH --target PATH --cache PATH [--name NAME] [--gpus auto|0,1] [--detach]
-[--num-prompts N] [--max-blocks M] [-- extra payload args]`: sync -> launch -> follow -> pull -> summary."""
+[--num-prompts N] [--max-blocks M] [-- extra payload args]`: sync -> launch -> follow -> pull -> summary.
+
+On a Slurm cluster (a host with `slurm:` in hosts.yaml: its login node, a workdir on the shared filesystem) the
+run is one batch job with the host's job settings: `queued` with Slurm's reason until it starts, then the
+same follow and pull; the GPUs are the job's (no --gpus)."""
 from __future__ import annotations
 
 import argparse
@@ -38,7 +42,7 @@ _add_options(_OPTIONS)
 def register(sub) -> None:
     p = sub.add_parser("run", help="run an eval on a host: sync, launch detached, follow live, pull, summarize",
                        description=__doc__)
-    p.add_argument("host", help="an inventory host")
+    p.add_argument("host", help="an inventory host (or a Slurm cluster: a host with slurm: in hosts.yaml)")
     _add_options(p)
     p.add_argument("extra", nargs=argparse.REMAINDER, help="options after HOST, then -- extra payload args")
     p.set_defaults(func=cmd_run)

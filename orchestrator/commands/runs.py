@@ -140,8 +140,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("status", help="a run's state (queued / running / succeeded / failed / cancelled / lost)",
                        description="With RUN: one line, and the exit code says the state: 0 succeeded, "
-                                   "101 queued or running, 1 failed or lost, 103 cancelled, 102 no such run, "
-                                   "4 host unreachable. Without RUN: a table of the runs in runs/ here "
+                                   "101 running, 1 failed or lost, 103 cancelled, 102 no such run, "
+                                   "4 host unreachable (101 also while a Slurm job is queued). Without RUN: "
+                                   "a table of the runs in runs/ here "
                                    "(launched or pulled from this folder) as their hosts report them now; "
                                    "runs no longer on their host are left out, unreachable hosts are listed "
                                    "(exit 2).")

@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "102 --baseline run not found.")
     p.add_argument("--checkpoints", action="append", required=True, metavar="SPEC",
                    help="'HOST:/root/ckpt/step-*' or a local './ckpt/step-*' (synced to the hosts); repeatable")
-    p.add_argument("--hosts", action="append", required=True, metavar="GROUP|HOST", help="where to run; repeatable")
+    p.add_argument("--hosts", action="append", required=True, metavar="GROUP|HOST", help="where to run; repeatable. A Slurm cluster (slurm: in hosts.yaml) takes its share "
+                        "as one job array, at most slurm.max_running tasks at once")
     p.add_argument("--target", help="target model folder on the hosts")
     p.add_argument("--cache", help="hidden-state cache on the hosts")
     p.add_argument("--num-prompts", type=int)

@@ -274,9 +274,9 @@ def make_checkpoints(root: Path, names: list[str]) -> Path:
     return root
 
 
-def sweep_argv(c: Cluster, ckpts: Path, hosts: str, sweep_dir: Path) -> list[str]:
+def sweep_argv(c: Cluster, ckpts: Path, hosts: str, sweep_dir: Path, lines: int = 6) -> list[str]:
     return ["sweep", "--checkpoints", f"{ckpts}/step-*", "--hosts", hosts, "--payload", "dummy", "--poll-s", "0.2",
-            "--sweep-dir", str(sweep_dir), "--json", "--", "--lines", "6", "--interval-s", "0.2"]
+            "--sweep-dir", str(sweep_dir), "--json", "--", "--lines", str(lines), "--interval-s", "0.2"]
 
 
 def test_sweep_is_one_job_array_at_most_two_running(hpc, capsys):
@@ -326,6 +326,38 @@ def test_sweep_over_a_mixed_group_ssh_box_and_cluster(hpc, capsys):
     for o in rep["checkpoints"]:
         where = hpc.run_dir(o["run"]) if o["host"] == "hpc" else hpc.login.hosts[1].workdir / "runs" / o["run"]
         assert (where / "eval.log").read_text().count("started") == 1
+
+
+def test_killed_sweep_controller_reattaches_to_its_array(hpc, capsys):
+    """The controller dies after the array was submitted: the same command again follows those jobs
+    (attach), submits nothing, and every checkpoint is evaluated once."""
+    ck = make_checkpoints(hpc.root / "ck3", ["step-7", "step-8", "step-9"])
+    sw = hpc.root / "swk"
+    p = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", hpc.inv, *sweep_argv(hpc, ck, "hpc", sw, 25)],
+                         cwd=hpc.here, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert time.monotonic() < deadline and p.poll() is None
+            try:
+                runs = [e["run"] for e in json.loads((sw / "ledger.json").read_text())["entries"].values()]
+            except (OSError, ValueError, KeyError):
+                runs = []
+            if len(runs) == 3 and all((hpc.run_dir(r) / ".slurm.json").exists() for r in runs):
+                break
+            time.sleep(0.05)
+    finally:
+        p.kill()
+        p.wait()
+    submissions = sorted(x.name for x in (hpc.shared / "slurm").iterdir())
+    rc, out, err = reval(capsys, hpc, *sweep_argv(hpc, ck, "hpc", sw, 25))
+    assert rc == 0, err
+    assert [o["state"] for o in json.loads(out)["checkpoints"]] == ["succeeded"] * 3
+    assert err.count("attach  step-") == 3 and "submit  " not in err
+    assert sorted(x.name for x in (hpc.shared / "slurm").iterdir()) == submissions
+    for r in runs:
+        assert (hpc.run_dir(r) / "eval.log").read_text().count("[reval] " + r + " started") == 1
 
 
 # --- last: the run submitted when the module started ---------------------------------------------------------

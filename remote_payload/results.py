@@ -75,8 +75,9 @@ class Drafter(Record):
     name: str = doc("display name (folder or file name)")
     layout: str = doc("`zlab` (config.json + safetensors) or `pt` (team .pt file)")
     step: int | None = doc("training step, when the checkpoint records one")
-    content_hash: str = doc("checkpoint content hash `sha256-64MiB-tree:<hex>` over the weight files: the same "
-                            "hash the sweep ledger records for this checkpoint")
+    content_hash: str = doc("checkpoint content hash `sha256-64MiB-tree:<hex>` over the files that decide "
+                            "the drafter (config.json and the weight files the loader reads; "
+                            "remote_payload/contenthash.py): the same hash the sweep ledger records")
     target_layer_ids: list[int] = doc("target layers the drafter was trained on")
     fc_layer_ids: list[int] = doc("target layers its fc input reads from the cache")
     num_parameters: int = doc("parameters loaded")

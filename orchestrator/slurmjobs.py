@@ -164,27 +164,23 @@ def _task_ids(text: str, limit: int = 100_000) -> list[int]:
     return out
 
 
-def parse_squeue(text: str) -> dict[str, JobInfo]:
-    """`squeue -h -r -t all -o '%i|%T|%r|%N'` -> {job id: JobInfo} (exit codes: not in squeue)."""
-    out = {}
+def _job_rows(text: str):
+    """The `|`-separated rows of at least 3 fields whose first field is a job id (damaged lines skipped)."""
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) < 3 or not is_job_id(parts[0]):
-            continue
-        out[parts[0]] = JobInfo(parts[0], _state_word(parts[1]), _reason(parts[2]),
-                                node=parts[3] if len(parts) > 3 else "")
-    return out
+        if len(parts) >= 3 and is_job_id(parts[0]):
+            yield parts
+
+
+def parse_squeue(text: str) -> dict[str, JobInfo]:
+    """`squeue -h -r -t all -o '%i|%T|%r|%N'` -> {job id: JobInfo} (exit codes: not in squeue)."""
+    return {p[0]: JobInfo(p[0], _state_word(p[1]), _reason(p[2]), node=p[3] if len(p) > 3 else "")
+            for p in _job_rows(text)}
 
 
 def parse_sacct(text: str) -> dict[str, JobInfo]:
     """`sacct -n -P -X -o JobID,State,ExitCode` (also `-c`: jobcomp) -> {job id: JobInfo}; steps skipped."""
-    out = {}
-    for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) < 3 or not is_job_id(parts[0]):
-            continue
-        out[parts[0]] = JobInfo(parts[0], _state_word(parts[1]), exit_code=_exit_code(parts[2]))
-    return out
+    return {p[0]: JobInfo(p[0], _state_word(p[1]), exit_code=_exit_code(p[2])) for p in _job_rows(text)}
 
 
 @dataclass

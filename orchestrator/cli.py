@@ -8,10 +8,11 @@ import importlib
 import sys
 
 from . import __version__
-from .errors import EXIT_BAD_INPUT, RevalError
+from .argparsing import Parser, bind_usage_errors
+from .errors import RevalError
 
 # (module under orchestrator.commands) in --help order: the pipeline reads inventory -> ... -> compare.
-COMMAND_MODULES = ["hosts", "sync", "run", "runs", "compare", "sweep", "demo"]
+COMMAND_MODULES = ["hosts", "sync", "run", "runs", "compare", "sweep", "demo", "completion"]
 
 EPILOG = """\
 exit codes: 0 ok · 1 an eval failed · 2 partial (some hosts failed) · 3 bad input or config ·
@@ -26,31 +27,26 @@ examples:
 """
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse exits 2 on a usage error; 2 means "partial" here, so bad usage exits 3 (bad input)."""
-
-    def error(self, message: str):
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="reval",
         description="Run DFlash drafter evals on remote GPU servers over SSH, follow them live, pull and compare.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG)
     p.add_argument("--version", action="version", version=f"reval {__version__}")
     p.add_argument("-i", "--inventory", metavar="FILE", default=None,
                    help="hosts file (default: $REVAL_HOSTS, else ./hosts.yaml, else the built-in local host)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"orchestrator.commands.{name}").register(sub)
+    bind_usage_errors(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest:  # the sub-command's own usage and "did you mean", not the top level's
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(rest)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

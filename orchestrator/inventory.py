@@ -162,7 +162,7 @@ _HOST_KEYS = {
     "tags": ("tags", (list,), "a list of words"),
     "slurm": ("slurm", (dict,), "a mapping (partition, account, qos, time, gpus, cpus, mem, sbatch, ...)"),
 }
-_NAME = re.compile(r"^(?!\.)[A-Za-z0-9._-]{1,64}$")
+_NAME = re.compile(r"^(?![.-])[A-Za-z0-9._-]{1,64}$")  # not '-...': a host name is a command argument
 _VENV_KEYS = {
     "mode": ((str,), "managed or python"),
     "system_site_packages": ((bool,), "true or false"),
@@ -266,7 +266,7 @@ def parse_inventory(text: str, path: str = "hosts.yaml") -> Inventory:
         # Host names become local folders (runs/<host>/<run>/) and appear in commands: same alphabet as runs.
         if not isinstance(name, str) or not _NAME.match(name):
             c.fail(knode, f"host name {name!r} is not allowed: use 1-64 characters from A-Z a-z 0-9 . _ - "
-                   "(not starting with '.')", hint="the address goes in `address:`, e.g. my-box: {address: ...}")
+                   "(not starting with '.' or '-')", hint="the address goes in `address:`, e.g. my-box: {address: ...}")
         hosts[name] = _parse_host(c, name, knode, vnode, Path(path).parent)
     groups: dict[str, list[str]] = {}
     if "groups" in top:

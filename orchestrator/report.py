@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 
 from rich import box
 from rich.console import Console
@@ -93,6 +94,15 @@ def render_text(tables: list[Table], width: int = 160, wide: bool = False) -> st
     for t in tables:
         con.print(rich_table(t, wide))
     return con.export_text()
+
+
+PIPE_WIDTH = 4096  # a listing in a pipe (grep, a file, cron mail) is never cut to 80 columns ("UNREACH…")
+
+
+def listing_console(*, stderr: bool = False, **kw) -> Console:
+    """A Console for listings: the terminal's width on a terminal; in a pipe, wide enough for whole cells."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else PIPE_WIDTH, **kw)
 
 
 def natural_width(tables: list[Table], wide: bool = False) -> int:

@@ -9,6 +9,8 @@ import argparse
 import importlib
 import sys
 
+from . import __version__, protocol
+
 COMMANDS = {
     # name: (module, one-line help)
     "eval": ("remote_payload.run", "evaluate a drafter on a cache of target hidden states"),
@@ -35,6 +37,8 @@ class Parser(argparse.ArgumentParser):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = Parser(prog="python -m remote_payload", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version",
+                   version=f"remote_payload {__version__} (run-directory protocol {protocol.PROTOCOL_VERSION})")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     # Only import the module of the command asked for (torch stays out of `wrap`).
     wanted = next((a for a in argv if not a.startswith("-")), None)

@@ -58,9 +58,11 @@ class ProtocolError(ValueError):
 
 def validate_run_name(name: str) -> str:
     """Return `name` if it is a legal run name, else raise with the rule and the fix."""
-    if not isinstance(name, str) or not _RUN_NAME.match(name) or name in (".", "..") or name.startswith("."):
+    # Not starting with '-' either: a name is an argument of commands (`reval logs NAME`, rm, find) and must
+    # never be read as an option.
+    if not isinstance(name, str) or not _RUN_NAME.match(name) or name.startswith((".", "-")):
         raise ProtocolError(
-            f"invalid run name {name!r}: use 1-64 characters from A-Z a-z 0-9 . _ - (not starting with '.')"
+            f"invalid run name {name!r}: use 1-64 characters from A-Z a-z 0-9 . _ - (not starting with '.' or '-')"
         )
     return name
 
@@ -69,7 +71,7 @@ def default_run_name(drafter_path: str, now: float | None = None) -> str:
     """`<drafter-name>-<UTC timestamp>`, sanitised to the run-name alphabet."""
     base = Path(str(drafter_path).rstrip("/")).name or "run"
     base = base.removesuffix(".pt")
-    base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).lstrip(".") or "run"
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).lstrip(".-") or "run"
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
     return validate_run_name(f"{base[: 64 - len(stamp) - 1]}-{stamp}")
 

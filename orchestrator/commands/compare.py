@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="compare pulled runs: tau, streak, DDTree, position accuracy",
                        description="Compare pulled runs (runs/<host>/<run>/) side by side. RUN is a name, "
                                    "HOST/NAME or a path. Refuses to rank runs that are not comparable.")
-    p.add_argument("runs", nargs="+", metavar="RUN")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="runs to compare: NAME, HOST/NAME or a run folder")
     p.add_argument("--baseline", metavar="RUN", help="show every metric also as ratio and delta against RUN")
     p.add_argument("--per-position", action="store_true", help="add per-position acceptance/accuracy tables")
     p.add_argument("--per-prompt", action="store_true", help="add a per-prompt tau table")

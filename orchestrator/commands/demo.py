@@ -14,6 +14,7 @@ import shlex
 import sys
 import time
 
+from ..argparsing import positive_int
 from ..errors import EXIT_OK, EvalFailed
 from ..transport import q
 
@@ -22,7 +23,7 @@ def register(sub) -> None:
     p = sub.add_parser("demo", help="the embedded default: tiny offline models, two evals on the local host, compare",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="local", help="inventory host to run on (default: local)")
-    p.add_argument("--max-blocks", type=int, default=30, help="draft rounds per prompt (default 30)")
+    p.add_argument("--max-blocks", type=positive_int, default=30, help="draft rounds per prompt (default 30)")
     p.add_argument("--early", default=None,
                    help="the early checkpoint to compare (default: the second saved step, drafters/step-*)")
     p.add_argument("--plot", metavar="FILE.png", default=None, help="also write the comparison plots")

@@ -5,11 +5,12 @@ import argparse
 import dataclasses
 import json
 
-from rich.console import Console
 from rich.table import Table
 
+from ..argparsing import positive_int
 from ..hostcheck import HostCheck, check_hosts, describe_address, exit_code
 from ..inventory import Inventory, load_inventory
+from ..report import listing_console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,14 +18,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Show the inventory (hosts.yaml). `reval hosts check [HOST|GROUP]` checks each "
                                    "host in parallel: reachable, host key, python, disk, GPUs, payload and venv; "
                                    "for a Slurm cluster (slurm: in hosts.yaml) its partitions, GPUs and limits.")
+    p.add_argument("--names", action="store_true", help="only the host and group names, one a line")
     p.set_defaults(func=main_list)
     hsub = p.add_subparsers(dest="hosts_command", metavar="check")
-    c = hsub.add_parser("check", help="check hosts in parallel (one SSH round trip each)")
+    c = hsub.add_parser("check", help="check hosts in parallel (one SSH round trip each)",
+                        description="Check each host in parallel, one SSH round trip each: reachable, host key, "
+                                    "python, disk, GPUs, payload and venv state. Exit 0 all ok, 2 some failed, "
+                                    "4 none reachable (or a refused host key).")
     c.add_argument("target", nargs="?", metavar="HOST|GROUP", help="default: every host in the inventory")
     c.add_argument("--accept-new", action="store_true",
                    help="record the host key of a host seen for the first time (a changed key is still refused)")
     c.add_argument("--json", action="store_true", help="print the results as JSON")
-    c.add_argument("--jobs", type=int, default=16, metavar="N", help="hosts checked at once (default 16)")
+    c.add_argument("--jobs", type=positive_int, default=16, metavar="N", help="hosts checked at once (default 16)")
     c.set_defaults(func=main_check)
 
 
@@ -98,7 +103,10 @@ def failure_lines(results) -> list[str]:
 
 def main_list(args: argparse.Namespace) -> int:
     inv = load_inventory(args.inventory)
-    con = Console()
+    if args.names:  # for shell completion: host and group names, one a line
+        print("\n".join([*inv.hosts, *inv.groups]))
+        return 0
+    con = listing_console()
     con.print(inventory_table(inv))
     for g, members in inv.groups.items():
         con.print(f"group {g}: {', '.join(members)}", highlight=False)
@@ -112,7 +120,7 @@ def main_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     else:
-        con = Console()
+        con = listing_console()
         con.print(check_table(results))
         for line in cluster_lines(results) + failure_lines(results):
             con.print(line, highlight=False, markup=False)

@@ -11,6 +11,7 @@ import os
 import sys
 
 from .. import lifecycle
+from ..argparsing import Parser, option_suggestions, positive_int, seconds
 from ..backends import get_backend
 from ..backends.ssh import describe, normalize_gpus
 from ..errors import EXIT_STILL_RUNNING, ConfigError
@@ -21,30 +22,43 @@ from .runs import detached_message, finish_run, make_sink, out
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", help="drafter checkpoint (dir or .pt) on the host")
-    p.add_argument("--target", help="target model dir on the host (embed_tokens / lm_head are borrowed)")
-    p.add_argument("--cache", help="hidden-state cache dir on the host")
+    p.add_argument("--drafter", metavar="PATH", help="drafter checkpoint (dir or .pt) on the host")
+    p.add_argument("--target", metavar="PATH",
+                   help="target model dir on the host (embed_tokens / lm_head are borrowed)")
+    p.add_argument("--cache", metavar="PATH", help="hidden-state cache dir on the host")
     p.add_argument("--name", help="run name (default <drafter-name>-<UTC time>); refused if already used")
-    p.add_argument("--gpus", help="auto (one free GPU; CPU on a host without GPUs) | none | 0,1 "
-                                  "(default: the host's gpus in hosts.yaml)")
+    p.add_argument("--gpus", metavar="auto|none|0,1",
+                   help="auto (one free GPU; CPU on a host without GPUs) | none | 0,1 "
+                        "(default: the host's gpus in hosts.yaml)")
     p.add_argument("--detach", action="store_true", help="start it and return (exit 101); follow later with logs -f")
-    p.add_argument("--num-prompts", type=int, help="evaluate the first N prompts of the cache")
-    p.add_argument("--max-blocks", type=int, help="at most M draft rounds per prompt")
+    p.add_argument("--num-prompts", type=positive_int, metavar="N", help="evaluate the first N prompts of the cache")
+    p.add_argument("--max-blocks", type=positive_int, metavar="M", help="at most M draft rounds per prompt")
     p.add_argument("--payload", choices=("eval", "dummy"), default="eval",
                    help="what to run: the eval, or a torch-free stand-in (tests, demos of the plumbing)")
-    p.add_argument("--give-up-s", type=float, default=120.0, help="stop reconnecting after this long (exit 4)")
+    p.add_argument("--give-up-s", type=seconds, default=120.0, metavar="S",
+                   help="stop reconnecting after this long (exit 4)")
 
 
-_OPTIONS = argparse.ArgumentParser(prog="reval run", add_help=False)
+_OPTIONS = Parser(prog="reval run", add_help=False)
 _add_options(_OPTIONS)
+
+EPILOG = """\
+paths: on a remote host give absolute paths on that host; on `local` a relative path is taken from
+       the current directory.
+exit codes: 0 succeeded · 1 the eval failed · 3 bad input (nothing was evaluated) · 4 host unreachable ·
+            101 still running (--detach, Ctrl-C; re-attach: reval logs NAME -f) · 103 cancelled
+"""
 
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="run an eval on a host: sync, launch detached, follow live, pull, summarize",
-                       description=__doc__)
-    p.add_argument("host", help="an inventory host (or a Slurm cluster: a host with slurm: in hosts.yaml)")
+                       description=__doc__, epilog=EPILOG)
+    p.add_argument("host", metavar="HOST",
+                   help="an inventory host (or a Slurm cluster: a host with slurm: in hosts.yaml)")
     _add_options(p)
-    p.add_argument("extra", nargs=argparse.REMAINDER, help="options after HOST, then -- extra payload args")
+    extra = p.add_argument("extra", nargs=argparse.REMAINDER, metavar="[-- PAYLOAD-ARGS]",
+                           help="options after HOST, then -- extra arguments for the payload")
+    extra.required = False  # REMAINDER positionals count as required: the usage error would name them
     p.set_defaults(func=cmd_run)
 
 
@@ -58,8 +72,10 @@ def _split_extra(args) -> argparse.Namespace:
         opts, extra = extra, []
     ns, unknown = _OPTIONS.parse_known_args(opts, namespace=args)
     if unknown:
+        sugg = option_suggestions(_OPTIONS, unknown)
         raise ConfigError(f"reval run: unrecognized arguments: {' '.join(unknown)}",
-                          hint="payload arguments go after --, e.g. reval run HOST ... -- --batch-size 32")
+                          hint=f"did you mean: {', '.join(sugg)}" if sugg else
+                          "payload arguments go after --, e.g. reval run HOST ... -- --batch-size 32")
     ns.extra = extra
     return ns
 

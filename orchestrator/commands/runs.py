@@ -11,6 +11,7 @@ from remote_payload import protocol
 from remote_payload.results import Result
 
 from .. import lifecycle, report
+from ..argparsing import seconds
 from ..backends import get_backend
 from ..compare import _iso_s, format_duration
 from ..errors import (
@@ -130,12 +131,16 @@ def finish_run(run, *, sink, log_offset: int | None = None, give_up_s: float = 1
 
 # -- commands ----------------------------------------------------------------------------------------------
 def register(sub) -> None:
-    p = sub.add_parser("logs", help="print a run's eval.log; -f follows it live (resumes where it stopped)")
+    p = sub.add_parser("logs", help="print a run's eval.log; -f follows it live (resumes where it stopped)",
+                       description="Print a run's eval.log. With -f: follow it live from where this folder's "
+                                   "last follow stopped (byte offsets: no line lost or twice), until the run "
+                                   "ends, then pull it and print the summary; Ctrl-C detaches. Exit codes as "
+                                   "`reval run`.")
     p.add_argument("run", metavar="RUN", help="name or host/name")
     p.add_argument("-f", "--follow", action="store_true", help="follow until the run ends, then pull it")
     p.add_argument("--host", help="the run's host (when the name alone is ambiguous)")
     p.add_argument("--from-start", action="store_true", help="with -f: from the log's first byte")
-    p.add_argument("--give-up-s", type=float, default=120.0, help="stop reconnecting after this long (exit 4)")
+    p.add_argument("--give-up-s", type=seconds, default=120.0, help="stop reconnecting after this long (exit 4)")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("status", help="a run's state (queued / running / succeeded / failed / cancelled / lost)",
@@ -151,21 +156,28 @@ def register(sub) -> None:
     p.add_argument("--host", help="the run's host")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("ls", help="the runs on a host or group (default: every inventory host)")
+    p = sub.add_parser("ls", help="the runs on a host or group (default: every inventory host)",
+                       description="List the runs on HOST (or every host of a group; default: every inventory "
+                                   "host) as the hosts report them now. Unreachable hosts are listed (exit 2).")
     p.add_argument("host", metavar="HOST", nargs="?", help="a host or group")
     p.set_defaults(func=cmd_ls)
 
-    p = sub.add_parser("pull", help="copy a run directory to runs/<host>/<run>/")
+    p = sub.add_parser("pull", help="copy a run directory to runs/<host>/<run>/",
+                       description="Copy a run's files (only the run-directory contract's) to "
+                                   "runs/<host>/<run>/ here; --all: every run of every host (or of --host).")
     p.add_argument("run", metavar="RUN", nargs="?", help="name or host/name")
     p.add_argument("--all", action="store_true", help="every run on every host (or --host)")
     p.add_argument("--host", help="a host or group")
     p.set_defaults(func=cmd_pull)
 
     p = sub.add_parser("kill", help="cancel a run: TERM its process group, wait, KILL, confirm it is gone "
-                                    "(a Slurm job: scancel, then wait until Slurm says all of it is gone)")
+                                    "(a Slurm job: scancel, then wait until Slurm says all of it is gone)",
+                       description="Cancel a run: TERM its process group, wait --grace-s, KILL, confirm it is "
+                                   "gone (a Slurm job: scancel, then wait until Slurm says all of it is gone); "
+                                   "its status becomes cancelled.")
     p.add_argument("run", metavar="RUN", help="name or host/name")
     p.add_argument("--host", help="the run's host")
-    p.add_argument("--grace-s", type=float, default=10.0, help="seconds between TERM and KILL")
+    p.add_argument("--grace-s", type=seconds, default=10.0, help="seconds between TERM and KILL")
     p.set_defaults(func=cmd_kill)
 
 
@@ -220,8 +232,7 @@ def states_table(states: list[RunState], unreachable: dict[str, str]):
 
 
 def _print_table(table) -> None:
-    from rich.console import Console
-    Console(width=160 if not sys.stdout.isatty() else None).print(table)
+    report.listing_console().print(table)
 
 
 def _per_host(hosts, fn) -> tuple[dict, dict[str, str]]:

@@ -8,6 +8,7 @@ import sys
 from rich.console import Console
 
 from .. import report, sweep
+from ..argparsing import positive_int, seconds
 from ..inventory import load_inventory
 
 
@@ -29,9 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "as one job array, at most slurm.max_running tasks at once")
     p.add_argument("--target", help="target model folder on the hosts")
     p.add_argument("--cache", help="hidden-state cache on the hosts")
-    p.add_argument("--num-prompts", type=int)
-    p.add_argument("--max-blocks", type=int)
-    p.add_argument("--latest", type=int, metavar="N", help="only the N newest checkpoints (by step, then mtime)")
+    p.add_argument("--num-prompts", type=positive_int, metavar="N", help="evaluate the first N prompts of the cache")
+    p.add_argument("--max-blocks", type=positive_int, metavar="M", help="at most M draft rounds per prompt")
+    p.add_argument("--latest", type=positive_int, metavar="N", help="only the N newest checkpoints (by step, then mtime)")
     p.add_argument("--since", metavar="WHEN", help="only checkpoints modified since: 36h, 7d, or 2026-11-30")
     p.add_argument("--baseline", metavar="RUN", help="a pulled run to compare every checkpoint with")
     p.add_argument("--threshold", type=float, default=0.1,
@@ -40,11 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="re-run checkpoints the ledger already has")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout (progress on stderr)")
     p.add_argument("--sweep-dir", default="sweeps", help="ledger and per-sweep reports (default ./sweeps)")
-    p.add_argument("--max-ssh", type=int, default=8,
+    p.add_argument("--max-ssh", type=positive_int, default=8,
                    help="concurrent short SSH operations over all hosts (default 8; one connection per host)")
-    p.add_argument("--poll-s", type=float, default=10.0,
+    p.add_argument("--poll-s", type=seconds, default=10.0,
                    help="longest single wait on a run's status (a long poll that returns when the run ends)")
-    p.add_argument("--retries", type=int, default=3, help="attempts per SSH operation on transport errors")
+    p.add_argument("--retries", type=positive_int, default=3, help="attempts per SSH operation on transport errors")
     p.add_argument("--payload", choices=("eval", "dummy"), default="eval", help=argparse.SUPPRESS)
     p.add_argument("eval_args", nargs="*", metavar="-- EVAL-ARGS",
                    help="more options for the eval payload (e.g. -- --dtype bf16 --batch-size 64)")
@@ -71,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(sweep.report_json(rep), indent=2, default=str) + "\n")
     else:
-        out = Console(highlight=False)
+        out = report.listing_console(highlight=False)
         report.print_tables([sweep.report_table(rep)], out)
         for o in rep.outcomes:
             out.print(sweep.outcome_text(o), markup=False)

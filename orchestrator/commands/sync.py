@@ -7,12 +7,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from rich.console import Console
-
+from ..argparsing import positive_int
 from ..environment import EnvInfo, provision
 from ..errors import HostKeyError, HostUnreachable, RevalError
 from ..hostcheck import exit_code
 from ..inventory import Host, load_inventory
+from ..report import listing_console
 from ..sync import SyncResult
 from ..transport import get_transport
 from .hosts import failure_lines
@@ -35,9 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Push remote_payload/ to HOST or every host of GROUP (content-hash manifest: "
                                    "only changed files travel; deleted files are removed) and build or reuse "
                                    "the venv keyed by the requirements hash.")
-    p.add_argument("target", metavar="HOST|GROUP")
+    p.add_argument("target", metavar="HOST|GROUP", help="an inventory host, or a group of them")
     p.add_argument("--no-venv", action="store_true", help="only push the payload")
-    p.add_argument("--jobs", type=int, default=8, metavar="N", help="hosts synced at once (default 8)")
+    p.add_argument("--jobs", type=positive_int, default=8, metavar="N", help="hosts synced at once (default 8)")
     p.set_defaults(func=main)
 
 
@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
     inv = load_inventory(args.inventory)
     hosts = inv.resolve(args.target)
     results = sync_hosts(hosts, venv=not args.no_venv, max_workers=args.jobs)
-    con = Console()
+    con = listing_console()
     for r in results:
         con.print(sync_line(r), highlight=False, markup=False)
     failed = [r for r in results if not r.ok]

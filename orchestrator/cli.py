@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-from . import __version__
+from . import __version__, output
 from .argparsing import Parser, bind_usage_errors
 from .errors import RevalError
 
@@ -53,14 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = args.func(args)
     except RevalError as e:
-        print(f"error: {e}", file=sys.stderr)
-        if e.hint:
-            for line in str(e.hint).splitlines():
+        for one in (e, *e.more):
+            print(f"error: {one}", file=sys.stderr)
+            for line in str(one.hint or "").splitlines():
                 print(f"       {line}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of a listing went away (| head): not an error of ours
+        output.silence(sys.stdout)
+        return 0
     return int(rc or 0)
 
 

@@ -75,11 +75,14 @@ class RunRecord:
 
 def _read_optional(path: Path) -> dict | None:
     try:
-        return protocol.read_json(path)
+        obj = protocol.read_json(path)
     except FileNotFoundError:
         return None
-    except ValueError as e:  # json.JSONDecodeError
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
         raise ConfigError(f"{path}: not valid JSON ({e})", hint="re-pull the run: reval pull <run>") from e
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{path}: a JSON {type(obj).__name__}, not an object", hint="re-pull the run: reval pull <run>")
+    return obj
 
 
 def load_run(path: str | Path) -> RunRecord:

@@ -21,9 +21,11 @@ class RevalError(Exception):
 
     exit_code = EXIT_BAD_INPUT
 
-    def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None):
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None,
+                 more: list[RevalError] | None = None):
         super().__init__(message)
         self.hint = hint
+        self.more = list(more or [])  # further problems found in the same pass (all of a file's errors at once)
         if exit_code is not None:
             self.exit_code = exit_code
 

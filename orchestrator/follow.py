@@ -27,6 +27,7 @@ from .transport import Transport, q
 @dataclass
 class Frame:
     tag: str                     # L (log) | E (events) | S (status) | H (heartbeat) | D (done) | X (error)
+    #                              | B (status.json damaged)
     offset: int = 0
     data: bytes = b""
 
@@ -154,6 +155,10 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
                     elif fr.tag == "X":
                         raise RunNotFound(f"{host.name}: {fr.data.decode(errors='replace')}",
                                           hint=f"list runs: reval ls {host.name}")
+                    elif fr.tag == "B":  # status.json damaged for good: say so, never wait on it forever
+                        raise RevalError(f"{host.name}: {fr.data.decode(errors='replace')}",
+                                         hint=f"the log so far: reval logs {host.name}/{name} ; remove the run: "
+                                              f"reval rm {host.name}/{name}", exit_code=1)
         finally:
             err = _stop(p)
             if save:

@@ -1,5 +1,6 @@
 """hosts.yaml: hosts and groups, validated on load. Every problem is ONE line naming the file, the line
-and the fix ("did you mean"), raised as ConfigError (exit 3).
+and the fix ("did you mean"), raised as ConfigError (exit 3); all of a file's problems are reported at once
+(the first as the error, the others in its `more`).
 
     hosts:
       local: {local: true, workdir: .reval/local, python: current, venv: {mode: python}}
@@ -131,7 +132,12 @@ def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
         local = builtin_local_host()
         return Inventory(None, {"local": local}, {})
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{path} line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x})",
+                          hint="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
     except FileNotFoundError:
         raise ConfigError(f"inventory {path} not found",
                           hint="create it (see the shipped hosts.yaml) or pass -i FILE / set REVAL_HOSTS") from None
@@ -196,19 +202,44 @@ def _did_you_mean(word: str, options) -> str:
     return f" — did you mean {close[0]!r}?" if close else ""
 
 
+class _Problem(Exception):
+    """One problem found while checking (collected by _Checker.collect, so that the walk goes on)."""
+
+    def __init__(self, error: ConfigError):
+        super().__init__(str(error))
+        self.error = error
+
+
 class _Checker:
-    """Walks the composed yaml node tree so that every error can name its line."""
+    """Walks the composed yaml node tree so that every error can name its line; collects them all."""
 
     def __init__(self, text: str, path: str):
         self.path = path
         self.loader = yaml.SafeLoader(text)
+        self.problems: list[ConfigError] = []
 
     def fail(self, node, msg: str, hint: str | None = None):
         line = node.start_mark.line + 1 if node is not None else 1
-        raise ConfigError(f"{self.path} line {line}: {msg}", hint=hint)
+        raise _Problem(ConfigError(f"{self.path} line {line}: {msg}", hint=hint))
+
+    def collect(self, fn, *args, **kw):
+        """fn(*args, **kw), or None after recording the problem it raised."""
+        try:
+            return fn(*args, **kw)
+        except _Problem as p:
+            self.problems.append(p.error)
+            return None
+
+    def raise_problems(self) -> None:
+        if self.problems:
+            first, *more = self.problems
+            raise ConfigError(str(first), hint=first.hint, more=more)
 
     def value(self, node):
-        return self.loader.construct_object(node, deep=True)
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except yaml.YAMLError as e:  # e.g. a tag SafeLoader refuses (!!python/object)
+            self.fail(node, f"cannot read this value ({getattr(e, 'problem', None) or e})")
 
     def mapping(self, node, what: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
         """[(key, key_node, value_node)] of a mapping node; duplicate keys are an error (PyYAML keeps the last)."""
@@ -217,24 +248,30 @@ class _Checker:
         seen: dict[str, yaml.Node] = {}
         out = []
         for k, v in node.value:
-            key = self.value(k)
+            key = self.collect(self.value, k)
             if not isinstance(key, str):
-                self.fail(k, f"{what}: key {key!r} must be a name")
-            if key in seen:
-                self.fail(k, f"duplicate {what} key {key!r} (first at line {seen[key].start_mark.line + 1})",
-                          hint="yaml keeps only the last one: remove or rename one of them")
-            seen[key] = k
-            out.append((key, k, v))
+                self.collect(self.fail, k, f"{what}: key {key!r} must be a name")
+            elif key in seen:
+                self.collect(self.fail, k, f"duplicate {what} key {key!r} (first at line "
+                             f"{seen[key].start_mark.line + 1})",
+                             hint="yaml keeps only the last one: remove or rename one of them")
+            else:
+                seen[key] = k
+                out.append((key, k, v))
         return out
 
     def section(self, node, host: str, what: str, keys: dict):
         """(key, value node, typed value) of a host's nested mapping (venv:, slurm:); unknown keys fail."""
         for key, kn, vn in self.mapping(node, f"host {host!r} {what}"):
-            if key not in keys:
-                self.fail(kn, f"unknown key {key!r} in host {host!r} {what}{_did_you_mean(key, keys)}",
-                          hint=f"{what} keys: {', '.join(keys)}")
+            if key not in keys:  # recorded; the other keys are still checked
+                self.collect(self.fail, kn, f"unknown key {key!r} in host {host!r} {what}{_did_you_mean(key, keys)}",
+                             hint=f"{what} keys: {', '.join(keys)}")
+                continue
             types, expect = keys[key]
-            yield key, vn, self.typed(vn, types, f"host {host!r}: {what}.{key}", expect)
+            try:
+                yield key, vn, self.typed(vn, types, f"host {host!r}: {what}.{key}", expect)
+            except _Problem as p:
+                self.problems.append(p.error)
 
     def typed(self, node, types: tuple, where: str, expect: str):
         val = self.value(node)
@@ -253,39 +290,55 @@ def parse_inventory(text: str, path: str = "hosts.yaml") -> Inventory:
         raise ConfigError(f"{path}{line}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
     if root is None:
         raise ConfigError(f"{path}: empty inventory", hint="add a `hosts:` mapping (see the shipped hosts.yaml)")
+    inv = c.collect(_parse_root, c, root, path)
+    c.raise_problems()
+    return inv
+
+
+def _parse_root(c: _Checker, root, path: str) -> Inventory:
     top = {}
     for key, knode, vnode in c.mapping(root, "top-level"):
         if key not in _TOP_KEYS:
-            c.fail(knode, f"unknown top-level key {key!r}{_did_you_mean(key, _TOP_KEYS)}",
-                   hint="top-level keys: hosts, groups")
+            c.collect(c.fail, knode, f"unknown top-level key {key!r}{_did_you_mean(key, _TOP_KEYS)}",
+                      "top-level keys: hosts, groups")
         top[key] = (knode, vnode)
     if "hosts" not in top:
         c.fail(root, "missing `hosts:` mapping")
     hosts: dict[str, Host] = {}
-    for name, knode, vnode in c.mapping(top["hosts"][1], "hosts"):
+    named = c.mapping(top["hosts"][1], "hosts")
+    for name, knode, vnode in named:
         # Host names become local folders (runs/<host>/<run>/) and appear in commands: same alphabet as runs.
         if not isinstance(name, str) or not _NAME.match(name):
-            c.fail(knode, f"host name {name!r} is not allowed: use 1-64 characters from A-Z a-z 0-9 . _ - "
-                   "(not starting with '.' or '-')", hint="the address goes in `address:`, e.g. my-box: {address: ...}")
-        hosts[name] = _parse_host(c, name, knode, vnode, Path(path).parent)
+            c.collect(c.fail, knode, f"host name {name!r} is not allowed: use 1-64 characters from A-Z a-z 0-9 . _ - "
+                      "(not starting with '.' or '-')", "the address goes in `address:`, e.g. my-box: {address: ...}")
+        host = c.collect(_parse_host, c, name, knode, vnode, Path(path).parent)
+        if host is not None:
+            hosts[name] = host
     groups: dict[str, list[str]] = {}
     if "groups" in top:
+        names = [n for n, _, _ in named]  # a host with errors of its own is still a known name here
         for gname, knode, vnode in c.mapping(top["groups"][1], "groups"):
-            if gname in hosts:
-                c.fail(knode, f"group {gname!r} has the name of a host", hint="rename the group or the host")
-            if not isinstance(vnode, yaml.SequenceNode):
-                c.fail(vnode, f"group {gname!r} must be a list of host names")
-            members = []
-            for item in vnode.value:
-                member = c.value(item)
-                if member not in hosts:
-                    c.fail(item, f"group {gname!r} names unknown host {member!r}{_did_you_mean(str(member), hosts)}",
-                           hint=f"known hosts: {', '.join(hosts)}")
-                members.append(member)
-            groups[gname] = members
+            members = c.collect(_parse_group, c, gname, knode, vnode, names)
+            if members is not None:
+                groups[gname] = members
     if "local" not in hosts:
         hosts["local"] = builtin_local_host()
     return Inventory(path, hosts, groups)
+
+
+def _parse_group(c: _Checker, gname: str, knode, vnode, names: list[str]) -> list[str]:
+    if gname in names:
+        c.fail(knode, f"group {gname!r} has the name of a host", hint="rename the group or the host")
+    if not isinstance(vnode, yaml.SequenceNode):
+        c.fail(vnode, f"group {gname!r} must be a list of host names")
+    members = []
+    for item in vnode.value:
+        member = c.collect(c.value, item)
+        if member not in names:
+            c.collect(c.fail, item, f"group {gname!r} names unknown host {member!r}"
+                      f"{_did_you_mean(str(member), names)}", f"known hosts: {', '.join(map(str, names))}")
+        members.append(member)
+    return members
 
 
 def _parse_host(c: _Checker, name: str, knode, vnode, base_dir: Path) -> Host:
@@ -294,38 +347,51 @@ def _parse_host(c: _Checker, name: str, knode, vnode, base_dir: Path) -> Host:
     host = Host(name=name)
     given: dict[str, yaml.Node] = {}
     for key, kn, vn in c.mapping(vnode, f"host {name!r}"):
-        if key not in _HOST_KEYS:
-            c.fail(kn, f"unknown key {key!r} in host {name!r}{_did_you_mean(key, _HOST_KEYS)}",
-                   hint=f"host keys: {', '.join(_HOST_KEYS)}")
-        attr, types, expect = _HOST_KEYS[key]
-        val = c.typed(vn, types, f"host {name!r}: {key}", expect)
-        given[key] = vn
-        if key == "venv":
-            val = _parse_venv(c, name, vn, base_dir)
-        elif key == "host_key" and val not in HOST_KEY_POLICIES:
-            c.fail(vn, f"host {name!r}: host_key {val!r} is not one of {', '.join(HOST_KEY_POLICIES)}"
-                   + _did_you_mean(val, HOST_KEY_POLICIES))
-        elif key == "port" and not 0 < val < 65536:
-            c.fail(vn, f"host {name!r}: port {val} is out of range 1-65535")
-        elif key == "gpus":
-            val = _parse_gpus(c, name, vn, val)
-        elif key == "env":
-            for ek, ev in val.items():
-                if not isinstance(ek, str) or not ek.replace("_", "a").isalnum() or ek[0].isdigit():
-                    c.fail(vn, f"host {name!r}: env name {ek!r} is not a valid variable name")
-                if isinstance(ev, (dict, list)) or ev is None:
-                    c.fail(vn, f"host {name!r}: env {ek} must be a plain value, got {ev!r}")
-            val = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in val.items()}
-        elif key == "tags":
-            val = [str(t) for t in val]
-        elif key == "slurm":
-            val = _parse_slurm(c, name, vn)
-        setattr(host, attr, val)
+        c.collect(_host_key, c, host, given, key, kn, vn, base_dir)
+    _check_host(c, host, knode, given)
+    return host
+
+
+def _host_key(c: _Checker, host: Host, given: dict, key: str, kn, vn, base_dir: Path) -> None:
+    """One `key: value` of a host, checked and set on `host`."""
+    name = host.name
+    if key not in _HOST_KEYS:
+        c.fail(kn, f"unknown key {key!r} in host {name!r}{_did_you_mean(key, _HOST_KEYS)}",
+               hint=f"host keys: {', '.join(_HOST_KEYS)}")
+    given[key] = vn  # given, even when its value is refused below: no second error for a missing key
+    attr, types, expect = _HOST_KEYS[key]
+    val = c.typed(vn, types, f"host {name!r}: {key}", expect)
+    if key == "venv":
+        val = _parse_venv(c, name, vn, base_dir)
+    elif key == "host_key" and val not in HOST_KEY_POLICIES:
+        c.fail(vn, f"host {name!r}: host_key {val!r} is not one of {', '.join(HOST_KEY_POLICIES)}"
+               + _did_you_mean(val, HOST_KEY_POLICIES))
+    elif key == "port" and not 0 < val < 65536:
+        c.fail(vn, f"host {name!r}: port {val} is out of range 1-65535")
+    elif key == "gpus":
+        val = _parse_gpus(c, name, vn, val)
+    elif key == "env":
+        for ek, ev in val.items():
+            if not isinstance(ek, str) or not ek.replace("_", "a").isalnum() or ek[0].isdigit():
+                c.fail(vn, f"host {name!r}: env name {ek!r} is not a valid variable name")
+            if isinstance(ev, (dict, list)) or ev is None:
+                c.fail(vn, f"host {name!r}: env {ek} must be a plain value, got {ev!r}")
+        val = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in val.items()}
+    elif key == "tags":
+        val = [str(t) for t in val]
+    elif key == "slurm":
+        val = _parse_slurm(c, name, vn)
+    setattr(host, attr, val)
+
+
+def _check_host(c: _Checker, host: Host, knode, given: dict) -> None:
+    """What a host's keys must be together."""
+    name = host.name
     if "ssh" in given and "address" in given:
         c.fail(given["address"], f"host {name!r}: give either `ssh:` (an ~/.ssh/config alias) or `address:`, not both")
     if host.local and host.address:
         c.fail(given.get("ssh") or given["address"], f"host {name!r}: a local host has no ssh/address")
-    if not host.local and not host.address:
+    if not host.local and not host.address and not ("ssh" in given or "address" in given):
         c.fail(knode, f"host {name!r}: missing `ssh:` (an ~/.ssh/config alias) or `address:`",
                hint="or set `local: true` for a folder on this machine")
     if host.slurm is not None and "gpus" in given:
@@ -336,23 +402,26 @@ def _parse_host(c: _Checker, name: str, knode, vnode, base_dir: Path) -> Host:
             c.fail(given["python"], f"host {name!r}: python: current means this controller's interpreter; "
                    "only a local host can use it", hint="give the server's interpreter, e.g. python3")
         host.python = sys.executable
-    return host
 
 
 def _parse_venv(c: _Checker, name: str, node, base_dir: Path) -> VenvSpec:
     spec = VenvSpec()
     for key, vn, val in c.section(node, name, "venv", _VENV_KEYS):
-        if key == "mode" and val not in VENV_MODES:
-            c.fail(vn, f"host {name!r}: venv.mode {val!r} is not one of {', '.join(VENV_MODES)}"
-                   + _did_you_mean(val, VENV_MODES))
-        if key == "wheelhouse":
-            val = str((base_dir / os.path.expanduser(val)).resolve())  # relative to the inventory file
-        if key == "path" and not val.startswith("/"):
-            # it is used on the host after `cd <workdir>/payload`: a relative or ~ path would point elsewhere
-            c.fail(vn, f"host {name!r}: venv.path {val!r} must be an absolute path on the host",
-                   hint="e.g. venv: {path: /opt/reval/venvs}, or leave it out for <workdir>/venvs")
-        setattr(spec, key, val)
+        c.collect(_venv_key, c, spec, name, key, vn, val, base_dir)
     return spec
+
+
+def _venv_key(c: _Checker, spec: VenvSpec, name: str, key: str, vn, val, base_dir: Path) -> None:
+    if key == "mode" and val not in VENV_MODES:
+        c.fail(vn, f"host {name!r}: venv.mode {val!r} is not one of {', '.join(VENV_MODES)}"
+               + _did_you_mean(val, VENV_MODES))
+    if key == "wheelhouse":
+        val = str((base_dir / os.path.expanduser(val)).resolve())  # relative to the inventory file
+    if key == "path" and not val.startswith("/"):
+        # it is used on the host after `cd <workdir>/payload`: a relative or ~ path would point elsewhere
+        c.fail(vn, f"host {name!r}: venv.path {val!r} must be an absolute path on the host",
+               hint="e.g. venv: {path: /opt/reval/venvs}, or leave it out for <workdir>/venvs")
+    setattr(spec, key, val)
 
 
 def _parse_gpus(c: _Checker, name: str, node, val) -> str:
@@ -360,8 +429,9 @@ def _parse_gpus(c: _Checker, name: str, node, val) -> str:
         if val in ("auto", "none"):
             return val
         parts = val.split(",")
-    elif isinstance(val, int):
-        parts = [str(val)]
+    elif isinstance(val, int):  # 5 GPUs, or GPU 5? Neither silently.
+        c.fail(node, f"host {name!r}: gpus {val} is not a list",
+               hint=f"for GPU {val} write gpus: [{val}]; for any free GPU: gpus: auto; CPU only: gpus: none")
     else:
         parts = [str(v) for v in val]
     if not parts or not all(p.strip().isdigit() for p in parts):

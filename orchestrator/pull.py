@@ -14,7 +14,7 @@ from pathlib import Path
 from remote_payload import protocol
 
 from .errors import RemoteCommandError, RunNotFound
-from .runs import FOLLOW_JSON, local_run_dir, remote_run_dir
+from .runs import FOLLOW_JSON, check_local_runs_root, local_run_dir, remote_run_dir
 from .transport import Transport, q
 
 
@@ -59,6 +59,7 @@ def pull(transport: Transport, name: str, *, workdir: str) -> PullResult:
     if p.returncode != 0:
         raise RemoteCommandError(host, "tar cf - <run files>", p.returncode, err.decode(errors="replace"))
     final = local_run_dir(host, name)
+    check_local_runs_root(host)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".pull-{name}-{os.getpid()}"
     old = final.parent / f".old-{name}-{os.getpid()}"

@@ -32,6 +32,29 @@ class RunState:
         return self.state not in (protocol.RUNNING, protocol.QUEUED)
 
 
+# status.json fields the controller reads, and their types: a damaged or hand-edited value is dropped, so
+# that no listing, duration or exit code is computed from a list where a number belongs
+_STATUS_TYPES = {"state": str, "pid": int, "pgid": int, "started_at": str, "finished_at": str, "exit_code": int,
+                 "device": str, "error": str, "boot_id": str, "gpus": list}
+
+
+def clean_status(st) -> dict:
+    """status.json as read back, with every known field of the wrong type left out (pure)."""
+    if not isinstance(st, dict):
+        return {}
+    out = {}
+    for k, v in st.items():
+        want = _STATUS_TYPES.get(k)
+        if want is not None and (not isinstance(v, want) or want is int and isinstance(v, bool)):
+            continue
+        if k == "gpus" and not all(isinstance(g, int) and not isinstance(g, bool) for g in v):
+            continue
+        if k == "state" and v not in (protocol.RUNNING, *protocol.TERMINAL_STATES):
+            continue
+        out[k] = v
+    return out
+
+
 def verdict(status: dict, alive: bool) -> str:
     """The state to report: status.json's, except `running` with no live process group is `lost`."""
     state = status.get("state", protocol.RUNNING)
@@ -76,15 +99,48 @@ def remote_run_dir(workdir: str, run: str) -> str:
 
 # -- the follow state kept per run (offset into eval.log, what is needed to re-attach) ------------------
 def load_follow_state(host_name: str, run: str) -> dict:
+    """The saved follow state; a damaged file (not JSON, not an object, a bad offset) counts as none."""
     try:
-        return json.loads((local_run_dir(host_name, run) / FOLLOW_JSON).read_text())
-    except (FileNotFoundError, ValueError):
+        st = json.loads((local_run_dir(host_name, run) / FOLLOW_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return {}
+    if not isinstance(st, dict):
+        return {}
+    off = st.get("log_offset")
+    if off is not None and (not isinstance(off, int) or isinstance(off, bool) or off < 0):
+        st.pop("log_offset")  # follow from the start: lines twice rather than lost
+    for k in ("python", "run_dir"):
+        if k in st and not isinstance(st[k], str):
+            st.pop(k)
+    return st
+
+
+def check_local_runs_root(host_name: str) -> None:
+    """Refuse, before anything starts, a `runs` (or `runs/<host>`) that is a file or not writable; makes
+    nothing (after an exit 3 nothing is left behind)."""
+    root = local_runs_root()
+    for p in (root, root / host_name):
+        if p.exists() and (not p.is_dir() or not os.access(p, os.W_OK | os.X_OK)):
+            raise ConfigError(f"cannot keep local run copies in {p}/: it is "
+                              + ("not a folder" if not p.is_dir() else "not writable"),
+                              hint=f"move {p} away, or point REVAL_RUNS_DIR at another folder")
+
+
+def ensure_local_run_dir(host_name: str, run: str) -> Path:
+    """runs/<host>/<run>/, made now: a `runs` that is a file (or unwritable) is one line before anything
+    starts, not a traceback after the run was launched."""
+    d = local_run_dir(host_name, run)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot keep local run copies in {d}: {e.strerror}",
+                          hint=f"{local_runs_root()}/ must be a writable folder: move what is there away, or "
+                               "point REVAL_RUNS_DIR at another folder") from None
+    return d
 
 
 def save_follow_state(host_name: str, run: str, **fields) -> None:
-    d = local_run_dir(host_name, run)
-    d.mkdir(parents=True, exist_ok=True)
+    d = ensure_local_run_dir(host_name, run)
     protocol.atomic_write_json(d / FOLLOW_JSON, {**load_follow_state(host_name, run), **fields})
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -103,9 +104,38 @@ def _control_dir() -> str:
     with _CONTROL_LOCK:
         if _CONTROL_DIR is None:
             # $REVAL_CONTROL_ROOT: where the per-process socket folders go (tests point it at their tmp dir)
-            _CONTROL_DIR = tempfile.mkdtemp(prefix="reval-cm-", dir=os.environ.get("REVAL_CONTROL_ROOT", "/tmp"))
+            root = os.environ.get("REVAL_CONTROL_ROOT", "/tmp")
+            remove_stale_control_dirs(root)
+            _CONTROL_DIR = tempfile.mkdtemp(prefix=f"reval-cm-{os.getpid()}-", dir=root)
             atexit.register(close_all)
         return _CONTROL_DIR
+
+
+def remove_stale_control_dirs(root: str) -> list[str]:
+    """Remove the empty `reval-cm-<pid>-*` folders of controllers that are gone (a SIGKILLed one cannot
+    clean up after itself). A folder that still holds a socket (a master living on) is left alone."""
+    removed = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for n in names:
+        m = re.fullmatch(r"reval-cm-(\d+)-\w+", n)
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # that controller still runs
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        try:
+            os.rmdir(os.path.join(root, n))  # only if empty
+            removed.append(n)
+        except OSError:
+            pass
+    return removed
 
 
 def close_all() -> None:
@@ -213,10 +243,15 @@ def classify_ssh_failure(host: Host, stderr: str) -> Exception:
         for line in s.splitlines():
             if "Offending" in line and " in " in line:
                 where = line.split(" in ", 1)[1].strip()  # /path/known_hosts:7
+        # known_hosts names a non-22 port `[addr]:port`; OpenSSH's own "remove with" line has the exact entry
+        said = re.search(r"ssh-keygen -f '([^']+)' -R '([^']+)'", s)
+        entry = said.group(2) if said else (f"[{host.address}]:{host.port}" if host.port not in (None, 22)
+                                            else host.address)
+        kh = where.rsplit(":", 1)[0] if where else (said.group(1) if said else "")
         return HostKeyError(
             f"{host.name}: host key for {host.address} CHANGED ({where or 'known_hosts'}); refusing to connect",
-            hint=f"if the server was really reinstalled: ssh-keygen -R {shlex.quote(host.address)}"
-                 + (f" -f {where.rsplit(':', 1)[0]}" if where else "")
+            hint=f"if the server was really reinstalled: ssh-keygen -R {shlex.quote(entry)}"
+                 + (f" -f {shlex.quote(kh)}" if kh else "")
                  + f" ; then reval hosts check {host.name} --accept-new")
     if "Host key verification failed" in s or "No matching host key" in s or "host key is not known" in s:
         return HostKeyError(

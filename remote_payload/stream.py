@@ -9,6 +9,7 @@ polls the run directory and writes framed bytes to stdout, so the controller can
     H\\n                         heartbeat (the controller treats silence as a dropped connection)
     D\\n                         the run is terminal (or lost) and both files are drained: done
     X <n>\\n<message>            an error (no such run); the stream ends
+    B <n>\\n<message>            status.json is damaged (not a status object) and stays so; the stream ends
 
 Offsets make resuming exact: the controller reconnects with the offset after the last line it has.
 A trailing partial line is held back until its newline arrives (or the run is over).
@@ -39,6 +40,8 @@ def add_arguments(p) -> None:
     p.add_argument("--alive-cmd", help="a scheduler's liveness probe (sh -c): exit 0 queued/running, 1 over, "
                                        "else unknown; replaces the process-group check")
     p.add_argument("--alive-every-s", type=float, default=2.0)
+    p.add_argument("--damaged-s", type=float, default=2.0,
+                   help="how long status.json may stay damaged (a hand edit in progress) before the stream says so")
 
 
 class JobProbe:
@@ -60,6 +63,27 @@ class JobProbe:
             if rc in (0, 1):
                 self.alive = rc == 0
         return self.alive
+
+
+def read_status(run_dir: Path, probe=None) -> tuple[dict | None, bool, bytes, str | None]:
+    """(status, alive, raw bytes, why it is damaged). Not there yet: (None, alive, b"", None) (the wrapper is
+    starting). Liveness is read first: a group that was gone before the read left its final status.
+    `probe()` (a scheduler's liveness) replaces the process-group check."""
+    path = run_dir / protocol.STATUS_JSON
+    try:
+        first = json.loads(path.read_bytes())
+        alive = probe() if probe is not None else protocol.run_alive(first)
+        raw = path.read_bytes()
+        status = json.loads(raw)
+    except FileNotFoundError:
+        return None, probe() if probe else True, b"", None
+    except ValueError:  # not JSON (json.JSONDecodeError is a ValueError), or not UTF-8
+        return None, probe() if probe else True, b"", "not JSON"
+    if not isinstance(status, dict):
+        return None, probe() if probe else True, raw, f"a JSON {type(status).__name__}, not an object"
+    if status.get("state") not in (protocol.RUNNING, *protocol.TERMINAL_STATES):
+        return None, probe() if probe else True, raw, f"state {status.get('state')!r} is not a run state"
+    return status, alive, raw, None
 
 
 def read_new(path: Path, offset: int, final: bool, limit: int = 1 << 20) -> bytes:
@@ -90,17 +114,20 @@ def main(args) -> int:
     last_beat = 0.0
     probe = JobProbe(args.alive_cmd, args.alive_every_s) if args.alive_cmd else None
     ending = False
+    damaged_since = None
     try:
         while True:
-            # Liveness first, then the status: a group that was gone before the read left its final status.
-            raw = b""
-            try:
-                st = protocol.read_json(run_dir / protocol.STATUS_JSON)
-                alive = probe(ending) if probe else protocol.run_alive(st)
-                raw = (run_dir / protocol.STATUS_JSON).read_bytes()
-                status = json.loads(raw)
-            except (FileNotFoundError, ValueError):
-                status, alive = None, probe(ending) if probe else True  # not written yet (still starting)
+            status, alive, raw, damaged = read_status(run_dir, (lambda e=ending: probe(e)) if probe else None)
+            if damaged:
+                damaged_since = damaged_since or time.monotonic()
+                if time.monotonic() - damaged_since >= args.damaged_s:
+                    msg = (f"{run_dir}/{protocol.STATUS_JSON} is damaged ({damaged}): cannot tell whether the "
+                           "run goes on or how it ended").encode()
+                    out.write(b"B %d\n" % len(msg) + msg)
+                    out.flush()
+                    return 1
+            else:
+                damaged_since = None
             state = (status or {}).get("state")
             ending = state in protocol.TERMINAL_STATES
             if probe:

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import shlex
+import subprocess
 
 import pytest
 from rich.console import Console
@@ -139,6 +142,14 @@ def test_host_keys_unknown_refused_accept_new_records_changed_refused(ssh_hosts,
         assert rc == 2, out
         assert "CHANGED" in out and f"{c.known_hosts}:{line}" in out and "ssh-keygen -R" in out
     assert c.known_hosts.read_text().splitlines() == recorded  # never rewritten
+    # The printed fix works as printed on a non-22 port (the entry is [addr]:port, not addr)
+    fix = re.search(r"(ssh-keygen -R .*?) ; then (reval hosts check \S+ --accept-new)", out)
+    assert fix and f"'[{c.hosts[1].address}]:{c.hosts[1].port}'" in fix.group(1), out
+    subprocess.run(shlex.split(fix.group(1)), check=True, capture_output=True, timeout=30)
+    assert len(c.known_hosts.read_text().splitlines()) == 1
+    close_all()
+    rc, out = run_cli(capsys, monkeypatch, "-i", inv, *shlex.split(fix.group(2))[1:])
+    assert rc == 0, out
 
 
 @pytest.mark.ssh

@@ -184,3 +184,46 @@ def test_host_names_and_venv_path_are_checked(tmp_path):
         parse_inventory("hosts:\n  gpu1:\n    address: a.example.internal\n    venv: {path: ~/venvs}\n")
     inv = parse_inventory("hosts:\n  gpu-1.a_b:\n    address: a.example.internal\n    venv: {path: /opt/v}\n")
     assert inv.get("gpu-1.a_b").venv.path == "/opt/v"
+
+
+def test_non_utf8_inventory_is_one_line_exit_3(tmp_path, capsys, monkeypatch):
+    from orchestrator import cli
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hosts.yaml").write_bytes(b"hosts:\n  a: {address: 127.0.0.2}\n  b: {address: caf\xe9}\n")
+    with pytest.raises(ConfigError, match=r"hosts.yaml line 3: not UTF-8 text \(byte 0xe9\)"):
+        load_inventory("hosts.yaml")
+    rc = cli.main(["ls"])
+    err = capsys.readouterr().err
+    assert rc == 3 and "Traceback" not in err and err.startswith("error: hosts.yaml line 3: not UTF-8")
+
+
+def test_every_problem_of_the_file_is_reported_at_once(tmp_path, capsys, monkeypatch):
+    from orchestrator import cli
+    monkeypatch.chdir(tmp_path)
+    text = textwrap.dedent("""\
+        hosts:
+          a: {address: 127.0.0.2, hostnmae: x}
+          b: {address: 5}
+          '-rf': {address: 127.0.0.4}
+          c: {address: 127.0.0.5, gpus: 5, venv: {mode: conda}}
+          d: {address: 127.0.0.6}
+        groups:
+          g: [a, b, nope]
+        """)
+    (tmp_path / "hosts.yaml").write_text(text)
+    with pytest.raises(ConfigError) as ei:
+        parse_inventory(text, "hosts.yaml")
+    lines = [str(e) for e in (ei.value, *ei.value.more)]
+    assert lines[0].startswith("hosts.yaml line 2: unknown key 'hostnmae' in host 'a'")
+    assert lines[1:] == [
+        "hosts.yaml line 3: host 'b': address must be a hostname or IP, got int 5",
+        ("hosts.yaml line 4: host name '-rf' is not allowed: use 1-64 characters from A-Z a-z 0-9 . _ - "
+        "(not starting with '.' or '-')"),
+        "hosts.yaml line 5: host 'c': gpus 5 is not a list",
+        "hosts.yaml line 5: host 'c': venv.mode 'conda' is not one of managed, python",
+        "hosts.yaml line 8: group 'g' names unknown host 'nope'",
+    ]
+    assert "gpus: [5]" in ei.value.more[2].hint and "gpus: auto" in ei.value.more[2].hint
+    rc = cli.main(["ls"])
+    err = capsys.readouterr().err
+    assert rc == 3 and err.count("error: hosts.yaml line") == 6 and "Traceback" not in err

@@ -21,7 +21,15 @@ from remote_payload import protocol, runstate
 
 from ..errors import ConfigError, HostUnreachable, RevalError, RunExists, RunNotFound
 from ..inventory import Host
-from ..runs import RunState, check_run_name, is_run_name, remote_run_dir, save_follow_state, verdict
+from ..runs import (
+    RunState,
+    check_run_name,
+    clean_status,
+    is_run_name,
+    remote_run_dir,
+    save_follow_state,
+    verdict,
+)
 from ..transport import Transport, q, resolve_workdir
 from .base import GPUS_SCHEDULER, Backend, JobHandle, Launch, Submission
 
@@ -196,10 +204,10 @@ def state_from_probe(rec: dict, host: str) -> RunState | None:
     name = rec.get("name")
     if not isinstance(name, str) or not is_run_name(name):
         return None  # a directory reval did not make is not a run
-    st = rec.get("status")
+    st = clean_status(rec.get("status"))  # damaged: a list, a number, fields of the wrong type
     alive = rec.get("alive") is True
     event = rec.get("last_event") if isinstance(rec.get("last_event"), dict) else {}
-    if not isinstance(st, dict) or not st:
+    if "state" not in st:
         return RunState(host, name, "unknown", {}, alive, event)
     return RunState(host, name, verdict(st, alive), st, alive, event)
 

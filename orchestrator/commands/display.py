@@ -6,6 +6,7 @@ import sys
 
 from rich.markup import escape
 
+from .. import output
 from ..events import Progress
 
 
@@ -16,8 +17,7 @@ class PlainSink:
         self.out, self.err = out or sys.stdout, err or sys.stderr
 
     def line(self, text: str) -> None:
-        self.out.write(text + "\n")
-        self.out.flush()
+        output.write(self.out, text + "\n")  # a closed pipe (| head) silences it; the follow goes on
 
     def event(self, ev: dict) -> None:
         pass
@@ -26,8 +26,7 @@ class PlainSink:
         pass
 
     def note(self, text: str) -> None:
-        self.err.write(text + "\n")
-        self.err.flush()
+        output.write(self.err, text + "\n")
 
     def close(self) -> None:
         pass

@@ -17,7 +17,7 @@ from ..backends.ssh import describe, normalize_gpus
 from ..errors import EXIT_STILL_RUNNING, ConfigError
 from ..inventory import load_inventory
 from ..lifecycle import EvalSpec
-from ..runs import check_run_name
+from ..runs import check_local_runs_root, check_run_name
 from .runs import detached_message, finish_run, make_sink, out
 
 
@@ -117,6 +117,7 @@ def cmd_run(args) -> int:
     gpus = normalize_gpus(spec.gpus or host.gpus)
     if args.name:
         check_run_name(args.name)
+    check_local_runs_root(host.name)  # where the follow state and the pulled copy go: before launching
 
     backend = get_backend(host)
     prep = lifecycle.prepare(backend)  # payload sync + venv check/build, one probe round trip

@@ -10,7 +10,7 @@ from pathlib import Path
 from remote_payload import protocol
 from remote_payload.results import Result
 
-from .. import lifecycle, report
+from .. import lifecycle, output, report
 from ..argparsing import seconds
 from ..backends import get_backend
 from ..compare import _iso_s, format_duration
@@ -50,11 +50,11 @@ def state_text(s: RunState) -> str:
 
 
 def out(text: str = "") -> None:
-    print(text, flush=True)
+    output.write(sys.stdout, text + "\n")
 
 
 def err(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    output.write(sys.stderr, text + "\n")
 
 
 def make_sink():

@@ -102,3 +102,11 @@ def seconds(text: str) -> float:
     if not s >= 0 or s == float("inf"):  # also refuses nan
         raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds >= 0")
     return s
+
+
+def age_s(text: str) -> float:
+    """An argparse type: an age like 90m, 36h, 7d or 2w -> seconds."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an age: use e.g. 36h, 7d or 2w")
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]

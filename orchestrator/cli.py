@@ -12,7 +12,7 @@ from .argparsing import Parser, bind_usage_errors
 from .errors import RevalError
 
 # (module under orchestrator.commands) in --help order: the pipeline reads inventory -> ... -> compare.
-COMMAND_MODULES = ["hosts", "sync", "run", "runs", "compare", "sweep", "demo", "completion"]
+COMMAND_MODULES = ["hosts", "sync", "run", "runs", "remove", "compare", "sweep", "demo", "completion"]
 
 EPILOG = """\
 exit codes: 0 ok · 1 an eval failed · 2 partial (some hosts failed) · 3 bad input or config ·

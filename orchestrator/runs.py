@@ -31,11 +31,31 @@ class RunState:
     def terminal(self) -> bool:
         return self.state not in (protocol.RUNNING, protocol.QUEUED)
 
+    @property
+    def suspect(self) -> bool:
+        """Succeeded, but results.json flags the result suspect (the wrapper copies that into status.json)."""
+        return self.state == protocol.SUCCEEDED and self.status.get("suspect") is True
+
+    def to_json(self) -> dict:
+        """What `--json` prints for a run (pure)."""
+        st = self.status
+        return {"host": self.host, "name": self.name, "state": self.state, "suspect": self.suspect,
+                **({"suspect_reasons": st.get("suspect_reasons", [])} if self.suspect else {}),
+                **{k: st.get(k) for k in ("started_at", "finished_at", "exit_code", "error", "gpus", "device")},
+                "progress": progress_text(self.last_event) if self.state == protocol.RUNNING else None}
+
+
+def by_start_time(states: list[RunState]) -> list[RunState]:
+    """Oldest first; runs with no recorded start last (pure)."""
+    return sorted(states, key=lambda s: (not s.status.get("started_at"), s.status.get("started_at") or "",
+                                         s.host, s.name))
+
 
 # status.json fields the controller reads, and their types: a damaged or hand-edited value is dropped, so
 # that no listing, duration or exit code is computed from a list where a number belongs
 _STATUS_TYPES = {"state": str, "pid": int, "pgid": int, "started_at": str, "finished_at": str, "exit_code": int,
-                 "device": str, "error": str, "boot_id": str, "gpus": list}
+                 "device": str, "error": str, "boot_id": str, "gpus": list, "suspect": bool,
+                 "suspect_reasons": list}
 
 
 def clean_status(st) -> dict:

@@ -22,6 +22,7 @@ def add_arguments(p) -> None:
     p.add_argument("--interval-s", type=float, default=0.1, help="pause between lines")
     p.add_argument("--exit-code", type=int, default=0, help="exit with this code at the end (no results.json)")
     p.add_argument("--crash", action="store_true", help="raise an exception halfway (a crashing payload)")
+    p.add_argument("--suspect", action="store_true", help="results flagged suspect (what a broken load looks like)")
 
 
 def fake_results(run: str, n: int) -> dict:
@@ -82,7 +83,11 @@ def main(args) -> int:
     if args.exit_code:
         print(f"dummy: exiting with {args.exit_code}", file=sys.stderr)
         return args.exit_code
-    protocol.atomic_write_json(run_dir / protocol.RESULTS_JSON, fake_results(run_dir.name, n))
+    results = fake_results(run_dir.name, n)
+    if args.suspect:
+        results["health"] = {"suspect": True, "reasons": ["position-1 accuracy 0.000 over 30 blocks (dummy)"]}
+        print("warning: SUSPECT RESULT — position-1 accuracy 0.000 over 30 blocks (dummy)", file=sys.stderr)
+    protocol.atomic_write_json(run_dir / protocol.RESULTS_JSON, results)
     protocol.append_event(events, {"stage": "done", "i": n, "n": n, "message": "results.json written"})
     print(f"done: tau {fake_results(run_dir.name, n)['metrics']['tau']:.2f}")
     return 0

@@ -86,7 +86,11 @@ def read_status(run_dir: Path, probe=None) -> tuple[dict | None, bool, bytes, st
     return status, alive, raw, None
 
 
-def read_new(path: Path, offset: int, final: bool, limit: int = 1 << 20) -> bytes:
+CHUNK = 1 << 16      # bytes per frame: small enough that log and events interleave while a log replays
+MAX_LINE = 1 << 20   # a line longer than CHUNK is still sent whole, up to this
+
+
+def read_new(path: Path, offset: int, final: bool, limit: int = CHUNK) -> bytes:
     """Bytes of `path` from `offset` up to the last newline (everything when `final`)."""
     try:
         with open(path, "rb") as f:
@@ -97,7 +101,26 @@ def read_new(path: Path, offset: int, final: bool, limit: int = 1 << 20) -> byte
     if final and len(data) < limit:
         return data
     cut = data.rfind(b"\n")
+    if cut < 0 and len(data) == limit and limit < MAX_LINE:
+        return read_new(path, offset, final, MAX_LINE)
     return data[: cut + 1] if cut >= 0 else b""
+
+
+def new_frames(run_dir: Path, log_off: int, ev_off: int, final: bool) -> tuple[list[bytes], int, int]:
+    """L and E frames of what is new, alternating chunk by chunk: replaying a long log, the events (the
+    progress bar) keep up with the lines instead of arriving after all of them."""
+    offs = {b"L": log_off, b"E": ev_off}
+    paths = {b"L": protocol.EVAL_LOG, b"E": protocol.EVENTS_JSONL}
+    frames, pending = [], [b"L", b"E"]
+    while pending:
+        for tag in list(pending):
+            data = read_new(run_dir / paths[tag], offs[tag], final=final)
+            if not data:
+                pending.remove(tag)
+                continue
+            frames.append(b"%s %d %d\n" % (tag, offs[tag], len(data)) + data)
+            offs[tag] += len(data)
+    return frames, offs[b"L"], offs[b"E"]
 
 
 def main(args) -> int:
@@ -134,17 +157,7 @@ def main(args) -> int:
                 over = not alive
             else:
                 over = ending or (state == protocol.RUNNING and not alive)
-            frames = []
-            for tag, path, off in ((b"L", protocol.EVAL_LOG, log_off), (b"E", protocol.EVENTS_JSONL, ev_off)):
-                data = read_new(run_dir / path, off, final=over)
-                while data:
-                    frames.append(b"%s %d %d\n" % (tag, off, len(data)) + data)
-                    off += len(data)
-                    data = read_new(run_dir / path, off, final=over)
-                if tag == b"L":
-                    log_off = off
-                else:
-                    ev_off = off
+            frames, log_off, ev_off = new_frames(run_dir, log_off, ev_off, over)
             # re-sent when the group dies too (status.json unchanged): the controller's last word is the truth
             if status is not None and (raw != last_status or alive != last_alive):
                 last_status, last_alive = raw, alive

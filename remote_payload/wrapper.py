@@ -297,5 +297,20 @@ def main(args) -> int:
     if w.cancel_signal is not None:
         w.finish(protocol.CANCELLED, exit_code, t0, cancelled_by=signal.Signals(w.cancel_signal).name, **extra)
         return protocol.EXIT_CANCELLED
+    if rc == 0:
+        extra.update(suspect_fields(w.run_dir))
     w.finish(protocol.SUCCEEDED if rc == 0 else protocol.FAILED, exit_code, t0, **extra)
     return exit_code
+
+
+def suspect_fields(run_dir: Path) -> dict:
+    """{"suspect": True, "suspect_reasons": [...]} when results.json flags the result suspect, else {}: recorded
+    in status.json so that every listing (ls, status, a sweep) shows it without reading results.json."""
+    try:
+        health = protocol.read_json(run_dir / protocol.RESULTS_JSON).get("health") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if not isinstance(health, dict) or health.get("suspect") is not True:
+        return {}
+    reasons = health.get("reasons")
+    return {"suspect": True, "suspect_reasons": [str(r) for r in reasons] if isinstance(reasons, list) else []}

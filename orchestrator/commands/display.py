@@ -8,6 +8,7 @@ from rich.markup import escape
 
 from .. import output
 from ..events import Progress
+from ..logs import json_line
 
 
 class PlainSink:
@@ -32,19 +33,55 @@ class PlainSink:
         pass
 
 
+class JsonLinesSink(PlainSink):
+    """`logs -f --json`: each log line as {"offset", "line"} on stdout; notes stay plain on stderr."""
+
+    def line_at(self, offset: int, text: str) -> None:
+        output.write(self.out, json_line(offset, text))
+
+
+def rate_eta(samples: list[tuple[float, int]], n: int) -> tuple[float | None, float | None]:
+    """(items per second, seconds left) from (event time "t", i) samples of one counting stage, by the
+    events' own clock: a replayed log (`logs -f` on a run that is half done) shows the run's real rate,
+    not the speed of the replay (pure)."""
+    if len(samples) < 2:
+        return None, None
+    (t0, i0), (t1, i1) = samples[0], samples[-1]
+    if t1 <= t0 or i1 <= i0:
+        return None, None
+    rate = (i1 - i0) / (t1 - t0)
+    return rate, max(0.0, (n - i1) / rate)
+
+
+def rate_text(rate: float | None, eta_s: float | None) -> str:
+    """`2.4/s · ETA 0:00:41` (pure)."""
+    if rate is None:
+        return ""
+    r = f"{rate:.1f}/s" if rate >= 0.1 else f"{rate * 60:.1f}/min"
+    if eta_s is None:
+        return r
+    m, s = divmod(round(eta_s), 60)
+    return f"{r} · ETA {m // 60}:{m % 60:02d}:{s:02d}"
+
+
 class RichSink(PlainSink):
     """TTY output: a progress bar from events.jsonl, the log lines printed above it. The label is the
     payload's current step (`[3/5] Loading cached hidden states`, from events with step/steps), else the
-    stage; the bar is i/n of the latest event that has them."""
+    stage; the bar is i/n of the latest event that has them, with the rate and ETA by the events' times."""
+
+    WINDOW = 20  # events of the current stage the rate is measured over
 
     def __init__(self, console):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.console = console
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=console, transient=True)
+                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=console,
+                                 transient=True)
         self.task = None
         self.label = ""
+        self.samples: list[tuple[float, int]] = []
+        self.stage = None
         self.progress.start()
 
     def line(self, text: str) -> None:
@@ -59,8 +96,16 @@ class RichSink(PlainSink):
             fields = {"completed": 0, "total": None}  # a new step: indeterminate until it counts
         if p.n is not None and p.i is not None:
             fields = {"completed": p.i, "total": max(p.n, 1)}
+            key = (p.stage, self.label, p.n)
+            if key != self.stage:  # a new counting stage: its own rate
+                self.stage, self.samples = key, []
+            t = ev.get("t")
+            if isinstance(t, (int, float)) and not isinstance(t, bool):
+                self.samples = (self.samples + [(float(t), p.i)])[-self.WINDOW:]
+            fields["rate"] = rate_text(*rate_eta(self.samples, p.n))
         if not fields:
             return
+        fields.setdefault("rate", "")
         fields["description"] = escape(self.label or p.stage)
         if self.task is None:
             self.task = self.progress.add_task(**fields)

@@ -3,6 +3,7 @@
 RUN is `name` (looked up in runs/ here, then on every inventory host) or `host/name`."""
 from __future__ import annotations
 
+import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -10,8 +11,8 @@ from pathlib import Path
 from remote_payload import protocol
 from remote_payload.results import Result
 
-from .. import lifecycle, output, report
-from ..argparsing import seconds
+from .. import lifecycle, logs, output, report
+from ..argparsing import positive_int, seconds
 from ..backends import get_backend
 from ..compare import _iso_s, format_duration
 from ..errors import (
@@ -21,21 +22,19 @@ from ..errors import (
     EXIT_OK,
     EXIT_PARTIAL,
     EXIT_STILL_RUNNING,
-    RemoteCommandError,
     RevalError,
     RunNotFound,
 )
 from ..inventory import load_inventory
 from ..runs import (
     RunState,
+    by_start_time,
     load_follow_state,
     local_registry,
     progress_text,
-    remote_run_dir,
     resolve_run,
 )
-from ..transport import q, resolve_workdir
-from .display import PlainSink, RichSink
+from .display import JsonLinesSink, PlainSink, RichSink
 
 LAST_LINES = 15
 # `reval status RUN`'s exit code by state (failed, lost and an unreadable status.json: EXIT_EVAL_FAILED)
@@ -44,8 +43,10 @@ STATUS_EXIT = {protocol.SUCCEEDED: EXIT_OK, protocol.RUNNING: EXIT_STILL_RUNNING
 
 
 def state_text(s: RunState) -> str:
-    """`queued (Priority)`, `failed (TIMEOUT)`, `running` (pure): the state, and a scheduler's reason."""
-    return f"{s.state} ({s.reason})" if s.reason and s.state != protocol.RUNNING else s.state
+    """`queued (Priority)`, `failed (TIMEOUT)`, `succeeded (SUSPECT)`, `running` (pure): the state, a
+    scheduler's reason, and whether the result is suspect."""
+    text = f"{s.state} ({s.reason})" if s.reason and s.state != protocol.RUNNING else s.state
+    return f"{text} (SUSPECT)" if s.suspect else text  # a suspect result is marked in every listing
 
 
 
@@ -93,7 +94,8 @@ def report_final(host: str, name: str, state: str, status: dict, pulled: Path) -
             for line in last_lines(pulled / protocol.EVAL_LOG):
                 err(f"        {line}")
             return EXIT_EVAL_FAILED
-        out(f"done    {name} succeeded in {duration_text(status)} · {where}")
+        flag = " (SUSPECT result)" if result.health.suspect else ""
+        out(f"done    {name} succeeded{flag} in {duration_text(status)} · {where}")
         out(f"        {report.summary_line(result)}")
         if result.health.suspect:
             err(f"warning: SUSPECT RESULT — {'; '.join(result.health.reasons or ['see results.json health'])}")
@@ -140,6 +142,9 @@ def register(sub) -> None:
     p.add_argument("-f", "--follow", action="store_true", help="follow until the run ends, then pull it")
     p.add_argument("--host", help="the run's host (when the name alone is ambiguous)")
     p.add_argument("--from-start", action="store_true", help="with -f: from the log's first byte")
+    p.add_argument("--tail", type=positive_int, metavar="N", help="only the last N lines (with -f: start there)")
+    p.add_argument("--json", action="store_true",
+                   help='one JSON object a line: {"offset": byte offset in eval.log, "line": text}')
     p.add_argument("--give-up-s", type=seconds, default=120.0, help="stop reconnecting after this long (exit 4)")
     p.set_defaults(func=cmd_logs)
 
@@ -154,12 +159,14 @@ def register(sub) -> None:
     p.add_argument("run", metavar="RUN", nargs="?",
                    help="name or host/name (default: the runs in runs/ here that their hosts still have)")
     p.add_argument("--host", help="the run's host")
+    p.add_argument("--json", action="store_true", help="print the state(s) as JSON")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("ls", help="the runs on a host or group (default: every inventory host)",
                        description="List the runs on HOST (or every host of a group; default: every inventory "
                                    "host) as the hosts report them now. Unreachable hosts are listed (exit 2).")
     p.add_argument("host", metavar="HOST", nargs="?", help="a host or group")
+    p.add_argument("--json", action="store_true", help="print the runs as JSON (oldest first)")
     p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("pull", help="copy a run directory to runs/<host>/<run>/",
@@ -191,23 +198,24 @@ def cmd_logs(args) -> int:
     be = get_backend(host)
     t = be.transport
     if not args.follow:
-        state = be.state(name)
-        if state is None:
+        if be.state(name) is None:
             raise RunNotFound(f"no run {name!r} on {host.name}", hint=f"list runs: reval ls {host.name}")
-        log = q(remote_run_dir(resolve_workdir(t), name) + "/" + protocol.EVAL_LOG)
-        cmd = f"[ ! -e {log} ] || exec cat {log}"  # no log yet: nothing to show; a failed read: an error
-        p = t.popen(cmd)
-        data, e = p.communicate()
-        e = e.decode(errors="replace")
-        if p.returncode != 0:
-            raise t.connection_error(p.returncode, e) or RemoteCommandError(host.name, cmd, p.returncode, e)
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
+        data = logs.read_log(t, name)
+        start = logs.tail_start(data, args.tail)
+        if args.json:
+            for off, raw in logs.lines_with_offsets(data[start:], start):
+                out(logs.json_line(off, raw.rstrip(b"\n").decode("utf-8", errors="replace")).rstrip("\n"))
+        else:
+            output.write(sys.stdout.buffer, data[start:])
         return EXIT_OK
     run = lifecycle.attach(be, name, python=_python(host, name))
-    sink = make_sink()
+    if args.tail:  # follow from the start of the last N lines
+        offset = logs.tail_start(logs.read_log(t, name), args.tail)
+    else:
+        offset = 0 if args.from_start else None  # None: where this folder's last follow stopped
+    sink = JsonLinesSink() if args.json else make_sink()
     try:
-        return finish_run(run, sink=sink, log_offset=0 if args.from_start else None, give_up_s=args.give_up_s)
+        return finish_run(run, sink=sink, log_offset=offset, give_up_s=args.give_up_s)
     except KeyboardInterrupt:
         sink.close()
         out(detached_message(name, host.name))
@@ -231,10 +239,6 @@ def states_table(states: list[RunState], unreachable: dict[str, str]):
     return table
 
 
-def _print_table(table) -> None:
-    report.listing_console().print(table)
-
-
 def _per_host(hosts, fn) -> tuple[dict, dict[str, str]]:
     """Run fn(backend) on every host in parallel: ({host: result}, {host: why unreachable})."""
     def one(h):
@@ -245,6 +249,17 @@ def _per_host(hosts, fn) -> tuple[dict, dict[str, str]]:
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as ex:
         done = list(ex.map(one, hosts))
     return ({n: r for n, r, e in done if e is None}, {n: e for n, r, e in done if e is not None})
+
+
+def _print_states(args, states: list[RunState], unreachable: dict[str, str]) -> None:
+    """The listing, oldest run first: a table, or with --json one JSON document."""
+    states = by_start_time(states)
+    if getattr(args, "json", False):
+        out(json.dumps([s.to_json() for s in states]
+                       + [{"host": h, "state": "unreachable", "error": why} for h, why in unreachable.items()],
+                       indent=1))
+    else:
+        report.listing_console().print(states_table(states, unreachable))
 
 
 def cmd_status(args) -> int:
@@ -262,14 +277,16 @@ def cmd_status(args) -> int:
         if s.state == protocol.RUNNING and s.last_event:
             took += f" · {progress_text(s.last_event)}"
         took += f" · job {st['job_id']}" if st.get("job_id") else ""
-        out(f"{name} on {host.name}: {state_text(s)}{took}{extra}")
+        if s.suspect:
+            extra += f" · {'; '.join(st.get('suspect_reasons') or ['see results.json health'])}"
+        out(json.dumps(s.to_json(), indent=1) if args.json else f"{name} on {host.name}: {state_text(s)}{took}{extra}")
         return STATUS_EXIT.get(s.state, EXIT_EVAL_FAILED)
     known = local_registry()
     hosts = [inv.hosts[h] for h in sorted({h for h, _ in known}) if h in inv.hosts]
     found, unreachable = _per_host(hosts, lambda be: be.list_runs())
     wanted = set(known)
     states = [s for h in found.values() for s in h if (s.host, s.name) in wanted]
-    _print_table(states_table(states, unreachable))
+    _print_states(args, states, unreachable)
     return EXIT_PARTIAL if unreachable else EXIT_OK
 
 
@@ -277,7 +294,7 @@ def cmd_ls(args) -> int:
     inv = load_inventory(args.inventory)
     hosts = inv.resolve(args.host) if args.host else list(inv.hosts.values())
     found, unreachable = _per_host(hosts, lambda be: be.list_runs())
-    _print_table(states_table([s for h in hosts for s in found.get(h.name, [])], unreachable))
+    _print_states(args, [s for h in hosts for s in found.get(h.name, [])], unreachable)
     return EXIT_PARTIAL if unreachable else EXIT_OK
 
 

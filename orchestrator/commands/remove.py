@@ -1,0 +1,98 @@
+"""`reval rm RUN...` and `reval prune [HOST|GROUP] --failed|--older-than AGE`: remove runs from their host and
+from runs/ here, after showing what goes and asking (or --yes)."""
+from __future__ import annotations
+
+import sys
+
+from .. import remove
+from ..argparsing import age_s
+from ..backends import get_backend
+from ..errors import EXIT_OK, EXIT_PARTIAL, ConfigError
+from ..inventory import load_inventory
+from ..runs import resolve_run
+from .runs import _per_host, err, out
+
+
+def register(sub) -> None:
+    p = sub.add_parser("rm", help="remove runs: their folder on the host and the copy in runs/ here",
+                       description="Remove runs: the run directory on its host and the copy in runs/<host>/<run>/ "
+                                   "here. A running run is refused (reval kill it first). Afterwards the name is "
+                                   "free again. Shows what goes and asks first, unless --yes. Exit 0 removed, "
+                                   "3 refused (running, or no terminal to ask on), 102 no such run.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="name or host/name")
+    p.add_argument("--host", help="the runs' host (when a name alone is ambiguous)")
+    _common(p)
+    p.set_defaults(func=cmd_rm)
+
+    p = sub.add_parser("prune", help="remove failed or old runs, on every host or one",
+                       description="Remove the runs that match: --failed (failed, lost, cancelled or unreadable) "
+                                   "and/or --older-than AGE (ended that long ago), on HOST or every host of a "
+                                   "group (default: every inventory host); never a running run. Shows what goes "
+                                   "and asks first, unless --yes. Exit 2 when a host was unreachable.")
+    p.add_argument("host", metavar="HOST|GROUP", nargs="?", help="where to prune (default: every host)")
+    p.add_argument("--failed", action="store_true", help="runs that did not succeed")
+    p.add_argument("--older-than", type=age_s, metavar="AGE", help="runs that ended more than AGE ago: 36h, 7d, 2w")
+    _common(p)
+    p.set_defaults(func=cmd_prune)
+
+
+def _common(p) -> None:
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    p.add_argument("--local-only", action="store_true", help="only the copies in runs/ here; keep the hosts' runs")
+
+
+def confirm(question: str, yes: bool) -> bool:
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise ConfigError("not removing anything without asking, and there is no terminal to ask on",
+                          hint="add --yes to remove them")
+    try:
+        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
+
+
+def cmd_rm(args) -> int:
+    inv = load_inventory(args.inventory)
+    todo = []
+    for ref in args.runs:  # every plan first: a running or missing run refuses all before anything goes
+        host, name = resolve_run(inv, ref, args.host)
+        be = get_backend(host)
+        todo.append((be, remove.plan(be, name, local_only=args.local_only)))
+    return _carry_out(todo, args.yes)
+
+
+def _carry_out(todo: list, yes: bool) -> int:
+    for _, r in todo:
+        out(f"remove  {remove.describe(r)}")
+    if not todo:
+        out("nothing to remove")
+        return EXIT_OK
+    if not confirm(f"remove {len(todo)} run(s)?", yes):
+        out("nothing removed")
+        return EXIT_OK
+    for be, r in todo:
+        remove.remove(be, r)
+    out(f"removed {len(todo)} run(s)")
+    return EXIT_OK
+
+
+def cmd_prune(args) -> int:
+    if not (args.failed or args.older_than is not None):
+        raise ConfigError("reval prune: say which runs: --failed and/or --older-than AGE",
+                          hint="e.g. reval prune --failed ; reval prune gpu1 --older-than 14d")
+    inv = load_inventory(args.inventory)
+    hosts = inv.resolve(args.host) if args.host else list(inv.hosts.values())
+    found, unreachable = _per_host(hosts, lambda be: (be, be.list_runs()))
+    todo = []
+    for h in hosts:
+        if h.name not in found:
+            continue
+        be, states = found[h.name]
+        for s in remove.select_for_prune(states, failed=args.failed, older_than_s=args.older_than):
+            todo.append((be, remove.plan(be, s.name, local_only=args.local_only, state=s)))
+    for h, why in unreachable.items():
+        err(f"skipped {h}: {why}")
+    rc = _carry_out(todo, args.yes)
+    return EXIT_PARTIAL if unreachable else rc

@@ -208,6 +208,9 @@ def load_inputs(opts: EvalOptions, rep: Reporter) -> Inputs:
     cache = open_cache(opts.cache, seeds_layer_ids=opts.cache_layers)
     prompts = cache.prompts[: opts.num_prompts] if opts.num_prompts else cache.prompts
     rep.line(f"  Loaded {len(cache.prompts)} cached completions")
+    if opts.num_prompts and opts.num_prompts > len(cache.prompts):
+        rep.line(f"  warning: --num-prompts {opts.num_prompts} is more than the cache holds: using all "
+                 f"{len(cache.prompts)}")
     rep.line(f"  Got {len(prompts)} valid completions (layers {cache.layer_ids}, hidden {cache.hidden_size})")
 
     rep.step(3, "load_cache", f"Loading cached hidden states from {opts.cache}...")

@@ -261,7 +261,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", required=True, help=".jsonl of {name, prompt} or .txt with one prompt a line")
     p.add_argument("--out", required=True, help="cache directory to create (must not exist)")
     p.add_argument("--max-new-tokens", type=int, default=512, help="greedy completion length cap (default 512)")
-    p.add_argument("--layers", required=True, help="tapped decoder layers, e.g. 1,16,31,46,61")
+    p.add_argument("--layers", help="tapped decoder layers, e.g. 1,16,31,46,61 (default: --for-drafter's)")
+    p.add_argument("--for-drafter", metavar="PATH",
+                   help="take --layers from this drafter's target_layer_ids (its config.json, or the .pt's config)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32", "fp16"],
                    help="auto = bf16 on GPU, fp32 on CPU")
@@ -271,10 +273,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="padded tokens per batch, prompt + max new tokens per prompt (default 32768)")
 
 
+def layers_arg(layers: str | None, for_drafter: str | None) -> list[int]:
+    """--layers, else the target_layer_ids of --for-drafter's config; neither is bad input."""
+    if layers:
+        return parse_layer_ids(layers)
+    if not for_drafter:
+        raise PayloadError("extract needs the tapped layers: --layers 1,16,31,46,61, or --for-drafter PATH to take "
+                           "the drafter's target_layer_ids")
+    from .checkpoint import load_drafter, peek_config
+    cfg = peek_config(for_drafter) or load_drafter(for_drafter)[0].cfg  # .pt: its config is inside the file
+    return list(cfg.target_layer_ids)
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         c = extract(args.target, args.prompts, args.out, max_new_tokens=args.max_new_tokens,
-                    layer_ids=parse_layer_ids(args.layers), device=args.device, dtype=args.dtype,
+                    layer_ids=layers_arg(args.layers, args.for_drafter), device=args.device, dtype=args.dtype,
                     num_prompts=args.num_prompts, batch_size=args.batch_size, batch_tokens=args.batch_tokens)
     except PayloadError as e:
         print(f"error: {e}")

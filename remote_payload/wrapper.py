@@ -164,7 +164,10 @@ def acquire_gpus(spec: str, locks_dir: Path, run: str) -> tuple[list[Gpu], list[
         if idx not in by_index:
             for fd in fds:
                 os.close(fd)
-            have = ", ".join(str(i) for i in sorted(by_index)) or "none"
+            if not by_index:  # no GPU at all: the choices are CPU or let reval decide
+                raise StartError(f"GPU {idx} does not exist: this host has no GPU; run on its CPU with --gpus none "
+                                 "(or --gpus auto, which uses the CPU where there is no GPU)")
+            have = ", ".join(str(i) for i in sorted(by_index))
             raise StartError(f"GPU {idx} does not exist on this host (GPUs: {have}); pass --gpus with one of them")
         fd = _try_lock(locks_dir, idx, run)
         if fd is None:

@@ -272,3 +272,11 @@ def test_walk_equals_online_greedy_decoding_round_by_round(trained_fixtures, tmp
                 a += acc + 1
         assert rec["acceptance_lengths"] == lengths, rec["name"]
     assert any(x > 1 for r in res["per_prompt"] for x in r["acceptance_lengths"])  # real acceptance happened
+
+
+def test_num_prompts_beyond_the_cache_says_how_many_it_uses(inputs, tmp_path, capsys):
+    rc, run_dir = run_eval(tmp_path, inputs / "drafter", inputs / "target", inputs / "cache", "--max-blocks", "2",
+                           "--num-prompts", "99")
+    out = capsys.readouterr().out
+    assert rc == 0 and "warning: --num-prompts 99 is more than the cache holds: using all 3" in out
+    assert json.loads((run_dir / "results.json").read_text())["metrics"]["num_prompts"] == 3

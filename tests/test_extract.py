@@ -212,3 +212,23 @@ def test_batched_greedy_on_a_hybrid_linear_attention_target_equals_batch_1():
     prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8], [3, 1, 4, 1]]
     got = greedy_complete_batch(model, prompts, 8, set())
     assert got == [greedy_complete(model, torch.tensor(p), 8, set()).tolist() for p in prompts]
+
+
+@pytest.mark.parametrize("layout", ["zlab", "pt"])
+def test_extract_layers_default_to_the_drafters_target_layer_ids(tiny_target, tmp_path, capsys, layout):
+    from tests.tiny_models import random_drafter, tiny_drafter_config, write_pt_drafter, write_zlab_drafter
+    target, _, _ = tiny_target
+    cfg = tiny_drafter_config(target_layer_ids=[0, 2, 4])
+    sd = random_drafter(cfg).state_dict()
+    drafter = (write_zlab_drafter(tmp_path / "d", cfg, sd) if layout == "zlab"
+               else write_pt_drafter(tmp_path / "d.pt", cfg, sd, wrap="model"))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("count n01\n")
+    base = ["extract", "--target", str(target), "--prompts", str(prompts), "--max-new-tokens", "4", "--device", "cpu"]
+    rc = payload_main([*base, "--out", str(tmp_path / "c"), "--for-drafter", str(drafter)])
+    assert rc == 0, capsys.readouterr().out
+    assert open_cache(tmp_path / "c").layer_ids == [0, 2, 4]
+    capsys.readouterr()
+    rc = payload_main([*base, "--out", str(tmp_path / "c2")])  # neither --layers nor --for-drafter
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 3 and len(out) == 1 and "--for-drafter PATH" in out[0] and not (tmp_path / "c2").exists()

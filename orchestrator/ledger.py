@@ -54,6 +54,25 @@ class LedgerEntry:
     config: str = ""             # ledger_key without the checkpoint: runs with the same config are a series
 
 
+def _parse(data, path: Path) -> tuple[dict[str, LedgerEntry], dict[str, dict]]:
+    """The ledger file's entries and hash cache, validated: a damaged one is one line (exit 3), never a
+    traceback or a silently emptied ledger."""
+    hint = "restore it from a backup, or move it away to start a fresh ledger (everything would be evaluated again)"
+    entries = data.get("entries", {}) if isinstance(data, dict) else None
+    if not isinstance(entries, dict):
+        raise ConfigError(f"ledger {path} is not a reval ledger (no entries mapping)", hint=hint)
+    names = {f.name for f in fields(LedgerEntry)}
+    out = {}
+    for k, e in entries.items():
+        try:
+            out[k] = LedgerEntry(**{n: v for n, v in e.items() if n in names})
+        except (AttributeError, TypeError):
+            raise ConfigError(f"ledger {path}: entry {k[:24]!r} is damaged (not an entry with all its fields)",
+                              hint=hint) from None
+    hashes = data.get("hashes", {})
+    return out, {k: v for k, v in hashes.items() if isinstance(v, dict)} if isinstance(hashes, dict) else {}
+
+
 class Ledger:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -68,10 +87,7 @@ class Ledger:
                 raise ConfigError(f"ledger {self.path} is not valid JSON ({e})",
                                   hint="restore it from a backup, or move it away to start a fresh ledger "
                                        "(everything would be evaluated again)") from e
-            names = {f.name for f in fields(LedgerEntry)}
-            self.entries = {k: LedgerEntry(**{n: v for n, v in e.items() if n in names})
-                            for k, e in data.get("entries", {}).items()}
-            self.hashes = data.get("hashes", {})
+            self.entries, self.hashes = _parse(data, self.path)
 
     def lock(self) -> None:
         """Take the controller lock (non-blocking): a second `reval sweep` on the same ledger is refused.

@@ -88,7 +88,10 @@ def test_every_command_with_a_damaged_status_json_is_one_line(finished, capsys, 
     remote, _ = finished
     (remote / "status.json").write_bytes(STATUS_DAMAGE[damage])
     for argv in (["status", "fin"], ["status"], ["ls"], ["ls", "local"], ["logs", "fin"], ["pull", "fin"],
-                 ["pull", "--all"], ["kill", "fin", "--grace-s", "0"], ["compare", "local/fin"]):
+                 ["pull", "--all"], ["kill", "fin", "--grace-s", "0"], ["compare", "local/fin"],
+                 ["ls", "--json"], ["status", "fin", "--json"], ["status", "--json"], ["logs", "fin", "--json"],
+                 ["logs", "fin", "--tail", "2"], ["prune", "--older-than", "9999d", "--yes"],
+                 ["rm", "fin", "--local-only", "--yes"]):
         rc, out, err = reval(capsys, *argv)
         assert_one_line_error(rc, err, out)
     (remote / "status.json").write_bytes(STATUS_DAMAGE[damage])  # pull copied it; kill may not rewrite it
@@ -189,3 +192,18 @@ def test_empty_control_folders_of_dead_controllers_are_removed(tmp_path, monkeyp
         alive.wait()
         transport.close_all()
         monkeypatch.setattr(transport, "_CONTROL_DIR", None)
+
+
+@pytest.mark.parametrize("damage", [b"{broken", b"[1]", b'{"entries": [1]}', b'{"entries": {"k": 5}}',
+                                    b'{"entries": {"k": {"name": "x"}}}', b'{"entries": {}, "hashes": 3}'])
+def test_a_damaged_sweep_ledger_is_one_line(here, capsys, damage):
+    (here / "ck" / "step-1").mkdir(parents=True)
+    (here / "ck" / "step-1" / "model.safetensors").write_bytes(b"weights")
+    (here / "sweeps").mkdir()
+    (here / "sweeps" / "ledger.json").write_bytes(damage)
+    rc, out, err = reval(capsys, "sweep", "--checkpoints", str(here / "ck" / "step-*"), "--hosts", "local",
+                         "--payload", "dummy", "--", "--lines", "1", "--interval-s", "0")
+    assert_one_line_error(rc, err, out)
+    if damage != b'{"entries": {}, "hashes": 3}':  # a damaged hash cache is only a cache: hashed again
+        assert rc == 3 and "ledger" in err and "move it away" in err, err
+        assert (here / "sweeps" / "ledger.json").read_bytes() == damage  # refused: never overwritten

@@ -82,8 +82,11 @@ def wait_lines(path: Path, n: int, timeout_s: float = 60) -> None:
 
 
 def reval(capsys, *argv) -> tuple[int, str, str]:
-    """`reval ARGV...` through the CLI runner in this process: (exit code, stdout, stderr)."""
+    """`reval ARGV` through the CLI runner: (exit code, stdout, stderr); argparse's own exits count too."""
     from orchestrator import cli
-    rc = cli.main(list(argv))
+    try:
+        rc = cli.main(list(argv))
+    except SystemExit as e:
+        rc = e.code
     o, e = capsys.readouterr()
     return rc, o, e

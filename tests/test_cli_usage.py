@@ -14,25 +14,9 @@ from orchestrator import cli
 from orchestrator.argparsing import subparsers
 from orchestrator.errors import ConfigError
 from orchestrator.inventory import parse_inventory
+from tests.runtools import reval
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("REVAL_HOSTS", raising=False)
-    monkeypatch.delenv("REVAL_RUNS_DIR", raising=False)
-    return tmp_path
-
-
-def reval(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        rc = cli.main(list(argv))
-    except SystemExit as e:  # argparse's own exits (usage errors, --help)
-        rc = e.code
-    o, e = capsys.readouterr()
-    return rc, o, e
 
 
 @pytest.mark.parametrize("bad", [["--num-prompts", "abc"], ["--max-blocks", "x"], ["--payload", "bogus"],

@@ -4,32 +4,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-from orchestrator import cli
 from orchestrator.remove import select_for_prune
 from orchestrator.runs import RunState
 from remote_payload import protocol
-from tests.runtools import wait_lines
+from tests.runtools import reval, wait_lines
 
 FAST = ["--", "--lines", "3", "--interval-s", "0"]
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("REVAL_HOSTS", raising=False)
-    monkeypatch.delenv("REVAL_RUNS_DIR", raising=False)
-    return tmp_path
-
-
-def reval(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        rc = cli.main(list(argv))
-    except SystemExit as e:
-        rc = e.code
-    o, e = capsys.readouterr()
-    return rc, o, e
 
 
 def test_rm_removes_both_sides_asks_first_and_frees_the_name(here, capsys):

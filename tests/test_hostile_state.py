@@ -13,29 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, transport
+from orchestrator import transport
 from remote_payload import protocol
+from tests.runtools import reval
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["--", "--lines", "3", "--interval-s", "0"]
 DOCUMENTED = {0, 1, 2, 3, 4, 101, 102, 103}
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("REVAL_HOSTS", raising=False)
-    monkeypatch.delenv("REVAL_RUNS_DIR", raising=False)
-    return tmp_path
-
-
-def reval(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        rc = cli.main(list(argv))
-    except SystemExit as e:
-        rc = e.code
-    o, e = capsys.readouterr()
-    return rc, o, e
 
 
 def reval_proc(cwd: Path, *argv, timeout: float = 120, shell_tail: str = "") -> subprocess.CompletedProcess:

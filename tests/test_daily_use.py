@@ -155,6 +155,6 @@ def test_replayed_log_and_events_interleave(tmp_path):
 
 def test_gpus_on_a_host_without_gpus_suggests_none_or_auto(here, capsys, monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi: this host has no GPU
-    rc, out, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "g0", "--gpus", "0", *FAST)
+    rc, _, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "g0", "--gpus", "0", *FAST)
     assert rc == 3 and "this host has no GPU" in err and "--gpus none" in err and "--gpus auto" in err, err
     assert not (here / ".reval/local/runs/g0").exists()  # nothing left behind

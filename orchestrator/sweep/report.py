@@ -36,6 +36,9 @@ class SweepReport:
     history: list[StepPoint] = field(default_factory=list)  # tau vs step: every checkpoint of this configuration
 
 
+SCREEN_ERROR_CHARS = 160
+
+
 def verdict(o: Outcome, threshold: float) -> str:
     """improved | regressed (the paired 95% CI against the previous checkpoint excludes 0 and |Δ tau| >=
     threshold) | no clear change | new (nothing earlier to compare) | suspect | failed | ... (pure)."""
@@ -51,13 +54,24 @@ def verdict(o: Outcome, threshold: float) -> str:
 
 
 def sweep_exit_code(outcomes: list[Outcome], hosts_down: dict[str, str]) -> int:
-    """1 when an eval of this sweep failed; else 2 when something was not evaluated (host gone); else 0."""
+    """1 when an eval of this sweep failed; else 2 when a checkpoint was not evaluated (its host gone); else 0."""
     mine = [o for o in outcomes if not o.earlier]
     if any(o.state in (protocol.FAILED, protocol.CANCELLED, protocol.LOST) for o in mine):
         return EXIT_EVAL_FAILED
-    if hosts_down or any(o.state in (UNREACHABLE, NOT_RUN) for o in mine):
+    # a host that was down is not "partial" when every checkpoint was still evaluated elsewhere (it is noted)
+    if any(o.state in (UNREACHABLE, NOT_RUN) for o in mine):
         return EXIT_PARTIAL
     return EXIT_OK
+
+
+def checkpoint_order(step: int | None, name: str) -> tuple:
+    """Training order: by step, then checkpoints without a step (`final`, `best`) after them, by name (pure)."""
+    return (step is None, step or 0, name)
+
+
+def short(text: str, n: int = SCREEN_ERROR_CHARS) -> str:
+    """A failure message cut for the screen; report.json keeps it whole (pure)."""
+    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
 
 
 def build_report(sw: Sweep, chosen: list[Checkpoint]) -> SweepReport:
@@ -118,14 +132,13 @@ def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: comp
     done = [e for e in series if e.state == protocol.SUCCEEDED and e.tau is not None and not e.suspect]
     base_tau = baseline.result.metrics.tau if baseline and baseline.result else None
     for o in outcomes:
-        earlier = [e for e in done if e.checkpoint != o.checkpoint and
-                   (e.step, e.checkpoint) < (o.step, o.checkpoint)] if o.step is not None else \
-            [e for e in done if e.checkpoint < o.checkpoint]
+        here = checkpoint_order(o.step, o.checkpoint)
+        earlier = [e for e in done if e.checkpoint != o.checkpoint and checkpoint_order(e.step, e.checkpoint) < here]
         run = loaded.get(o.local_path) if o.tau is not None else None
         if run is not None and (tau := intervals.estimates(run.result).get("tau")) is not None:
             o.tau_ci = [tau.lo, tau.hi]
         if earlier:
-            prev = earlier[-1]
+            prev = max(earlier, key=lambda e: checkpoint_order(e.step, e.checkpoint))
             o.prev_checkpoint, o.prev_tau = prev.checkpoint, prev.tau
             if run is not None:
                 o.vs_prev, o.prev_note = _paired_tau(run, loaded.get(prev.local_path))
@@ -178,7 +191,7 @@ def outcome_text(o: Outcome) -> str:
     """'step-5000  tau 5.02 [4.61, 5.40] · Δ +0.69 [+0.41, +0.98] * vs step-4000 · 0.60x baseline   improved'."""
     if o.tau is None:
         where = f" on {o.host}" if o.host else ""
-        return f"{o.checkpoint}  {o.state.upper()}{where}" + (f" ({o.error})" if o.error else "")
+        return f"{o.checkpoint}  {o.state.upper()}{where}" + (f" ({short(o.error)})" if o.error else "")
     head = f"tau {o.tau:.2f}" + (f" {fmt_ci(*o.tau_ci, 2)}" if o.tau_ci else "")
     parts = [head]
     if o.prev_tau is not None:
@@ -212,7 +225,7 @@ def report_table(rep: SweepReport) -> Table:
                  "host": Cell(o.host, o.host or ""), "tau": tau,
                  "vs_prev": Cell(o.vs_prev.delta if o.vs_prev else None, prev, pair=o.vs_prev),
                  "vs_base": Cell(o.base_ratio, vs_base, pair=o.vs_base),
-                 "verdict": Cell(o.verdict, o.verdict + (f": {o.error}" if o.error else "")
+                 "verdict": Cell(o.verdict, o.verdict + (f": {short(o.error)}" if o.error else "")
                                  + (" (earlier sweep)" if o.earlier else "")),
                  "base_verdict": Cell(o.base_verdict or None, o.base_verdict)}
         rows.append(Row(cells, [], rankable=o.tau is not None and not o.suspect))

@@ -343,6 +343,6 @@ def failure_line(status: dict, run_dir: Path) -> str:
         last = next((ln.strip() for ln in reversed(lines) if ln.strip() and not ln.startswith("[reval]")), "")
     except OSError:
         pass
-    why = (status.get("error") or last)[:160]
+    why = status.get("error") or last  # whole: report.json keeps it, the screen shortens it
     head = f"exit {status['exit_code']}" if status.get("exit_code") is not None else status.get("state", "?")
     return f"{head}: {why}" if why else head

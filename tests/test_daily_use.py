@@ -49,7 +49,7 @@ def test_rm_refuses_a_running_run_and_removes_nothing(here, capsys):
 
 
 def test_prune_by_state_and_age(here, capsys):
-    for name, extra in (("good", []), ("crash", ["--crash"]), ("bad3", ["--exit-code", "3"])):
+    for name, extra in (("good", []), ("crash", ["--crash"]), ("bad2", ["--exit-code", "2"])):
         reval(capsys, "run", "local", "--payload", "dummy", "--name", name, "--", "--lines", "2",
               "--interval-s", "0", *extra)
     rc, _, err = reval(capsys, "prune")

@@ -25,7 +25,10 @@ def add_arguments(p) -> None:
     p.add_argument("--suspect", action="store_true", help="results flagged suspect (what a broken load looks like)")
 
 
-def fake_results(run: str, n: int) -> dict:
+SUSPECT_REASON = "position-1 accuracy 0.000 over 30 blocks (dummy)"
+
+
+def fake_results(run: str, n: int, suspect: bool = False) -> dict:
     """A results.json (docs/results.md) whose numbers are made up but consistent: tau = streak + 1."""
     lengths = [[(i + r) % BLOCK_SIZE + 1 for r in range(3)] for i in range(n)]
     taus = [sum(ls) / len(ls) for ls in lengths]
@@ -60,7 +63,7 @@ def fake_results(run: str, n: int) -> dict:
                     "ddtree_best": {"budget": 16, "tau": tau + 1}, "tree_width_tau": {"4": tau + 0.5, "8": tau + 1}},
         "per_prompt": [{"name": f"prompt{i}", "prompt_len": 8, "seq_len": 8 + sum(ls), "acceptance_lengths": ls,
                         "tau": t} for i, (ls, t) in enumerate(zip(lengths, taus))],
-        "health": {"suspect": False, "reasons": []},
+        "health": {"suspect": suspect, "reasons": [SUSPECT_REASON] if suspect else []},
         "timing": {"load_s": 0.0, "eval_s": 0.0, "anchors_per_s": 0.0, "total_s": 0.0},
         "environment": {"torch": None, "cuda": None, "gpu": None, "hostname": socket.gethostname()},
     }).to_dict()
@@ -83,11 +86,9 @@ def main(args) -> int:
     if args.exit_code:
         print(f"dummy: exiting with {args.exit_code}", file=sys.stderr)
         return args.exit_code
-    results = fake_results(run_dir.name, n)
     if args.suspect:
-        results["health"] = {"suspect": True, "reasons": ["position-1 accuracy 0.000 over 30 blocks (dummy)"]}
-        print("warning: SUSPECT RESULT — position-1 accuracy 0.000 over 30 blocks (dummy)", file=sys.stderr)
-    protocol.atomic_write_json(run_dir / protocol.RESULTS_JSON, results)
+        print(f"warning: SUSPECT RESULT — {SUSPECT_REASON}", file=sys.stderr)
+    protocol.atomic_write_json(run_dir / protocol.RESULTS_JSON, fake_results(run_dir.name, n, args.suspect))
     protocol.append_event(events, {"stage": "done", "i": n, "n": n, "message": "results.json written"})
     print(f"done: tau {fake_results(run_dir.name, n)['metrics']['tau']:.2f}")
     return 0

@@ -119,6 +119,8 @@ def test_a_damaged_local_copy_is_one_line_in_compare_and_status(finished, capsys
         assert_one_line_error(rc, err, out)
         rc, out, err = reval(capsys, "status")
         assert_one_line_error(rc, err, out)
+    for f in ("status.json", "run.json", "results.json", "events.jsonl"):
+        (local / f).unlink()  # damaged on purpose; the session's results.json check is for real outputs
 
 
 def test_runs_that_is_a_file_is_refused_before_launching(here, capsys):

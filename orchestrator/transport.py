@@ -147,7 +147,6 @@ def close_all() -> None:
         if _CONTROL_DIR and os.path.isdir(_CONTROL_DIR) and not os.listdir(_CONTROL_DIR):
             shutil.rmtree(_CONTROL_DIR, ignore_errors=True)
             _CONTROL_DIR = None
-_CONTROL_LOCK = threading.Lock()  # the first SSHTransport may be made in worker threads (reval ls GROUP)
 
 
 class SSHTransport(Transport):

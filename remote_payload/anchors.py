@@ -137,31 +137,57 @@ def drafted_prompts(drafter, head, cache, count: int, anchors_of: Callable[[int]
             yield pending[0], pending[1], pending[2].result()
 
 
+WARMUP_MODES = ("off", "beside", "empty", "after")
+
+
+def warmup_mode() -> str:
+    """REVAL_WARMUP: after (default: the real weights, once loaded) | off | beside (throwaway random weights,
+    during the load) | empty (uninitialised throwaway weights, during the load); 1 = beside, 0 = off.
+    Measured on an H200 host (bench `process`, seeds' run): after 1.08x the floor with the eval stage 1.02x warm;
+    off 1.18x / 1.56x; beside 1.36x and empty 1.30x, their throwaway weights' allocation taking 3 s beside the
+    load's copies (0.0 s after it)."""
+    v = os.environ.get("REVAL_WARMUP", "").strip().lower()
+    v = {"": "after", "0": "off", "1": "beside"}.get(v, v)
+    return v if v in WARMUP_MODES else "after"
+
+
 def warm_up(cfg, device: torch.device, dtype: torch.dtype, *, seq_len: int, prompt_len: int, n: int,
-            batch_size: int, budgets: list[int], widths: list[int]) -> bool:
-    """One prompt's drafting (and its host copies) with throwaway random weights of `cfg`'s shapes, so that the
-    kernels are loaded, cuBLAS and Triton ready and the allocator holds the blocks the eval needs. CUDA only,
-    and only when the device has room for a second copy of the weights; returns whether it ran.
-    Opt-in (REVAL_WARMUP=1): on the H200 hosts measured, the first-call work took 5.5 s beside the weight reads
-    against 1.5 s alone, so the seeds' run was 1.59x its floor with it and 1.23x without (bench `process`)."""
-    if device.type != "cuda" or n < 1 or os.environ.get("REVAL_WARMUP") != "1":
-        return False
+            batch_size: int, budgets: list[int], widths: list[int], model=None, head=None) -> dict | None:
+    """One prompt's drafting (and its host copies) on zero features, so that the kernels are loaded, cuBLAS,
+    cuDNN's attention plans and Triton ready and the allocator holds the blocks the eval needs. CUDA only.
+    With model/head (mode `after`): the real weights. Without (modes `beside`, `empty`): throwaway weights of
+    `cfg`'s shapes, random or uninitialised, only when the device has room for a second copy of the weights.
+    Returns the seconds of its parts ({"alloc", "queue", "wait"}) or None when it did not run."""
+    mode = warmup_mode()
+    if device.type != "cuda" or n < 1 or mode == "off" or (model is None) != (mode != "after"):
+        return None
+    import time
+
     from .drafter import DFlashDrafter, TargetHead
     from .kernels import prepare
-    with torch.device("meta"):
-        model = DFlashDrafter(cfg).to(dtype)
-    V, H = cfg.vocab_size, cfg.hidden_size
-    weights = (sum(p.numel() for p in model.parameters()) + V * H) * dtype.itemsize
-    if torch.cuda.mem_get_info(device)[0] < 2 * weights + (8 << 30):  # the real weights load meanwhile
-        return False
+    t0 = time.perf_counter()
+    n = min(n, 2 * batch_size + n % batch_size)  # every shape the prompt's batches take, not all of them
+    if model is None:
+        with torch.device("meta"):
+            model = DFlashDrafter(cfg).to(dtype)
+        V, H = cfg.vocab_size, cfg.hidden_size
+        weights = (sum(p.numel() for p in model.parameters()) + V * H) * dtype.itemsize
+        if torch.cuda.mem_get_info(device)[0] < 2 * weights + (8 << 30):  # the real weights load meanwhile
+            return None
+        model = model.to_empty(device=device)
+        table = torch.empty(V, H, device=device, dtype=dtype)
+        if mode == "beside":
+            for p in model.parameters():
+                p.data.normal_(0, p.shape[-1] ** -0.5) if p.dim() == 2 else p.data.fill_(1.0)
+            table.normal_(0, H ** -0.5)
+        model.fuse_projections()
+        head = TargetHead(table, table)
     prepare(device)
-    model = model.to_empty(device=device)
-    for p in model.parameters():
-        p.data.normal_(0, p.shape[-1] ** -0.5) if p.dim() == 2 else p.data.fill_(1.0)
-    table = torch.randn(V, H, device=device, dtype=dtype) * H ** -0.5
-    feats = torch.zeros(seq_len, cfg.fc_in_features, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
-    ids = torch.randint(0, V, (seq_len,), device=device)
-    pending = enqueue_anchors(model, TargetHead(table, table), feats, ids, prompt_len, n, batch_size=batch_size,
-                              budgets=budgets, widths=widths)
+    t1 = time.perf_counter()
+    feats = torch.zeros(seq_len, cfg.fc_in_features, dtype=dtype, device=device)
+    ids = torch.randint(0, cfg.vocab_size, (seq_len,), device=device)
+    pending = enqueue_anchors(model, head, feats, ids, prompt_len, n, batch_size=batch_size, budgets=budgets,
+                              widths=widths)
+    t2 = time.perf_counter()
     pending.event.synchronize()
-    return True
+    return {"alloc": t1 - t0, "queue": t2 - t1, "wait": time.perf_counter() - t2}

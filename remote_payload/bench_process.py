@@ -26,8 +26,9 @@ import torch
 from .cache import CacheWriter
 from .config import DrafterConfig
 
-# the knobs' effect, one run each: the warm-up beside the load on; Triton's lse kernel (and its start) forced on
-VARIANTS = [("REVAL_WARMUP=1", {"REVAL_WARMUP": "1"}), ("REVAL_TRITON=1", {"REVAL_TRITON": "1"})]
+# the knobs' effect, one run each: each warm-up mode (anchors.warmup_mode); Triton's kernels (and start) forced on
+VARIANTS = [(f"REVAL_WARMUP={m}", {"REVAL_WARMUP": m}) for m in ("off", "beside", "empty", "after")] + [
+    ("REVAL_TRITON=1", {"REVAL_TRITON": "1"})]
 SEEDS_RUN = {"prompts": 10, "prompt_len": 60, "completion": 480, "max_blocks": 30}
 
 
@@ -98,8 +99,8 @@ def process_runs(argv: list[str], root: Path, runs: int = 2, env: dict | None = 
         if p.returncode != 0:
             raise RuntimeError(f"eval exited {p.returncode}:\n{p.stdout[-3000:]}")
         timing = json.loads((run_dir / "results.json").read_text())["timing"]
-        warmed = re.search(r"warmed up beside it in ([0-9.]+)s", p.stdout)
-        out.append((wall, {**timing, "warm_up_s": float(warmed.group(1)) if warmed else None}))
+        warmed = re.search(r"warmed up (beside|after) it in ([0-9.]+)s: ([^)]*)\)", p.stdout)
+        out.append((wall, {**timing, "warm_up": warmed.group(0)[10:-1] if warmed else None}))
     return out
 
 
@@ -119,7 +120,7 @@ def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device,
     variants = []
     for label, env in VARIANTS if dev.type == "cuda" else ():
         (w, t), = process_runs(argv, root, runs=1, env=env)
-        warmed = f", warm-up beside the load {t['warm_up_s']:.2f}s" if t["warm_up_s"] else ""
+        warmed = f", warm-up {t['warm_up']}" if t["warm_up"] else ""
         variants.append(Row(f"process: `eval` wall, {label}", 0, w, 0,
                             f"= {w / floor:.2f}x floor; load {t['load_s']:.2f}s, eval stage {t['eval_s']:.2f}s"
                             + warmed))

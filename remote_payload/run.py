@@ -33,7 +33,7 @@ import torch
 
 from . import __version__, metrics, protocol
 from . import results as R
-from .anchors import AnchorOutputs, draft_all_anchors, drafted_prompts, warm_up  # noqa: F401 (re-exported)
+from .anchors import AnchorOutputs, draft_all_anchors, drafted_prompts, warm_up, warmup_mode  # noqa: F401 (re-exported)
 from .cache import open_cache
 from .checkpoint import check_features, load_drafter, load_target_head, peek_config
 from .devices import resolve_device_dtype
@@ -243,14 +243,18 @@ def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torc
     first = inp.prompts[0]
     warmed = []
 
-    def warm(peek) -> None:  # the first prompt's drafting with throwaway weights, while the real ones load
+    def warm(peek, model=None, head=None) -> None:  # the first prompt's shapes, so the eval starts warm
         t = time.perf_counter()
         n = (first.seq_len - 1 - first.prompt_len if opts.all_anchors
              else metrics.num_anchors(first.prompt_len, first.seq_len, opts.max_blocks, peek.block_size))
-        if warm_up(peek, device, dtype, seq_len=first.seq_len, prompt_len=first.prompt_len, n=n, batch_size=batch,
-                   budgets=opts.ddtree_budgets, widths=opts.tree_widths):
-            warmed.append(time.perf_counter() - t)
+        parts = warm_up(peek, device, dtype, seq_len=first.seq_len, prompt_len=first.prompt_len, n=n,
+                        batch_size=batch, budgets=opts.ddtree_budgets, widths=opts.tree_widths, model=model,
+                        head=head)
+        if parts is not None:
+            warmed.append((time.perf_counter() - t, parts))
     drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype, warm_up=warm)
+    if warmup_mode() == "after":
+        warm(drafter.cfg, drafter, head)
     cfg = drafter.cfg
     check_features(cfg, cache.layer_ids, cache.hidden_size)  # names dims and layer ids on a mismatch
     rep.line(f"  layout={info.layout} params={info.num_parameters:,} fc layers {cfg.fc_layer_ids} "
@@ -269,8 +273,10 @@ def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torc
     e_mean, e_std = _stats(head.embed)
     rep.line(f"  embed_tokens: mean={e_mean:.4f} std={e_std:.4f}")
     load_s = time.perf_counter() - t_load
-    rep.line(f"  loaded in {load_s:.2f}s" + (f" (kernels warmed up beside it in {warmed[0]:.2f}s)" if warmed else ""),
-             stage="load_drafter", step=4, steps=STEPS)
+    how = "after it" if warmup_mode() == "after" else "beside it"
+    parts = " ".join(f"{k} {v:.2f}s" for k, v in warmed[0][1].items()) if warmed else ""
+    rep.line(f"  loaded in {load_s:.2f}s" + (f" (kernels warmed up {how} in {warmed[0][0]:.2f}s: {parts})"
+                                             if warmed else ""), stage="load_drafter", step=4, steps=STEPS)
     return Loaded(drafter, info, head, hinfo, target_matches, {"mean": e_mean, "std": e_std}, load_s)
 
 

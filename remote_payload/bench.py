@@ -6,6 +6,7 @@ to disk as safetensors (drafter folder + a target folder with an index and the m
   load      load_drafter + load_target_head (mmap) vs a raw read of the same bytes (both page-cache warm)
   seeds     10 prompts x 30 blocks (the seeds' run): the eval stage (drafting at every anchor + all walks)
   large     128 prompts x 64 blocks
+  2k        32 prompts of a 2,000-token prompt + 512-token completion x 32 blocks
   naive     one prompt, one round at a time, whole context recomputed (`naive_block`): the baseline
 Prints drafter rounds/s (one round = one anchor's 16-token block), achieved TFLOP/s (useful FLOPs: block
 GEMMs, attention, lm_head, context projections) against the measured bf16 peak, and the speed-up over naive.
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 from . import kernels, metrics
-from .anchors import draft_all_anchors
+from .anchors import draft_all_anchors, enqueue_anchors
 from .checkpoint import sha256_files
 from .config import DrafterConfig
 from .devices import resolve_device_dtype
@@ -47,8 +48,8 @@ PRESETS = {
 }
 # (name, prompts, blocks, prompt_len, completion_len) per preset
 SCENARIOS = {
-    "27b": [("seeds 10x30", 10, 30, 60, 480), ("large 128x64", 128, 64, 100, 1024)],
-    "tiny": [("seeds 10x30", 10, 30, 60, 480), ("large 8x64", 8, 64, 100, 1024)],
+    "27b": [("seeds 10x30", 10, 30, 60, 480), ("large 128x64", 128, 64, 100, 1024), ("2k 32x32", 32, 32, 2000, 512)],
+    "tiny": [("seeds 10x30", 10, 30, 60, 480), ("large 8x64", 8, 64, 100, 1024), ("2k 4x32", 4, 32, 2000, 512)],
 }
 BUDGETS = [16, 32, 64, 128, 256, 512]
 H200_BF16_PEAK_TFLOPS = 790.0  # measured on this GPU kind (spec §4); re-measured below when on CUDA
@@ -187,12 +188,16 @@ def bench_eval(name, drafter, head, cfg, dev, dtype, prompts, blocks, prompt_len
                       budgets=BUDGETS)
     sync(dev)
     t = time.perf_counter()
-    flops = 0.0
-    for ids, feats in data:
-        out = draft_all_anchors(drafter, head, feats, ids, prompt_len, n, batch_size=batch, budgets=BUDGETS, widths=[4, 8])
-        metrics.prompt_metrics(out.drafts, out.target_rank, out.topk_logprobs, ids.cpu().numpy(), prompt_len,
-                               blocks, bs, budgets=BUDGETS, widths=[4, 8], tree_acc=out.tree_acc)
-        flops += n * block_flops(cfg, prompt_len + n / 2) + context_flops(cfg, prompt_len + completion)
+    flops, pending = 0.0, None
+    for ids, feats in [*data, (None, None)]:  # as the eval does: the next prompt queued before this one's walks
+        queued = None if ids is None else enqueue_anchors(drafter, head, feats, ids, prompt_len, n, batch_size=batch,
+                                                          budgets=BUDGETS, widths=[4, 8])
+        if pending is not None:
+            out = pending[1].result()
+            metrics.prompt_metrics(out.drafts, out.target_rank, out.topk_logprobs, pending[0], prompt_len,
+                                   blocks, bs, budgets=BUDGETS, widths=[4, 8], tree_acc=out.tree_acc)
+            flops += n * block_flops(cfg, prompt_len + n / 2) + context_flops(cfg, prompt_len + completion)
+        pending = None if ids is None else (ids.cpu().numpy(), queued)
     sync(dev)
     secs = time.perf_counter() - t
     walk_rounds = prompts * blocks

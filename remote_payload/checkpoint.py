@@ -134,7 +134,7 @@ def _build(cfg: DrafterConfig, sd: dict[str, Tensor]) -> DFlashDrafter:
     with torch.device("meta"):
         model = DFlashDrafter(cfg)
     model.load_state_dict(sd, strict=True, assign=True)
-    return model.eval().requires_grad_(False)
+    return model.eval().requires_grad_(False).fuse_projections()
 
 
 def _expected_shapes(cfg: DrafterConfig) -> dict[str, tuple]:

@@ -4,8 +4,8 @@
   (differentiable, fp32-friendly; also what training uses).
 - `precompute_context` + `draft_hidden` + `logits_topk`: many anchors at once. Context K/V are computed
   ONCE per prompt (the context never passes through the layers) and shared by every anchor and round.
-  Each call writes only its blocks' K/V into slot rows after the context and runs one SDPA over
-  [context | slots] with a mask, so the context is never copied per anchor or round (a measured pitfall).
+  Each call runs one SDPA per layer over groups of 16 anchors, a group's keys being [context | its blocks]
+  under a mask: the context is copied once per group, never per anchor or round (a measured pitfall).
 
 Attention visibility (read from z-lab `dflash/model.py` `_attention_mask`, positions absolute):
 - full layers, `is_causal` unset: everything (all context, bidirectional inside the block);
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from remote_payload.config import DrafterConfig
-from remote_payload.kernels import row_logsumexp
+from remote_payload.kernels import fast_kernels_enabled, lse_topk
 
 
 @dataclass
@@ -65,6 +65,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
+        if fast_kernels_enabled(x) and x.dtype != torch.float32:
+            # one fused kernel (fp32 statistics, result rounded to x's dtype) instead of seven passes
+            return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -80,6 +83,15 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_attention_heads * d, H, bias=False)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.qkv_weight: Tensor | None = None  # [q|k|v, H], set by DFlashDrafter.fuse_projections
+
+    def qkv(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v projections of h: one GEMM over the fused weight when there is one and no gradient is
+        wanted (the parameters are views into it, so both paths read the same numbers)."""
+        if self.qkv_weight is None or (torch.is_grad_enabled() and self.q_proj.weight.requires_grad):
+            return self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        q, kv = self.q_proj.out_features, self.k_proj.out_features
+        return F.linear(h, self.qkv_weight).split([q, kv, kv], dim=-1)
 
 
 class MLP(nn.Module):
@@ -89,8 +101,13 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
+        self.gate_up_weight: Tensor | None = None  # [gate|up, H], set by DFlashDrafter.fuse_projections
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is None or (torch.is_grad_enabled() and self.gate_proj.weight.requires_grad):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class DecoderLayer(nn.Module):
@@ -143,6 +160,22 @@ class DFlashDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
+    @torch.no_grad()
+    def fuse_projections(self) -> DFlashDrafter:
+        """Store each layer's q/k/v and gate/up weights as one tensor (one GEMM each instead of three and two)
+        and make the parameters views into it: no second copy, state_dict and in-place updates unchanged."""
+        for layer in self.layers:
+            for owner, names, attr in ((layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv_weight"),
+                                       (layer.mlp, ("gate_proj", "up_proj"), "gate_up_weight")):
+                mods = [getattr(owner, n) for n in names]
+                fused = torch.cat([m.weight for m in mods])
+                row = 0
+                for m in mods:
+                    m.weight.data = fused[row:row + m.out_features]
+                    row += m.out_features
+                setattr(owner, attr, fused)
+        return self
+
     def _block_ids(self, bonus_ids: Tensor) -> Tensor:
         """bonus_ids [...] -> [..., bs]: the bonus token followed by bs-1 mask tokens."""
         ids = torch.full((*bonus_ids.shape, self.cfg.block_size), self.cfg.mask_token_id,
@@ -182,8 +215,7 @@ class DFlashDrafter(nn.Module):
     def precompute_context(self, feats: Tensor | list[Tensor], anchors_per_prompt: int = 1) -> ContextKV:
         """feats [T, n_fc*H] for one prompt, or a list of [T_i, n_fc*H] (padded to max T_i) -> ContextKV.
 
-        Reserves block slots for `anchors_per_prompt` anchors per `draft_hidden` call (it grows them if a
-        call needs more, at the cost of one copy of the buffers).
+        `anchors_per_prompt` is accepted for older callers; the blocks' K/V no longer live in the buffers.
         """
         cfg, dt = self.cfg, self.dtype
         kvh, d = cfg.num_key_value_heads, cfg.head_dim
@@ -195,7 +227,7 @@ class DFlashDrafter(nn.Module):
         host_lengths = tuple(int(f.shape[0]) for f in items)
         lengths = torch.tensor(host_lengths).to(device, non_blocking=True)
         T = max(host_lengths)
-        R = _rows(T, anchors_per_prompt * cfg.block_size)
+        R = _rows(T, 0)  # aligned for the attention kernels; rows >= T are zero
         cos, sin = rope_cos_sin(torch.arange(T, device=device), d, cfg.rope_theta)  # [T, d]
         ks: list[list[Tensor]] = [[] for _ in self.layers]
         vs: list[list[Tensor]] = [[] for _ in self.layers]
@@ -218,9 +250,9 @@ class DFlashDrafter(nn.Module):
         anchors/bonus_ids: [n] (ctx holds ONE prompt) or [B, m] (m anchors for each of ctx's B prompts;
         pad unused slots with any valid anchor, e.g. 1). Anchor a sees context positions 0..a-1, so
         1 <= a <= that prompt's length.
-        Each layer writes the blocks' K/V into ctx's slot rows (overwriting the previous call's) and runs
-        ONE SDPA over [context | slots] with a mask: the context is never copied. Autograd through two
-        calls on the same ctx is therefore not supported (train with one call per `precompute_context`).
+        Anchors go in groups of ATTN_GROUP: each layer runs ONE SDPA whose batch is the groups, each group's
+        keys being [context | its blocks] under a mask; the context is copied once per group, never per anchor
+        or round (a measured pitfall), and ctx is not written, so calls on one ctx are independent.
         bounds: (smallest, largest) anchor when the caller knows them: checked on the host, no device sync.
         """
         cfg, dt = self.cfg, self.dtype
@@ -241,76 +273,79 @@ class DFlashDrafter(nn.Module):
             if bool((anchors < 1).any()) or bool((anchors > ctx.lengths[:, None]).any()):
                 raise ValueError("every anchor a must satisfy 1 <= a <= its prompt's context length")
             a_min = int(anchors.min())
-        T, S = ctx.T, m * bs
-        _ensure_slots(ctx, S)
-        dev = anchors.device
-        x = F.embedding(self._block_ids(bonus_ids), head.embed).to(dt).view(B * m * bs, H)
-        q_pos = anchors[..., None] + torch.arange(bs, device=dev)  # [B, m, bs]
+        T = ctx.T
+        G = min(ATTN_GROUP, m)  # anchors sharing one attention call: their blocks' keys + the context
+        mp = -(-m // G) * G  # anchors padded to whole groups with copies of the last one (outputs dropped)
+        if mp != m:
+            anchors = torch.cat([anchors, anchors[:, -1:].expand(B, mp - m)], 1)
+            bonus_ids = torch.cat([bonus_ids, bonus_ids[:, -1:].expand(B, mp - m)], 1)
+        ng, dev = mp // G, anchors.device
+        x = F.embedding(self._block_ids(bonus_ids), head.embed).to(dt).view(B * mp * bs, H)
+        q_pos = anchors[..., None] + torch.arange(bs, device=dev)  # [B, mp, bs]
         cos, sin = rope_cos_sin(q_pos, d, cfg.rope_theta)
-        cos, sin = cos[..., None, :], sin[..., None, :]  # [B, m, bs, 1, d]: broadcast over heads
+        cos, sin = cos[..., None, :].to(dt), sin[..., None, :].to(dt)  # [B, mp, bs, 1, d]: broadcast over heads
         masks: dict[tuple, tuple[int, Tensor]] = {}
         for i, layer in enumerate(self.layers):
             att = layer.self_attn
             key = (cfg.layer_is_causal(i), cfg.layer_window(i))
             if key not in masks:
-                masks[key] = _slot_mask(anchors, q_pos, T, ctx.k[i].shape[2], g, a_min, *key)
-            lo, mask = masks[key]  # mask [B, 1, m*g*bs, R-lo]
+                masks[key] = _group_mask(anchors, q_pos, T, ctx.k[i].shape[2], G, g, a_min, *key)
+            lo, mask = masks[key]  # mask [B*ng, 1, G*g*bs, (R-lo) + G*bs]
 
             h = layer.input_layernorm(x)
-            q = apply_rope(att.q_norm(att.q_proj(h).view(B, m, bs, nh, d)), cos, sin)
-            kb = apply_rope(att.k_norm(att.k_proj(h).view(B, m, bs, kvh, d)), cos, sin)
-            vb = att.v_proj(h).view(B, m, bs, kvh, d)
-            K, V = ctx.k[i], ctx.v[i]  # [B, kvh, R, d]
-            K[:, :, T:T + S] = kb.permute(0, 3, 1, 2, 4).reshape(B, kvh, S, d)  # slot j*bs+k = anchor j, row k
-            V[:, :, T:T + S] = vb.permute(0, 3, 1, 2, 4).reshape(B, kvh, S, d)
+            qp, kp, vp = att.qkv(h)
+            q = apply_rope(att.q_norm(qp.view(B, mp, bs, nh, d)), cos, sin)
+            kb = apply_rope(att.k_norm(kp.view(B, mp, bs, kvh, d)), cos, sin)
+            vb = vp.view(B, mp, bs, kvh, d)
+            # keys of one group: the context (copied once per group, not per anchor) then its G blocks
+            K = torch.cat([ctx.k[i][:, None, :, lo:].expand(B, ng, kvh, -1, d),
+                           kb.view(B, ng, G * bs, kvh, d).transpose(2, 3)], dim=3).flatten(0, 1)
+            V = torch.cat([ctx.v[i][:, None, :, lo:].expand(B, ng, kvh, -1, d),
+                           vb.view(B, ng, G * bs, kvh, d).transpose(2, 3)], dim=3).flatten(0, 1)
             # GQA without repeating K/V: the g query heads sharing a kv head become extra query rows.
-            qg = q.view(B, m, bs, kvh, g, d).permute(0, 3, 1, 4, 2, 5).reshape(B, kvh, m * g * bs, d)
-            o = F.scaled_dot_product_attention(qg, K[:, :, lo:], V[:, :, lo:], attn_mask=mask, scale=d**-0.5)
-            o = o.view(B, kvh, m, g, bs, d).permute(0, 2, 4, 1, 3, 5).reshape(B * m * bs, nh * d)
+            qg = q.view(B, ng, G, bs, kvh, g, d).permute(0, 1, 4, 2, 5, 3, 6).reshape(B * ng, kvh, G * g * bs, d)
+            o = F.scaled_dot_product_attention(qg, K, V, attn_mask=mask, scale=d**-0.5)
+            o = o.view(B, ng, kvh, G, g, bs, d).permute(0, 1, 3, 5, 2, 4, 6).reshape(B * mp * bs, nh * d)
             x = x + att.o_proj(o)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if mp != m:
+            return self.norm(x.view(B, mp, bs, H)[:, :m]).view(*shape, bs, H)
         return self.norm(x).view(*shape, bs, H)
 
 
 _ALIGN_ROWS = 16  # SDPA's memory-efficient kernel wants the key length (mask's last dim) aligned
+# Anchors per attention call. All m anchors of a call in one SDPA made every query scan every block's keys
+# (m*bs of them, 2,048 at m = 128) besides the context; groups of 16 scan 256, for ng = m/16 copies of the
+# context keys (H200, 27B sizes: SDPA 1.77 -> see the issue note).
+ATTN_GROUP = 16
 
 
 def _rows(T: int, slots: int) -> int:
     return -(-(T + slots) // _ALIGN_ROWS) * _ALIGN_ROWS
 
 
-def _ensure_slots(ctx: ContextKV, slots: int) -> None:
-    """Grow the slot rows after the context if a call needs more (one copy, then reused)."""
-    R = ctx.k[0].shape[2]
-    if ctx.T + slots <= R:
-        return
-    pad = _rows(ctx.T, slots) - R
-    ctx.k = [F.pad(k, (0, 0, 0, pad)) for k in ctx.k]
-    ctx.v = [F.pad(v, (0, 0, 0, pad)) for v in ctx.v]
+def _group_mask(anchors: Tensor, q_pos: Tensor, T: int, R: int, G: int, g: int, a_min: int, causal: bool,
+                window: int | None) -> tuple[int, Tensor]:
+    """anchors [B, m], q_pos [B, m, bs] (m a multiple of G) -> (lo, mask [B*m/G, 1, G*g*bs, (R-lo) + G*bs]).
 
-
-def _slot_mask(anchors: Tensor, q_pos: Tensor, T: int, R: int, g: int, a_min: int, causal: bool,
-               window: int | None) -> tuple[int, Tensor]:
-    """anchors [B, m], q_pos [B, m, bs] -> (lo, mask [B, 1, m*g*bs, R-lo]) over keys lo..R-1, True = attend.
-
-    Rows [0, T): context, visible iff t < a (and q_pos - t < window). Rows [T, T+m*bs): block slots,
-    anchor j's own bs rows only, under the block rule (causal / window). The rest: never.
+    Keys of a group: context rows lo..R-1, visible iff t < a (and q_pos - t < window; rows >= T are padding,
+    never visible since a <= T), then the group's G blocks: anchor j's own bs rows only, under the block rule.
     `lo` skips context rows no query can see in a sliding layer (rounded down to keep alignment).
     """
     B, m, bs = q_pos.shape
-    dev = anchors.device
+    dev, ng = anchors.device, m // G
     lo = 0 if window is None else max(0, a_min - window + 1) // _ALIGN_ROWS * _ALIGN_ROWS
-    t = torch.arange(lo, T, device=dev)
-    vis_ctx = (t < anchors[..., None, None]).expand(B, m, bs, T - lo)  # [B, m, bs, T-lo]
+    t = torch.arange(lo, R, device=dev)
+    vis_ctx = (t < anchors[..., None, None]).expand(B, m, bs, R - lo)  # [B, m, bs, R-lo]
     if window is not None:
         vis_ctx = vis_ctx & (q_pos[..., None] - t < window)
     kk = torch.arange(bs, device=dev)
     rule = visible(kk[:, None], kk[None, :], causal=causal, window=window)  # [bs, bs]
-    own = torch.eye(m, dtype=torch.bool, device=dev)[:, None, :, None] & rule[None, :, None, :]  # [m, bs, m, bs]
-    vis_blk = own.reshape(1, m, bs, m * bs).expand(B, m, bs, m * bs)
-    never = torch.zeros(B, m, bs, R - T - m * bs, dtype=torch.bool, device=dev)
-    mask = torch.cat([vis_ctx, vis_blk, never], dim=-1)  # [B, m, bs, R-lo]
-    return lo, mask[:, None, :, None].expand(B, 1, m, g, bs, R - lo).reshape(B, 1, m * g * bs, R - lo)
+    own = torch.eye(G, dtype=torch.bool, device=dev)[:, None, :, None] & rule[None, :, None, :]  # [G, bs, G, bs]
+    vis_blk = own.reshape(1, 1, G, bs, G * bs).expand(B, ng, G, bs, G * bs)
+    mask = torch.cat([vis_ctx.reshape(B, ng, G, bs, R - lo), vis_blk], dim=-1)  # [B, ng, G, bs, L]
+    L = mask.shape[-1]
+    return lo, mask[:, :, :, None].expand(B, ng, G, g, bs, L).reshape(B * ng, 1, G * g * bs, L)
 
 
 def logits_topk(hidden: Tensor, head: TargetHead, k: int, target_ids: Tensor | None = None) -> DraftLogits:
@@ -325,8 +360,8 @@ def logits_topk(hidden: Tensor, head: TargetHead, k: int, target_ids: Tensor | N
     lead, (bs, H) = hidden.shape[:-2], hidden.shape[-2:]
     rows = hidden[..., 1:, :].contiguous().view(-1, H)  # [N*(bs-1), H]
     logits = F.linear(rows, head.lm_head.to(rows.dtype))  # [N*(bs-1), V]
-    lse = row_logsumexp(logits)  # fp32 [N, 1]; one pass over the logits on CUDA (kernels.py)
-    top_val, top_ids = logits.topk(k, dim=-1)
+    # logsumexp fp32 [N, 1]; the top-k by value descending, ties by the lower id (kernels.py: fused on CUDA)
+    lse, top_val, top_ids = lse_topk(logits, k)
     out_shape = (*lead, bs - 1)
     res = DraftLogits(
         argmax_ids=top_ids[:, 0].view(out_shape),

@@ -38,6 +38,48 @@ def test_fast_path_equals_naive(is_causal, kv_heads):
     torch.testing.assert_close(fast, naive, atol=ATOL, rtol=1e-4)
 
 
+def test_fused_projections_equal_the_separate_ones_and_keep_the_weights():
+    cfg = tiny_drafter_config(sliding_window=5)
+    model, head = random_drafter(cfg, seed=3), random_head(cfg)
+    feats = torch.randn(23, cfg.fc_in_features, generator=torch.Generator().manual_seed(1))
+    anchors = torch.tensor([1, 5, 12, 23])
+    bonus = torch.randint(0, cfg.vocab_size, (4,), generator=torch.Generator().manual_seed(2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        ref = _fast_logits(model, feats, anchors, bonus, head)
+        model.fuse_projections()
+        att, mlp = model.layers[0].self_attn, model.layers[0].mlp
+        assert att.qkv_weight is not None and mlp.gate_up_weight is not None
+        assert att.k_proj.weight.data_ptr() == att.qkv_weight[att.q_proj.out_features:].data_ptr()  # a view
+        fused = _fast_logits(model, feats, anchors, bonus, head)
+    assert fused.abs().max() > 0.5
+    torch.testing.assert_close(fused, ref, atol=ATOL, rtol=1e-4)
+    after = model.state_dict()
+    assert list(after) == list(before) and all(torch.equal(after[k], v) for k, v in before.items())
+    with torch.no_grad():  # an in-place update of a parameter reaches the fused weight (one storage)
+        model.layers[0].mlp.up_proj.weight.add_(1.0)
+    assert torch.equal(mlp.gate_up_weight[cfg.intermediate_size:], before["layers.0.mlp.up_proj.weight"] + 1.0)
+
+
+@pytest.mark.parametrize("m", [16, 37])  # whole groups; 3 groups with the last one padded
+def test_anchor_groups_equal_naive_across_prompts(m):
+    from remote_payload.drafter import ATTN_GROUP
+    assert ATTN_GROUP < m or m == ATTN_GROUP
+    cfg = tiny_drafter_config(sliding_window=7)
+    model, head = random_drafter(cfg, seed=m), random_head(cfg)
+    gen = torch.Generator().manual_seed(m)
+    lengths = [60, 45]
+    feats = [torch.randn(n, cfg.fc_in_features, generator=gen) for n in lengths]
+    anchors = torch.stack([torch.randint(1, n + 1, (m,), generator=gen) for n in lengths])  # [2, m], any order
+    bonus = torch.randint(0, cfg.vocab_size, anchors.shape, generator=gen)
+    with torch.no_grad():
+        hidden = model.draft_hidden(model.precompute_context(feats), anchors, bonus, head)  # [2, m, bs, H]
+        assert hidden.shape == (2, m, cfg.block_size, cfg.hidden_size)
+        for b in range(2):
+            naive = _naive_logits(model, feats[b], anchors[b], bonus[b], head)
+            torch.testing.assert_close(F.linear(hidden[b, :, 1:], head.lm_head), naive, atol=ATOL, rtol=1e-4)
+
+
 def test_multi_prompt_batch_equals_per_prompt():
     cfg = tiny_drafter_config()
     model, head = random_drafter(cfg, seed=3), random_head(cfg)

@@ -111,3 +111,63 @@ def test_eval_fast_kernels_equal_torch_kernels_in_bf16(trained_fixtures, tmp_pat
                     "position_hits"):
             assert [q[key] for q in fast["per_prompt"]] == [q[key] for q in ref["per_prompt"]], key
     assert ref["metrics"]["tau"] > 1.5  # the trained drafter drafts for real: the comparison is not vacuous
+
+
+def test_fused_rmsnorm_equals_the_reference_within_one_bf16_step(monkeypatch):
+    from remote_payload.drafter import RMSNorm
+    g = torch.Generator(device="cuda").manual_seed(2)
+    norm = RMSNorm(5120, 1e-6).cuda().bfloat16()
+    norm.weight.data = (torch.rand(5120, generator=g, device="cuda") + 0.5).bfloat16()
+    x = (torch.randn(2048, 5120, generator=g, device="cuda") * 3).bfloat16()
+    fast = norm(x)
+    monkeypatch.setenv("REVAL_TORCH_KERNELS", "1")
+    ref = norm(x)
+    assert fast.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(fast, ref, rtol=2**-6, atol=1e-5)  # fp32 statistics; two bf16 roundings (norm, scale)
+    assert (fast != ref).float().mean() < 0.01
+
+
+def test_fused_projections_on_cuda_equal_the_separate_ones():
+    from tests.tiny_models import random_drafter, random_head, tiny_drafter_config
+    cfg = tiny_drafter_config(hidden_size=256, intermediate_size=512, sliding_window=40)
+    model, head = random_drafter(cfg, seed=4), random_head(cfg)
+    model, head.embed, head.lm_head = model.cuda().bfloat16(), head.embed.cuda().bfloat16(), head.lm_head.cuda().bfloat16()
+    feats = torch.randn(300, cfg.fc_in_features, device="cuda").bfloat16()
+    anchors = torch.arange(100, 228, device="cuda")
+    bonus = torch.randint(0, cfg.vocab_size, (128,), device="cuda")
+    with torch.no_grad():
+        ref = model.draft_hidden(model.precompute_context(feats), anchors, bonus, head)
+        model.fuse_projections()
+        got = model.draft_hidden(model.precompute_context(feats), anchors, bonus, head)
+    assert ref.abs().max() > 0.5
+    torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_chunked_topk_on_cuda_equals_the_reference_at_the_27b_vocabulary():
+    from remote_payload.kernels import topk_chunk, topk_chunked, topk_reference
+    from tests.test_kernels import tricky_logits
+    V, k = 248320, 512
+    chunk = topk_chunk(V, k)
+    x = tricky_logits(8, V, torch.bfloat16, 0).cuda()
+    g = torch.Generator(device="cuda").manual_seed(5)
+    big = (torch.randn(1920, V, generator=g, device="cuda") * 2).bfloat16()  # bf16: many ties among 248k values
+    for logits in (x, big):
+        got, ref = topk_chunked(logits, k, chunk), topk_reference(logits, k)
+        assert torch.equal(got[1], ref[1]) and torch.equal(got[0], ref[0])
+    assert torch.equal(ref[1][:, 0], big.float().argmax(-1))
+
+
+@pytest.mark.parametrize("triton", ["0", "1"])
+def test_lse_topk_with_and_without_triton_equals_the_references(triton, monkeypatch):
+    from remote_payload import kernels
+    from tests.test_kernels import tricky_logits
+    monkeypatch.setenv("REVAL_TRITON", triton)
+    V, k = 248320, 512
+    x = tricky_logits(8, V, torch.bfloat16, 1).cuda()
+    g = torch.Generator(device="cuda").manual_seed(6)
+    big = (torch.randn(1920, V, generator=g, device="cuda") * 2).bfloat16()
+    for logits in (x, big):
+        lse, vals, ids = kernels.lse_topk(logits, k)
+        ref_v, ref_i = kernels.topk_reference(logits, k)
+        assert torch.equal(ids, ref_i) and torch.equal(vals, ref_v)
+        torch.testing.assert_close(lse, torch.logsumexp(logits.float(), -1, keepdim=True), rtol=1e-6, atol=1e-5)

@@ -188,14 +188,20 @@ def bench_eval(name, drafter, head, cfg, dev, dtype, prompts, blocks, prompt_len
                       budgets=BUDGETS)
     sync(dev)
     t = time.perf_counter()
-    flops, pending = 0.0, None
+    flops, pending, host = 0.0, None, {"queue": 0.0, "wait": 0.0, "walks": 0.0}
     for ids, feats in [*data, (None, None)]:  # as the eval does: the next prompt queued before this one's walks
+        t0 = time.perf_counter()
         queued = None if ids is None else enqueue_anchors(drafter, head, feats, ids, prompt_len, n, batch_size=batch,
                                                           budgets=BUDGETS, widths=[4, 8])
+        t1 = time.perf_counter()
+        host["queue"] += t1 - t0
         if pending is not None:
             out = pending[1].result()
+            t2 = time.perf_counter()
             metrics.prompt_metrics(out.drafts, out.target_rank, out.topk_logprobs, pending[0], prompt_len,
                                    blocks, bs, budgets=BUDGETS, widths=[4, 8], tree_acc=out.tree_acc)
+            host["wait"] += t2 - t1
+            host["walks"] += time.perf_counter() - t2
             flops += n * block_flops(cfg, prompt_len + n / 2) + context_flops(cfg, prompt_len + completion)
         pending = None if ids is None else (ids.cpu().numpy(), queued)
     sync(dev)
@@ -203,7 +209,8 @@ def bench_eval(name, drafter, head, cfg, dev, dtype, prompts, blocks, prompt_len
     walk_rounds = prompts * blocks
     return Row(name, prompts * n, secs, flops,
                f"{prompts} prompts x {n} anchors; the walk's {walk_rounds} rounds take "
-               f"{secs / walk_rounds * 1e3:.2f} ms each")
+               f"{secs / walk_rounds * 1e3:.2f} ms each; host: queue {host['queue']:.2f}s, wait "
+               f"{host['wait']:.2f}s, walks {host['walks']:.2f}s")
 
 
 @torch.inference_mode()

@@ -313,7 +313,9 @@ class DFlashDrafter(nn.Module):
         return self.norm(x).view(*shape, bs, H)
 
 
-_ALIGN_ROWS = 16  # SDPA's memory-efficient kernel wants the key length (mask's last dim) aligned
+# Key rows are aligned to 128: SDPA's kernels want the key length aligned, and cuDNN's attention builds a plan
+# for every new shape (CPU time at a new prompt length or sliding-window offset); 128 keeps the shapes few.
+_ALIGN_ROWS = 128
 # Anchors per attention call. All m anchors of a call in one SDPA made every query scan every block's keys
 # (m*bs of them, 2,048 at m = 128) besides the context; groups of 16 scan 256, for ng = m/16 copies of the
 # context keys (H200, 27B sizes: SDPA 1.77 -> see the issue note).

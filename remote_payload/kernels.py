@@ -90,12 +90,13 @@ def _use_triton() -> bool:
     return wanted and bool(_load_triton())
 
 
-def row_logsumexp(logits: Tensor) -> Tensor:
+def row_logsumexp(logits: Tensor, top_ids: Tensor | None = None) -> Tensor:
     """[N, V] (any float dtype) -> logsumexp over V in fp32, [N, 1].
 
     CUDA: fused. With Triton (where `plan` chose it), one pass over the logits; otherwise from torch's fused
-    log-softmax (its own fp32 max/sum, one fp32 write, no fp32 copy of the input): lse = x[:, 0] - logsm[:, 0].
-    Both equal `logsumexp(logits.float())` within fp32 rounding (tests/gpu)."""
+    log-softmax (its own fp32 max/sum, one fp32 write, no fp32 copy of the input): lse = x[j] - logsm[j] at
+    each row's maximal column j (`top_ids` [N, 1] when the caller has them; a column holding -inf would give
+    -inf - -inf). Both equal `logsumexp(logits.float())` within fp32 rounding (tests/gpu)."""
     if not (fast_kernels_enabled(logits) and logits.dim() == 2 and logits.stride(1) == 1 and logits.shape[0]):
         return torch.logsumexp(logits.float(), dim=-1, keepdim=True)
     if _use_triton():
@@ -104,8 +105,9 @@ def row_logsumexp(logits: Tensor) -> Tensor:
         _load_triton()[(n,)](logits, out, out, v, logits.stride(0), 0, BLOCK=2048, CHUNK=64, WANT_MAX=False,
                              num_warps=8)
         return out[:, None]
-    logsm0 = torch.log_softmax(logits, dim=-1, dtype=torch.float32)[:, :1]
-    return logits[:, :1].float() - logsm0
+    j = logits.argmax(-1, keepdim=True) if top_ids is None else top_ids
+    logsm = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    return logits.gather(1, j).float() - logsm.gather(1, j)
 
 
 def _order_keys(x: Tensor) -> Tensor:
@@ -202,4 +204,5 @@ def lse_topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
         _load_triton()[(n,)](logits, lse, cmax, v, logits.stride(0), v // LSE_CHUNK, BLOCK=2048, CHUNK=LSE_CHUNK,
                              WANT_MAX=True, num_warps=8)
         return (lse[:, None], *topk_from_chunk_max(logits, k, LSE_CHUNK, cmax))
-    return (row_logsumexp(logits), *row_topk(logits, k))
+    vals, ids = row_topk(logits, k)
+    return row_logsumexp(logits, ids[:, :1]), vals, ids

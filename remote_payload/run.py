@@ -199,7 +199,8 @@ class Drafted:
     batch_size: int
 
 
-def load_inputs(opts: EvalOptions, rep: Reporter) -> Inputs:
+def open_inputs(opts: EvalOptions, rep: Reporter) -> tuple:
+    """Steps 1-2: (tokenizer, cache, the prompts evaluated)."""
     rep.step(1, "tokenizer", "Loading tokenizer...")
     tok = load_tokenizer(opts.target)
     rep.line(f"  vocab_size={tok.get_vocab_size() if tok else 'n/a (no tokenizer.json: tokens shown as ids)'}")
@@ -213,6 +214,12 @@ def load_inputs(opts: EvalOptions, rep: Reporter) -> Inputs:
                  f"{len(cache.prompts)}")
     rep.line(f"  Got {len(prompts)} valid completions (layers {cache.layer_ids}, hidden {cache.hidden_size})")
 
+    return tok, cache, prompts
+
+
+def feature_pass(opts: EvalOptions, cache, prompts: list, rep: Reporter) -> dict:
+    """Step 3: every prompt's features validated and summarised ({name: {mean, std}}); runs beside the
+    weight load (`evaluate`)."""
     rep.step(3, "load_cache", f"Loading cached hidden states from {opts.cache}...")
     # Validated and summarised here, not kept: the eval re-reads each prompt with only the drafter's layers
     # (page-cache warm), so host memory holds one prompt's features at a time.
@@ -227,7 +234,7 @@ def load_inputs(opts: EvalOptions, rep: Reporter) -> Inputs:
         del feats_all
         rep.line(f"  [{i + 1}/{len(prompts)}] {p.name}: {p.seq_len} tokens aux_mean={mean:.4f} aux_std={std:.4f}",
                  stage="load_cache", step=3, steps=STEPS, i=i + 1, n=len(prompts))
-    return Inputs(tok, cache, prompts, feature_stats)
+    return feature_stats
 
 
 def batch_size(opts: EvalOptions, device: torch.device) -> int:
@@ -235,12 +242,11 @@ def batch_size(opts: EvalOptions, device: torch.device) -> int:
     return opts.batch_size or (128 if device.type == "cuda" else 32)
 
 
-def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torch.dtype, rep: Reporter) -> Loaded:
-    rep.step(4, "load_drafter", f"Loading drafter {opts.drafter}...")
+def read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.dtype) -> tuple:
+    """The weight load of step 4 and the warm-up on `first` prompt's shapes (anchors.warmup_mode), printing
+    nothing (it runs beside step 3): (drafter, info, head, hinfo, warm-up [(seconds, parts)], seconds)."""
     t_load = time.perf_counter()
-    cache = inp.cache
     batch = batch_size(opts, device)
-    first = inp.prompts[0]
     warmed = []
 
     def warm(peek, model=None, head=None) -> None:  # the first prompt's shapes, so the eval starts warm
@@ -255,6 +261,15 @@ def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torc
     drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype, warm_up=warm)
     if warmup_mode() == "after":
         warm(drafter.cfg, drafter, head)
+    return drafter, info, head, hinfo, warmed, time.perf_counter() - t_load
+
+
+def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torch.dtype, rep: Reporter,
+               weights) -> Loaded:
+    """Step 4: the checks and the log of the weights `read_weights` loaded (a Future or its tuple)."""
+    rep.step(4, "load_drafter", f"Loading drafter {opts.drafter}...")
+    drafter, info, head, hinfo, warmed, load_s = weights.result() if hasattr(weights, "result") else weights
+    cache = inp.cache
     cfg = drafter.cfg
     check_features(cfg, cache.layer_ids, cache.hidden_size)  # names dims and layer ids on a mismatch
     rep.line(f"  layout={info.layout} params={info.num_parameters:,} fc layers {cfg.fc_layer_ids} "
@@ -272,7 +287,6 @@ def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torc
                  f"({(cache.meta.get('target') or {}).get('path')}); check --target", stage="warning")
     e_mean, e_std = _stats(head.embed)
     rep.line(f"  embed_tokens: mean={e_mean:.4f} std={e_std:.4f}")
-    load_s = time.perf_counter() - t_load
     how = "after it" if warmup_mode() == "after" else "beside it"
     parts = " ".join(f"{k} {v:.2f}s" for k, v in warmed[0][1].items()) if warmed else ""
     rep.line(f"  loaded in {load_s:.2f}s" + (f" (kernels warmed up {how} in {warmed[0][0]:.2f}s: {parts})"
@@ -373,8 +387,16 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     t0 = time.perf_counter()
     device, dtype = resolve_device_dtype(opts.device, opts.dtype)
     rep.line(f"DFlash drafter eval · {opts.name} · device {device} ({dtype_name(dtype)})")
-    inp = load_inputs(opts, rep)
-    mod = load_model(opts, inp, device, dtype, rep)
+    tok, cache, prompts = open_inputs(opts, rep)
+    # the weights load (and the kernels warm up) on a thread while this one validates the features (step 3)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-weights") as ex:
+        weights = ex.submit(read_weights, opts, prompts[0], device, dtype)
+        try:
+            inp = Inputs(tok, cache, prompts, feature_pass(opts, cache, prompts, rep))
+        except BaseException:
+            weights.cancel()
+            raise
+        mod = load_model(opts, inp, device, dtype, rep, weights)
     ev = eval_prompts(opts, inp, mod, device, dtype, rep)
     m = metrics.aggregate(ev.per_prompt, mod.drafter.cfg.block_size)
     health = assess_health(m, ev.drafts, ev.targets, inp.tok, rep)

@@ -46,7 +46,8 @@ DEFINITIONS: dict[str, str] = {
     "ddtree_tau": "per node budget B: tau (macro) of the acceptance walk with a DDTree draft tree of the B most "
     "probable prefixes under the product of the per-position draft distributions (bonus root not counted; "
     "equal scores: the lexicographically smaller rank tuple first; the rank-r child is the r-th token of the "
-    "drafter's top-k order); a round accepts while the target's token is a child",
+    "drafter's top-k order: logit descending, equal logits by the lower token id); a round accepts while the "
+    "target's token is a child",
     "ddtree_best": "the budget with the largest ddtree_tau (equal tau: the smaller budget), and that tau",
     "tree_width_tau": "per width k: tau (macro) of the acceptance walk with a tree that keeps the top-k draft "
     "tokens at every depth; a round accepts while g at that depth is among them (rank < k)",

@@ -13,7 +13,6 @@ Default file: `-i FILE` > $REVAL_HOSTS > ./hosts.yaml > the built-in `local` hos
 """
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 import yaml
 
 from .errors import ConfigError
+from .inventory_slurm import SlurmSpec, parse_slurm
+from .yamlcheck import Checker, did_you_mean
 
 VENV_MODES = ("managed", "python")
 HOST_KEY_POLICIES = ("strict", "accept-new")
@@ -34,22 +35,6 @@ class VenvSpec:
     system_site_packages: bool = False  # reuse the server's own CUDA torch
     wheelhouse: str | None = None  # local folder of wheels pushed to servers without a registry
     path: str | None = None        # where venvs live (default <workdir>/venvs)
-
-
-@dataclass
-class SlurmSpec:
-    """A cluster's job settings (`slurm:` in a host entry): the host is its login node, the workdir is on
-    the shared filesystem, and every run is a Slurm job with these options."""
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: str | None = None        # --time (Slurm's formats: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]])
-    gpus: int | None = None        # --gpus=N per job
-    gres: str | None = None        # --gres=gpu[:type]:N per job (instead of gpus)
-    cpus: int | None = None        # --cpus-per-task
-    mem: str | None = None         # --mem (e.g. 64G)
-    max_running: int = 4           # a sweep's job array runs at most this many at once (--array=...%K)
-    sbatch: list = field(default_factory=list)  # more `#SBATCH` options, one per item
 
 
 @dataclass
@@ -94,7 +79,7 @@ class Inventory:
         if name in self.hosts:
             return self.hosts[name]
         raise ConfigError(f"unknown host {name!r} in {self.path or 'the built-in inventory'}"
-                          + _did_you_mean(name, self.hosts), hint=f"known hosts: {', '.join(self.hosts)}")
+                          + did_you_mean(name, self.hosts), hint=f"known hosts: {', '.join(self.hosts)}")
 
     def __getitem__(self, name: str) -> Host:
         return self.get(name)
@@ -112,7 +97,7 @@ class Inventory:
             return [self.hosts[h] for h in self.groups[name]]
         known = list(self.hosts) + list(self.groups)
         raise ConfigError(f"unknown host or group {name!r} in {self.path or 'the built-in inventory'}"
-                          + _did_you_mean(name, known),
+                          + did_you_mean(name, known),
                           hint=f"hosts: {', '.join(self.hosts)}" + (f"; groups: {', '.join(self.groups)}"
                                                                      if self.groups else ""))
 
@@ -175,113 +160,11 @@ _VENV_KEYS = {
     "wheelhouse": ((str,), "a local folder of wheels"),
     "path": ((str,), "a directory on the host"),
 }
-_SLURM_KEYS = {
-    "partition": ((str,), "a partition name"),
-    "account": ((str,), "an account name"),
-    "qos": ((str,), "a QOS name"),
-    "time": ((str, int), "a time limit like 2:00:00, 90 (minutes) or 1-12:00:00"),
-    "gpus": ((int,), "GPUs per job (a number)"),
-    "gres": ((str,), "a gres spec like gpu:1 or gpu:a100:2"),
-    "cpus": ((int,), "CPUs per job (a number)"),
-    "mem": ((str, int), "memory per job like 64G or 16000M"),
-    "max_running": ((int,), "how many of a sweep's array tasks may run at once (a number)"),
-    "sbatch": ((list,), "a list of sbatch options like --constraint=h100"),
-}
-# Options reval sets itself in every batch script (a run's output, its array, its name and directory).
-SBATCH_OWNED = ("--output", "--error", "--open-mode", "--array", "--job-name", "--chdir", "--parsable", "--wrap",
-                "-o", "-e", "-a", "-J", "-D")
-_SLURM_WORD = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
-_SLURM_TIME = re.compile(r"^(\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$", re.IGNORECASE)
-_SLURM_MEM = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
-_SLURM_GRES = re.compile(r"^[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)*$")
 _TOP_KEYS = ("hosts", "groups")
 
 
-def _did_you_mean(word: str, options) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f" — did you mean {close[0]!r}?" if close else ""
-
-
-class _Problem(Exception):
-    """One problem found while checking (collected by _Checker.collect, so that the walk goes on)."""
-
-    def __init__(self, error: ConfigError):
-        super().__init__(str(error))
-        self.error = error
-
-
-class _Checker:
-    """Walks the composed yaml node tree so that every error can name its line; collects them all."""
-
-    def __init__(self, text: str, path: str):
-        self.path = path
-        self.loader = yaml.SafeLoader(text)
-        self.problems: list[ConfigError] = []
-
-    def fail(self, node, msg: str, hint: str | None = None):
-        line = node.start_mark.line + 1 if node is not None else 1
-        raise _Problem(ConfigError(f"{self.path} line {line}: {msg}", hint=hint))
-
-    def collect(self, fn, *args, **kw):
-        """fn(*args, **kw), or None after recording the problem it raised."""
-        try:
-            return fn(*args, **kw)
-        except _Problem as p:
-            self.problems.append(p.error)
-            return None
-
-    def raise_problems(self) -> None:
-        if self.problems:
-            first, *more = self.problems
-            raise ConfigError(str(first), hint=first.hint, more=more)
-
-    def value(self, node):
-        try:
-            return self.loader.construct_object(node, deep=True)
-        except yaml.YAMLError as e:  # e.g. a tag SafeLoader refuses (!!python/object)
-            self.fail(node, f"cannot read this value ({getattr(e, 'problem', None) or e})")
-
-    def mapping(self, node, what: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
-        """[(key, key_node, value_node)] of a mapping node; duplicate keys are an error (PyYAML keeps the last)."""
-        if not isinstance(node, yaml.MappingNode):
-            self.fail(node, f"{what} must be a mapping (key: value lines)")
-        seen: dict[str, yaml.Node] = {}
-        out = []
-        for k, v in node.value:
-            key = self.collect(self.value, k)
-            if not isinstance(key, str):
-                self.collect(self.fail, k, f"{what}: key {key!r} must be a name")
-            elif key in seen:
-                self.collect(self.fail, k, f"duplicate {what} key {key!r} (first at line "
-                             f"{seen[key].start_mark.line + 1})",
-                             hint="yaml keeps only the last one: remove or rename one of them")
-            else:
-                seen[key] = k
-                out.append((key, k, v))
-        return out
-
-    def section(self, node, host: str, what: str, keys: dict):
-        """(key, value node, typed value) of a host's nested mapping (venv:, slurm:); unknown keys fail."""
-        for key, kn, vn in self.mapping(node, f"host {host!r} {what}"):
-            if key not in keys:  # recorded; the other keys are still checked
-                self.collect(self.fail, kn, f"unknown key {key!r} in host {host!r} {what}{_did_you_mean(key, keys)}",
-                             hint=f"{what} keys: {', '.join(keys)}")
-                continue
-            types, expect = keys[key]
-            try:
-                yield key, vn, self.typed(vn, types, f"host {host!r}: {what}.{key}", expect)
-            except _Problem as p:
-                self.problems.append(p.error)
-
-    def typed(self, node, types: tuple, where: str, expect: str):
-        val = self.value(node)
-        if isinstance(val, bool) and bool not in types or not isinstance(val, types):
-            self.fail(node, f"{where} must be {expect}, got {type(val).__name__} {val!r}")
-        return val
-
-
 def parse_inventory(text: str, path: str = "hosts.yaml") -> Inventory:
-    c = _Checker(text, path)
+    c = Checker(text, path)
     try:
         root = c.loader.get_single_node()
     except yaml.YAMLError as e:
@@ -295,11 +178,11 @@ def parse_inventory(text: str, path: str = "hosts.yaml") -> Inventory:
     return inv
 
 
-def _parse_root(c: _Checker, root, path: str) -> Inventory:
+def _parse_root(c: Checker, root, path: str) -> Inventory:
     top = {}
     for key, knode, vnode in c.mapping(root, "top-level"):
         if key not in _TOP_KEYS:
-            c.collect(c.fail, knode, f"unknown top-level key {key!r}{_did_you_mean(key, _TOP_KEYS)}",
+            c.collect(c.fail, knode, f"unknown top-level key {key!r}{did_you_mean(key, _TOP_KEYS)}",
                       "top-level keys: hosts, groups")
         top[key] = (knode, vnode)
     if "hosts" not in top:
@@ -326,7 +209,7 @@ def _parse_root(c: _Checker, root, path: str) -> Inventory:
     return Inventory(path, hosts, groups)
 
 
-def _parse_group(c: _Checker, gname: str, knode, vnode, names: list[str]) -> list[str]:
+def _parse_group(c: Checker, gname: str, knode, vnode, names: list[str]) -> list[str]:
     if gname in names:
         c.fail(knode, f"group {gname!r} has the name of a host", hint="rename the group or the host")
     if not isinstance(vnode, yaml.SequenceNode):
@@ -336,12 +219,12 @@ def _parse_group(c: _Checker, gname: str, knode, vnode, names: list[str]) -> lis
         member = c.collect(c.value, item)
         if member not in names:
             c.collect(c.fail, item, f"group {gname!r} names unknown host {member!r}"
-                      f"{_did_you_mean(str(member), names)}", f"known hosts: {', '.join(map(str, names))}")
+                      f"{did_you_mean(str(member), names)}", f"known hosts: {', '.join(map(str, names))}")
         members.append(member)
     return members
 
 
-def _parse_host(c: _Checker, name: str, knode, vnode, base_dir: Path) -> Host:
+def _parse_host(c: Checker, name: str, knode, vnode, base_dir: Path) -> Host:
     if vnode is None or isinstance(vnode, yaml.ScalarNode) and c.value(vnode) is None:
         c.fail(knode, f"host {name!r} has no settings", hint="give it `ssh: ALIAS` or `address: HOST` (or local: true)")
     host = Host(name=name)
@@ -352,11 +235,11 @@ def _parse_host(c: _Checker, name: str, knode, vnode, base_dir: Path) -> Host:
     return host
 
 
-def _host_key(c: _Checker, host: Host, given: dict, key: str, kn, vn, base_dir: Path) -> None:
+def _host_key(c: Checker, host: Host, given: dict, key: str, kn, vn, base_dir: Path) -> None:
     """One `key: value` of a host, checked and set on `host`."""
     name = host.name
     if key not in _HOST_KEYS:
-        c.fail(kn, f"unknown key {key!r} in host {name!r}{_did_you_mean(key, _HOST_KEYS)}",
+        c.fail(kn, f"unknown key {key!r} in host {name!r}{did_you_mean(key, _HOST_KEYS)}",
                hint=f"host keys: {', '.join(_HOST_KEYS)}")
     given[key] = vn  # given, even when its value is refused below: no second error for a missing key
     attr, types, expect = _HOST_KEYS[key]
@@ -365,7 +248,7 @@ def _host_key(c: _Checker, host: Host, given: dict, key: str, kn, vn, base_dir: 
         val = _parse_venv(c, name, vn, base_dir)
     elif key == "host_key" and val not in HOST_KEY_POLICIES:
         c.fail(vn, f"host {name!r}: host_key {val!r} is not one of {', '.join(HOST_KEY_POLICIES)}"
-               + _did_you_mean(val, HOST_KEY_POLICIES))
+               + did_you_mean(val, HOST_KEY_POLICIES))
     elif key == "port" and not 0 < val < 65536:
         c.fail(vn, f"host {name!r}: port {val} is out of range 1-65535")
     elif key == "gpus":
@@ -380,11 +263,11 @@ def _host_key(c: _Checker, host: Host, given: dict, key: str, kn, vn, base_dir: 
     elif key == "tags":
         val = [str(t) for t in val]
     elif key == "slurm":
-        val = _parse_slurm(c, name, vn)
+        val = parse_slurm(c, name, vn)
     setattr(host, attr, val)
 
 
-def _check_host(c: _Checker, host: Host, knode, given: dict) -> None:
+def _check_host(c: Checker, host: Host, knode, given: dict) -> None:
     """What a host's keys must be together."""
     name = host.name
     if "ssh" in given and "address" in given:
@@ -404,17 +287,17 @@ def _check_host(c: _Checker, host: Host, knode, given: dict) -> None:
         host.python = sys.executable
 
 
-def _parse_venv(c: _Checker, name: str, node, base_dir: Path) -> VenvSpec:
+def _parse_venv(c: Checker, name: str, node, base_dir: Path) -> VenvSpec:
     spec = VenvSpec()
     for key, vn, val in c.section(node, name, "venv", _VENV_KEYS):
         c.collect(_venv_key, c, spec, name, key, vn, val, base_dir)
     return spec
 
 
-def _venv_key(c: _Checker, spec: VenvSpec, name: str, key: str, vn, val, base_dir: Path) -> None:
+def _venv_key(c: Checker, spec: VenvSpec, name: str, key: str, vn, val, base_dir: Path) -> None:
     if key == "mode" and val not in VENV_MODES:
         c.fail(vn, f"host {name!r}: venv.mode {val!r} is not one of {', '.join(VENV_MODES)}"
-               + _did_you_mean(val, VENV_MODES))
+               + did_you_mean(val, VENV_MODES))
     if key == "wheelhouse":
         val = str((base_dir / os.path.expanduser(val)).resolve())  # relative to the inventory file
     if key == "path" and not val.startswith("/"):
@@ -424,7 +307,7 @@ def _venv_key(c: _Checker, spec: VenvSpec, name: str, key: str, vn, val, base_di
     setattr(spec, key, val)
 
 
-def _parse_gpus(c: _Checker, name: str, node, val) -> str:
+def _parse_gpus(c: Checker, name: str, node, val) -> str:
     if isinstance(val, str):
         if val in ("auto", "none"):
             return val
@@ -439,40 +322,3 @@ def _parse_gpus(c: _Checker, name: str, node, val) -> str:
     return ",".join(p.strip() for p in parts)
 
 
-def _parse_slurm(c: _Checker, name: str, node) -> SlurmSpec:
-    spec = SlurmSpec()
-    where = f"host {name!r}: slurm"
-    for key, vn, val in c.section(node, name, "slurm", _SLURM_KEYS):
-        if isinstance(val, int) and key in ("time", "mem"):
-            val = str(val)
-        if key in ("partition", "account", "qos") and not _SLURM_WORD.match(val):
-            c.fail(vn, f"{where}.{key} {val!r} is not a {key} name (letters, digits, . _ + -)")
-        elif key == "time" and not _SLURM_TIME.match(val):
-            c.fail(vn, f"{where}.time {val!r} is not a Slurm time limit",
-                   hint="e.g. time: '2:00:00' (h:m:s), 90 (minutes), '1-12:00:00' (days-h:m:s)")
-        elif key == "mem" and not _SLURM_MEM.match(val):
-            c.fail(vn, f"{where}.mem {val!r} is not a memory size", hint="e.g. mem: 64G or mem: 16000M")
-        elif key == "gres" and not _SLURM_GRES.match(val):
-            c.fail(vn, f"{where}.gres {val!r} is not a gres spec", hint="e.g. gres: 'gpu:1' or gres: 'gpu:a100:2'")
-        elif key in ("gpus", "cpus", "max_running") and val < (0 if key == "gpus" else 1):
-            c.fail(vn, f"{where}.{key} must be at least {0 if key == 'gpus' else 1}, got {val}")
-        elif key == "sbatch":
-            val = _parse_sbatch_lines(c, where, vn)
-        setattr(spec, key, val)
-    if spec.gpus is not None and spec.gres is not None:
-        c.fail(node, f"{where}: give either gpus (--gpus=N) or gres (--gres=...), not both")
-    return spec
-
-
-def _parse_sbatch_lines(c: _Checker, where: str, node) -> list[str]:
-    out = []
-    for item in node.value:
-        line = c.value(item)
-        if not isinstance(line, str) or not line.startswith("-") or any(ch in line for ch in "\n\r\0"):
-            c.fail(item, f"{where}.sbatch: {line!r} is not an sbatch option", hint="e.g. sbatch: [--constraint=h100]")
-        opt = line.split("=", 1)[0].split()[0]
-        if opt in SBATCH_OWNED:
-            c.fail(item, f"{where}.sbatch: reval sets {opt} itself (a run's log, array and directory)",
-                   hint="remove it; partition, account, qos, time, gpus, cpus, mem have their own keys")
-        out.append(line)
-    return out

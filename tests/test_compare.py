@@ -276,7 +276,7 @@ def test_plot_is_a_png_with_one_curve_per_run(runs_dir, tmp_path, capsys):
 
 
 def test_summary_line():
-    r = make_results("x", quality=0.8)
+    r = make_results("x", quality=0.8, num_prompts=1)  # one prompt: no interval to show
     m = r["metrics"]
     m.update(tau=8.37, streak=7.37, ddtree_best={"budget": 512, "tau": 12.38}, tree_width_tau={"4": 10.0, "8": 11.9},
              position_1_accuracy=0.92, num_rounds=300, num_prompts=10)
@@ -284,6 +284,27 @@ def test_summary_line():
                                       "position-1 accuracy 0.920 · 300 blocks, 10 prompts")
     r["health"] = {"suspect": True, "reasons": ["drafts repeat one token"]}
     assert report.summary_line(r).endswith(" · SUSPECT (drafts repeat one token)")
+
+
+def test_summary_line_carries_the_bootstrap_intervals_of_the_numbers_it_shows():
+    import re
+
+    from orchestrator import intervals
+    from remote_payload.results import Result
+    r = make_results("x", quality=0.8, num_prompts=10)
+    line = report.summary_line(r)
+    est = intervals.estimates(Result.from_dict(r))
+    m = r["metrics"]
+    for label, key, value, digits in (("tau", "tau", m["tau"], 2),
+                                      (f"DDTree-{m['ddtree_best']['budget']}", "ddtree_best", m["ddtree_best"]["tau"], 2),
+                                      ("width-8", "width_8", m["tree_width_tau"]["8"], 2),
+                                      ("position-1 accuracy", "pos1_acc", m["position_1_accuracy"], digits := 3)):
+        got = re.search(re.escape(label) + r" ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]", line)
+        assert got, (label, line)
+        lo, hi = float(got.group(2)), float(got.group(3))
+        assert lo <= float(got.group(1)) <= hi and lo < hi, label  # the estimate lies inside its interval
+        assert (round(est[key].lo, digits), round(est[key].hi, digits)) == (lo, hi), label
+    assert re.search(r"· streak [0-9.]+ · ", line)  # streak shown without one: it is tau's, shifted by 1
 
 
 def test_compare_modules_do_not_import_torch():

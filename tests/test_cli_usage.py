@@ -120,3 +120,15 @@ comp reval sweep --hosts b
                                      "bash zsh", "boxes"]
     rc, zsh, _ = reval(capsys, "completion", "zsh")
     assert zsh.startswith("#compdef reval") and "bashcompinit" in zsh and "_reval()" in zsh
+
+
+def test_hosts_lists_what_a_cluster_job_asks_for_not_a_gpu_setting(here, capsys):
+    (here / "h.yaml").write_text("hosts:\n  box: {address: 127.0.0.2, gpus: [0, 1]}\n"
+                                 "  hpc: {address: 127.0.0.3, slurm: {partition: gpu, gpus: 2}}\n"
+                                 "  hpc2: {address: 127.0.0.4, slurm: {gres: 'gpu:a100:1'}}\n")
+    rc, out, err = reval(capsys, "-i", "h.yaml", "hosts")
+    assert rc == 0, err
+    cells = [[c.strip() for c in line.split("│")] for line in out.splitlines() if line.count("│") > 2]
+    rows = {c[1]: " ".join(c) for c in cells}  # cell 1: the host name (rich table, wrapped cells joined)
+    assert "0,1" in rows["box"] and "Slurm, per job --gpus=2 on gpu" in rows["hpc"]
+    assert "Slurm, per job --gres=gpu:a100:1" in rows["hpc2"] and "auto" not in rows["hpc"] + rows["hpc2"]

@@ -40,8 +40,17 @@ def inventory_table(inv: Inventory) -> Table:
     for h in inv.hosts.values():
         venv = h.venv.mode + (" +system-site" if h.venv.system_site_packages else "") + \
             (" +wheelhouse" if h.venv.wheelhouse else "")
-        t.add_row(h.name, describe_address(h), h.workdir, f"{h.python} ({venv})", h.gpus, ", ".join(h.tags))
+        t.add_row(h.name, describe_address(h), h.workdir, f"{h.python} ({venv})", gpus_cell(h), ", ".join(h.tags))
     return t
+
+
+def gpus_cell(h) -> str:
+    """The `gpus` column: the host's setting, or for a Slurm cluster what each job asks for (Slurm assigns them)."""
+    s = h.slurm
+    if s is None:
+        return h.gpus
+    ask = f"--gpus={s.gpus}" if s.gpus is not None else f"--gres={s.gres}" if s.gres else "no GPU asked"
+    return f"Slurm, per job {ask}" + (f" on {s.partition}" if s.partition else "")
 
 
 def gpu_summary(r: HostCheck) -> str:

@@ -298,10 +298,11 @@ def test_summary_line_carries_the_bootstrap_intervals_of_the_numbers_it_shows():
     for label, key, value, digits in (("tau", "tau", m["tau"], 2),
                                       (f"DDTree-{m['ddtree_best']['budget']}", "ddtree_best", m["ddtree_best"]["tau"], 2),
                                       ("width-8", "width_8", m["tree_width_tau"]["8"], 2),
-                                      ("position-1 accuracy", "pos1_acc", m["position_1_accuracy"], digits := 3)):
+                                      ("position-1 accuracy", "pos1_acc", m["position_1_accuracy"], 3)):
         got = re.search(re.escape(label) + r" ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]", line)
         assert got, (label, line)
         lo, hi = float(got.group(2)), float(got.group(3))
+        assert float(got.group(1)) == round(value, digits), label
         assert lo <= float(got.group(1)) <= hi and lo < hi, label  # the estimate lies inside its interval
         assert (round(est[key].lo, digits), round(est[key].hi, digits)) == (lo, hi), label
     assert re.search(r"· streak [0-9.]+ · ", line)  # streak shown without one: it is tau's, shifted by 1

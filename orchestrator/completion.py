@@ -44,7 +44,8 @@ def _commands(parser: argparse.ArgumentParser) -> list[str]:
 def bash_script(parser: argparse.ArgumentParser, prog: str = "reval") -> str:
     """A bash completion script for `prog` (pure)."""
     cases = []
-    hosts_words = f'"$({prog} hosts --names 2>/dev/null)"'
+    # the hosts of the inventory named on the line being completed (-i FILE), else the default one
+    hosts_words = '"$(' + prog + ' ${inv:+-i "$inv"} hosts --names 2>/dev/null)"'
     takes_value = sorted({s for a in parser._actions if a.option_strings and a.nargs != 0 for s in a.option_strings})
     tree = [("", parser)] + [(sp.prog.split(" ", 1)[1], sp) for _, sp in subparsers(parser)]
     for path, sp in tree:
@@ -69,11 +70,16 @@ def bash_script(parser: argparse.ArgumentParser, prog: str = "reval") -> str:
     return f"""# {prog} completion for bash (and zsh through bashcompinit). Install:
 #   {prog} completion bash > ~/.local/share/bash-completion/completions/{prog}
 {fn}() {{
-  local cur=${{COMP_WORDS[COMP_CWORD]}} prev=${{COMP_WORDS[COMP_CWORD-1]}} path="" w i skip=0
+  local cur=${{COMP_WORDS[COMP_CWORD]}} prev=${{COMP_WORDS[COMP_CWORD-1]}} path="" w i skip=0 inv=""
   local value_opts=" {value_opts} "
   for ((i = 1; i < COMP_CWORD; i++)); do
     w=${{COMP_WORDS[i]}}
     if ((skip)); then skip=0; continue; fi
+    case $w in
+      -i|--inventory) ((i + 1 < COMP_CWORD)) && inv=${{COMP_WORDS[i+1]}} ;;
+      --inventory=*) inv=${{w#*=}} ;;
+    esac
+    inv=${{inv/#\\~/$HOME}}
     [[ $w == -- ]] && return
     if [[ $w == -* ]]; then [[ $w != *=* && $value_opts == *" $w "* ]] && skip=1; continue; fi
     case "${{path:+$path }}$w" in

@@ -102,6 +102,8 @@ def test_bash_completion_in_a_real_bash(here, capsys):
     (here / "reval.bash").write_text(script)
     (here / "hosts.yaml").write_text("hosts:\n  gpu1: {address: 127.0.0.2}\n  gpu2: {address: 127.0.0.3}\n"
                                      "groups:\n  boxes: [gpu1, gpu2]\n")
+    (here / "other").mkdir()
+    (here / "other" / "cluster.yaml").write_text("hosts:\n  hpc: {address: 127.0.0.4, slurm: {gpus: 1}}\n")
     driver = f"""
 source {here}/reval.bash
 reval() {{ PYTHONPATH={REPO} {sys.executable} -m orchestrator "$@"; }}
@@ -111,13 +113,15 @@ comp reval run --dr
 comp reval run gpu1 --payload ""
 comp reval hosts c
 comp reval -i hosts.yaml run ""
+comp reval -i other/cluster.yaml run ""
+comp reval --inventory=other/cluster.yaml sweep --hosts ""
 comp reval completion ""
 comp reval sweep --hosts b
 """
     p = subprocess.run(["bash", "-c", driver], check=False, capture_output=True, text=True, timeout=120, cwd=here)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == ["logs ls", "--drafter", "eval dummy", "check", "gpu1 gpu2 local boxes",
-                                     "bash zsh", "boxes"]
+                                     "hpc local", "hpc local", "bash zsh", "boxes"]  # -i FILE: that file's hosts
     rc, zsh, _ = reval(capsys, "completion", "zsh")
     assert zsh.startswith("#compdef reval") and "bashcompinit" in zsh and "_reval()" in zsh
 

@@ -245,6 +245,13 @@ def batch_size(opts: EvalOptions, device: torch.device) -> int:
 def read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.dtype) -> tuple:
     """The weight load of step 4 and the warm-up on `first` prompt's shapes (anchors.warmup_mode), printing
     nothing (it runs beside step 3): (drafter, info, head, hinfo, warm-up [(seconds, parts)], seconds)."""
+    if device.type == "cuda" and device.index is not None:  # a thread's current device is its own
+        with torch.cuda.device(device.index):
+            return _read_weights(opts, first, device, dtype)
+    return _read_weights(opts, first, device, dtype)
+
+
+def _read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.dtype) -> tuple:
     t_load = time.perf_counter()
     batch = batch_size(opts, device)
     warmed = []
@@ -387,6 +394,8 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     t0 = time.perf_counter()
     device, dtype = resolve_device_dtype(opts.device, opts.dtype)
     rep.line(f"DFlash drafter eval · {opts.name} · device {device} ({dtype_name(dtype)})")
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # `--device cuda:1`: the pipeline's events and streams on that device
     tok, cache, prompts = open_inputs(opts, rep)
     # the weights load (and the kernels warm up) on a thread while this one validates the features (step 3)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-weights") as ex:

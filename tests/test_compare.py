@@ -308,6 +308,16 @@ def test_summary_line_carries_the_bootstrap_intervals_of_the_numbers_it_shows():
     assert re.search(r"· streak [0-9.]+ · ", line)  # streak shown without one: it is tau's, shifted by 1
 
 
+def test_summary_line_shows_no_interval_a_damaged_file_cannot_back():
+    r = make_results("x", quality=0.8, num_prompts=6)
+    r["per_prompt"][1]["tau"] = float("nan")  # json.loads takes NaN
+    r["per_prompt"][2]["position_hits"] = [h + 5 for h in r["per_prompt"][2]["position_hits"]]  # no longer the metric
+    line = report.summary_line(r)
+    assert "nan" not in line and line.startswith(f"tau {r['metrics']['tau']:.2f} · streak")
+    assert f"position-1 accuracy {r['metrics']['position_1_accuracy']:.3f} · " in line
+    assert " [" in line  # DDTree and width-k are intact: their intervals stay
+
+
 def test_compare_modules_do_not_import_torch():
     code = ("import sys; import orchestrator.commands.compare, orchestrator.compare, orchestrator.report, "
             "orchestrator.plots; assert 'torch' not in sys.modules, 'torch imported'")

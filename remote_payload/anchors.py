@@ -67,7 +67,7 @@ def enqueue_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, promp
     dev, T = feats.device, ids.shape[0]
     # top-k per row: DDTree needs the top-B values, width-k trees ranks below k (ranks are capped at k)
     k = min(max([*budgets, *widths, 1]), drafter.cfg.vocab_size)
-    ctx = drafter.precompute_context(feats, anchors_per_prompt=batch_size)  # context K/V once per prompt
+    ctx = drafter.precompute_context(feats)  # context K/V once per prompt
     offsets = torch.arange(1, bs, device=dev)
     finite = torch.ones((), dtype=torch.bool, device=dev)
     drafts, ranks, topk = [], [], []

@@ -36,8 +36,8 @@ class TargetHead:
 class ContextKV:
     """Per-layer context keys/values for B prompts, padded to the longest; built by `precompute_context`.
 
-    Rows [0, T) hold the context (k_norm + RoPE at positions 0..T-1 applied); rows [T, R) are slots that
-    `draft_hidden` overwrites with the current blocks' K/V (then zero padding up to an aligned R).
+    Rows [0, T) hold the context (k_norm + RoPE at positions 0..T-1 applied), then zero padding up to an
+    aligned R. `draft_hidden` only reads it.
     """
 
     k: list[Tensor]  # per layer [B, kvh, R, d]
@@ -212,11 +212,8 @@ class DFlashDrafter(nn.Module):
         return F.linear(out[1:], head.lm_head.to(dt)).float()
 
     # ---- fast path ------------------------------------------------------------------------------
-    def precompute_context(self, feats: Tensor | list[Tensor], anchors_per_prompt: int = 1) -> ContextKV:
-        """feats [T, n_fc*H] for one prompt, or a list of [T_i, n_fc*H] (padded to max T_i) -> ContextKV.
-
-        `anchors_per_prompt` is accepted for older callers; the blocks' K/V no longer live in the buffers.
-        """
+    def precompute_context(self, feats: Tensor | list[Tensor]) -> ContextKV:
+        """feats [T, n_fc*H] for one prompt, or a list of [T_i, n_fc*H] (padded to max T_i) -> ContextKV."""
         cfg, dt = self.cfg, self.dtype
         kvh, d = cfg.num_key_value_heads, cfg.head_dim
         items = [feats] if isinstance(feats, Tensor) else list(feats)
@@ -227,7 +224,7 @@ class DFlashDrafter(nn.Module):
         host_lengths = tuple(int(f.shape[0]) for f in items)
         lengths = torch.tensor(host_lengths).to(device, non_blocking=True)
         T = max(host_lengths)
-        R = _rows(T, 0)  # aligned for the attention kernels; rows >= T are zero
+        R = _rows(T)  # aligned for the attention kernels; rows >= T are zero
         cos, sin = rope_cos_sin(torch.arange(T, device=device), d, cfg.rope_theta)  # [T, d]
         ks: list[list[Tensor]] = [[] for _ in self.layers]
         vs: list[list[Tensor]] = [[] for _ in self.layers]
@@ -322,8 +319,8 @@ _ALIGN_ROWS = 128
 ATTN_GROUP = 16
 
 
-def _rows(T: int, slots: int) -> int:
-    return -(-(T + slots) // _ALIGN_ROWS) * _ALIGN_ROWS
+def _rows(T: int) -> int:
+    return -(-T // _ALIGN_ROWS) * _ALIGN_ROWS
 
 
 def _group_mask(anchors: Tensor, q_pos: Tensor, T: int, R: int, G: int, g: int, a_min: int, causal: bool,

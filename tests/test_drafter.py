@@ -99,11 +99,11 @@ def test_multi_prompt_batch_equals_per_prompt():
 
 
 def test_reused_context_gives_the_same_drafts():
-    """Calls of different sizes on one ContextKV (slots grown, then stale slots left behind) == fresh ones."""
+    """Calls of different sizes on one ContextKV (it is only read) == fresh ones."""
     cfg = tiny_drafter_config()
     model, head = random_drafter(cfg, seed=12), random_head(cfg)
     feats = torch.randn(25, cfg.fc_in_features, generator=torch.Generator().manual_seed(13))
-    ctx = model.precompute_context(feats, anchors_per_prompt=2)
+    ctx = model.precompute_context(feats)
     with torch.no_grad():
         for anchors in ([3, 9], [1, 4, 8, 16, 20, 25], [24], [2, 7]):
             a = torch.tensor(anchors)

@@ -137,57 +137,39 @@ def drafted_prompts(drafter, head, cache, count: int, anchors_of: Callable[[int]
             yield pending[0], pending[1], pending[2].result()
 
 
-WARMUP_MODES = ("off", "beside", "empty", "after")
-
-
 def warmup_mode() -> str:
-    """REVAL_WARMUP: after (default: the real weights, once loaded) | off | beside (throwaway random weights,
-    during the load) | empty (uninitialised throwaway weights, during the load); 1 = beside, 0 = off.
-    Measured on an H200 host (bench `process`, seeds' run): after 1.08x the floor with the eval stage 1.02x warm;
-    off 1.18x / 1.56x; beside 1.36x and empty 1.30x, their throwaway weights' allocation taking 3 s beside the
-    load's copies (0.0 s after it)."""
-    v = os.environ.get("REVAL_WARMUP", "").strip().lower()
-    v = {"": "after", "0": "off", "1": "beside"}.get(v, v)
-    return v if v in WARMUP_MODES else "after"
+    """REVAL_WARMUP: after (default; also 1) | off (also 0). Measured on an H200 host (bench `process`, the
+    seeds' run): after 1.08-1.15x the floor with the eval stage 1.02-1.11x warm; off 1.17-1.49x / 1.56-1.65x.
+    Warming up *during* the load on throwaway weights was slower (1.30-1.66x): allocating them took 2.6-4.4 s
+    beside the load's copies, so that mode is gone."""
+    return "off" if os.environ.get("REVAL_WARMUP", "").strip().lower() in ("0", "off") else "after"
 
 
-def warm_up(cfg, device: torch.device, dtype: torch.dtype, *, seq_len: int, prompt_len: int, n: int,
-            batch_size: int, budgets: list[int], widths: list[int], model=None, head=None) -> dict | None:
-    """One prompt's drafting (and its host copies) on zero features, so that the kernels are loaded, cuBLAS,
-    cuDNN's attention plans and Triton ready and the allocator holds the blocks the eval needs. CUDA only.
-    With model/head (mode `after`): the real weights. Without (modes `beside`, `empty`): throwaway weights of
-    `cfg`'s shapes, random or uninitialised, only when the device has room for a second copy of the weights.
-    Returns the seconds of its parts ({"alloc", "queue", "wait"}) or None when it did not run."""
-    mode = warmup_mode()
-    if device.type != "cuda" or n < 1 or mode == "off" or (model is None) != (mode != "after"):
+@torch.inference_mode()
+def warm_up(drafter, head, device: torch.device, dtype: torch.dtype, *, seq_len: int, prompt_len: int, n: int,
+            batch_size: int, budgets: list[int], widths: list[int]) -> dict | None:
+    """One prompt's drafting (and its host copies) with the loaded weights on zero features, so that the
+    kernels are loaded, cuBLAS, cuDNN's attention plans and Triton ready and the allocator holds the blocks the
+    eval needs: every shape of a prompt of `seq_len` tokens, `n` anchors. CUDA only (`warmup_mode`).
+    Returns the seconds of its parts ({"queue", "wait"}) or None when it did not run."""
+    if device.type != "cuda" or n < 1 or warmup_mode() == "off":
         return None
+    return _warm_run(drafter, head, device, dtype, seq_len=seq_len, prompt_len=prompt_len, n=n,
+                     batch_size=batch_size, budgets=budgets, widths=widths)
+
+
+def _warm_run(drafter, head, device, dtype, *, seq_len, prompt_len, n, batch_size, budgets, widths) -> dict:
     import time
 
-    from .drafter import DFlashDrafter, TargetHead
     from .kernels import prepare
+    prepare(device)
     t0 = time.perf_counter()
     n = min(n, 2 * batch_size + n % batch_size)  # every shape the prompt's batches take, not all of them
-    if model is None:
-        with torch.device("meta"):
-            model = DFlashDrafter(cfg).to(dtype)
-        V, H = cfg.vocab_size, cfg.hidden_size
-        weights = (sum(p.numel() for p in model.parameters()) + V * H) * dtype.itemsize
-        if torch.cuda.mem_get_info(device)[0] < 2 * weights + (8 << 30):  # the real weights load meanwhile
-            return None
-        model = model.to_empty(device=device)
-        table = torch.empty(V, H, device=device, dtype=dtype)
-        if mode == "beside":
-            for p in model.parameters():
-                p.data.normal_(0, p.shape[-1] ** -0.5) if p.dim() == 2 else p.data.fill_(1.0)
-            table.normal_(0, H ** -0.5)
-        model.fuse_projections()
-        head = TargetHead(table, table)
-    prepare(device)
-    t1 = time.perf_counter()
-    feats = torch.zeros(seq_len, cfg.fc_in_features, dtype=dtype, device=device)
-    ids = torch.randint(0, cfg.vocab_size, (seq_len,), device=device)
-    pending = enqueue_anchors(model, head, feats, ids, prompt_len, n, batch_size=batch_size, budgets=budgets,
+    feats = torch.zeros(seq_len, drafter.cfg.fc_in_features, dtype=dtype, device=device)
+    ids = torch.randint(0, drafter.cfg.vocab_size, (seq_len,), device=device)
+    pending = enqueue_anchors(drafter, head, feats, ids, prompt_len, n, batch_size=batch_size, budgets=budgets,
                               widths=widths)
-    t2 = time.perf_counter()
-    pending.event.synchronize()
-    return {"alloc": t1 - t0, "queue": t2 - t1, "wait": time.perf_counter() - t2}
+    t1 = time.perf_counter()
+    if pending.event is not None:
+        pending.event.synchronize()
+    return {"queue": t1 - t0, "wait": time.perf_counter() - t1}

@@ -27,7 +27,7 @@ from .cache import CacheWriter
 from .config import DrafterConfig
 
 # the knobs' effect, one run each: each warm-up mode (anchors.warmup_mode); Triton's kernels (and start) forced on
-VARIANTS = [(f"REVAL_WARMUP={m}", {"REVAL_WARMUP": m}) for m in ("off", "beside", "empty", "after")] + [
+VARIANTS = [(f"REVAL_WARMUP={m}", {"REVAL_WARMUP": m}) for m in ("off", "after")] + [
     ("REVAL_TRITON=1", {"REVAL_TRITON": "1"})]
 SEEDS_RUN = {"prompts": 10, "prompt_len": 60, "completion": 480, "max_blocks": 30}
 
@@ -99,7 +99,7 @@ def process_runs(argv: list[str], root: Path, runs: int = 2, env: dict | None = 
         if p.returncode != 0:
             raise RuntimeError(f"eval exited {p.returncode}:\n{p.stdout[-3000:]}")
         timing = json.loads((run_dir / "results.json").read_text())["timing"]
-        warmed = re.search(r"warmed up (beside|after) it in ([0-9.]+)s: ([^)]*)\)", p.stdout)
+        warmed = re.search(r"warmed up after it in ([0-9.]+)s: ([^)]*)\)", p.stdout)
         out.append((wall, {**timing, "warm_up": warmed.group(0)[10:-1] if warmed else None}))
     return out
 

@@ -33,7 +33,7 @@ import torch
 
 from . import __version__, metrics, protocol
 from . import results as R
-from .anchors import AnchorOutputs, draft_all_anchors, drafted_prompts, warm_up, warmup_mode  # noqa: F401 (re-exported)
+from .anchors import AnchorOutputs, draft_all_anchors, drafted_prompts, warm_up  # noqa: F401 (re-exported)
 from .cache import open_cache
 from .checkpoint import check_features, load_drafter, load_target_head, peek_config
 from .devices import resolve_device_dtype
@@ -133,11 +133,10 @@ def decode(tok, ids) -> str:
     return tok.decode(ids, skip_special_tokens=False)
 
 
-def load_weights(drafter_path: str, target: str, device: torch.device, dtype: torch.dtype, warm_up=None):
+def load_weights(drafter_path: str, target: str, device: torch.device, dtype: torch.dtype):
     """(drafter, DrafterInfo, TargetHead, HeadInfo). When the drafter's config can be read first (z-lab
     layout), the drafter and the target's embed/lm_head are read by threads side by side (page-cached reads
-    are CPU-bound per thread), on CUDA on a stream of their own, while `warm_up(config)` (if given) runs the
-    kernels once on this thread's stream: first-call costs are paid during the load, not in the eval."""
+    are CPU-bound per thread), on CUDA on a stream of their own."""
     peek = peek_config(drafter_path)
     if peek is None:
         drafter, info = load_drafter(drafter_path, device=device, dtype=dtype)
@@ -153,8 +152,6 @@ def load_weights(drafter_path: str, target: str, device: torch.device, dtype: to
         head_f = ex.submit(on_side, load_target_head, target, vocab_size=peek.vocab_size,
                            hidden_size=peek.hidden_size, device=device, dtype=dtype)
         drafter_f = ex.submit(on_side, load_drafter, drafter_path, device=device, dtype=dtype)
-        if warm_up is not None:
-            warm_up(peek)
         drafter, info = drafter_f.result()
         head, hinfo = head_f.result()
     if side is not None:
@@ -254,28 +251,21 @@ def read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.dt
 def _read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.dtype) -> tuple:
     t_load = time.perf_counter()
     batch = batch_size(opts, device)
-    warmed = []
-
-    def warm(peek, model=None, head=None) -> None:  # the first prompt's shapes, so the eval starts warm
-        t = time.perf_counter()
-        n = (first.seq_len - 1 - first.prompt_len if opts.all_anchors
-             else metrics.num_anchors(first.prompt_len, first.seq_len, opts.max_blocks, peek.block_size))
-        parts = warm_up(peek, device, dtype, seq_len=first.seq_len, prompt_len=first.prompt_len, n=n,
-                        batch_size=batch, budgets=opts.ddtree_budgets, widths=opts.tree_widths, model=model,
-                        head=head)
-        if parts is not None:
-            warmed.append((time.perf_counter() - t, parts))
-    drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype, warm_up=warm)
-    if warmup_mode() == "after":
-        warm(drafter.cfg, drafter, head)
+    drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype)
+    t = time.perf_counter()
+    n = (first.seq_len - 1 - first.prompt_len if opts.all_anchors
+         else metrics.num_anchors(first.prompt_len, first.seq_len, opts.max_blocks, drafter.cfg.block_size))
+    parts = warm_up(drafter, head, device, dtype, seq_len=first.seq_len, prompt_len=first.prompt_len, n=n,
+                    batch_size=batch, budgets=opts.ddtree_budgets, widths=opts.tree_widths)
+    warmed = [] if parts is None else [(time.perf_counter() - t, parts)]
     return drafter, info, head, hinfo, warmed, time.perf_counter() - t_load
 
 
 def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torch.dtype, rep: Reporter,
                weights) -> Loaded:
-    """Step 4: the checks and the log of the weights `read_weights` loaded (a Future or its tuple)."""
+    """Step 4: the checks and the log of the weights `read_weights` is loading (`weights`: its Future)."""
     rep.step(4, "load_drafter", f"Loading drafter {opts.drafter}...")
-    drafter, info, head, hinfo, warmed, load_s = weights.result() if hasattr(weights, "result") else weights
+    drafter, info, head, hinfo, warmed, load_s = weights.result()
     cache = inp.cache
     cfg = drafter.cfg
     check_features(cfg, cache.layer_ids, cache.hidden_size)  # names dims and layer ids on a mismatch
@@ -294,9 +284,8 @@ def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torc
                  f"({(cache.meta.get('target') or {}).get('path')}); check --target", stage="warning")
     e_mean, e_std = _stats(head.embed)
     rep.line(f"  embed_tokens: mean={e_mean:.4f} std={e_std:.4f}")
-    how = "after it" if warmup_mode() == "after" else "beside it"
     parts = " ".join(f"{k} {v:.2f}s" for k, v in warmed[0][1].items()) if warmed else ""
-    rep.line(f"  loaded in {load_s:.2f}s" + (f" (kernels warmed up {how} in {warmed[0][0]:.2f}s: {parts})"
+    rep.line(f"  loaded in {load_s:.2f}s" + (f" (kernels warmed up after it in {warmed[0][0]:.2f}s: {parts})"
                                              if warmed else ""), stage="load_drafter", step=4, steps=STEPS)
     return Loaded(drafter, info, head, hinfo, target_matches, {"mean": e_mean, "std": e_std}, load_s)
 

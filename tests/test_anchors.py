@@ -68,3 +68,25 @@ def test_triton_is_planned_only_where_it_pays(monkeypatch):
     monkeypatch.setenv("REVAL_TRITON", "1")
     assert kernels.plan(seeds) is True
     kernels.plan(0)
+
+
+def test_warm_up_runs_the_first_prompts_shapes_once_and_only_on_cuda_unless_off(monkeypatch):
+    """The warm-up's body (CUDA-only in use) runs anywhere: it drafts every batch shape of the prompt and leaves
+    the weights as they were; `warm_up` itself declines on the CPU and under REVAL_WARMUP=0."""
+    from remote_payload import anchors
+    cfg = tiny_drafter_config(sliding_window=7)
+    model, head = random_drafter(cfg, seed=5), random_head(cfg)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    seen = []
+    real = anchors.enqueue_anchors
+    monkeypatch.setattr(anchors, "enqueue_anchors", lambda *a, **kw: seen.append(a[5]) or real(*a, **kw))
+    shape = dict(seq_len=90, prompt_len=20, n=69, batch_size=16, budgets=[4, 8], widths=[2])
+    parts = anchors._warm_run(model, head, torch.device("cpu"), torch.float32, **shape)
+    assert set(parts) == {"queue", "wait"} and all(v >= 0 for v in parts.values())
+    assert seen == [2 * 16 + 69 % 16]  # two whole batches and the tail: every shape, not every batch
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    assert anchors.warm_up(model, head, torch.device("cpu"), torch.float32, **shape) is None
+    monkeypatch.setenv("REVAL_WARMUP", "0")
+    assert anchors.warmup_mode() == "off"
+    monkeypatch.setenv("REVAL_WARMUP", "1")
+    assert anchors.warmup_mode() == "after"

@@ -100,11 +100,7 @@ def row_logsumexp(logits: Tensor, top_ids: Tensor | None = None) -> Tensor:
     if not (fast_kernels_enabled(logits) and logits.dim() == 2 and logits.stride(1) == 1 and logits.shape[0]):
         return torch.logsumexp(logits.float(), dim=-1, keepdim=True)
     if _use_triton():
-        n, v = logits.shape
-        out = torch.empty(n, device=logits.device, dtype=torch.float32)
-        _load_triton()[(n,)](logits, out, out, v, logits.stride(0), 0, BLOCK=2048, CHUNK=64, WANT_MAX=False,
-                             num_warps=8)
-        return out[:, None]
+        return _triton_lse(logits)[0]
     j = logits.argmax(-1, keepdim=True) if top_ids is None else top_ids
     logsm = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
     return logits.gather(1, j).float() - logsm.gather(1, j)
@@ -175,7 +171,18 @@ def row_topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return topk_chunked(logits, k, chunk)
 
 
-LSE_CHUNK = 64  # columns per maximum in the Triton pass (a divisor of its BLOCK)
+LSE_CHUNK = 64  # columns per maximum in the Triton pass (a divisor of its BLOCK; TOPK_GROUPS' first)
+
+
+def _triton_lse(logits: Tensor, chunk_max: bool = False) -> tuple[Tensor, Tensor | None]:
+    """The Triton pass over [N, V] contiguous logits: (logsumexp [N, 1] fp32, each LSE_CHUNK columns' maximum
+    [N, V / LSE_CHUNK] fp32 when asked, else None)."""
+    n, v = logits.shape
+    lse = torch.empty(n, device=logits.device, dtype=torch.float32)
+    cmax = torch.empty(n, v // LSE_CHUNK, device=logits.device, dtype=torch.float32) if chunk_max else lse
+    _load_triton()[(n,)](logits, lse, cmax, v, logits.stride(0), v // LSE_CHUNK if chunk_max else 0, BLOCK=2048,
+                         CHUNK=LSE_CHUNK, WANT_MAX=chunk_max, num_warps=8)
+    return lse[:, None], cmax if chunk_max else None
 
 
 def topk_from_chunk_max(logits: Tensor, k: int, chunk: int, chunk_max: Tensor) -> tuple[Tensor, Tensor]:
@@ -197,12 +204,9 @@ def lse_topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     With Triton (where `plan` chose it) the one pass that computes the logsumexp also takes every 64 columns'
     maximum, and the top-k reads only the k best chunks: no separate full pass for the top-k."""
     n, v = logits.shape if logits.dim() == 2 else (0, 0)
-    if (n and fast_kernels_enabled(logits) and logits.is_contiguous() and v % LSE_CHUNK == 0
-            and v // LSE_CHUNK >= 4 * k and _use_triton()):
-        lse = torch.empty(n, device=logits.device, dtype=torch.float32)
-        cmax = torch.empty(n, v // LSE_CHUNK, device=logits.device, dtype=torch.float32)
-        _load_triton()[(n,)](logits, lse, cmax, v, logits.stride(0), v // LSE_CHUNK, BLOCK=2048, CHUNK=LSE_CHUNK,
-                             WANT_MAX=True, num_warps=8)
-        return (lse[:, None], *topk_from_chunk_max(logits, k, LSE_CHUNK, cmax))
+    if (n and fast_kernels_enabled(logits) and logits.is_contiguous() and topk_chunk(v, k) == LSE_CHUNK
+            and _use_triton()):
+        lse, cmax = _triton_lse(logits, chunk_max=True)
+        return (lse, *topk_from_chunk_max(logits, k, LSE_CHUNK, cmax))
     vals, ids = row_topk(logits, k)
     return row_logsumexp(logits, ids[:, :1]), vals, ids

@@ -91,7 +91,7 @@ def test_logits_topk_fast_path_equals_torch_path(monkeypatch):
 
 
 def test_eval_fast_kernels_equal_torch_kernels_in_bf16(trained_fixtures, tmp_path, monkeypatch):
-    """The pipelined eval (warm-up during the load, features read ahead, DDTree on the device) with the fused
+    """The pipelined eval (warm-up after the load, features read ahead, DDTree on the device) with the fused
     kernels gives the same walks as with plain torch kernels: exact acceptance, DDTree and width-k taus."""
     meta = json.loads((trained_fixtures / "fixtures.json").read_text())
     p = {k: str(trained_fixtures / v) for k, v in meta["paths"].items() if isinstance(v, str)}

@@ -80,7 +80,7 @@ def test_warm_up_runs_the_first_prompts_shapes_once_and_only_on_cuda_unless_off(
     seen = []
     real = anchors.enqueue_anchors
     monkeypatch.setattr(anchors, "enqueue_anchors", lambda *a, **kw: seen.append(a[5]) or real(*a, **kw))
-    shape = dict(seq_len=90, prompt_len=20, n=69, batch_size=16, budgets=[4, 8], widths=[2])
+    shape = {"seq_len": 90, "prompt_len": 20, "n": 69, "batch_size": 16, "budgets": [4, 8], "widths": [2]}
     parts = anchors._warm_run(model, head, torch.device("cpu"), torch.float32, **shape)
     assert set(parts) == {"queue", "wait"} and all(v >= 0 for v in parts.values())
     assert seen == [2 * 16 + 69 % 16]  # two whole batches and the tail: every shape, not every batch

@@ -56,4 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handling (e.g. while torch imports): one line
+        print("interrupted", file=sys.stderr)
+        sys.exit(protocol.EXIT_CANCELLED)

@@ -79,12 +79,17 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         protocol.append_event(run_dir / protocol.EVENTS_JSONL, {"stage": "error", "message": str(e)})
         rc = e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C on a standalone eval: one line, no results.json, status cancelled
+        print("interrupted: nothing evaluated to the end, no results.json written", file=sys.stderr)
+        protocol.append_event(run_dir / protocol.EVENTS_JSONL, {"stage": "error", "message": "interrupted"})
+        rc = protocol.EXIT_CANCELLED
     except Exception as e:  # noqa: BLE001 — unexpected: keep the traceback, exit 1
         traceback.print_exc()
         protocol.append_event(run_dir / protocol.EVENTS_JSONL, {"stage": "error", "message": repr(e)})
         rc = protocol.EXIT_FAILED
     if own_status:
-        _write_status(run_dir, protocol.SUCCEEDED if rc == 0 else protocol.FAILED, started, rc)
+        state = {protocol.EXIT_OK: protocol.SUCCEEDED, protocol.EXIT_CANCELLED: protocol.CANCELLED}
+        _write_status(run_dir, state.get(rc, protocol.FAILED), started, rc)
     return rc
 
 

@@ -280,3 +280,17 @@ def test_num_prompts_beyond_the_cache_says_how_many_it_uses(inputs, tmp_path, ca
     out = capsys.readouterr().out
     assert rc == 0 and "warning: --num-prompts 99 is more than the cache holds: using all 3" in out
     assert json.loads((run_dir / "results.json").read_text())["metrics"]["num_prompts"] == 3
+
+
+def test_ctrl_c_in_a_standalone_eval_is_one_line_exit_103_and_status_cancelled(inputs, tmp_path, capsys, monkeypatch):
+    from remote_payload import run
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(run, "feature_pass", interrupted)  # Ctrl-C while step 3 reads, the weights loading
+    rc, run_dir = run_eval(tmp_path, inputs / "drafter", inputs / "target", inputs / "cache", name="int")
+    err = capsys.readouterr().err
+    assert rc == protocol.EXIT_CANCELLED and "Traceback" not in err
+    assert err.strip().splitlines() == ["interrupted: nothing evaluated to the end, no results.json written"]
+    assert protocol.read_json(run_dir / protocol.STATUS_JSON)["state"] == protocol.CANCELLED
+    assert not (run_dir / protocol.RESULTS_JSON).exists()

@@ -68,6 +68,7 @@ def main(args: argparse.Namespace) -> int:
     if own_status:
         _write_status(run_dir, protocol.RUNNING, started)
     rc = protocol.EXIT_FAILED
+    sys.stdout = _ClosedReaderTolerant(sys.stdout)  # `eval ... | head`: the eval goes on, its log in events.jsonl
     try:
         results = evaluate(opts, Reporter(run_dir / protocol.EVENTS_JSONL))
         protocol.atomic_write_json(run_dir / protocol.RESULTS_JSON, results)
@@ -91,6 +92,38 @@ def main(args: argparse.Namespace) -> int:
         state = {protocol.EXIT_OK: protocol.SUCCEEDED, protocol.EXIT_CANCELLED: protocol.CANCELLED}
         _write_status(run_dir, state.get(rc, protocol.FAILED), started, rc)
     return rc
+
+
+class _ClosedReaderTolerant:
+    """stdout that goes quiet instead of raising once its reader has gone (a closed pipe)."""
+
+    def __init__(self, stream):
+        self._stream, self._closed = stream, False
+
+    def write(self, text: str) -> int:
+        if not self._closed:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._closed:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._gone()
+
+    def _gone(self) -> None:
+        self._closed = True
+        try:  # no second EPIPE when the interpreter flushes stdout at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def _write_status(run_dir: Path, state: str, started: str, exit_code: int | None = None) -> None:

@@ -294,3 +294,20 @@ def test_ctrl_c_in_a_standalone_eval_is_one_line_exit_103_and_status_cancelled(i
     assert err.strip().splitlines() == ["interrupted: nothing evaluated to the end, no results.json written"]
     assert protocol.read_json(run_dir / protocol.STATUS_JSON)["state"] == protocol.CANCELLED
     assert not (run_dir / protocol.RESULTS_JSON).exists()
+
+
+def test_a_standalone_eval_whose_reader_goes_away_still_finishes(inputs, tmp_path):
+    """`python -m remote_payload eval ... | head -1`: the eval goes on quietly and writes its results."""
+    import subprocess
+    import sys
+    run_dir = tmp_path / "piped"
+    p = subprocess.Popen([sys.executable, "-m", "remote_payload", "eval", "--drafter", str(inputs / "drafter"),
+                          "--target", str(inputs / "target"), "--cache", str(inputs / "cache"), "--run-dir",
+                          str(run_dir), "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=Path(__file__).resolve().parents[1], env={**__import__("os").environ, "PYTHONUNBUFFERED": "1"})
+    assert p.stdout.readline().startswith("DFlash drafter eval")
+    p.stdout.close()  # the reader goes away
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+    assert protocol.read_json(run_dir / protocol.STATUS_JSON)["state"] == protocol.SUCCEEDED
+    assert (run_dir / protocol.RESULTS_JSON).exists()

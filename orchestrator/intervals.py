@@ -9,13 +9,6 @@ from remote_payload.results import PromptResult, Result
 
 from . import stats
 
-# key -> what the number is (tables, legends, the HTML report)
-LABELS = {"tau": "tau (tokens per round incl. bonus, macro over prompts)",
-          "tau_pooled": "tau pooled over all rounds",
-          "streak": "streak = tau - 1 (drafts accepted per round excl. bonus)",
-          "ddtree_best": "DDTree tau at the best budget",
-          "pos1_acc": "position-1 accuracy (teacher-forced, pooled over anchors)"}
-
 
 def _macro(per_prompt: list[PromptResult], value) -> stats.Sample | None:
     rows = [(p.name, v) for p in per_prompt if (v := value(p)) is not None]

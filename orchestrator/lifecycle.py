@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import queue
 import threading
 import time
@@ -131,7 +130,7 @@ class Run:
 
     def __init__(self, backend: Backend, name: str, *, python: str | None = None, launch: Launch | None = None):
         self.backend = backend
-        self.name = protocol.validate_run_name(name)
+        self.name = check_run_name(name)  # a ConfigError (reval.Error), exit 3
         self.python = python or load_follow_state(backend.host.name, name).get("python") or backend.host.python
         self.launch = launch
 
@@ -286,19 +285,12 @@ def submit(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = 
     return Run(backend, name, python=python, launch=launched)
 
 
-def local_path(host: str, name: str) -> Path:
-    from .runs import local_run_dir
-    return local_run_dir(host, name)
-
-
 __all__ = [
     "EvalSpec",
     "Finished",
     "Prepared",
     "Run",
     "attach",
-    "local_path",
-    "os",
     "prepare",
     "submit",
     "unfinished",

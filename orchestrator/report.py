@@ -56,14 +56,6 @@ def summary_line(result: Result | dict) -> str:
     return " · ".join(parts)
 
 
-def vs_text(cell: Cell, col: Column) -> str:
-    """'0.45x (-4.04)' for a cell compared with the baseline, '' otherwise."""
-    if cell.delta is None:
-        return ""
-    ratio = f"{cell.ratio:.2f}x " if cell.ratio is not None else ""
-    return f"{ratio}({cell.delta:+.{col.digits or 0}f})"
-
-
 def ci_text(cell: Cell, col: Column) -> str:
     """'[7.91, 8.80]' when the cell has a bootstrap interval over more than one prompt."""
     e = cell.est

@@ -79,3 +79,10 @@ def test_help_documents_the_api():
         assert verb in text, verb
     for name in ("submit", "attach", "load", "compare", "Run", "EvalSpec", "Result", "Progress"):
         assert name in reval.__all__ and getattr(reval, name).__doc__
+
+
+def test_attach_with_a_bad_run_name_raises_the_api_error():
+    import reval
+    for bad in ("a/b", "-rf", ".."):
+        with pytest.raises(reval.Error, match="run name"):
+            reval.attach("local", bad)

@@ -22,7 +22,7 @@ from remote_payload import protocol
 
 from .. import slurmjobs
 from ..errors import ConfigError, HostUnreachable, RevalError, RunExists, RunNotFound
-from ..runs import RunState, is_run_name, load_follow_state, save_follow_state
+from ..runs import RunState, check_run_name, is_run_name, load_follow_state, save_follow_state
 from ..transport import q
 from .base import GPUS_SCHEDULER, Backend, JobHandle, Launch, Submission
 from .ssh import preflight_refusal, preflight_sh, wrapper_argv
@@ -111,10 +111,7 @@ class SlurmBackend(Backend):
         if not subs:
             return []
         for s in subs:
-            try:
-                protocol.validate_run_name(s.name)
-            except protocol.ProtocolError as e:
-                raise ConfigError(str(e)) from None
+            check_run_name(s.name)
             if s.gpus not in ("auto", GPUS_SCHEDULER, None):
                 raise ConfigError(f"{self.host.name} is a Slurm cluster: its GPUs are the ones Slurm assigns "
                                   f"(--gpus {s.gpus} cannot choose them)",

@@ -29,7 +29,6 @@ from ..inventory import load_inventory
 from ..runs import (
     RunState,
     by_start_time,
-    load_follow_state,
     local_registry,
     progress_text,
     resolve_run,
@@ -188,10 +187,6 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_kill)
 
 
-def _python(host, name: str) -> str:
-    return load_follow_state(host.name, name).get("python") or host.python
-
-
 def cmd_logs(args) -> int:
     inv = load_inventory(args.inventory)
     host, name = resolve_run(inv, args.run, args.host)
@@ -208,7 +203,7 @@ def cmd_logs(args) -> int:
         else:
             output.write(sys.stdout.buffer, data[start:])
         return EXIT_OK
-    run = lifecycle.attach(be, name, python=_python(host, name))
+    run = lifecycle.attach(be, name)  # the python its follow state recorded, else the host's
     if args.tail:  # follow from the start of the last N lines
         offset = logs.tail_start(logs.read_log(t, name), args.tail)
     else:

@@ -321,19 +321,6 @@ def run_duration_s(run: RunRecord) -> float | None:
     return b - a if a is not None and b is not None else None
 
 
-def metric_values(result: Result) -> dict[str, float | None]:
-    """The ranked numbers of one result, flat: tau, streak, ddtree_best, ddtree_<B>, width_<k>, pos1_acc."""
-    m = result.metrics
-    out: dict[str, float | None] = {"tau": m.tau, "streak": m.streak,
-                                    "ddtree_best": m.ddtree_best.tau if m.ddtree_best else None}
-    for b, v in m.ddtree_tau.items():
-        out[f"ddtree_{b}"] = v
-    for w, v in m.tree_width_tau.items():
-        out[f"width_{w}"] = v
-    out["pos1_acc"] = m.position_1_accuracy
-    return out
-
-
 def run_marks(cmp: Comparison, run: RunRecord) -> list[str]:
     marks = []
     if run is cmp.baseline:

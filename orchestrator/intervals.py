@@ -1,7 +1,9 @@
 """The headline numbers of a result as per-prompt samples (stats.Sample), their bootstrap intervals, and
 paired comparisons between two results. Computed from results.json's per_prompt, so runs written before
-intervals existed get them too. Keys are those of compare.metric_values."""
+intervals existed get them too. Keys are those of `metric_values`."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -51,12 +53,45 @@ def samples(result: Result) -> dict[str, stats.Sample]:
     return {k: s for k, s in out.items() if s is not None}
 
 
-def estimates(result: Result, *, seed: int | None = None) -> dict[str, stats.Estimate]:
-    """Bootstrap 95% intervals (SD, n) of every headline number that has per-prompt data."""
-    return {k: stats.bootstrap(s, seed=seed) for k, s in samples(result).items()}
+def metric_values(result: Result) -> dict[str, float | None]:
+    """The ranked numbers of one result as results.json states them, flat: tau, tau_pooled, streak, ddtree_best,
+    ddtree_<B>, width_<k>, pos1_acc (the keys of `samples`)."""
+    m = result.metrics
+    out: dict[str, float | None] = {"tau": m.tau, "tau_pooled": m.tau_pooled, "streak": m.streak,
+                                    "ddtree_best": m.ddtree_best.tau if m.ddtree_best else None}
+    for b, v in m.ddtree_tau.items():
+        out[f"ddtree_{b}"] = v
+    for w, v in m.tree_width_tau.items():
+        out[f"width_{w}"] = v
+    out["pos1_acc"] = m.position_1_accuracy
+    return out
 
 
-def compare_paired(result: Result, reference: Result, *, seed: int | None = None) -> dict[str, stats.Paired]:
-    """`result` against `reference`, paired by prompt, for every headline number both can rebuild."""
-    a, b = samples(result), samples(reference)
-    return {k: stats.paired(a[k], b[k], seed=seed) for k in a if k in b and stats.align(a[k], b[k])[0].n}
+
+def trusted_samples(result: Result) -> dict[str, stats.Sample]:
+    """`samples` that rebuild the number results.json states (a damaged or hand-edited file's others would
+    give an interval around another number) and are finite."""
+    vals = metric_values(result)
+    return {k: s for k, s in samples(result).items()
+            if math.isfinite(s.value) and (vals.get(k) is None or math.isclose(s.value, vals[k], rel_tol=1e-3,
+                                                                              abs_tol=1e-6))}
+
+
+def estimates(result: Result, *, seed: int | None = None, keys=None) -> dict[str, stats.Estimate]:
+    """Bootstrap 95% intervals (SD, n) of every headline number (or those in `keys`) that its per-prompt data
+    rebuilds; none where the interval is not finite."""
+    out = {}
+    for k, s in trusted_samples(result).items():
+        if keys is None or k in keys:
+            e = stats.bootstrap(s, seed=seed)
+            if math.isfinite(e.lo) and math.isfinite(e.hi):
+                out[k] = e
+    return out
+
+
+def compare_paired(result: Result, reference: Result, *, seed: int | None = None, keys=None) -> dict[str, stats.Paired]:
+    """`result` against `reference`, paired by prompt, for every headline number (or those in `keys`) both
+    rebuild."""
+    a, b = trusted_samples(result), trusted_samples(reference)
+    return {k: stats.paired(a[k], b[k], seed=seed) for k in a
+            if k in b and (keys is None or k in keys) and stats.align(a[k], b[k])[0].n}

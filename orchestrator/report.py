@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import sys
 
 from rich import box
@@ -16,7 +15,7 @@ from rich.text import Text
 
 from remote_payload.results import Result
 
-from . import intervals, stats
+from . import intervals
 from .tables import Cell, Column, Table, fmt_ci, shorten
 
 
@@ -24,31 +23,29 @@ def summary_line(result: Result | dict) -> str:
     """'tau 8.37 [7.91, 8.80] · streak 7.37 · DDTree-512 12.38 [11.9, 12.8] · width-8 11.90 [...] · position-1
     accuracy 0.920 [0.901, 0.938] · 300 blocks, 10 prompts' (+ SUSPECT and its reasons) for one results.json (a
     Result, or the file's dict). The brackets: 95% bootstrap intervals over prompts (intervals.py), shown
-    when per_prompt holds two prompts or more, rebuilds the number shown and gives a finite interval (a
-    damaged or hand-edited file gets no interval rather than one around another number)."""
+    where two prompts or more rebuild the number shown (intervals.estimates: a damaged or hand-edited file gets
+    none rather than one around another number)."""
     if isinstance(result, dict):
         result = Result.from_dict(result)
     m = result.metrics
-    per = intervals.samples(result) if len(result.per_prompt) >= 2 else {}
+    widths = {w: v for w, v in m.tree_width_tau.items() if v is not None}
+    w = max(widths, key=int) if widths else None
+    est = intervals.estimates(result, keys={"tau", "ddtree_best", f"width_{w}", "pos1_acc"})
 
-    def ci(key: str, shown: float, digits: int) -> str:
-        if key not in per or per[key].n < 2 or round(per[key].value, digits) != round(shown, digits):
-            return ""
-        e = stats.bootstrap(per[key])
-        return " " + fmt_ci(e.lo, e.hi, digits) if math.isfinite(e.lo) and math.isfinite(e.hi) else ""
+    def ci(key: str, digits: int) -> str:
+        e = est.get(key)
+        return " " + fmt_ci(e.lo, e.hi, digits) if e is not None and e.n >= 2 else ""
     parts = []
     if m.tau is not None:
-        parts.append(f"tau {m.tau:.2f}{ci('tau', m.tau, 2)}")
+        parts.append(f"tau {m.tau:.2f}{ci('tau', 2)}")
     if m.streak is not None:
         parts.append(f"streak {m.streak:.2f}")
     if m.ddtree_best is not None:
-        parts.append(f"DDTree-{m.ddtree_best.budget} {m.ddtree_best.tau:.2f}{ci('ddtree_best', m.ddtree_best.tau, 2)}")
-    widths = {w: v for w, v in m.tree_width_tau.items() if v is not None}
-    if widths:
-        w = max(widths, key=int)
-        parts.append(f"width-{w} {widths[w]:.2f}{ci(f'width_{w}', widths[w], 2)}")
+        parts.append(f"DDTree-{m.ddtree_best.budget} {m.ddtree_best.tau:.2f}{ci('ddtree_best', 2)}")
+    if w is not None:
+        parts.append(f"width-{w} {widths[w]:.2f}{ci(f'width_{w}', 2)}")
     if m.position_1_accuracy is not None:
-        parts.append(f"position-1 accuracy {m.position_1_accuracy:.3f}{ci('pos1_acc', m.position_1_accuracy, 3)}")
+        parts.append(f"position-1 accuracy {m.position_1_accuracy:.3f}{ci('pos1_acc', 3)}")
     parts.append(f"{m.num_rounds} blocks, {m.num_prompts} prompts")
     if result.health.suspect:
         reasons = "; ".join(result.health.reasons)

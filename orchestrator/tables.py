@@ -13,10 +13,10 @@ from .compare import (
     checkpoint_step,
     comparability_note,
     format_duration,
-    metric_values,
     run_duration_s,
     run_marks,
 )
+from .intervals import metric_values
 from .stats import Estimate, Paired
 
 CI_NOTE = (f"[a, b] = 95% bootstrap CI over prompts (seeded; {stats.RESAMPLES:,} resamples up to 10 prompts, "

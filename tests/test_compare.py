@@ -318,6 +318,20 @@ def test_summary_line_shows_no_interval_a_damaged_file_cannot_back():
     assert " [" in line  # DDTree and width-k are intact: their intervals stay
 
 
+def test_tables_show_tau_pooled_and_no_interval_a_damaged_file_cannot_back():
+    from orchestrator import tables
+    from remote_payload.results import Result
+    good = Result.from_dict(make_results("a", num_prompts=6))
+    bad = make_results("c", num_prompts=6)
+    bad["per_prompt"][1]["tau"] = float("nan")
+    cmp = compare.compare([good, Result.from_dict(bad)], baseline=good, allow_incomparable=True)
+    rows = [r.cells for r in tables.main_table(cmp).rows]
+    assert [r["tau_pooled"].value for r in rows] == [good.metrics.tau_pooled, bad["metrics"]["tau_pooled"]]
+    assert rows[0]["tau"].est is not None and rows[0]["tau_pooled"].est is not None
+    assert rows[1]["tau"].est is None and rows[1]["tau"].pair is None  # its per-prompt taus no longer give it
+    assert rows[1]["tau_pooled"].est is not None  # the acceptance lengths are intact
+
+
 def test_compare_modules_do_not_import_torch():
     code = ("import sys; import orchestrator.commands.compare, orchestrator.compare, orchestrator.report, "
             "orchestrator.plots; assert 'torch' not in sys.modules, 'torch imported'")

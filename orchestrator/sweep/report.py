@@ -120,7 +120,7 @@ def _paired_tau(run: compare.RunRecord | None, ref: compare.RunRecord | None) ->
     if cmp.differences:
         return None, "not comparable: " + ", ".join(compare.FIELD_WORDS.get(d.field, d.field)
                                                     for d in cmp.differences)
-    return intervals.compare_paired(run.result, ref.result).get("tau"), ""
+    return intervals.compare_paired(run.result, ref.result, keys={"tau"}).get("tau"), ""
 
 
 def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: compare.RunRecord | None,
@@ -135,7 +135,7 @@ def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: comp
         here = checkpoint_order(o.step, o.checkpoint)
         earlier = [e for e in done if e.checkpoint != o.checkpoint and checkpoint_order(e.step, e.checkpoint) < here]
         run = loaded.get(o.local_path) if o.tau is not None else None
-        if run is not None and (tau := intervals.estimates(run.result).get("tau")) is not None:
+        if run is not None and (tau := intervals.estimates(run.result, keys={"tau"}).get("tau")) is not None:
             o.tau_ci = [tau.lo, tau.hi]
         if earlier:
             prev = max(earlier, key=lambda e: checkpoint_order(e.step, e.checkpoint))
@@ -160,7 +160,7 @@ def history_points(series: list[LedgerEntry], sweep_id: str, loaded: _Results | 
         if e.state != protocol.SUCCEEDED or e.tau is None or e.suspect or e.step is None:
             continue
         run = loaded.get(e.local_path)
-        est = intervals.estimates(run.result).get("tau") if run is not None else None
+        est = intervals.estimates(run.result, keys={"tau"}).get("tau") if run is not None else None
         out.append(StepPoint(e.step, e.tau, est.lo if est else None, est.hi if est else None, e.checkpoint,
                              e.sweep == sweep_id))
     return out

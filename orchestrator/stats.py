@@ -11,7 +11,6 @@ of a paired comparison), recompute the statistic, take the 2.5th and 97.5th perc
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -189,7 +188,7 @@ def sign_flip_p(a: Sample, b: Sample, *, permutations: int = PERMUTATIONS, seed:
     n = a.n
     observed = abs(a.value - b.value)
     if n <= EXACT_PERMUTATION_MAX_N:
-        flips = np.array(list(itertools.product((False, True), repeat=n)), dtype=bool).reshape(-1, n)
+        flips = _all_flips(n)
         extreme = _extreme(a, b, flips, observed)
         return float(extreme.sum() / len(flips))
     rng = np.random.default_rng(SEED if seed is None else seed)
@@ -198,6 +197,14 @@ def sign_flip_p(a: Sample, b: Sample, *, permutations: int = PERMUTATIONS, seed:
         flips = rng.random((min(_CHUNK, permutations - s), n)) < 0.5
         count += int(_extreme(a, b, flips, observed).sum())
     return (count + 1) / (permutations + 1)
+
+
+@functools.lru_cache(maxsize=EXACT_PERMUTATION_MAX_N + 1)
+def _all_flips(n: int) -> np.ndarray:
+    """Every swap pattern of n prompts, [2**n, n] bool, in itertools.product order (built once per n)."""
+    flips = (np.arange(2 ** n)[:, None] >> np.arange(n - 1, -1, -1)) & 1 == 1
+    flips.flags.writeable = False
+    return flips
 
 
 def _extreme(a: Sample, b: Sample, flips: np.ndarray, observed: float) -> np.ndarray:

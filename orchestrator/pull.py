@@ -49,6 +49,7 @@ def extract_contract_files(tar_bytes: bytes, dest: Path) -> tuple[list[str], lis
 
 def pull(transport: Transport, name: str, *, workdir: str) -> PullResult:
     host = transport.host.name
+    check_local_runs_root(host)  # before the transfer: a `runs` that is a file refuses at once
     p = transport.popen(pull_script(remote_run_dir(workdir, name)))
     out, err = p.communicate()
     e = transport.connection_error(p.returncode, err.decode(errors="replace"))
@@ -59,7 +60,6 @@ def pull(transport: Transport, name: str, *, workdir: str) -> PullResult:
     if p.returncode != 0:
         raise RemoteCommandError(host, "tar cf - <run files>", p.returncode, err.decode(errors="replace"))
     final = local_run_dir(host, name)
-    check_local_runs_root(host)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".pull-{name}-{os.getpid()}"
     old = final.parent / f".old-{name}-{os.getpid()}"

@@ -35,6 +35,8 @@ STAGED_RUN_JSON = ".run.json.job"  # what was asked; copied for the wrapper at e
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
 QUEUED = protocol.QUEUED
 
+JOB_ID_ENV = "REVAL_SLURM_JOB"  # the batch script exports the job id reval knows a run by (ARRAYJOB_TASK)
+
 
 @dataclass
 class Task:
@@ -85,8 +87,8 @@ def batch_script(spec: SlurmSpec, *, workdir: str, tasks: list[Task], env: dict,
     lines += [f"export {shlex.quote(f'{k}={v}')}" for k, v in exports.items()]
     lines += [
         # the job id reval knows the run by: ARRAYJOB_TASK for an array task, else the job id
-        ('if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then REVAL_SLURM_JOB="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"; '
-         'else REVAL_SLURM_JOB="${SLURM_JOB_ID:-}"; fi; export REVAL_SLURM_JOB'),
+        (f'if [ -n "${{SLURM_ARRAY_JOB_ID:-}}" ]; then {JOB_ID_ENV}="${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"; '
+         f'else {JOB_ID_ENV}="${{SLURM_JOB_ID:-}}"; fi; export {JOB_ID_ENV}'),
         'n=${SLURM_RESTART_COUNT:-0}',
         # requeued: start over; what the cut-short attempt left (a status, a result) is not this run's outcome
         ('if [ "$n" -gt 0 ]; then echo "[reval] requeued by Slurm (restart $n): starting over" >> "$d/eval.log"; '

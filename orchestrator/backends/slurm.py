@@ -27,7 +27,7 @@ from ..transport import q
 from .base import GPUS_SCHEDULER, Backend, JobHandle, Launch, Submission
 from .ssh import preflight_refusal, preflight_sh, wrapper_argv
 
-JOB_ID_ENV = "REVAL_SLURM_JOB"
+JOB_ID_ENV = slurmjobs.JOB_ID_ENV
 SUBMIT_TIMEOUT_S = 120.0
 _ACTIVE = "|".join(sorted(slurmjobs.ACTIVE_STATES))
 

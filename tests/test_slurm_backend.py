@@ -190,6 +190,23 @@ def test_a_failing_eval_exit_code_reaches_reval(hpc, capsys):
     assert [p.name for p in (hpc.shared / "slurm").iterdir() if (p / "job.sh").read_text().count("bad-input")] == []
 
 
+def test_a_damaged_status_on_the_cluster_lists_without_its_bad_fields(hpc, capsys):
+    """status.json is untrusted on a cluster too: fields of the wrong type are left out, as over SSH."""
+    import json
+    rc, _, err = reval(capsys, hpc, "run", "hpc", "--payload", "dummy", "--name", "damaged", "--",
+                       "--lines", "1", "--interval-s", "0")
+    assert rc == 0, err
+    st_file = hpc.run_dir("damaged") / "status.json"
+    st = json.loads(st_file.read_text())
+    st_file.write_text(json.dumps({**st, "exit_code": "0; rm -rf", "finished_at": 17, "started_at": ["x"]}))
+    rc, out, err = reval(capsys, hpc, "ls", "hpc", "--json")
+    assert rc == 0 and "Traceback" not in err, err
+    row = next(r for r in json.loads(out) if r["name"] == "damaged")
+    assert row["state"] == "succeeded" and "rm -rf" not in out and row.get("finished_at") != 17
+    rc, out, err = reval(capsys, hpc, "status", "hpc/damaged")
+    assert rc == 0 and "Traceback" not in err and "succeeded" in out
+
+
 def test_bad_paths_are_refused_on_the_login_node_before_anything_is_submitted(hpc, capsys):
     jobs = hpc.slurm.cmd("squeue", "-h", "-r", "-t", "all", "-o", "%i").stdout.split()
     rc, out, err = reval(capsys, hpc, "run", "hpc", "--name", "nopath", "--drafter", "/nonexistent/drafter",

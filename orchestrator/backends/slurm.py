@@ -22,7 +22,7 @@ from remote_payload import protocol
 
 from .. import slurmjobs
 from ..errors import ConfigError, HostUnreachable, RevalError, RunExists, RunNotFound
-from ..runs import RunState, check_run_name, is_run_name, load_follow_state, save_follow_state
+from ..runs import RunState, check_run_name, clean_status, is_run_name, load_follow_state, save_follow_state
 from ..transport import q
 from .base import GPUS_SCHEDULER, Backend, JobHandle, Launch, Submission
 from .ssh import preflight_refusal, preflight_sh, wrapper_argv
@@ -189,7 +189,9 @@ class SlurmBackend(Backend):
         for name, parts in out.items():
             if not is_run_name(name):
                 continue
-            parsed[name] = {k: _json_obj("\n".join(v)) for k, v in parts.items()}
+            # status.json is untrusted: fields of the wrong type are left out, as the SSH listing does
+            objs = {k: _json_obj("\n".join(v)) for k, v in parts.items()}
+            parsed[name] = {**objs, "STATUS": clean_status(objs.get("STATUS"))}
         return parsed
 
     def _query_jobs(self, job_ids: list[str]) -> dict[str, slurmjobs.JobInfo]:
@@ -220,10 +222,11 @@ class SlurmBackend(Backend):
         for name, r in runs.items():
             st = r["STATUS"]
             job = jobs.get(want[name]) if want[name] else None
-            if st.get("slurm_state") and st.get("state") in protocol.TERMINAL_STATES:
-                v = slurmjobs.Verdict(st["state"], str(st.get("reason") or ""), st.get("exit_code"))
+            if (st.get("slurm_state") and st.get("state") in protocol.TERMINAL_STATES) or (job is None and st
+                                                                                          and not want[name]):
+                v = slurmjobs.verdict(None, st)  # the recorded end (Slurm's word already in it), or lost
             elif job is None and not want[name]:
-                v = slurmjobs.verdict(None, st) if st else slurmjobs.Verdict(protocol.LOST, "no Slurm job recorded")
+                v = slurmjobs.Verdict(protocol.LOST, "no Slurm job recorded")
             else:
                 v = slurmjobs.verdict(job, st)
                 fixed = slurmjobs.final_status(st, v, job) if job is not None else None

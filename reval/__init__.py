@@ -85,7 +85,7 @@ class Run:
         res = load(fin.path)
         if _lifecycle.bad_input(fin):
             self._run.discard()  # exit 3 leaves nothing on either side (the name is free again)
-        if not fin.ok or res.results is None:
+        if not fin.ok or res.result is None:
             why = fin.status.get("error") or f"exit {fin.status.get('exit_code')}"
             code = {"cancelled": 103}.get(fin.state, 3 if fin.status.get("exit_code") == 3 else 1)
             err = EvalFailed(f"{self.ref}: {fin.state} ({why})", hint=f"see {fin.path}/eval.log", exit_code=code)
@@ -139,9 +139,7 @@ class Comparison:
 
 def compare(results: list[Result | str | Path], *, baseline: Result | str | Path | None = None) -> Comparison:
     """Compare results (or run directories); runs that are not comparable are marked, never ranked."""
-    runs = [r if isinstance(r, Result) else load(r) for r in results]
-    base = baseline if baseline is None or isinstance(baseline, Result) else load(baseline)
-    model = _compare.build_comparison(runs, base)
+    model = _compare.compare(results, baseline, allow_incomparable=True)  # what `reval compare` builds
     data = _tables.comparison_json(model)
     ranked = [r for r in data["runs"] if r["rankable"] and r["metrics"].get("tau") is not None]
     best = max(ranked, key=lambda r: r["metrics"]["tau"])["label"] if ranked else None

@@ -13,7 +13,7 @@ from remote_payload import __version__, protocol
 
 from . import plots, tables
 from .compare import Comparison, format_duration
-from .report import ci_text
+from .report import ci_text, visible_columns
 from .tables import Cell, Table
 
 CSS = """
@@ -50,7 +50,7 @@ def _cell_html(cell: Cell, col) -> str:
 
 
 def table_html(table: Table, wide: bool = True) -> str:
-    cols = [c for c in table.columns if wide or c.headline]
+    cols = visible_columns(table, wide)
     head = "".join(f'<th class="{"text" if c.digits is None else "num"}">{e(c.label).replace(chr(10), "<br>")}</th>'
                    for c in cols)
     body = []

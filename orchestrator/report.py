@@ -166,14 +166,15 @@ def render_csv(tables: list[Table]) -> str:
     for i, table in enumerate(tables):
         if i:
             buf.write("\n")
+        has = {(c.key, what): _has(table, c.key, what) for c in table.columns for what in ("est", "delta", "pair")}
         header = []
         for c in table.columns:
             header.append(c.key)
-            if _has(table, c.key, "est"):
+            if has[c.key, "est"]:
                 header += [f"{c.key}_lo", f"{c.key}_hi", f"{c.key}_sd", f"{c.key}_n"]
-            if _has(table, c.key, "delta"):
+            if has[c.key, "delta"]:
                 header += [f"{c.key}_ratio", f"{c.key}_delta"]
-            if _has(table, c.key, "pair"):
+            if has[c.key, "pair"]:
                 header += [f"{c.key}_delta_lo", f"{c.key}_delta_hi", f"{c.key}_ratio_lo", f"{c.key}_ratio_hi",
                            f"{c.key}_p"]
         w.writerow(header + ["marks"])
@@ -182,12 +183,12 @@ def render_csv(tables: list[Table]) -> str:
             for c in table.columns:
                 cell = row.cells.get(c.key, Cell())
                 vals.append("" if cell.value is None else cell.value)
-                if _has(table, c.key, "est"):
+                if has[c.key, "est"]:
                     e = cell.est
                     vals += ["", "", "", ""] if e is None else [_r(e.lo), _r(e.hi), _r(e.sd), e.n]
-                if _has(table, c.key, "delta"):
+                if has[c.key, "delta"]:
                     vals += [_r(cell.ratio), _r(cell.delta)]
-                if _has(table, c.key, "pair"):
+                if has[c.key, "pair"]:
                     p = cell.pair
                     vals += [""] * 5 if p is None else [_r(p.delta_lo), _r(p.delta_hi), _r(p.ratio_lo),
                                                         _r(p.ratio_hi), _r(p.p_value)]

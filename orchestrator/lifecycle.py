@@ -28,7 +28,7 @@ from remote_payload import protocol
 from . import __version__
 from .backends.base import Backend, Launch, Submission
 from .environment import EnvInfo, provision
-from .errors import ConfigError, RunNotFound
+from .errors import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_EVAL_FAILED, ConfigError, RunNotFound
 from .events import Event, EventSink
 from .follow import FollowResult, follow
 from .pull import PullResult
@@ -247,6 +247,14 @@ class Run:
 def bad_input(fin: Finished) -> bool:
     """The payload's exit 3: bad input (a missing key, a shape mismatch, a bad path), reval's exit 3 too."""
     return fin.state == protocol.FAILED and fin.status.get("exit_code") == protocol.EXIT_BAD_INPUT
+
+
+def failure_exit_code(state: str, status: dict) -> int:
+    """reval's exit code for a run that did not succeed: 103 cancelled, 3 when the payload said bad input
+    (its exit 3), else 1 (the CLI's final line and the API's reval.Error)."""
+    if state == protocol.CANCELLED:
+        return EXIT_CANCELLED
+    return EXIT_BAD_INPUT if status.get("exit_code") == protocol.EXIT_BAD_INPUT else EXIT_EVAL_FAILED
 
 
 def attach(backend: Backend, name: str, *, python: str | None = None) -> Run:

@@ -87,8 +87,8 @@ class Run:
             self._run.discard()  # exit 3 leaves nothing on either side (the name is free again)
         if not fin.ok or res.result is None:
             why = fin.status.get("error") or f"exit {fin.status.get('exit_code')}"
-            code = {"cancelled": 103}.get(fin.state, 3 if fin.status.get("exit_code") == 3 else 1)
-            err = EvalFailed(f"{self.ref}: {fin.state} ({why})", hint=f"see {fin.path}/eval.log", exit_code=code)
+            err = EvalFailed(f"{self.ref}: {fin.state} ({why})", hint=f"see {fin.path}/eval.log",
+                             exit_code=_lifecycle.failure_exit_code(fin.state, fin.status))
             err.finished, err.result = fin, res
             raise err
         return res

@@ -16,7 +16,6 @@ from ..argparsing import positive_int, seconds
 from ..backends import get_backend
 from ..compare import _iso_s, format_duration
 from ..errors import (
-    EXIT_BAD_INPUT,
     EXIT_CANCELLED,
     EXIT_EVAL_FAILED,
     EXIT_OK,
@@ -101,7 +100,7 @@ def report_final(host: str, name: str, state: str, status: dict, pulled: Path) -
         return EXIT_OK
     if state == protocol.CANCELLED:
         out(f"cancelled {name} on {host} after {duration_text(status)} · {where}")
-        return EXIT_CANCELLED
+        return lifecycle.failure_exit_code(state, status)
     if state == protocol.LOST:
         err(f"lost    {name}: status.json on {host} says running but its process group {status.get('pgid')} is "
             f"gone (host rebooted? OOM killer?); no result · {where}")
@@ -113,8 +112,7 @@ def report_final(host: str, name: str, state: str, status: dict, pulled: Path) -
         err("        last lines of eval.log:")
         for line in lines:
             err(f"        | {line}")
-    # The payload's exit 3 means bad input (a missing key, a shape mismatch, a bad path): so is ours.
-    return EXIT_BAD_INPUT if status.get("exit_code") == protocol.EXIT_BAD_INPUT else EXIT_EVAL_FAILED
+    return lifecycle.failure_exit_code(state, status)  # the payload's exit 3 (bad input) is ours too
 
 
 def finish_run(run, *, sink, log_offset: int | None = None, give_up_s: float = 120.0) -> int:

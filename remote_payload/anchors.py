@@ -8,6 +8,7 @@ prompt i's outputs are waited for, so the walks and metrics of prompt i run whil
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,7 @@ class PendingAnchors:
     """One prompt's queued drafting; `result()` waits for its outputs (the only host sync)."""
 
     def __init__(self, drafts, ranks, topk, finite, acc, tied, budgets):
+        """On CUDA the copies are queued on the current stream (the caller's side stream, where the DDTree ran)."""
         self.topk, self.ranks, self.budgets = topk, ranks, budgets
         small = [drafts, ranks, finite, acc, tied]
         self.event = None
@@ -43,12 +45,14 @@ class PendingAnchors:
                 h.copy_(t, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
+            self._sources = small  # alive until the copies are done: freed earlier, another stream could reuse them
         else:
             self.host = small
 
     def result(self) -> AnchorOutputs:
         if self.event is not None:
             self.event.synchronize()
+            self._sources = None
         drafts, ranks, finite, acc, tied = self.host
         if not bool(finite):
             raise PayloadError("drafter produced NaN/inf logits: check the weights' dtype and the cache features")
@@ -69,29 +73,74 @@ def enqueue_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, promp
     k = min(max([*budgets, *widths, 1]), drafter.cfg.vocab_size)
     ctx = drafter.precompute_context(feats)  # context K/V once per prompt
     offsets = torch.arange(1, bs, device=dev)
-    finite = torch.ones((), dtype=torch.bool, device=dev)
-    drafts, ranks, topk = [], [], []
-    for s in range(0, n, batch_size):
-        lo, hi = prompt_len + s, prompt_len + min(n, s + batch_size)
-        anchors = torch.arange(lo, hi, device=dev)  # [m]
-        hidden = drafter.draft_hidden(ctx, anchors, ids[anchors], head, bounds=(lo, hi - 1))  # [m, bs, H]
-        pos = anchors[:, None] + offsets  # [m, bs-1]
-        tgt = torch.where(pos < T, ids[pos.clamp(max=T - 1)], -1)
-        out = logits_topk(hidden, head, k, target_ids=tgt.clamp(min=0))
-        finite &= torch.isfinite(out.topk_logprobs[..., 0]).all()
-        drafts.append(out.argmax_ids)
-        ranks.append(out.target_ranks.masked_fill(tgt < 0, -1))
-        if budgets:
-            topk.append(out.topk_logprobs)
+    lanes = _Lanes(dev)
+    finite, drafts, ranks, topk = [], [], [], []
+    for j, s in enumerate(range(0, n, batch_size)):
+        with lanes.batch(j):
+            lo, hi = prompt_len + s, prompt_len + min(n, s + batch_size)
+            anchors = torch.arange(lo, hi, device=dev)  # [m]
+            hidden = drafter.draft_hidden(ctx, anchors, ids[anchors], head, bounds=(lo, hi - 1))  # [m, bs, H]
+            pos = anchors[:, None] + offsets  # [m, bs-1]
+            tgt = torch.where(pos < T, ids[pos.clamp(max=T - 1)], -1)
+            out = logits_topk(hidden, head, k, target_ids=tgt.clamp(min=0))
+            finite.append(torch.isfinite(out.topk_logprobs[..., 0]).all())
+            drafts.append(out.argmax_ids)
+            ranks.append(out.target_ranks.masked_fill(tgt < 0, -1))
+            if budgets:
+                topk.append(out.topk_logprobs)
+    lanes.join()
     width = bs - 1
+    finite_t = torch.stack(finite).all() if finite else torch.ones((), dtype=torch.bool, device=dev)
     drafts_t = torch.cat(drafts) if drafts else torch.zeros(0, width, dtype=torch.long, device=dev)
     ranks_t = torch.cat(ranks) if ranks else torch.zeros(0, width, dtype=torch.long, device=dev)
     topk_t = (torch.cat(topk) if topk else torch.zeros(0, width, k, device=dev)) if budgets else None
-    if budgets:
-        acc, tied = metrics.ddtree_accept_device(topk_t, ranks_t, budgets)
-    else:
-        acc = tied = torch.zeros(0, device=dev)
-    return PendingAnchors(drafts_t, ranks_t, topk_t, finite, acc, tied, sorted(set(budgets)))
+    with lanes.tail():  # the DDTree and the host copies beside the next prompt's drafting
+        if budgets:
+            acc, tied = metrics.ddtree_accept_device(topk_t, ranks_t, budgets)
+        else:
+            acc = tied = torch.zeros(0, device=dev)
+        return PendingAnchors(drafts_t, ranks_t, topk_t, finite_t, acc, tied, sorted(set(budgets)))
+
+
+class _Lanes:
+    """CUDA streams for one prompt's drafting: batch j runs on lane j % 2, so one batch's memory-bound tail
+    (logsumexp, top-k, ranks) runs beside the next batch's GEMMs; the DDTree and the host copies run on a
+    third stream beside the next prompt. Every lane waits for the current stream's work (the context K/V, the
+    features' copies) before its first batch; `join` makes the current stream wait for both. Kernels and their
+    order per batch are those of one stream: the outputs are the same numbers (tests/gpu).
+    REVAL_STREAMS=1 runs everything on the current stream. CPU: no streams."""
+
+    def __init__(self, dev: torch.device):
+        self.on = dev.type == "cuda" and os.environ.get("REVAL_STREAMS", "").strip() != "1"
+        if self.on:
+            self.main = torch.cuda.current_stream(dev)
+            if str(dev) not in _LANES:  # made once per device, kept for the process
+                _LANES[str(dev)] = [torch.cuda.Stream(dev) for _ in range(3)]
+            *self.lanes, self.side = _LANES[str(dev)]
+            self.waited: set[int] = set()
+
+    def batch(self, j: int):
+        if not self.on:
+            return contextlib.nullcontext()
+        lane = self.lanes[j % 2]
+        if j % 2 not in self.waited:
+            lane.wait_stream(self.main)
+            self.waited.add(j % 2)
+        return torch.cuda.stream(lane)
+
+    def join(self) -> None:
+        if self.on:
+            for j in self.waited:
+                self.main.wait_stream(self.lanes[j])
+
+    def tail(self):
+        if not self.on:
+            return contextlib.nullcontext()
+        self.side.wait_stream(self.main)
+        return torch.cuda.stream(self.side)
+
+
+_LANES: dict[str, list] = {}
 
 
 def draft_all_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, prompt_len: int, n: int, *,

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from remote_payload.config import DrafterConfig
-from remote_payload.kernels import fast_kernels_enabled, lse_topk
+from remote_payload.kernels import fast_kernels_enabled, lse_topk, rope, silu_mul
 
 
 @dataclass
@@ -106,7 +106,11 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.gate_up_weight is None or (torch.is_grad_enabled() and self.gate_proj.weight.requires_grad):
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        gate_up = F.linear(x, self.gate_up_weight)
+        fused = silu_mul(gate_up.view(-1, gate_up.shape[-1]))  # one Triton pass where it runs, same numbers
+        if fused is not None:
+            return self.down_proj(fused.view(*gate_up.shape[:-1], -1))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up))
 
 
@@ -128,7 +132,11 @@ def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [..., d]; cos/sin broadcastable to x, fp32 (cast to x's dtype, as HF does)."""
+    """x [..., d]; cos/sin broadcastable to x, fp32 (cast to x's dtype, as HF does). One Triton pass where
+    `kernels.rope` applies (the same numbers)."""
+    fused = rope(x, cos, sin)
+    if fused is not None:
+        return fused
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos.to(x.dtype) + torch.cat([-x2, x1], dim=-1) * sin.to(x.dtype)
 

@@ -21,10 +21,11 @@ import torch
 from torch import Tensor
 
 _triton = None
+libdevice = None  # triton's libdevice module, once loaded
 
 
 def _load_triton():
-    global _triton
+    global _triton, libdevice
     if _triton is None:
         try:
             import triton
@@ -32,6 +33,10 @@ def _load_triton():
         except ImportError:
             _triton = False
             return _triton
+        try:  # a module global: the kernels' compiler resolves names there
+            from triton.language.extra import libdevice
+        except ImportError:  # older Triton
+            from triton.language.extra.cuda import libdevice
 
         @triton.jit
         def lse_kernel(x_ptr, out_ptr, max_ptr, n_cols, stride, n_chunks, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
@@ -55,7 +60,37 @@ def _load_triton():
             total = tl.sum(tl.where(m == float("-inf"), 0.0, s * tl.exp(m - top)), 0)
             tl.store(out_ptr + row, top + tl.log(total))
 
-        _triton = lse_kernel
+        @triton.jit
+        def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, NH: tl.constexpr, HALF: tl.constexpr):
+            # one row of [rows, NH, 2*HALF]: apply_rope's four bf16 roundings (x*cos, rot*sin, their sum)
+            row = tl.program_id(0).to(tl.int64)
+            h = tl.arange(0, NH)[:, None]
+            j = tl.arange(0, HALF)[None, :]
+            base = row * NH * 2 * HALF + h * 2 * HALF + j
+            x1 = tl.load(x_ptr + base).to(tl.float32)
+            x2 = tl.load(x_ptr + base + HALF).to(tl.float32)
+            c1 = tl.load(cos_ptr + row * 2 * HALF + j).to(tl.float32)
+            c2 = tl.load(cos_ptr + row * 2 * HALF + HALF + j).to(tl.float32)
+            s1 = tl.load(sin_ptr + row * 2 * HALF + j).to(tl.float32)
+            s2 = tl.load(sin_ptr + row * 2 * HALF + HALF + j).to(tl.float32)
+            bf = tl.bfloat16
+            lo = (x1 * c1).to(bf).to(tl.float32) + (-x2 * s1).to(bf).to(tl.float32)
+            hi = (x2 * c2).to(bf).to(tl.float32) + (x1 * s2).to(bf).to(tl.float32)
+            tl.store(out_ptr + base, lo.to(bf))
+            tl.store(out_ptr + base + HALF, hi.to(bf))
+
+        @triton.jit
+        def silu_mul_kernel(gu_ptr, out_ptr, n_cols, stride, BLOCK: tl.constexpr):
+            # [rows, gate | up] -> silu(gate) * up: torch's two bf16 roundings, its IEEE exp and division
+            row = tl.program_id(0).to(tl.int64)
+            offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n_cols
+            g = tl.load(gu_ptr + row * stride + offs, mask=mask, other=0.0).to(tl.float32)
+            u = tl.load(gu_ptr + row * stride + n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+            act = tl.math.div_rn(g, 1.0 + libdevice.exp(-g)).to(tl.bfloat16).to(tl.float32)
+            tl.store(out_ptr + row * n_cols + offs, (act * u).to(tl.bfloat16), mask=mask)
+
+        _triton = {"lse": lse_kernel, "rope": rope_kernel, "silu_mul": silu_mul_kernel}
     return _triton
 
 
@@ -180,7 +215,7 @@ def _triton_lse(logits: Tensor, chunk_max: bool = False) -> tuple[Tensor, Tensor
     n, v = logits.shape
     lse = torch.empty(n, device=logits.device, dtype=torch.float32)
     cmax = torch.empty(n, v // LSE_CHUNK, device=logits.device, dtype=torch.float32) if chunk_max else lse
-    _load_triton()[(n,)](logits, lse, cmax, v, logits.stride(0), v // LSE_CHUNK if chunk_max else 0, BLOCK=2048,
+    _load_triton()["lse"][(n,)](logits, lse, cmax, v, logits.stride(0), v // LSE_CHUNK if chunk_max else 0, BLOCK=2048,
                          CHUNK=LSE_CHUNK, WANT_MAX=chunk_max, num_warps=8)
     return lse[:, None], cmax if chunk_max else None
 
@@ -210,3 +245,42 @@ def lse_topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
         return (lse, *topk_from_chunk_max(logits, k, LSE_CHUNK, cmax))
     vals, ids = row_topk(logits, k)
     return row_logsumexp(logits, ids[:, :1]), vals, ids
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor | None:
+    """`drafter.apply_rope` as one Triton pass (five torch kernels, broadcasting cos/sin over the heads), the
+    same bf16 numbers: x [..., NH, d] contiguous bf16, cos/sin [..., 1, d] bf16 with x's leading shape.
+    None where it does not apply (no Triton planned, another dtype or layout): the caller runs apply_rope."""
+    nh, d = x.shape[-2:]
+    if not (fast_kernels_enabled(x) and x.dtype == cos.dtype == sin.dtype == torch.bfloat16 and x.is_contiguous()
+            and cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape == (*x.shape[:-2], 1, d)
+            and _pow2(nh) and d % 2 == 0 and _pow2(d // 2) and _use_triton()):
+        return None
+    out = torch.empty_like(x)
+    rows = x.numel() // (nh * d)
+    if rows:
+        _load_triton()["rope"][(rows,)](x, cos, sin, out, NH=nh, HALF=d // 2, num_warps=4)
+    return out
+
+
+SILU_BLOCK = 1024
+
+
+def silu_mul(gate_up: Tensor) -> Tensor | None:
+    """[rows, 2I] (gate | up, the fused projection's output) -> silu(gate) * up [rows, I] in one Triton pass,
+    the same bf16 numbers as `F.silu(gate).mul_(up)` (IEEE division, libdevice exp as torch's CUDA kernel).
+    None where it does not apply (no Triton planned, not bf16, not row-contiguous)."""
+    rows, two_i = gate_up.shape
+    if not (fast_kernels_enabled(gate_up) and gate_up.dtype == torch.bfloat16 and gate_up.stride(1) == 1
+            and two_i % 2 == 0 and _use_triton()):
+        return None
+    inner = two_i // 2
+    out = torch.empty(rows, inner, dtype=gate_up.dtype, device=gate_up.device)
+    if rows:
+        grid = (rows, -(-inner // SILU_BLOCK))
+        _load_triton()["silu_mul"][grid](gate_up, out, inner, gate_up.stride(0), BLOCK=SILU_BLOCK, num_warps=4)
+    return out

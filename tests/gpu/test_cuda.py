@@ -204,3 +204,35 @@ def test_drafting_on_several_streams_equals_one_stream(monkeypatch):
             assert torch.equal(a.topk_logprobs, b.topk_logprobs)
             assert all(np.array_equal(a.tree_acc[k], b.tree_acc[k]) for k in b.tree_acc)
     assert sum(int(r.tree_acc[256].sum()) for r in ref) > 0  # some targets inside the trees: not vacuous
+
+
+def test_triton_rope_equals_apply_rope_bit_for_bit(monkeypatch):
+    """The fused RoPE (one pass) gives apply_rope's bf16 numbers exactly, at the 27B shapes (32 query and 8 key
+    heads of 128) and positions up to the context limit."""
+    from remote_payload import kernels
+    from remote_payload.drafter import apply_rope, rope_cos_sin
+    monkeypatch.setenv("REVAL_TRITON", "1")
+    g = torch.Generator(device="cuda").manual_seed(9)
+    pos = torch.randint(0, 262144, (2, 64, 16), generator=g, device="cuda")
+    cos, sin = rope_cos_sin(pos, 128, 1e7)
+    cos, sin = cos[..., None, :].bfloat16(), sin[..., None, :].bfloat16()
+    for heads in (32, 8):
+        x = (torch.randn(2, 64, 16, heads, 128, generator=g, device="cuda") * 4).bfloat16()
+        got = kernels.rope(x, cos, sin)
+        monkeypatch.setenv("REVAL_TORCH_KERNELS", "1")
+        ref = apply_rope(x, cos, sin)
+        monkeypatch.delenv("REVAL_TORCH_KERNELS")
+        assert got is not None and torch.equal(got, ref), heads
+
+
+def test_triton_silu_mul_equals_torch_bit_for_bit(monkeypatch):
+    from remote_payload import kernels
+    monkeypatch.setenv("REVAL_TRITON", "1")
+    g = torch.Generator(device="cuda").manual_seed(10)
+    gu = (torch.randn(2048, 2 * 17408, generator=g, device="cuda") * 6).bfloat16()
+    gu[0, :8] = torch.tensor([0.0, -0.0, 88.0, -88.0, 1e4, -1e4, float("inf"), float("-inf")])
+    got = kernels.silu_mul(gu)
+    gate, up = gu.chunk(2, dim=-1)
+    ref = torch.nn.functional.silu(gate).mul_(up)
+    assert got is not None and got.shape == ref.shape
+    assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.nan_to_num(), ref.nan_to_num())

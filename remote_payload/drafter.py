@@ -294,7 +294,9 @@ class DFlashDrafter(nn.Module):
             att = layer.self_attn
             key = (cfg.layer_is_causal(i), cfg.layer_window(i))
             if key not in masks:
-                masks[key] = _group_mask(anchors, q_pos, T, ctx.k[i].shape[2], G, g, a_min, *key)
+                lo, vis = _group_mask(anchors, q_pos, T, ctx.k[i].shape[2], G, g, a_min, *key)
+                # additive (0 / -inf, as SDPA turns a bool mask into in every call): once, not once per layer
+                masks[key] = lo, torch.zeros(vis.shape, dtype=dt, device=dev).masked_fill_(~vis, float("-inf"))
             lo, mask = masks[key]  # mask [B*ng, 1, G*g*bs, (R-lo) + G*bs]
 
             h = layer.input_layernorm(x)

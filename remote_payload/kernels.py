@@ -21,76 +21,19 @@ import torch
 from torch import Tensor
 
 _triton = None
-libdevice = None  # triton's libdevice module, once loaded
 
 
 def _load_triton():
-    global _triton, libdevice
+    """The Triton kernels (triton_kernels.py) by name, or False where Triton is not installed."""
+    global _triton
     if _triton is None:
         try:
-            import triton
-            import triton.language as tl
+            from . import triton_kernels
         except ImportError:
             _triton = False
             return _triton
-        try:  # a module global: the kernels' compiler resolves names there
-            from triton.language.extra import libdevice
-        except ImportError:  # older Triton
-            from triton.language.extra.cuda import libdevice
-
-        @triton.jit
-        def lse_kernel(x_ptr, out_ptr, max_ptr, n_cols, stride, n_chunks, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-                       WANT_MAX: tl.constexpr):
-            row = tl.program_id(0).to(tl.int64)
-            base = x_ptr + row * stride
-            m = tl.full([BLOCK], float("-inf"), tl.float32)
-            s = tl.zeros([BLOCK], tl.float32)
-            for start in range(0, n_cols, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                x = tl.load(base + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
-                if WANT_MAX:  # the maximum of each CHUNK columns, for topk_from_chunk_max
-                    cm = tl.max(tl.reshape(x, [BLOCK // CHUNK, CHUNK]), axis=1)
-                    ci = start // CHUNK + tl.arange(0, BLOCK // CHUNK)
-                    tl.store(max_ptr + row * n_chunks + ci, cm, mask=ci < n_chunks)
-                m_new = tl.maximum(m, x)
-                empty = m_new == float("-inf")  # nothing seen by this lane yet: keep s = 0, no inf - inf
-                s = tl.where(empty, 0.0, s * tl.exp(m - m_new) + tl.exp(x - m_new))
-                m = m_new
-            top = tl.max(m, 0)
-            total = tl.sum(tl.where(m == float("-inf"), 0.0, s * tl.exp(m - top)), 0)
-            tl.store(out_ptr + row, top + tl.log(total))
-
-        @triton.jit
-        def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, NH: tl.constexpr, HALF: tl.constexpr):
-            # one row of [rows, NH, 2*HALF]: apply_rope's four bf16 roundings (x*cos, rot*sin, their sum)
-            row = tl.program_id(0).to(tl.int64)
-            h = tl.arange(0, NH)[:, None]
-            j = tl.arange(0, HALF)[None, :]
-            base = row * NH * 2 * HALF + h * 2 * HALF + j
-            x1 = tl.load(x_ptr + base).to(tl.float32)
-            x2 = tl.load(x_ptr + base + HALF).to(tl.float32)
-            c1 = tl.load(cos_ptr + row * 2 * HALF + j).to(tl.float32)
-            c2 = tl.load(cos_ptr + row * 2 * HALF + HALF + j).to(tl.float32)
-            s1 = tl.load(sin_ptr + row * 2 * HALF + j).to(tl.float32)
-            s2 = tl.load(sin_ptr + row * 2 * HALF + HALF + j).to(tl.float32)
-            bf = tl.bfloat16
-            lo = (x1 * c1).to(bf).to(tl.float32) + (-x2 * s1).to(bf).to(tl.float32)
-            hi = (x2 * c2).to(bf).to(tl.float32) + (x1 * s2).to(bf).to(tl.float32)
-            tl.store(out_ptr + base, lo.to(bf))
-            tl.store(out_ptr + base + HALF, hi.to(bf))
-
-        @triton.jit
-        def silu_mul_kernel(gu_ptr, out_ptr, n_cols, stride, BLOCK: tl.constexpr):
-            # [rows, gate | up] -> silu(gate) * up: torch's two bf16 roundings, its IEEE exp and division
-            row = tl.program_id(0).to(tl.int64)
-            offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-            mask = offs < n_cols
-            g = tl.load(gu_ptr + row * stride + offs, mask=mask, other=0.0).to(tl.float32)
-            u = tl.load(gu_ptr + row * stride + n_cols + offs, mask=mask, other=0.0).to(tl.float32)
-            act = tl.math.div_rn(g, 1.0 + libdevice.exp(-g)).to(tl.bfloat16).to(tl.float32)
-            tl.store(out_ptr + row * n_cols + offs, (act * u).to(tl.bfloat16), mask=mask)
-
-        _triton = {"lse": lse_kernel, "rope": rope_kernel, "silu_mul": silu_mul_kernel}
+        _triton = {"lse": triton_kernels.lse_kernel, "rope": triton_kernels.rope_kernel,
+                   "silu_mul": triton_kernels.silu_mul_kernel}
     return _triton
 
 
@@ -168,7 +111,7 @@ def topk_reference(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return logits.gather(-1, ids), ids
 
 
-TOPK_GROUPS = (64, 32, 16, 8)
+TOPK_GROUPS = (32, 64, 16, 8)  # 32 first: see LSE_CHUNK
 
 
 def topk_chunk(v: int, k: int) -> int | None:
@@ -206,15 +149,18 @@ def row_topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return topk_chunked(logits, k, chunk)
 
 
-LSE_CHUNK = 64  # columns per maximum in the Triton pass (a divisor of its BLOCK; TOPK_GROUPS' first)
+# Columns per maximum in the Triton pass (a divisor of its BLOCK). 32 at the 27B sizes (1,920 x 248,320, k 512):
+# a top-k over 7,760 chunk maxima then over 512 x 32 kept values; 64 made that 3,880 then 32,768 (H200 profile:
+# 1.8 ms a batch, most of it the second top-k).
+LSE_CHUNK = 32
 
 
 def _triton_lse(logits: Tensor, chunk_max: bool = False) -> tuple[Tensor, Tensor | None]:
     """The Triton pass over [N, V] contiguous logits: (logsumexp [N, 1] fp32, each LSE_CHUNK columns' maximum
-    [N, V / LSE_CHUNK] fp32 when asked, else None)."""
+    [N, V / LSE_CHUNK] in the logits' dtype (exact: a maximum is one of the values) when asked, else None)."""
     n, v = logits.shape
     lse = torch.empty(n, device=logits.device, dtype=torch.float32)
-    cmax = torch.empty(n, v // LSE_CHUNK, device=logits.device, dtype=torch.float32) if chunk_max else lse
+    cmax = torch.empty(n, v // LSE_CHUNK, device=logits.device, dtype=logits.dtype) if chunk_max else lse
     _load_triton()["lse"][(n,)](logits, lse, cmax, v, logits.stride(0), v // LSE_CHUNK if chunk_max else 0, BLOCK=2048,
                          CHUNK=LSE_CHUNK, WANT_MAX=chunk_max, num_warps=8)
     return lse[:, None], cmax if chunk_max else None
@@ -226,7 +172,8 @@ def topk_from_chunk_max(logits: Tensor, k: int, chunk: int, chunk_max: Tensor) -
     Exact, as `topk_chunked` (chunks ranked by their maximum, then the lower chunk: a lower chunk holds lower
     columns), gathering only the k best chunks' k*chunk values, in column order."""
     n, v = logits.shape
-    best = _unique_keys(chunk_max)[0].topk(k, dim=-1).indices.sort(dim=-1).values  # [N, k] chunks, ascending
+    # in the logits' dtype (exact: each maximum is one of the values): 16-bit values give 32-bit keys
+    best = _unique_keys(chunk_max.to(logits.dtype))[0].topk(k, dim=-1).indices.sort(dim=-1).values  # [N, k] chunks
     blocks = logits.view(n, v // chunk, chunk)
     kept = blocks.gather(1, best[..., None].expand(n, k, chunk)).reshape(n, k * chunk)
     pos = _unique_keys(kept)[0].topk(k, dim=-1).indices
@@ -236,11 +183,11 @@ def topk_from_chunk_max(logits: Tensor, k: int, chunk: int, chunk_max: Tensor) -
 
 def lse_topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """[N, V] -> (logsumexp [N, 1] fp32, top-k values [N, k], ids [N, k]) as `row_logsumexp` + `row_topk`.
-    With Triton (where `plan` chose it) the one pass that computes the logsumexp also takes every 64 columns'
+    With Triton (where `plan` chose it) the one pass that computes the logsumexp also takes every LSE_CHUNK columns'
     maximum, and the top-k reads only the k best chunks: no separate full pass for the top-k."""
     n, v = logits.shape if logits.dim() == 2 else (0, 0)
-    if (n and fast_kernels_enabled(logits) and logits.is_contiguous() and topk_chunk(v, k) == LSE_CHUNK
-            and _use_triton()):
+    if (n and fast_kernels_enabled(logits) and logits.is_contiguous() and v % LSE_CHUNK == 0
+            and v // LSE_CHUNK >= 4 * k and _use_triton()):
         lse, cmax = _triton_lse(logits, chunk_max=True)
         return (lse, *topk_from_chunk_max(logits, k, LSE_CHUNK, cmax))
     vals, ids = row_topk(logits, k)

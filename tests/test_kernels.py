@@ -50,7 +50,8 @@ def test_row_topk_argmax_is_the_first_maximum_and_chunking_is_chosen_only_when_i
     x = tricky_logits(6, 8192, torch.bfloat16, 3)
     vals, ids = row_topk(x, 16)
     assert torch.equal(ids[:, 0], x.float().argmax(-1))  # argmax: the first maximal id
-    assert topk_chunk(8192, 16) == 64 and topk_chunk(96, 16) is None and topk_chunk(248320, 512) == 64
+    assert topk_chunk(8192, 16) == 32 and topk_chunk(96, 16) is None and topk_chunk(248320, 512) == 32
+    assert topk_chunk(16 * 8193, 512) == 16  # 32 and 64 do not divide it
     assert topk_chunk(8191, 2) is None  # a prime width: the reference
     monkeypatch.setenv("REVAL_TORCH_KERNELS", "1")
     assert [torch.equal(a, b) for a, b in zip(row_topk(x, 16), (vals, ids))] == [True, True]

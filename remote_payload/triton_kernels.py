@@ -34,10 +34,12 @@ def lse_kernel(x_ptr, out_ptr, max_ptr, n_cols, stride, n_chunks, BLOCK: tl.cons
 @triton.jit
 def round_bf16(v):
     # fp32 -> the nearest bf16 value (ties to even), kept in fp32: done on the bits, so that no compiler
-    # folds a cast pair away (finite values; inf stays inf)
-    b = v.to(tl.uint32, bitcast=True)
-    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-    return b.to(tl.float32, bitcast=True)
+    # folds a cast pair away (inf stays inf)
+    bits = v.to(tl.uint32, bitcast=True)
+    b = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000  # NaN stays NaN (0x7FFFFFFF would carry into -0.0)
+    return tl.where(nan, v, b.to(tl.float32, bitcast=True))
+
 
 @triton.jit
 def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, NH: tl.constexpr, HALF: tl.constexpr):

@@ -11,6 +11,8 @@ reference (`topk_reference`) runs torch.topk over unique integer keys (value bit
 (`topk_chunked`, any device) takes the maximum of each group of columns in one coalesced pass, keeps the k
 best groups and selects among their k*group values only, equal to the reference by construction (see its doc)
 and by test (tests/test_kernels.py, tests/gpu). At the 27B sizes (1,920 rows x 248,320) torch.topk took 3.4 ms.
+`rope` and `silu_mul`: apply_rope and silu(gate) * up as one Triton pass each, where Triton runs, with torch's
+numbers bit for bit (tests/gpu). The Triton kernels live in triton_kernels.py.
 REVAL_TORCH_KERNELS=1 turns the fast paths off (the reference runs everywhere).
 """
 from __future__ import annotations

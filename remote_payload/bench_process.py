@@ -130,7 +130,8 @@ def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device,
         Row("process: floor", 0, floor, 0, f"init + raw read {raw_s:.2f}s + warm eval"),
         Row(f"process: `eval` subprocess wall, median of {len(runs)}", 0, wall, 0,
             f"= {wall / floor:.2f}x floor (runs {walls}s); its load {timing['load_s']:.2f}s = "
-            f"{raw_s / timing['load_s']:.2f}x raw read speed, eval stage {timing['eval_s']:.2f}s = "
+            f"{raw_s / timing['load_s']:.2f}x raw read speed, warm-up {timing['warm_up'] or 'none'}, "
+            f"eval stage {timing['eval_s']:.2f}s = "
             f"{timing['eval_s'] / warm:.2f}x warm in-process"),
         *variants,
     ]

@@ -219,7 +219,7 @@ class Loaded:
     hinfo: object
     target_matches: bool | None     # the target's config is the one the cache was extracted with
     embed_stats: dict
-    load_s: float
+    load_s: float  # the weights alone (the warm-up after them is in the log line)
 
 
 @dataclass
@@ -279,7 +279,7 @@ def batch_size(opts: EvalOptions, device: torch.device) -> int:
 
 def read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.dtype) -> tuple:
     """The weight load of step 4 and the warm-up on `first` prompt's shapes (anchors.warmup_mode), printing
-    nothing (it runs beside step 3): (drafter, info, head, hinfo, warm-up [(seconds, parts)], seconds)."""
+    nothing (it runs beside step 3): (drafter, info, head, hinfo, warm-up [(seconds, parts)], load seconds)."""
     if device.type == "cuda" and device.index is not None:  # a thread's current device is its own
         with torch.cuda.device(device.index):
             return _read_weights(opts, first, device, dtype)
@@ -291,12 +291,13 @@ def _read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.d
     batch = batch_size(opts, device)
     drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype)
     t = time.perf_counter()
+    load_s = t - t_load
     n = (first.seq_len - 1 - first.prompt_len if opts.all_anchors
          else metrics.num_anchors(first.prompt_len, first.seq_len, opts.max_blocks, drafter.cfg.block_size))
     parts = warm_up(drafter, head, device, dtype, seq_len=first.seq_len, prompt_len=first.prompt_len, n=n,
                     batch_size=batch, budgets=opts.ddtree_budgets, widths=opts.tree_widths)
     warmed = [] if parts is None else [(time.perf_counter() - t, parts)]
-    return drafter, info, head, hinfo, warmed, time.perf_counter() - t_load
+    return drafter, info, head, hinfo, warmed, load_s
 
 
 def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torch.dtype, rep: Reporter,

@@ -159,15 +159,23 @@ def test_queued_with_slurms_reason_then_kill_cancels_it(hpc, capsys):
     assert protocol.read_json(hpc.run_dir("waits") / "status.json")["state"] == "cancelled"
 
 
-def test_kill_a_running_job_leaves_no_process(hpc, capsys):
+def test_kill_a_running_job_leaves_no_process(hpc, capsys, monkeypatch):
     rc, out, err = reval(capsys, hpc, "run", "hpc", "--payload", "dummy", "--name", "victim", "--detach", "--",
                          "--lines", "100000", "--interval-s", "0.05")
     assert rc == 101, out + err
     wait_lines(hpc.run_dir("victim") / "eval.log", 5)
     job = hpc.job_id("victim")
     assert job_processes(hpc, job), "the job's processes should be running now"
+    trips = []
+    real_run = transport.SSHTransport.run
+    monkeypatch.setattr(transport.SSHTransport, "run", lambda self, cmd, **kw: trips.append(cmd) or real_run(
+        self, cmd, **kw))
     rc, out, err = reval(capsys, hpc, "kill", "victim")
+    monkeypatch.undo()
     assert rc == 0, out + err
+    # the state once (the run's files, Slurm's word), scancel and its wait, the state after and Slurm's final word
+    # written into status.json: 6 round trips (the CLI and the backend each probed first: 8)
+    assert len(trips) == 6, [t[:60] for t in trips]
     assert job_processes(hpc, job) == []
     assert hpc.scontrol(job)["JobState"] == "CANCELLED"
     rc, out, _ = reval(capsys, hpc, "status", "hpc/victim")

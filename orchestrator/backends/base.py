@@ -112,8 +112,9 @@ class Backend(ABC):
         """Every run on the host."""
 
     @abstractmethod
-    def cancel(self, name: str, *, grace_s: float = 10.0) -> RunState:
-        """Stop the run and record `cancelled`; RunNotFound when there is no such run."""
+    def cancel(self, name: str, *, grace_s: float = 10.0, known: RunState | None = None) -> RunState:
+        """Stop the run and record `cancelled`; RunNotFound when there is no such run. `known`: its state as the
+        caller just probed it (one probe, not two; the host still proves the job is the run's before a signal)."""
 
     def stream_command(self, name: str, *, python: str, log_offset: int, events_offset: int) -> str:
         """The remote command streaming the run's files (framed; remote_payload/stream.py)."""

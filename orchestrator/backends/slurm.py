@@ -268,9 +268,9 @@ class SlurmBackend(Backend):
         return sorted(self.states(None), key=lambda s: s.name)
 
     # -- cancel ----------------------------------------------------------------------------------------
-    def cancel(self, name: str, *, grace_s: float = 10.0) -> RunState:
+    def cancel(self, name: str, *, grace_s: float = 10.0, known: RunState | None = None) -> RunState:
         """scancel, wait until Slurm says every process of the job is gone, record `cancelled`."""
-        st = self.state(name)
+        st = known if known is not None else self.state(name)
         if st is None:
             raise RunNotFound(f"no run {name!r} on {self.host.name}", hint=f"list them: reval ls {self.host.name}")
         job = st.status.get("job_id")

@@ -229,11 +229,12 @@ def list_runs(transport: Transport) -> list[RunState]:
             if s]
 
 
-def kill_run(transport: Transport, run: str, *, grace_s: float = 10.0) -> RunState:
+def kill_run(transport: Transport, run: str, *, grace_s: float = 10.0, known: RunState | None = None) -> RunState:
     """TERM the run's process group, wait up to grace_s, then KILL; confirm it is gone; status cancelled.
     Only a group that proves, on the host and right before each signal, that it is the run's is signalled
-    (remote_payload/runstate.py): a damaged status.json or a reused pgid gets no signal."""
-    state = run_state(transport, run)
+    (remote_payload/runstate.py): a damaged status.json or a reused pgid gets no signal. `known`: the state the
+    caller just probed (saves a round trip; the kill script reads status.json again on the host)."""
+    state = known if known is not None else run_state(transport, run)
     if state is None:
         raise RunNotFound(f"no run {run!r} on {transport.host.name}", hint=f"list them: reval ls {transport.host.name}")
     if not state.status:
@@ -267,5 +268,5 @@ class SSHBackend(Backend):
     def list_runs(self) -> list[RunState]:
         return list_runs(self.transport)
 
-    def cancel(self, name: str, *, grace_s: float = 10.0) -> RunState:
-        return kill_run(self.transport, name, grace_s=grace_s)
+    def cancel(self, name: str, *, grace_s: float = 10.0, known: RunState | None = None) -> RunState:
+        return kill_run(self.transport, name, grace_s=grace_s, known=known)

@@ -323,7 +323,7 @@ def cmd_kill(args) -> int:
     if before is not None and before.terminal:
         out(f"{name} on {host.name} already ended: {before.state}; nothing to kill")
         return EXIT_OK
-    s = be.cancel(name, grace_s=args.grace_s)
+    s = be.cancel(name, grace_s=args.grace_s, known=before)
     what = f"Slurm job {s.status['job_id']}" if s.status.get("job_id") else f"process group {s.status.get('pgid')}"
     out(f"cancelled {name} on {host.name}: {what} is gone · status {s.state}")
     return EXIT_OK

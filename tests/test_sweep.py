@@ -180,9 +180,15 @@ def test_local_sweep_ledger_skip_force_and_report(tmp_path, monkeypatch):
     inv = local_inventory(tmp_path, 2)
     write_run(tmp_path / "runs", "ref", "zlab_full", quality=0.9)
     log: list[str] = []
+    parsed: list[str] = []
+    real_load = compare.load_run
+    monkeypatch.setattr(compare, "load_run", lambda path: parsed.append(str(path)) or real_load(path))
     rep = sweep.Sweep(opts(f"{ck}/step-*", ["locs"], tmp_path, baseline="zlab_full"), inv, log=log.append).run()
     sweep.write_report_files(rep)
+    monkeypatch.setattr(compare, "load_run", real_load)
     assert rep.exit_code == 0, log
+    # each pulled run's results.json is parsed once: for the ledger, the comparisons and the report files
+    assert sorted(p for p in parsed if "zlab_full" not in p) == sorted(o.local_path for o in rep.outcomes)
     assert [o.checkpoint for o in rep.outcomes] == ["step-100", "step-200", "step-300", "step-400"]
     assert all(o.state == "succeeded" and o.tau is not None for o in rep.outcomes)
     assert {o.host for o in rep.outcomes} == {"loc1", "loc2"}  # both hosts got work

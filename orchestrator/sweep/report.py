@@ -34,6 +34,7 @@ class SweepReport:
     files: dict[str, str] = field(default_factory=dict)
     baseline_run: compare.RunRecord | None = None
     history: list[StepPoint] = field(default_factory=list)  # tau vs step: every checkpoint of this configuration
+    loaded: LoadedRuns | None = None  # the runs' records, parsed once (None: read them when needed)
 
 
 SCREEN_ERROR_CHARS = 160
@@ -77,11 +78,11 @@ def short(text: str, n: int = SCREEN_ERROR_CHARS) -> str:
 def build_report(sw: Sweep, chosen: list[Checkpoint]) -> SweepReport:
     order = {c.name: i for i, c in enumerate(chosen)}
     outcomes = sorted(sw.outcomes.values(), key=lambda o: order.get(o.checkpoint, 1 << 30))
-    series, loaded = sw.ledger.series(sw.config), _Results()
+    series, loaded = sw.ledger.series(sw.config), sw.loaded
     attach_comparisons(outcomes, series, sw.baseline, sw.opts.threshold, loaded)
     down = {n: hs.down for n, hs in {**sw.sources, **sw.sessions}.items() if hs.down}
     rep = SweepReport(sw.sweep_id, sw.dir, outcomes, sw.opts.baseline, down, sw.opts.threshold,
-                      baseline_run=sw.baseline, history=history_points(series, sw.sweep_id, loaded))
+                      baseline_run=sw.baseline, history=history_points(series, sw.sweep_id, loaded), loaded=loaded)
     rep.exit_code = sweep_exit_code(outcomes, down)
     return rep
 
@@ -94,11 +95,15 @@ def report_json(rep: SweepReport) -> dict:
             "history": [asdict(p) for p in rep.history], "files": rep.files}
 
 
-class _Results:
-    """Pulled runs by path, loaded once; None where the folder is gone or unreadable."""
+class LoadedRuns:
+    """Pulled runs by path, loaded once per sweep (the schedule puts the ones it pulled; the report and its
+    files read them); None where the folder is gone or unreadable or holds no result."""
 
     def __init__(self):
         self.cache: dict[str, compare.RunRecord | None] = {}
+
+    def put(self, path, rec: compare.RunRecord) -> None:
+        self.cache[str(path)] = rec if rec.result is not None else None
 
     def get(self, path: str | None) -> compare.RunRecord | None:
         if not path:
@@ -124,11 +129,11 @@ def _paired_tau(run: compare.RunRecord | None, ref: compare.RunRecord | None) ->
 
 
 def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: compare.RunRecord | None,
-                       threshold: float, loaded: _Results | None = None) -> None:
+                       threshold: float, loaded: LoadedRuns | None = None) -> None:
     """Fill, per outcome: prev_* (the closest earlier finished, non-suspect checkpoint of the same
     configuration), tau_ci, vs_prev (paired against it), base_ratio, vs_base and base_verdict (paired against
     the baseline), base_note (why not compared), and the verdict."""
-    loaded = loaded or _Results()
+    loaded = loaded or LoadedRuns()
     done = [e for e in series if e.state == protocol.SUCCEEDED and e.tau is not None and not e.suspect]
     base_tau = baseline.result.metrics.tau if baseline and baseline.result else None
     for o in outcomes:
@@ -151,10 +156,10 @@ def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: comp
         o.verdict = verdict(o, threshold)
 
 
-def history_points(series: list[LedgerEntry], sweep_id: str, loaded: _Results | None = None) -> list[StepPoint]:
+def history_points(series: list[LedgerEntry], sweep_id: str, loaded: LoadedRuns | None = None) -> list[StepPoint]:
     """Every finished, non-suspect checkpoint of this configuration with a step (the training run's history
     across nights), with its tau CI when its pulled results are still there; this sweep's marked."""
-    loaded = loaded or _Results()
+    loaded = loaded or LoadedRuns()
     out = []
     for e in series:
         if e.state != protocol.SUCCEEDED or e.tau is None or e.suspect or e.step is None:
@@ -246,12 +251,8 @@ def write_report_files(rep: SweepReport) -> None:
     protocol.atomic_write_text(rep.sweep_dir / "report.md", md)
     rep.files["markdown"] = str(rep.sweep_dir / "report.md")
     paths = [o.local_path for o in rep.outcomes if o.local_path and o.state == protocol.SUCCEEDED]
-    recs = []
-    for p in paths:
-        try:
-            recs.append(compare.load_run(p))
-        except RevalError:
-            continue
+    loaded = rep.loaded or LoadedRuns()
+    recs = [r for r in map(loaded.get, paths) if r is not None]
     cmp = compare.build_comparison(recs, rep.baseline_run)
     base_pt = None
     if rep.baseline_run is not None and rep.baseline_run.result is not None:

@@ -29,7 +29,7 @@ from .plan import (
     plan_queue,
     select,
 )
-from .report import SweepReport, build_report
+from .report import LoadedRuns, SweepReport, build_report
 from .stage import HostSession, Staging
 
 
@@ -63,6 +63,7 @@ class Sweep(Staging, ClusterBatches):
         self.lock = threading.Lock()
         self.queue: list[Job] = []
         self.outcomes: dict[str, Outcome] = {}   # key -> outcome
+        self.loaded = LoadedRuns()                   # pulled runs, parsed once for the ledger and the report
         self.sessions: dict[str, HostSession] = {}
         self.sources: dict[str, HostSession] = {}  # checkpoint hosts that are not sweep hosts (relay only)
         self.stage_locks: dict[str, threading.Lock] = {}  # per checkpoint content: staged once at a time
@@ -236,6 +237,7 @@ class Sweep(Staging, ClusterBatches):
             self._record(job, hs, UNREACHABLE, error=hs.down)
             raise
         run = compare.load_run(res.path)
+        self.loaded.put(res.path, run)
         if st.state == protocol.SUCCEEDED and run.result is not None:
             tau = run.result.metrics.tau
             self._record(job, hs, protocol.SUCCEEDED, tau=tau, suspect=run.suspect, local=res.path)

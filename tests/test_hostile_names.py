@@ -67,8 +67,9 @@ def test_remote_sweep_over_hostile_names_deletes_nothing(ssh_hosts, tmp_path, mo
     from orchestrator.transport import get_transport
     t = get_transport(inv.get("ssh1"))
     skipped: list[str] = []
+    hasher = sweep.Sweep(opts(f"ssh1:{ck}/*", ["cluster"], tmp_path), inv).remote_hashes  # as a sweep hashes
     found = sweep.discover([f"ssh1:{ck}/*"], inv, ledger.Ledger(tmp_path / "fresh-ledger.json"), {"ssh1": t},
-                           skipped)
+                           skipped, hasher)
     assert [c.name for c in found] == ["step-100", "step-200"] and len(skipped) >= len(HOSTILE) - 1
     assert snapshot(ck) == before
     # the remote and local hashes of the real checkpoints agree (the listing's paths are the real ones)

@@ -12,7 +12,7 @@ from .. import compare
 from ..errors import ConfigError, RevalError
 from ..inventory import Inventory
 from ..ledger import Ledger
-from ..transport import Transport, get_transport, q, resolve_workdir
+from ..transport import Transport, get_transport, q
 from .plan import Checkpoint
 
 _PATTERN = re.compile(r"^[A-Za-z0-9._*?\[\]-]+$")
@@ -68,15 +68,6 @@ def parse_hashes(out: str) -> dict[str, str]:
     return {p: h for h, p in pairs if h.startswith("sha256-")}
 
 
-def _synced_hasher(transports: dict[str, Transport], inventory: Inventory):
-    """hasher(host, paths) for hosts whose payload is synced already (the host's own python: stdlib only)."""
-    def hasher(host: str, paths: list[str]) -> dict[str, str]:
-        t = transports.get(host) or get_transport(inventory.get(host))
-        cmd = hash_command(f"{resolve_workdir(t)}/payload", inventory.get(host).python, paths)
-        return parse_hashes(t.run(cmd, check=False, timeout_s=3600).stdout)
-    return hasher
-
-
 def _local_matches(d: str, pattern: str, skipped: list[str] | None = None) -> list[Checkpoint]:
     out = []
     for p in sorted(Path(d).glob(pattern)):
@@ -93,11 +84,10 @@ def _local_matches(d: str, pattern: str, skipped: list[str] | None = None) -> li
 
 
 def discover(specs: list[str], inventory: Inventory, ledger: Ledger, transports: dict[str, Transport],
-             skipped: list[str] | None = None, hasher=None) -> list[Checkpoint]:
+             skipped: list[str] | None, hasher) -> list[Checkpoint]:
     """Every checkpoint matching the specs, with its content hash (cached in the ledger by size+mtime).
     Names a sweep refuses (CHECKPOINT_NAME) are left out and appended to `skipped`. `hasher(host, paths) ->
-    {path: hash}` hashes on a checkpoint's host (default: the payload already synced there, Staging.remote_hashes
-    syncs it first)."""
+    {path: hash}` hashes on a checkpoint's host (Staging.remote_hashes: the payload synced there first)."""
     found: list[Checkpoint] = []
     skipped = [] if skipped is None else skipped
     for spec in specs:
@@ -137,7 +127,7 @@ def discover(specs: list[str], inventory: Inventory, ledger: Ledger, transports:
             for c in todo:
                 c.content_hash = local_content_hash(c.path)
         elif todo:
-            hashes = (hasher or _synced_hasher(transports, inventory))(host, [c.path for c in todo])
+            hashes = hasher(host, [c.path for c in todo])
             for c in todo:
                 if c.path not in hashes:
                     raise ConfigError(f"--checkpoints {spec}: {host} could not hash {c.path}")

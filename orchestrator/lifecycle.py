@@ -287,9 +287,9 @@ def submit(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = 
             "drafter": spec.drafter, "target": spec.target, "cache": spec.cache, "gpus_requested": gpus,
             "created_at": protocol.now_iso(), "controller_version": __version__, "identity": ident,
             **(run_json or {})}
+    # the backend wrote the follow state (identity, job id) the moment the run existed: nothing to add here
     launched = backend.submit(Submission(name, spec.payload_argv(name), python, gpus=gpus, run_json=info,
                                          preflight=spec.preflight_argv()))
-    save_follow_state(backend.host.name, name, identity=ident, handle=launched.handle.to_json())
     return Run(backend, name, python=python, launch=launched)
 
 

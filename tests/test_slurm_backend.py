@@ -165,6 +165,9 @@ def test_kill_a_running_job_leaves_no_process(hpc, capsys, monkeypatch):
     assert rc == 101, out + err
     wait_lines(hpc.run_dir("victim") / "eval.log", 5)
     job = hpc.job_id("victim")
+    # written by the backend the moment the job existed: the job id once, the identity a re-run re-attaches by
+    follow = json.loads((hpc.here / "runs" / "hpc" / "victim" / ".follow.json").read_text())
+    assert follow["job_id"] == job and follow["identity"] and "handle" not in follow
     assert job_processes(hpc, job), "the job's processes should be running now"
     trips = []
     real_run = transport.SSHTransport.run

@@ -158,7 +158,7 @@ class SlurmBackend(Backend):
         for i, (s, t) in enumerate(zip(subs, tasks)):
             jid = f"{job}_{i}" if len(subs) > 1 else job
             save_follow_state(self.host.name, s.name, run_dir=t.run_dir, python=s.python, log_offset=0,
-                              launched_at=protocol.now_iso(), job_id=jid)
+                              launched_at=protocol.now_iso(), job_id=jid, identity=s.run_json.get("identity"))
             launches.append(Launch(host=self.host.name, name=s.name, run_dir=t.run_dir,
                                    handle=JobHandle(self.kind, jid), device="", queued=True,
                                    status={"state": slurmjobs.QUEUED, "job_id": jid}))

@@ -203,7 +203,10 @@ def _pow2(n: int) -> bool:
 def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor | None:
     """`drafter.apply_rope` as one Triton pass (five torch kernels, broadcasting cos/sin over the heads), the
     same bf16 numbers: x [..., NH, d] contiguous bf16, cos/sin [..., 1, d] bf16 with x's leading shape.
-    None where it does not apply (no Triton planned, another dtype or layout): the caller runs apply_rope."""
+    None where it does not apply (no Triton planned, another dtype or layout, a gradient wanted): the caller
+    runs apply_rope."""
+    if x.dim() < 2 or (torch.is_grad_enabled() and x.requires_grad):
+        return None
     nh, d = x.shape[-2:]
     if not (fast_kernels_enabled(x) and x.dtype == cos.dtype == sin.dtype == torch.bfloat16 and x.is_contiguous()
             and cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape == (*x.shape[:-2], 1, d)

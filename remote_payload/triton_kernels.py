@@ -31,6 +31,7 @@ def lse_kernel(x_ptr, out_ptr, max_ptr, n_cols, stride, n_chunks, BLOCK: tl.cons
     total = tl.sum(tl.where(m == float("-inf"), 0.0, s * tl.exp(m - top)), 0)
     tl.store(out_ptr + row, top + tl.log(total))
 
+
 @triton.jit
 def round_bf16(v):
     # fp32 -> the nearest bf16 value (ties to even), kept in fp32: done on the bits, so that no compiler
@@ -58,6 +59,7 @@ def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, NH: tl.constexpr, HALF: tl.con
     hi = round_bf16(round_bf16(x2 * c2) + round_bf16(x1 * s2))
     tl.store(out_ptr + base, lo.to(tl.bfloat16))  # exact: already a bf16 value
     tl.store(out_ptr + base + HALF, hi.to(tl.bfloat16))
+
 
 @triton.jit
 def silu_mul_kernel(gu_ptr, out_ptr, n_cols, stride, BLOCK: tl.constexpr):

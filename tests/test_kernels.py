@@ -64,3 +64,18 @@ def test_topk_from_contiguous_chunk_maxima_equals_the_reference(k):
     cmax = x.float().view(9, 160, 64).amax(-1)  # what the Triton pass writes beside the logsumexp
     got, ref = topk_from_chunk_max(x, k, 64, cmax), topk_reference(x, k)
     assert torch.equal(got[1], ref[1]) and torch.equal(got[0], ref[0])
+
+
+def test_fused_rope_and_silu_decline_what_they_do_not_cover():
+    """kernels.rope / silu_mul answer None (the caller runs the torch code) off CUDA, for a tensor of too few
+    dimensions, and where a gradient is wanted; never an error."""
+    from remote_payload.drafter import apply_rope, rope_cos_sin
+    from remote_payload.kernels import rope, silu_mul
+    cos, sin = rope_cos_sin(torch.arange(6), 8, 1e4)
+    assert rope(torch.ones(8), cos[0], sin[0]) is None
+    x = torch.randn(6, 2, 8, requires_grad=True)
+    assert rope(x, cos[:, None], sin[:, None]) is None
+    assert silu_mul(torch.ones(3, 8)) is None
+    out = apply_rope(x, cos[:, None], sin[:, None])  # the torch path, differentiable
+    out.sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0

@@ -62,6 +62,10 @@ class EventSink:
     def line(self, text: str) -> None:
         self.emit(LogLine(text))
 
+    def line_at(self, offset: int, text: str) -> None:
+        """A log line with its byte offset in eval.log (what follow hands every sink; most want the text)."""
+        self.line(text)
+
     def event(self, ev: dict) -> None:
         if isinstance(ev, dict):
             self.emit(Progress.from_event(ev))

@@ -125,11 +125,10 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
                         skip = res.log_offset - fr.offset  # >0 only if the server re-sent bytes we have
                         if skip < 0:
                             raise RuntimeError(f"log stream gap: have {res.log_offset}, got {fr.offset}")
-                        at = getattr(sink, "line_at", None)  # a sink that wants each line's byte offset
                         for raw in split_lines(fr.data[skip:]):
                             try:
                                 text = raw.rstrip(b"\n").decode("utf-8", errors="replace")
-                                at(res.log_offset, text) if at else sink.line(text)
+                                sink.line_at(res.log_offset, text)
                             finally:  # a line handed to the sink counts as shown, even if Ctrl-C hit it
                                 res.log_offset += len(raw)
                         if save:

@@ -20,6 +20,10 @@ class PlainSink:
     def line(self, text: str) -> None:
         output.write(self.out, text + "\n")  # a closed pipe (| head) silences it; the follow goes on
 
+    def line_at(self, offset: int, text: str) -> None:
+        """A log line with its byte offset in eval.log (follow calls this; JsonLinesSink shows the offset)."""
+        self.line(text)
+
     def event(self, ev: dict) -> None:
         pass
 

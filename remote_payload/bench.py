@@ -6,7 +6,8 @@ to disk as safetensors (drafter folder + a target folder with an index and the m
   load      load_drafter + load_target_head (mmap) vs a raw read of the same bytes (both page-cache warm)
   seeds     10 prompts x 30 blocks (the seeds' run): the eval stage (drafting at every anchor + all walks)
   large     128 prompts x 64 blocks
-  2k        32 prompts of a 2,000-token prompt + 512-token completion x 32 blocks
+  2k        32 prompts of a 2,000-token prompt + 512-token completion x 32 blocks; on CUDA again with one
+            fast path off (ABLATIONS: REVAL_STREAMS=1, REVAL_TRITON=0), so each run shows what they earn
   naive     one prompt, one round at a time, whole context recomputed (`naive_block`): the baseline
 Prints drafter rounds/s (one round = one anchor's 16-token block), achieved TFLOP/s (useful FLOPs: block
 GEMMs, attention, lm_head, context projections) against the measured bf16 peak, and the speed-up over naive.
@@ -17,8 +18,10 @@ On CUDA (or with --only): the `process` rows (bench_process.py: `eval` as a subp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -52,6 +55,21 @@ SCENARIOS = {
     "tiny": [("seeds 10x30", 10, 30, 60, 480), ("large 8x64", 8, 64, 100, 1024), ("2k 4x32", 4, 32, 2000, 512)],
 }
 BUDGETS = [16, 32, 64, 128, 256, 512]
+# the 2k row again with one fast path off (CUDA): one stream (anchors._Lanes), no Triton (kernels.plan)
+ABLATIONS = [("REVAL_STREAMS", "1"), ("REVAL_TRITON", "0")]
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 H200_BF16_PEAK_TFLOPS = 790.0  # measured on this GPU kind (spec §4); re-measured below when on CUDA
 
 
@@ -282,6 +300,11 @@ def main(args: argparse.Namespace) -> int:
                 continue
             rows.append(bench_eval(name, drafter, head, cfg, dev, dtype, prompts, blocks, plen, comp, batch))
             print(f"  done: {name}", flush=True)
+            if dev.type == "cuda" and name.startswith("2k"):  # what the streams and Triton earn, same run
+                for knob, value in ABLATIONS:
+                    with _env(knob, value):
+                        rows.append(bench_eval(f"{name}, {knob}={value}", drafter, head, cfg, dev, dtype, prompts,
+                                               blocks, plen, comp, batch))
     table = render(rows, peak, naive.rounds / naive.seconds)
     print(table)
     if args.json:

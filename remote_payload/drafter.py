@@ -295,8 +295,10 @@ class DFlashDrafter(nn.Module):
             key = (cfg.layer_is_causal(i), cfg.layer_window(i))
             if key not in masks:
                 lo, vis = _group_mask(anchors, q_pos, T, ctx.k[i].shape[2], G, g, a_min, *key)
-                # additive (0 / -inf, as SDPA turns a bool mask into in every call): once, not once per layer
-                masks[key] = lo, torch.zeros(vis.shape, dtype=dt, device=dev).masked_fill_(~vis, float("-inf"))
+                if dev.type == "cuda":  # additive (0 / -inf), as SDPA turns a bool mask into in every call:
+                    # once per batch, not once per layer (measured on the H200; the CPU path keeps the bool mask)
+                    vis = torch.zeros(vis.shape, dtype=dt, device=dev).masked_fill_(~vis, float("-inf"))
+                masks[key] = lo, vis
             lo, mask = masks[key]  # mask [B*ng, 1, G*g*bs, (R-lo) + G*bs]
 
             h = layer.input_layernorm(x)

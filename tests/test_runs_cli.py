@@ -84,6 +84,26 @@ def test_detach_kill_group_gone_then_logs_f_cancelled(here, capsys):
     assert rc == 0 and "already ended: cancelled" in out
 
 
+def test_kill_with_a_damaged_status_signals_nothing_and_says_so(here, capsys):
+    rc, _, _ = reval(capsys, "run", "local", "--payload", "dummy", "--name", "dmgk", "--detach", "--",
+                     "--lines", "100000", "--interval-s", "0.05")
+    assert rc == 101
+    run_dir = here / ".reval/local/runs/dmgk"
+    wait_lines(run_dir / "eval.log", 3)
+    good = (run_dir / "status.json").read_text()
+    pgid = json.loads(good)["pgid"]
+    (run_dir / "status.json").write_text('{"state": "running", "pgid": ')  # cut off mid-write
+    try:
+        rc, out, err = reval(capsys, "kill", "dmgk")
+        assert rc == 3 and "already ended" not in out
+        assert err.splitlines()[0] == "error: local: run 'dmgk' has no readable status.json; nothing was signalled"
+        assert "Traceback" not in err and len(group_members(pgid)) == 2  # still running: nothing was signalled
+    finally:  # the run is this test's: restored, then killed through reval
+        (run_dir / "status.json").write_text(good)
+        rc, out, _ = reval(capsys, "kill", "dmgk")
+    assert rc == 0 and group_members(pgid) == []
+
+
 def test_ctrl_c_detaches_and_logs_f_resumes_exactly(here, capsys, monkeypatch):
     class InterruptAfter(runs_cmd.PlainSink):
         def __init__(self, n):

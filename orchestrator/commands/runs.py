@@ -320,7 +320,8 @@ def cmd_kill(args) -> int:
     host, name = resolve_run(inv, args.run, args.host)
     be = get_backend(host)
     before = be.state(name)
-    if before is not None and before.terminal:
+    # a damaged status.json proves no end: the backend says so (exit 3, nothing signalled), not "already ended"
+    if before is not None and before.terminal and before.status:
         out(f"{name} on {host.name} already ended: {before.state}; nothing to kill")
         return EXIT_OK
     s = be.cancel(name, grace_s=args.grace_s, known=before)

@@ -210,6 +210,9 @@ def _parse_root(c: Checker, root, path: str) -> Inventory:
 
 
 def _parse_group(c: Checker, gname: str, knode, vnode, names: list[str]) -> list[str]:
+    if not isinstance(gname, str) or not _NAME.match(gname):  # a group name is a command argument too
+        c.collect(c.fail, knode, f"group name {gname!r} is not allowed: use 1-64 characters from A-Z a-z 0-9 . _ - "
+                  "(not starting with '.' or '-')", "rename the group")
     if gname in names:
         c.fail(knode, f"group {gname!r} has the name of a host", hint="rename the group or the host")
     if not isinstance(vnode, yaml.SequenceNode):

@@ -227,3 +227,14 @@ def test_every_problem_of_the_file_is_reported_at_once(tmp_path, capsys, monkeyp
     rc = cli.main(["ls"])
     err = capsys.readouterr().err
     assert rc == 3 and err.count("error: hosts.yaml line") == 6 and "Traceback" not in err
+
+
+def test_a_group_name_is_held_to_the_host_name_alphabet(tmp_path):
+    """Group names are command arguments and go into the completion script's word list: '$(...)' or '-x' there
+    is one line naming it, like a host name."""
+    for bad in ("$(touch pwned)", "-x", "a b"):
+        text = f"hosts:\n  a: {{address: 127.0.0.2}}\ngroups:\n  '{bad}': [a]\n"
+        with pytest.raises(ConfigError, match=r"hosts.yaml line 4: group name .* is not allowed"):
+            parse_inventory(text, "hosts.yaml")
+    assert parse_inventory("hosts:\n  a: {address: 127.0.0.2}\ngroups:\n  ok.g-1: [a]\n", "hosts.yaml").groups == \
+        {"ok.g-1": ["a"]}

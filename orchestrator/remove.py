@@ -14,8 +14,10 @@ from .compare import _iso_s
 from .errors import ConfigError, RevalError, RunNotFound
 from .runs import RunState, local_run_dir
 
-# what `prune --failed` removes: every run that ended without a result worth keeping
-NOT_SUCCEEDED = (protocol.FAILED, protocol.LOST, protocol.CANCELLED, "unknown")
+# what `prune --failed` removes: every run seen to end without a result worth keeping. Not `unknown` (no
+# readable status.json): a run that is starting, or one whose status was damaged, proves no end; `reval rm`
+# removes it by name.
+NOT_SUCCEEDED = (protocol.FAILED, protocol.LOST, protocol.CANCELLED)
 
 
 @dataclass
@@ -35,12 +37,12 @@ def age_of(s: RunState, now: float) -> float | None:
 
 def select_for_prune(states: list[RunState], *, failed: bool = False, older_than_s: float | None = None,
                      now: float | None = None) -> list[RunState]:
-    """The runs `prune` removes: never a running one; --failed: those that did not succeed; --older-than:
-    those that ended longer ago; both: both conditions (pure)."""
+    """The runs `prune` removes: never a running, queued or live one; --failed: those that did not succeed;
+    --older-than: those that ended longer ago; both: both conditions (pure)."""
     now = time.time() if now is None else now
     picked = []
     for s in states:
-        if s.state == protocol.RUNNING:
+        if not s.terminal or s.alive:
             continue
         if failed and s.state not in NOT_SUCCEEDED:
             continue
@@ -57,7 +59,7 @@ def plan(be: Backend, name: str, *, local_only: bool = False, state: RunState | 
     host = be.host.name
     state = state or be.state(name)
     copy = local_run_dir(host, name).exists()
-    if state is not None and state.state in (protocol.RUNNING, getattr(protocol, "QUEUED", "queued")):
+    if state is not None and not state.terminal:
         raise ConfigError(f"{host}/{name} is still running: not removed",
                           hint=f"stop it first: reval kill {host}/{name}")
     if state is None and not copy:

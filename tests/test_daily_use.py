@@ -69,8 +69,10 @@ def test_select_for_prune_is_state_and_age(here):
     now = 1_800_000_000.0
     old, new = "2020-01-01T00:00:00Z", "2027-01-15T08:00:00Z"  # now is 2027-01-15T08:00:00Z
     runs = [st("a", "succeeded", old), st("b", "failed", new), st("c", "lost", old), st("d", "running", old),
-            st("e", "cancelled", None), st("f", "unknown", new)]
-    assert [s.name for s in select_for_prune(runs, failed=True, now=now)] == ["b", "c", "e", "f"]
+            st("e", "cancelled", None), st("f", "unknown", new), st("g", "queued", old),
+            RunState("h", "i", "lost", {"state": "running", "finished_at": old}, alive=True)]
+    # never a queued or live run; not one whose status.json is unreadable (it may be starting): reval rm takes it
+    assert [s.name for s in select_for_prune(runs, failed=True, now=now)] == ["b", "c", "e"]
     assert [s.name for s in select_for_prune(runs, older_than_s=86400, now=now)] == ["a", "c"]
     assert [s.name for s in select_for_prune(runs, failed=True, older_than_s=86400, now=now)] == ["c"]
 

@@ -25,7 +25,8 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_rm)
 
     p = sub.add_parser("prune", help="remove failed or old runs, on every host or one",
-                       description="Remove the runs that match: --failed (failed, lost, cancelled or unreadable) "
+                       description="Remove the runs that match: --failed (failed, lost or cancelled; a run with no readable "
+                                   "status.json is left alone: it may be starting, remove it with reval rm) "
                                    "and/or --older-than AGE (ended that long ago), on HOST or every host of a "
                                    "group (default: every inventory host); never a running run. Shows what goes "
                                    "and asks first, unless --yes. Exit 2 when a host was unreachable.")

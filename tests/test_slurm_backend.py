@@ -348,6 +348,35 @@ def test_sweep_is_one_job_array_at_most_two_running(hpc, capsys):
     assert len(hpc.slurm.cmd("squeue", "-h", "-r", "-t", "all", "-o", "%i").stdout.split()) == n_jobs
 
 
+def test_a_checkpoint_that_fails_in_a_cluster_sweep_fails_alone(hpc, capsys, monkeypatch):
+    """Bad input while staging one checkpoint, and a bug while recording another's result: each of those runs
+    is reported failed, the others are evaluated, and the sweep says so (as an SSH host's slots do)."""
+    from orchestrator.errors import ConfigError
+    from orchestrator.sweep import schedule, stage
+    ck = make_checkpoints(hpc.root / "ckf", ["step-1", "step-2", "step-3"])
+    real_stage, real_pull = stage.Staging.stage_checkpoint, schedule.Sweep.pull_and_record
+
+    def staged(self, hs, ckpt):
+        if ckpt.name == "step-2":
+            raise ConfigError("step-2: cannot be staged (test)")
+        return real_stage(self, hs, ckpt)
+
+    def pulled(self, hs, job, st):
+        if job.ckpt.name == "step-3":
+            raise RuntimeError("a bug (test)")
+        return real_pull(self, hs, job, st)
+    monkeypatch.setattr(stage.Staging, "stage_checkpoint", staged)
+    monkeypatch.setattr(schedule.Sweep, "pull_and_record", pulled)
+    rc, out, err = reval(capsys, hpc, *sweep_argv(hpc, ck, "hpc", hpc.root / "swf"))
+    assert "Traceback" not in err
+    rep = json.loads(out)
+    got = {o["checkpoint"]: (o["state"], o["error"]) for o in rep["checkpoints"]}
+    assert got["step-1"] == ("succeeded", None)
+    assert got["step-2"] == ("failed", "step-2: cannot be staged (test)")
+    assert got["step-3"] == ("failed", "internal error: RuntimeError: a bug (test)")
+    assert rc == rep["exit_code"] != 0
+
+
 def test_sweep_over_a_mixed_group_ssh_box_and_cluster(hpc, capsys):
     ck = make_checkpoints(hpc.root / "ck4", [f"step-{s}" for s in (1, 2, 3, 4)])
     rc, out, err = reval(capsys, hpc, *sweep_argv(hpc, ck, "mixed", hpc.root / "swm"))

@@ -70,6 +70,10 @@ class ClusterBatches:
                                                  error=str(e).splitlines()[0])
                 self.log(f"skip    {c.name}: {str(e).splitlines()[0]}")
                 continue
+            except Exception as e:  # noqa: BLE001 - this checkpoint fails (as on an SSH host), the array goes on
+                jobs.remove(job)
+                self.job_failed(hs, job, e)
+                continue
             argv = self.opts.spec(path, GPUS_SCHEDULER).payload_argv(job.run)
             run_json = {"sweep": self.sweep_id, "checkpoint": c.location, "checkpoint_hash": c.content_hash,
                         "ledger_key": job.key, "drafter": path, "argv": argv}
@@ -108,6 +112,11 @@ class ClusterBatches:
                     pending.update({j.run: j for j in again})
                 elif st.terminal:
                     del pending[name]
-                    self.pull_and_record(hs, job, st)
+                    try:
+                        self.pull_and_record(hs, job, st)
+                    except HostUnreachable:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - a damaged result fails this run, not the others
+                        self.job_failed(hs, job, e)
             if pending:
                 time.sleep(self.opts.poll_s)

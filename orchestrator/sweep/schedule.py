@@ -150,11 +150,17 @@ class Sweep(Staging, ClusterBatches):
                 wait_s = min(self.opts.backoff_s * 2 ** (refused - 1), 60.0)
                 self.log(f"busy    {job.ckpt.name}: no free GPU on {hs.host.name}; requeued, retry in {wait_s:.0f}s")
                 time.sleep(wait_s)
-            except RevalError as e:  # bad input for this checkpoint (staging, name): reported, not retried
-                self._record(job, hs, protocol.FAILED, error=str(e).splitlines()[0])
-            except Exception as e:  # noqa: BLE001 - a bug must not silently drop the job or stop other hosts
-                self.log(f"error   {job.ckpt.name} on {hs.host.name}: {type(e).__name__}: {e}")
-                self._record(job, hs, protocol.FAILED, error=f"internal error: {type(e).__name__}: {e}")
+            except Exception as e:  # noqa: BLE001 - bad input or a bug: this job fails, the sweep goes on
+                self.job_failed(hs, job, e)
+
+    def job_failed(self, hs: HostSession, job: Job, e: Exception) -> None:
+        """A job that raised: bad input for its checkpoint (staging, name, a damaged result) is reported, a bug
+        logged and reported too; neither is retried, and neither drops the job or stops other hosts."""
+        if isinstance(e, RevalError):
+            self._record(job, hs, protocol.FAILED, error=str(e).splitlines()[0])
+        else:
+            self.log(f"error   {job.ckpt.name} on {hs.host.name}: {type(e).__name__}: {e}")
+            self._record(job, hs, protocol.FAILED, error=f"internal error: {type(e).__name__}: {e}")
 
     def run_job(self, hs: HostSession, job: Job, gpu: str, held: list[Job] | None = None) -> None:
         c = job.ckpt

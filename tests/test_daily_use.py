@@ -98,9 +98,9 @@ def test_json_listings_and_logs_with_offsets(here, capsys):
         assert log[x["offset"]:].split(b"\n", 1)[0].decode() == x["line"]
     rc, out, _ = reval(capsys, "logs", "j1", "--tail", "2")
     assert rc == 0 and out.splitlines() == log.decode().splitlines()[-2:]
-    rc, out, _ = reval(capsys, "logs", "j1", "-f", "--tail", "2", "--json")
-    followed = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-    assert [x["line"] for x in followed] == log.decode().splitlines()[-2:] and "done    j1 succeeded" in out
+    rc, out, err = reval(capsys, "logs", "j1", "-f", "--tail", "2", "--json")
+    followed = [json.loads(x) for x in out.splitlines()]  # stdout is JSON lines only (| jq); the end on stderr
+    assert [x["line"] for x in followed] == log.decode().splitlines()[-2:] and "done    j1 succeeded" in err
 
 
 def test_a_suspect_result_is_visible_everywhere(here, capsys):

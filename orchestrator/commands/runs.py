@@ -81,8 +81,10 @@ def last_lines(path: Path, n: int = LAST_LINES) -> list[str]:
         return []
 
 
-def report_final(host: str, name: str, state: str, status: dict, pulled: Path) -> int:
-    """Print the end of a run (done / failed / cancelled / lost) and return its exit code."""
+def report_final(host: str, name: str, state: str, status: dict, pulled: Path, say=None) -> int:
+    """Print the end of a run (done / failed / cancelled / lost) and return its exit code. `say`: where the lines
+    that go to stdout go instead (`logs -f --json` keeps stdout for its JSON lines: stderr)."""
+    say = say or out
     where = f"pulled to {pulled}/"
     if state == protocol.SUCCEEDED:
         try:
@@ -93,13 +95,13 @@ def report_final(host: str, name: str, state: str, status: dict, pulled: Path) -
                 err(f"        {line}")
             return EXIT_EVAL_FAILED
         flag = " (SUSPECT result)" if result.health.suspect else ""
-        out(f"done    {name} succeeded{flag} in {duration_text(status)} · {where}")
-        out(f"        {report.summary_line(result)}")
+        say(f"done    {name} succeeded{flag} in {duration_text(status)} · {where}")
+        say(f"        {report.summary_line(result)}")
         if result.health.suspect:
             err(f"warning: SUSPECT RESULT — {'; '.join(result.health.reasons or ['see results.json health'])}")
         return EXIT_OK
     if state == protocol.CANCELLED:
-        out(f"cancelled {name} on {host} after {duration_text(status)} · {where}")
+        say(f"cancelled {name} on {host} after {duration_text(status)} · {where}")
         return lifecycle.failure_exit_code(state, status)
     if state == protocol.LOST:
         err(f"lost    {name}: status.json on {host} says running but its process group {status.get('pgid')} is "
@@ -115,13 +117,14 @@ def report_final(host: str, name: str, state: str, status: dict, pulled: Path) -
     return lifecycle.failure_exit_code(state, status)  # the payload's exit 3 (bad input) is ours too
 
 
-def finish_run(run, *, sink, log_offset: int | None = None, give_up_s: float = 120.0) -> int:
-    """Follow `run` (a lifecycle.Run) until it is over, pull it, print how it ended; the exit code."""
+def finish_run(run, *, sink, log_offset: int | None = None, give_up_s: float = 120.0, say=None) -> int:
+    """Follow `run` (a lifecycle.Run) until it is over, pull it, print how it ended (report_final's `say`);
+    the exit code."""
     try:
         fin = run.wait(sink, log_offset=log_offset, give_up_s=give_up_s)
     finally:
         sink.close()
-    rc = report_final(fin.host, fin.name, fin.state, fin.status, fin.path)
+    rc = report_final(fin.host, fin.name, fin.state, fin.status, fin.path, say)
     if lifecycle.bad_input(fin):  # exit 3 leaves nothing on either side; the name is free again
         run.discard()
         err(f"        nothing was kept: {fin.host}/{fin.name} removed there and here (the name is free again)")
@@ -207,11 +210,12 @@ def cmd_logs(args) -> int:
     else:
         offset = 0 if args.from_start else None  # None: where this folder's last follow stopped
     sink = JsonLinesSink() if args.json else make_sink()
+    say = err if args.json else out  # --json: stdout holds the JSON lines only
     try:
-        return finish_run(run, sink=sink, log_offset=offset, give_up_s=args.give_up_s)
+        return finish_run(run, sink=sink, log_offset=offset, give_up_s=args.give_up_s, say=say)
     except KeyboardInterrupt:
         sink.close()
-        out(detached_message(name, host.name))
+        say(detached_message(name, host.name))
         return EXIT_STILL_RUNNING
 
 

@@ -73,6 +73,17 @@ def test_api_errors_are_one_line_and_leave_nothing(inv, tmp_path):
         reval.submit(inv["box"], reval.EvalSpec(drafter="/d"))
 
 
+def test_api_submit_refuses_a_runs_folder_that_is_a_file_before_anything_starts(inv, tmp_path):
+    """The follow state goes into runs/ the moment a run exists: a `runs` that is a file refuses the submit
+    before the host has a run (the CLI checks it too, before syncing)."""
+    d = tmp_path / "d"
+    d.mkdir()
+    (tmp_path / "runs").write_text("not a folder\n")
+    with pytest.raises(reval.Error, match="it is not a folder") as e:
+        reval.submit(inv["box"], reval.EvalSpec(drafter=str(d), target=str(d), cache=str(d)), name="api-rf")
+    assert e.value.exit_code == 3 and not (tmp_path / "work" / "runs" / "api-rf").exists()
+
+
 def test_help_documents_the_api():
     text = pydoc.render_doc(reval, renderer=pydoc.plaintext)
     for verb in ("Inventory.load", "reval.submit", "run.events()", "run.wait()", "reval.load", "reval.compare"):

@@ -22,7 +22,15 @@ from remote_payload import protocol
 
 from .. import slurmjobs
 from ..errors import ConfigError, HostUnreachable, RevalError, RunExists, RunNotFound
-from ..runs import RunState, check_run_name, clean_status, is_run_name, load_follow_state, save_follow_state
+from ..runs import (
+    RunState,
+    check_local_runs_root,
+    check_run_name,
+    clean_status,
+    is_run_name,
+    load_follow_state,
+    save_follow_state,
+)
 from ..transport import q
 from .base import GPUS_SCHEDULER, Backend, JobHandle, Launch, Submission
 from .ssh import preflight_refusal, preflight_sh, wrapper_argv
@@ -110,6 +118,7 @@ class SlurmBackend(Backend):
         """One sbatch for all of them: one job, or a job array of len(subs) tasks, at most K running."""
         if not subs:
             return []
+        check_local_runs_root(self.host.name)  # the follow state goes there the moment the job exists
         for s in subs:
             check_run_name(s.name)
             if s.gpus not in ("auto", GPUS_SCHEDULER, None):

@@ -23,6 +23,7 @@ from ..errors import ConfigError, HostUnreachable, RevalError, RunExists, RunNot
 from ..inventory import Host
 from ..runs import (
     RunState,
+    check_local_runs_root,
     check_run_name,
     clean_status,
     is_run_name,
@@ -259,6 +260,7 @@ class SSHBackend(Backend):
     kind = "ssh"
 
     def submit(self, sub: Submission) -> Launch:
+        check_local_runs_root(self.host.name)  # the follow state goes there the moment the run exists
         return launch(self.host, self.transport, name=sub.name, payload_argv=sub.payload_argv, gpus=sub.gpus,
                       run_json=sub.run_json, python=sub.python, preflight=sub.preflight)
 

@@ -353,16 +353,17 @@ def test_a_checkpoint_that_fails_in_a_cluster_sweep_fails_alone(hpc, capsys, mon
     is reported failed, the others are evaluated, and the sweep says so (as an SSH host's slots do)."""
     from orchestrator.errors import ConfigError
     from orchestrator.sweep import schedule, stage
-    ck = make_checkpoints(hpc.root / "ckf", ["step-1", "step-2", "step-3"])
+    # names of their own: a run name comes from the checkpoint, and the cluster's runs/ is shared by the module
+    ck = make_checkpoints(hpc.root / "ckf", ["step-11", "step-12", "step-13"])
     real_stage, real_pull = stage.Staging.stage_checkpoint, schedule.Sweep.pull_and_record
 
     def staged(self, hs, ckpt):
-        if ckpt.name == "step-2":
-            raise ConfigError("step-2: cannot be staged (test)")
+        if ckpt.name == "step-12":
+            raise ConfigError("step-12: cannot be staged (test)")
         return real_stage(self, hs, ckpt)
 
     def pulled(self, hs, job, st):
-        if job.ckpt.name == "step-3":
+        if job.ckpt.name == "step-13":
             raise RuntimeError("a bug (test)")
         return real_pull(self, hs, job, st)
     monkeypatch.setattr(stage.Staging, "stage_checkpoint", staged)
@@ -371,9 +372,9 @@ def test_a_checkpoint_that_fails_in_a_cluster_sweep_fails_alone(hpc, capsys, mon
     assert "Traceback" not in err
     rep = json.loads(out)
     got = {o["checkpoint"]: (o["state"], o["error"]) for o in rep["checkpoints"]}
-    assert got["step-1"] == ("succeeded", None)
-    assert got["step-2"] == ("failed", "step-2: cannot be staged (test)")
-    assert got["step-3"] == ("failed", "internal error: RuntimeError: a bug (test)")
+    assert got["step-11"] == ("succeeded", None)
+    assert got["step-12"] == ("failed", "step-12: cannot be staged (test)")
+    assert got["step-13"] == ("failed", "internal error: RuntimeError: a bug (test)")
     assert rc == rep["exit_code"] != 0
 
 

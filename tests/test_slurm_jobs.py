@@ -139,6 +139,32 @@ TIMEOUT_LINE = ("JobId=3 JobName=wrap UserId=root(0) GroupId=root(0) MCS_label=N
                 "NodeList=node1 BatchHost=node1 NumNodes=1 WorkDir=/tmp/slx StdOut=/tmp/slx/to.out Power= ")
 
 
+@pytest.mark.parametrize("warns", [False, True])
+def test_submit_script_takes_the_job_id_from_stdout_not_sbatchs_warnings(tmp_path, warns):
+    """sbatch prints warnings on stderr (a deprecated option, a partition note): the job id is stdout's last
+    line, so an accepted job is recorded as such; a refusal shows sbatch's own error and leaves nothing."""
+    from orchestrator.backends.slurm import submit_script
+    wd, bin_dir = tmp_path / "wd", tmp_path / "bin"
+    (wd / "payload").mkdir(parents=True)
+    bin_dir.mkdir()
+    warn = 'echo "sbatch: warning: --mem is deprecated here" >&2; ' if warns else ""
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\n{warn}case \"$2\" in *refuse*) "
+                                    "echo 'sbatch: error: Invalid partition name specified' >&2; exit 1;; esac\n"
+                                    "echo 4242\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    for token, expect in (("tok1", "@@JOB 4242"), ("refuse1", "@@SBATCH")):
+        name = f"r-{token}"
+        script = submit_script(str(wd), token, [Task(name, str(wd / "runs" / name), ["x"])], ["{}"], "echo hi")
+        out = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+        assert expect in out, out
+        if token == "tok1":
+            assert json.loads((wd / "runs" / name / slurmjobs.JOB_FILE).read_text())["job_id"] == "4242"
+        else:
+            assert out.strip().splitlines()[-1] == "sbatch: error: Invalid partition name specified"
+            assert not (wd / "runs" / name).exists() and not (wd / "slurm" / token).exists()
+
+
 def test_verdict_table():
     def v(state, reason="", code=None, status=None):
         return verdict(JobInfo("1", state, reason, code), status or {})

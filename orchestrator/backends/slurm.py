@@ -79,10 +79,11 @@ def submit_script(workdir: str, token: str, tasks: list[slurmjobs.Task], run_jso
             lines.append(f'ln -s "../../runs/{t.name}" {sd}/{i} || {{ undo; exit 1; }}')
     lines += [
         _heredoc(f"{sd}/job.sh", batch, tag),
-        (f'out=$(cd "$wd" && sbatch --parsable {sd}/job.sh 2>&1) || '
-        '{ undo; echo "@@SBATCH"; printf "%s\\n" "$out"; exit 0; }'),
-        'job=${out%%;*}',
-        'case "$job" in ""|*[!0-9]*) echo "@@SBATCH"; printf "%s\\n" "$out"; exit 0;; esac',
+        # the job id is stdout's last line; sbatch's warnings (stderr) are not part of it, shown on a refusal
+        (f'out=$(cd "$wd" && sbatch --parsable {sd}/job.sh 2>{sd}/sbatch.err) || '
+        f'{{ echo "@@SBATCH"; cat {sd}/sbatch.err; printf "%s\\n" "$out"; undo; exit 0; }}'),
+        'job=$(printf "%s\\n" "$out" | tail -n 1); job=${job%%;*}',
+        f'case "$job" in ""|*[!0-9]*) echo "@@SBATCH"; cat {sd}/sbatch.err; printf "%s\\n" "$out"; exit 0;; esac',
     ]
     for i, t in enumerate(tasks):
         jid = f"${{job}}_{i}" if len(tasks) > 1 else "$job"

@@ -185,6 +185,30 @@ def test_kill_a_running_job_leaves_no_process(hpc, capsys, monkeypatch):
     assert rc == 103 and "cancelled" in out
 
 
+def test_kill_cancels_no_job_that_is_not_the_runs(hpc, capsys):
+    """.slurm.json damaged to name another job of this user (a hand edit, a copied run folder): kill proves the
+    job by its output (the run's eval.log) and cancels nothing; exit 3, one line."""
+    for n in ("mine", "other"):
+        rc, out, err = reval(capsys, hpc, "run", "hpc", "--payload", "dummy", "--name", n, "--detach", "--",
+                             "--lines", "100000", "--interval-s", "0.05")
+        assert rc == 101, out + err
+        wait_lines(hpc.run_dir(n) / "eval.log", 3)
+    mine, other = hpc.job_id("mine"), hpc.job_id("other")
+    f = hpc.run_dir("mine") / ".slurm.json"
+    good = f.read_text()
+    f.write_text(json.dumps({**json.loads(good), "job_id": other}))
+    try:
+        rc, out, err = reval(capsys, hpc, "kill", "mine")
+        assert rc == 3 and "Traceback" not in err, out + err
+        assert err.splitlines()[0].startswith(f"error: hpc: Slurm job {other} is not run 'mine''s")
+        assert job_processes(hpc, other) and job_processes(hpc, mine)  # neither was cancelled
+    finally:
+        f.write_text(good)
+        for n in ("mine", "other"):
+            reval(capsys, hpc, "kill", n)
+    assert job_processes(hpc, other) == [] and job_processes(hpc, mine) == []
+
+
 def test_a_failing_eval_exit_code_reaches_reval(hpc, capsys):
     rc, out, err = reval(capsys, hpc, "run", "hpc", "--payload", "dummy", "--name", "fails", "--",
                          "--lines", "2", "--interval-s", "0", "--exit-code", "2")

@@ -287,10 +287,22 @@ class SlurmBackend(Backend):
         if st.state in (slurmjobs.QUEUED, protocol.RUNNING) and job:
             ticks = int((grace_s + 60) / 0.2)
             probe = alive_probe(job)
-            script = (f"scancel {q(job)} || exit 1\n"
+            # The job id comes from files on the cluster: only a job whose output is this run's eval.log (an
+            # array task's through its slurm/<submission>/<i> link) is the run's, and only that one is cancelled.
+            script = (f"so=$(scontrol -o show job {q(job)} 2>/dev/null | tr ' ' '\\n' | sed -n 's/^StdOut=//p' "
+                      "| head -n 1)\n"
+                      f'if [ -n "$so" ]; then [ "$(realpath -- "$(dirname -- "$so")" 2>/dev/null)" = '
+                      f'"$(realpath -- {q(self.run_dir(name))} 2>/dev/null)" ] || {{ echo "@@NOTOURS $so"; exit 0; }}\n'
+                      f"scancel {q(job)}; fi\n"
                       f"i=0; while ( {probe} ); [ $? -ne 1 ] && [ $i -lt {ticks} ]; do sleep 0.2; i=$((i+1)); done\n"
                       f"( {probe} ); echo \"@@ALIVE $?\"\n")
             out = self.transport.run(script, timeout_s=grace_s + 120).stdout
+            if "@@NOTOURS" in out:
+                theirs = out.split("@@NOTOURS", 1)[1].split("\n", 1)[0].strip() or "?"
+                raise RevalError(f"{self.host.name}: Slurm job {job} is not run {name!r}'s (its output goes to "
+                                 f"{theirs}); nothing was cancelled",
+                                 hint=f"the run's job id is in {self.run_dir(name)}/.slurm.json: check it",
+                                 exit_code=3)
             if "@@ALIVE 1" not in out:
                 raise RevalError(f"{self.host.name}: job {job} of run {name!r} is still there after scancel",
                                  hint=f"look at it: squeue -j {job} ; scontrol show job {job}", exit_code=1)

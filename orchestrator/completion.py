@@ -46,7 +46,7 @@ def bash_script(parser: argparse.ArgumentParser, prog: str = "reval") -> str:
     cases = []
     # the hosts of the inventory named on the line being completed (-i FILE), else the default one
     hosts_words = '"$(' + prog + ' ${inv:+-i "$inv"} hosts --names 2>/dev/null)"'
-    takes_value = sorted({s for a in parser._actions if a.option_strings and a.nargs != 0 for s in a.option_strings})
+    takes_value: list[str] = []  # options that take a value, every parser's (the root's is tree[0])
     tree = [("", parser)] + [(sp.prog.split(" ", 1)[1], sp) for _, sp in subparsers(parser)]
     for path, sp in tree:
         opts, choices, host = _words(sp)

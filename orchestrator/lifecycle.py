@@ -165,8 +165,7 @@ class Run:
 
     def saved_offset(self) -> int:
         """The byte of eval.log after the last line shown (kept in runs/<host>/<run>/.follow.json)."""
-        v = load_follow_state(self.host, self.name).get("log_offset", 0)
-        return v if isinstance(v, int) and v >= 0 else 0
+        return load_follow_state(self.host, self.name).get("log_offset", 0)  # validated there
 
     def wait_started(self, sink=None, *, poll_s: float = 2.0) -> RunState | None:
         """While a scheduler keeps the run queued: a note (`queued NAME on HOST · job J · Reason`) each time
@@ -267,8 +266,8 @@ def unfinished(host: str, identity: str, name: str | None = None) -> str | None:
     for h, r in sorted(local_registry(), reverse=True):
         if h != host or (name and r != name):
             continue
-        st = load_follow_state(h, r)
-        if isinstance(st, dict) and st.get("identity") == identity and not st.get("finished"):
+        st = load_follow_state(h, r)  # a dict, {} when damaged
+        if st.get("identity") == identity and not st.get("finished"):
             return r
     return None
 

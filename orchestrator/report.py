@@ -100,10 +100,10 @@ def render_text(tables: list[Table], width: int = 160, wide: bool = False) -> st
 PIPE_WIDTH = 4096  # a listing in a pipe (grep, a file, cron mail) is never cut to 80 columns ("UNREACH…")
 
 
-def listing_console(*, stderr: bool = False, **kw) -> Console:
-    """A Console for listings: the terminal's width on a terminal; in a pipe, wide enough for whole cells."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else PIPE_WIDTH, **kw)
+def listing_console(**kw) -> Console:
+    """A Console for listings on stdout: the terminal's width on a terminal; in a pipe, wide enough for whole
+    cells."""
+    return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH, **kw)
 
 
 def natural_width(tables: list[Table], wide: bool = False) -> int:

@@ -7,11 +7,12 @@ A backend knows, for one inventory host:
     itself; for a scheduler, its login node on the shared filesystem). Sync, venv and pulls ride on it.
   - `submit(Submission)`: start `python -m remote_payload <argv> --run-dir <run dir>` under the payload's
     wrapper; returns a `Launch` whose `handle` (backend kind + job id) is recorded in run.json (the wrapper
-    writes it) and in the local .follow.json. A used name raises RunExists; nothing started -> nothing left.
+    writes it); the local .follow.json is written the moment the run exists. A used name raises RunExists;
+    nothing started -> nothing left.
   - `state(name, wait_s=)` / `list_runs()`: a `RunState` (runs.py) — `queued` (with `reason`, e.g. the scheduler's
     pending reason) | running | succeeded | failed | cancelled | lost; None when there is no such run.
-  - `cancel(name, grace_s=)`: stop it (TERM, wait, KILL for a process group; scancel for a job) and
-    record `cancelled`; returns the final RunState.
+  - `cancel(name, grace_s=, known=)`: stop it (TERM, wait, KILL for a process group; scancel for a job),
+    each only after the host proves it is the run's, and record `cancelled`; returns the final RunState.
   - `stream_command(...)`: the remote command whose stdout is the framed live stream of a run's files
     (remote_payload/stream.py), resumable at byte offsets; `pull(name)`: copy the contract files to
     runs/<host>/<run>/.
@@ -37,7 +38,7 @@ GPUS_SCHEDULER = "scheduler"
 @dataclass(frozen=True)
 class JobHandle:
     """What a backend needs to find a run's process again: `ssh` + the wrapper's process group id, or
-    e.g. `slurm` + the job id. Recorded in run.json (`handle`) and .follow.json."""
+    e.g. `slurm` + the job id. Recorded in run.json (`handle`, written by the wrapper on the host)."""
     backend: str
     job_id: str
 

@@ -104,9 +104,15 @@ def seconds(text: str) -> float:
     return s
 
 
+def duration_s(text: str) -> float | None:
+    """A duration like 90m, 36h, 7d or 2w -> seconds; None when it is not one (pure)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", text.strip())
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)] if m else None
+
+
 def age_s(text: str) -> float:
     """An argparse type: an age like 90m, 36h, 7d or 2w -> seconds."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", text.strip())
-    if not m:
+    s = duration_s(text)
+    if s is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not an age: use e.g. 36h, 7d or 2w")
-    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
+    return s

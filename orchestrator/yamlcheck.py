@@ -2,16 +2,16 @@
 names its line, all of a file's problems are collected (the first becomes the error, the rest its `more`)."""
 from __future__ import annotations
 
-import difflib
-
 import yaml
 
+from . import argparsing
 from .errors import ConfigError
 
 
 def did_you_mean(word: str, options) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f" — did you mean {close[0]!r}?" if close else ""
+    """` — did you mean 'x'?` for the closest option (argparsing.did_you_mean), else ''."""
+    close = argparsing.did_you_mean(word, options)
+    return f" — did you mean {close!r}?" if close else ""
 
 
 class Problem(Exception):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from remote_payload import protocol
 
+from ..argparsing import duration_s
 from ..errors import ConfigError
 from ..ledger import LAUNCHED, Ledger, LedgerEntry, ledger_key
 from ..lifecycle import EvalSpec
@@ -40,13 +41,13 @@ class Checkpoint:
 
 
 def parse_since(text: str | None, now: float | None = None) -> float | None:
-    """'36h', '7d', '90m' (ago) or an ISO date/time (UTC) -> epoch seconds."""
+    """'36h', '7d', '90m', '2w' (ago: argparsing.duration_s) or an ISO date/time (UTC) -> epoch seconds."""
     if not text:
         return None
     now = time.time() if now is None else now
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
-    if m:
-        return now - float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    ago = duration_s(text)
+    if ago is not None:
+        return now - ago
     for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"):
         try:
             return float(calendar.timegm(time.strptime(text.strip(), fmt)))

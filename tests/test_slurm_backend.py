@@ -209,6 +209,35 @@ def test_kill_cancels_no_job_that_is_not_the_runs(hpc, capsys):
     assert job_processes(hpc, other) == [] and job_processes(hpc, mine) == []
 
 
+def test_slurms_word_never_overwrites_a_status_written_after_it_was_read(hpc, capsys, monkeypatch):
+    """status.json is read, then Slurm is asked (two round trips). When the wrapper's last write lands between
+    them, the record of Slurm's word must not replace it with one built on the older read: the wrapper's fields
+    (its finish time, error, suspect flag) are kept."""
+    from orchestrator.backends import get_backend
+    from orchestrator.backends.slurm import SlurmBackend
+    from orchestrator.inventory import load_inventory
+    rc, out, err = reval(capsys, hpc, "run", "hpc", "--payload", "dummy", "--name", "race", *FAST)
+    assert rc == 0, out + err
+    f = hpc.run_dir("race") / "status.json"
+    final = {k: v for k, v in json.loads(f.read_text()).items() if k != "slurm_state"}
+    f.write_text(json.dumps({**final, "state": "running", "finished_at": None}))  # as it was before the end
+    final["wrapper_wrote_this"] = True  # only in the last write
+    real_query = SlurmBackend._query_jobs
+
+    def query_after_the_wrapper_wrote(self, ids):
+        f.write_text(json.dumps(final, indent=2))  # the wrapper's last write, between the two reads
+        return real_query(self, ids)
+    monkeypatch.setattr(SlurmBackend, "_query_jobs", query_after_the_wrapper_wrote)
+    be = get_backend(load_inventory(hpc.inv).get("hpc"))
+    assert be.state("race").state == protocol.SUCCEEDED  # Slurm's word, shown
+    kept = json.loads(f.read_text())
+    assert kept.get("wrapper_wrote_this") is True and kept["finished_at"] == final["finished_at"]
+    monkeypatch.undo()
+    be.state("race")  # the next look builds on the wrapper's status and records Slurm's word on it
+    assert json.loads(f.read_text())["slurm_state"] == "COMPLETED" and \
+        json.loads(f.read_text())["wrapper_wrote_this"] is True
+
+
 def test_a_failing_eval_exit_code_reaches_reval(hpc, capsys):
     rc, out, err = reval(capsys, hpc, "run", "hpc", "--payload", "dummy", "--name", "fails", "--",
                          "--lines", "2", "--interval-s", "0", "--exit-code", "2")

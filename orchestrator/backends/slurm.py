@@ -181,7 +181,8 @@ class SlurmBackend(Backend):
         m = f"@@{secrets.token_hex(6)}"  # the files' contents cannot fake a section: they don't know it
         each = (f'echo "{m} RUN $n"; echo "{m} STATUS"; cat "$n/status.json" 2>/dev/null; echo; echo "{m} JOB"; '
                 f'cat "$n/{slurmjobs.JOB_FILE}" 2>/dev/null; echo; '
-                f'echo "{m} EVENT"; tail -n 1 "$n/events.jsonl" 2>/dev/null; echo')
+                f'echo "{m} EVENT"; tail -n 1 "$n/events.jsonl" 2>/dev/null; echo; '
+                f'echo "{m} SUM"; cksum 2>/dev/null < "$n/status.json"; true')
         loop = ("for n in " + " ".join(q(n) for n in names) + "; do " if names is not None else
                 'for n in */; do n=${n%/}; case $n in .*|*[!A-Za-z0-9._-]*) continue;; esac; ')
         script = f"cd {q(runs)} 2>/dev/null || exit 0\n{loop}[ -d \"$n\" ] || continue; {each}; done\n"
@@ -190,8 +191,8 @@ class SlurmBackend(Backend):
         for line in self.transport.run(script, timeout_s=60).stdout.splitlines():
             if line.startswith(f"{m} RUN "):
                 cur = line[len(m) + 5:]
-                out[cur] = {"STATUS": [], "JOB": [], "EVENT": []}
-            elif cur is not None and line in (f"{m} STATUS", f"{m} JOB", f"{m} EVENT"):
+                out[cur] = {"STATUS": [], "JOB": [], "EVENT": [], "SUM": []}
+            elif cur is not None and line in (f"{m} STATUS", f"{m} JOB", f"{m} EVENT", f"{m} SUM"):
                 sect = line[len(m) + 1:]
             elif cur is not None and sect:
                 out[cur][sect].append(line)
@@ -200,8 +201,9 @@ class SlurmBackend(Backend):
             if not is_run_name(name):
                 continue
             # status.json is untrusted: fields of the wrong type are left out, as the SSH listing does
-            objs = {k: _json_obj("\n".join(v)) for k, v in parts.items()}
-            parsed[name] = {**objs, "STATUS": clean_status(objs.get("STATUS"))}
+            objs = {k: _json_obj("\n".join(v)) for k, v in parts.items() if k != "SUM"}
+            # SUM: status.json's checksum as read, so that recording Slurm's word never overwrites a newer one
+            parsed[name] = {**objs, "STATUS": clean_status(objs.get("STATUS")), "SUM": "".join(parts["SUM"]).strip()}
         return parsed
 
     def _query_jobs(self, job_ids: list[str]) -> dict[str, slurmjobs.JobInfo]:
@@ -241,7 +243,7 @@ class SlurmBackend(Backend):
                 v = slurmjobs.verdict(job, st)
                 fixed = slurmjobs.final_status(st, v, job) if job is not None else None
                 if fixed:
-                    fixes[name] = fixed
+                    fixes[name] = (fixed, r["SUM"])
                     st = fixed
             shown = {**st, "job_id": want[name] or st.get("job_id", "")}
             if v.reason:
@@ -254,14 +256,18 @@ class SlurmBackend(Backend):
             self._record(fixes)
         return out
 
-    def _record(self, statuses: dict[str, dict]) -> None:
-        """Write Slurm's final word into status.json (atomically: tmp + mv), once per run."""
+    def _record(self, statuses: dict[str, tuple[dict, str]]) -> None:
+        """Write Slurm's final word into status.json (atomically: tmp + mv), once per run: {name: (status, the
+        checksum of the status.json it was built from)}. A status.json changed since it was read (the wrapper's
+        last write, landing between the two reads) is kept: the next look builds on it."""
         tag = f"REVAL_EOF_{secrets.token_hex(4)}"
         script = ""
-        for name, st in statuses.items():
+        for name, (st, read_sum) in statuses.items():
             d = self.run_dir(name)
-            script += _heredoc(q(f"{d}/.status.json.slurm.tmp"), json.dumps(st, indent=2), tag)
-            script += f"mv -f {q(d + '/.status.json.slurm.tmp')} {q(d + '/' + protocol.STATUS_JSON)}\n"
+            tmp, dest = q(d + "/.status.json.slurm.tmp"), q(d + "/" + protocol.STATUS_JSON)
+            script += _heredoc(tmp, json.dumps(st, indent=2), tag)
+            script += (f'if [ "$(cksum 2>/dev/null < {dest})" = {q(read_sum)} ]; then mv -f {tmp} {dest}; '
+                       f"else rm -f {tmp}; fi\n")
         _run_remote_script(self.transport, script, 60)
 
     def state(self, name: str, *, wait_s: float = 0.0) -> RunState | None:

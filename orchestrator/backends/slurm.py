@@ -21,7 +21,7 @@ import time
 from remote_payload import protocol
 
 from .. import slurmjobs
-from ..errors import ConfigError, HostUnreachable, RevalError, RunExists, RunNotFound
+from ..errors import ConfigError, RevalError, RunNotFound
 from ..runs import (
     RunState,
     check_local_runs_root,
@@ -33,7 +33,7 @@ from ..runs import (
 )
 from ..transport import q
 from .base import GPUS_SCHEDULER, Backend, JobHandle, Launch, Submission
-from .ssh import preflight_refusal, preflight_sh, wrapper_argv
+from .ssh import preflight_sh, script_refusal, wrapper_argv
 
 JOB_ID_ENV = slurmjobs.JOB_ID_ENV
 SUBMIT_TIMEOUT_S = 120.0
@@ -143,19 +143,9 @@ class SlurmBackend(Backend):
                                preflight=[subs[0].python, "-m", "remote_payload", *pf] if pf else None,
                                env=self.host.env)
         out = _run_remote_script(self.transport, script, SUBMIT_TIMEOUT_S)
-        refused = preflight_refusal(self.host.name, out)
+        refused = script_refusal(self.host.name, out, workdir=wd, name=subs[0].name, what="submission")
         if refused:
             raise refused
-        if "@@EXISTS" in out:
-            used = out.split("@@EXISTS", 1)[1].split()[0]
-            raise RunExists(f"run name {used!r} is already used on {self.host.name}",
-                            hint=f"follow it: reval logs {used} -f --host {self.host.name} ; or pick another "
-                                 "with --name")
-        if "@@NOINPUT" in out:
-            raise HostUnreachable(f"{self.host.name}: the submission lost its connection before it was complete; "
-                                  "nothing was submitted", hint=f"retry; check: reval hosts check {self.host.name}")
-        if "@@NOPAYLOAD" in out:
-            raise ConfigError(f"{self.host.name}: no payload in {wd}/payload", hint=f"run: reval sync {self.host.name}")
         if "@@SBATCH" in out:
             why = (out.split("@@SBATCH", 1)[1].strip().splitlines() or ["no output"])[-1]
             raise ConfigError(f"{self.host.name}: sbatch refused the job: {why}",

@@ -101,14 +101,26 @@ def preflight_sh(env_words: str, preflight: list[str] | None) -> list[str]:
             '  echo "@@PREFLIGHT"; printf \'%s\\n\' "$pf"; exit 0; fi']
 
 
-def preflight_refusal(host: str, out: str) -> ConfigError | None:
-    """The one-line error for a script's @@PREFLIGHT answer, or None."""
-    if "@@PREFLIGHT" not in out:
-        return None
-    lines = [ln for ln in out.split("@@PREFLIGHT", 1)[1].strip().splitlines() if ln.strip()]
-    why = next((ln.removeprefix("error: ") for ln in reversed(lines) if ln.startswith("error: ")),
-               lines[-1] if lines else "the eval's inputs were refused")
-    return ConfigError(f"{host}: {why}", hint="nothing was started; fix the path (on the host) and run again")
+def script_refusal(host: str, out: str, *, workdir: str, name: str, what: str) -> RevalError | None:
+    """The one-line error for a launch or submission script's refusal (both backends' scripts answer alike), or
+    None: @@PREFLIGHT (the eval's inputs), @@EXISTS [name] (a used run name), @@NOINPUT (the script arrived
+    cut short: nothing ran), @@NOPAYLOAD. `what`: "launch" | "submission"."""
+    if "@@PREFLIGHT" in out:
+        lines = [ln for ln in out.split("@@PREFLIGHT", 1)[1].strip().splitlines() if ln.strip()]
+        why = next((ln.removeprefix("error: ") for ln in reversed(lines) if ln.startswith("error: ")),
+                   lines[-1] if lines else "the eval's inputs were refused")
+        return ConfigError(f"{host}: {why}", hint="nothing was started; fix the path (on the host) and run again")
+    if "@@EXISTS" in out:
+        used = (out.split("@@EXISTS", 1)[1].split() or [name])[0]
+        return RunExists(f"run name {used!r} is already used on {host}",
+                         hint=f"follow it: reval logs {used} -f --host {host} ; or pick another with --name "
+                              f"(e.g. --name {used}-2), or leave --name out for a timestamped one")
+    if "@@NOINPUT" in out:  # a transport failure: safe to retry under the same name
+        return HostUnreachable(f"{host}: the {what} lost its connection before it was complete; nothing was started",
+                               hint=f"retry; check: reval hosts check {host}")
+    if "@@NOPAYLOAD" in out:
+        return ConfigError(f"{host}: no payload in {workdir}/payload", hint=f"run: reval sync {host}")
+    return None
 
 
 def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[str], gpus: str = "auto",
@@ -127,18 +139,9 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
     staged = json.dumps({**run_json, "run": name, "host": host.name, "python": python, "backend": "ssh"},
                         default=str)
     out = transport.run(script, input=staged, timeout_s=STARTUP_WAIT_S + 60).stdout
-    refused = preflight_refusal(host.name, out)
+    refused = script_refusal(host.name, out, workdir=workdir, name=name, what="launch")
     if refused:
         raise refused
-    if "@@EXISTS" in out:
-        raise RunExists(f"run name {name!r} is already used on {host.name}",
-                          hint=f"follow it: reval logs {name} -f --host {host.name} ; or pick another with "
-                               f"--name (e.g. --name {name}-2), or leave --name out for a timestamped one")
-    if "@@NOINPUT" in out:  # a transport failure: safe to retry under the same name
-        raise HostUnreachable(f"{host.name}: the launch lost its connection before the run was described; "
-                              f"nothing was started", hint=f"retry; check: reval hosts check {host.name}")
-    if "@@NOPAYLOAD" in out:
-        raise ConfigError(f"{host.name}: no payload in {workdir}/payload", hint=f"run: reval sync {host.name}")
     body = out.split("@@STATUS", 1)[-1].strip()
     try:
         status = json.loads(body) if body else {}

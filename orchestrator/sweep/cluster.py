@@ -16,8 +16,7 @@ from remote_payload import protocol
 
 from ..backends.base import GPUS_SCHEDULER, Submission
 from ..errors import HostUnreachable, RevalError
-from ..ledger import LAUNCHED, LedgerEntry
-from .plan import NOT_RUN, UNREACHABLE, Job, Outcome
+from .plan import UNREACHABLE, Job
 from .stage import HostSession
 
 
@@ -66,20 +65,15 @@ class ClusterBatches:
                 if hs.down:
                     raise
                 jobs.remove(job)
-                self.outcomes[job.key] = Outcome(c.name, c.step, NOT_RUN, c.host, job.run,
-                                                 error=str(e).splitlines()[0])
-                self.log(f"skip    {c.name}: {str(e).splitlines()[0]}")
+                self.not_stageable(job, e)
                 continue
             except Exception as e:  # noqa: BLE001 - this checkpoint fails (as on an SSH host), the array goes on
                 jobs.remove(job)
                 self.job_failed(hs, job, e)
                 continue
             argv = self.opts.spec(path, GPUS_SCHEDULER).payload_argv(job.run)
-            run_json = {"sweep": self.sweep_id, "checkpoint": c.location, "checkpoint_hash": c.content_hash,
-                        "ledger_key": job.key, "drafter": path, "argv": argv}
-            subs.append(Submission(job.run, argv, hs.python, GPUS_SCHEDULER, run_json))
-            entries.append(LedgerEntry(job.key, c.name, c.location, c.content_hash, c.step, hs.host.name, job.run,
-                                       LAUNCHED, self.sweep_id, config=job.config))
+            subs.append(Submission(job.run, argv, hs.python, GPUS_SCHEDULER, self.run_json(job, path, argv)))
+            entries.append(self.launched_entry(hs, job))
         if not subs:
             return
         for e in entries:  # before submitting: a killed controller finds them and re-attaches

@@ -162,10 +162,27 @@ class Sweep(Staging, ClusterBatches):
             self.log(f"error   {job.ckpt.name} on {hs.host.name}: {type(e).__name__}: {e}")
             self._record(job, hs, protocol.FAILED, error=f"internal error: {type(e).__name__}: {e}")
 
+    def not_stageable(self, job: Job, e: HostUnreachable) -> None:
+        """The checkpoint's own host went away: no host can get it; not run (the next sweep tries again)."""
+        c = job.ckpt
+        self.outcomes[job.key] = Outcome(c.name, c.step, NOT_RUN, c.host, job.run, error=str(e).splitlines()[0])
+        self.log(f"skip    {c.name}: {str(e).splitlines()[0]}")
+
+    def launched_entry(self, hs: HostSession, job: Job) -> LedgerEntry:
+        """The ledger's `launched` record of job on hs (written before the launch: a killed controller finds it)."""
+        c = job.ckpt
+        return LedgerEntry(job.key, c.name, c.location, c.content_hash, c.step, hs.host.name, job.run, LAUNCHED,
+                           self.sweep_id, config=job.config)
+
+    def run_json(self, job: Job, path: str, argv: list[str]) -> dict:
+        """What a sweep's run records in run.json: its sweep, checkpoint and ledger key."""
+        c = job.ckpt
+        return {"sweep": self.sweep_id, "checkpoint": c.location, "checkpoint_hash": c.content_hash,
+                "ledger_key": job.key, "drafter": path, "argv": argv}
+
     def run_job(self, hs: HostSession, job: Job, gpu: str, held: list[Job] | None = None) -> None:
         c = job.ckpt
-        entry = LedgerEntry(job.key, c.name, c.location, c.content_hash, c.step, hs.host.name, job.run,
-                            LAUNCHED, self.sweep_id, config=job.config)
+        entry = self.launched_entry(hs, job)
         if job.host is None:  # a fresh launch
             try:
                 path = job.staged[1] if job.staged and job.staged[0] == hs.host.name else \
@@ -174,15 +191,11 @@ class Sweep(Staging, ClusterBatches):
                 if hs.down:  # this host went away: another one takes the job
                     self._requeue(job)
                     raise
-                # the checkpoint's own host went away: no host can get it; the next sweep tries again
-                self.outcomes[job.key] = Outcome(c.name, c.step, NOT_RUN, c.host, job.run,
-                                                 error=str(e).splitlines()[0])
-                self.log(f"skip    {c.name}: {str(e).splitlines()[0]}")
+                self.not_stageable(job, e)
                 return
             before = self.ledger.get(job.key)
             self.ledger.put(entry)  # before launching: a killed controller finds it and re-attaches
-            run_json = {"sweep": self.sweep_id, "checkpoint": c.location, "checkpoint_hash": c.content_hash,
-                        "ledger_key": job.key, "drafter": path, "argv": self.opts.spec(path).payload_argv(job.run)}
+            run_json = self.run_json(job, path, self.opts.spec(path).payload_argv(job.run))
             try:
                 spec = self.opts.spec(path, gpu)
                 info = self._op(hs, "launch", lambda: lifecycle.submit(

@@ -42,6 +42,8 @@ class RunState:
         return {"host": self.host, "name": self.name, "state": self.state, "suspect": self.suspect,
                 **({"suspect_reasons": st.get("suspect_reasons", [])} if self.suspect else {}),
                 **{k: st.get(k) for k in ("started_at", "finished_at", "exit_code", "error", "gpus", "device")},
+                "reason": self.reason or None,  # a scheduler's pending reason, or why it is lost (as the text says)
+                "job_id": st.get("job_id") if isinstance(st.get("job_id"), str) and st.get("job_id") else None,
                 "progress": progress_text(self.last_event) if self.state == protocol.RUNNING else None}
 
 

@@ -151,6 +151,9 @@ def test_queued_with_slurms_reason_then_kill_cancels_it(hpc, capsys):
     assert rc == 101 and "queued" in out and "PartitionConfig" in out, out
     rc, out, _ = reval(capsys, hpc, "ls", "hpcbig")
     assert "waits" in out and "queued" in out
+    rc, out, _ = reval(capsys, hpc, "status", "hpcbig/waits", "--json")  # what the text says, for scripts too
+    got = json.loads(out)
+    assert got["state"] == "queued" and "PartitionConfig" in got["reason"] and got["job_id"] == hpc.job_id("waits")
     rc, out, err = reval(capsys, hpc, "kill", "hpcbig/waits")
     assert rc == 0, out + err
     assert hpc.scontrol(hpc.job_id("waits"))["JobState"] == "CANCELLED"

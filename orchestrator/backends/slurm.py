@@ -281,7 +281,7 @@ class SlurmBackend(Backend):
             raise RunNotFound(f"no run {name!r} on {self.host.name}", hint=f"list them: reval ls {self.host.name}")
         job = st.status.get("job_id")
         if st.state in (slurmjobs.QUEUED, protocol.RUNNING) and job:
-            ticks = int((grace_s + 60) / 0.2)
+            ticks = int((grace_s + 60) / 0.5)  # squeue twice a second: slurmctld is shared
             probe = alive_probe(job)
             # The job id comes from files on the cluster: only a job whose output is this run's eval.log (an
             # array task's through its slurm/<submission>/<i> link) is the run's, and only that one is cancelled.
@@ -290,7 +290,7 @@ class SlurmBackend(Backend):
                       f'if [ -n "$so" ]; then [ "$(realpath -- "$(dirname -- "$so")" 2>/dev/null)" = '
                       f'"$(realpath -- {q(self.run_dir(name))} 2>/dev/null)" ] || {{ echo "@@NOTOURS $so"; exit 0; }}\n'
                       f"scancel {q(job)}; fi\n"
-                      f"i=0; while ( {probe} ); [ $? -ne 1 ] && [ $i -lt {ticks} ]; do sleep 0.2; i=$((i+1)); done\n"
+                      f"i=0; while ( {probe} ); [ $? -ne 1 ] && [ $i -lt {ticks} ]; do sleep 0.5; i=$((i+1)); done\n"
                       f"( {probe} ); echo \"@@ALIVE $?\"\n")
             out = self.transport.run(script, timeout_s=grace_s + 120).stdout
             if "@@NOTOURS" in out:

@@ -1,6 +1,10 @@
 """Removing runs: the run directory on its host and the copy here (runs/<host>/<run>/). A running run is
 never removed (kill it first); once removed, its name is free again on that host. `prune` picks runs by
-state and age (pure); the removal itself is the backend's (one `rm -rf` of a validated path on an SSH host)."""
+state and age (pure); the removal itself is the backend's (one `rm -rf` of a validated path on an SSH host).
+
+Ages are the host's: its listing carries the host's clock (RunState.host_now), and a run's age is that minus
+the times the same clock wrote into status.json. A copy here goes with its host's run; prune never ages a copy
+by this machine's clock (its times are the host's), so a copy whose host cannot be reached stays."""
 from __future__ import annotations
 
 import shutil
@@ -29,29 +33,55 @@ class Removal:
     local: bool                  # the copy here is (to be) removed
 
 
-def age_of(s: RunState, now: float) -> float | None:
-    """Seconds since the run finished (or started, if it never finished); None when neither is known."""
-    t = _iso_s(s.status.get("finished_at")) or _iso_s(s.status.get("started_at"))
-    return None if t is None else now - t
+# No reval run ended before this: an earlier finish time was written by a wrong clock (a host whose clock was
+# years behind, since corrected), and its "age" says nothing about when the run ended.
+PLAUSIBLE_SINCE = "2024-01-01T00:00:00Z"
+_PLAUSIBLE_SINCE_S = _iso_s(PLAUSIBLE_SINCE)
+# how far a finish time may lie after the host's "now" and still count as "just ended" (a cluster's nodes and
+# its login node may disagree by a little)
+CLOCK_SLACK_S = 60.0
 
 
-def select_for_prune(states: list[RunState], *, failed: bool = False, older_than_s: float | None = None,
-                     now: float | None = None) -> list[RunState]:
-    """The runs `prune` removes: never a running, queued or live one; --failed: those that did not succeed;
-    --older-than: those that ended longer ago; both: both conditions (pure)."""
-    now = time.time() if now is None else now
-    picked = []
+def age_of(s: RunState) -> tuple[float | None, str | None]:
+    """(seconds since the run finished (or started, if it never finished), why its age cannot be trusted).
+
+    One clock: status.json's times were written by the host's clock, so the age is the host's own "now" (read
+    in the listing's round trip: s.host_now) minus them, never this machine's clock. A time after the host's
+    now (its clock went back) or before PLAUSIBLE_SINCE (a wrong clock wrote it) gives no age, and says why;
+    no recorded time gives (None, None) (pure)."""
+    when = s.status.get("finished_at") or s.status.get("started_at")
+    t = _iso_s(when)
+    if t is None:
+        return None, None
+    if s.host_now is None:
+        return None, "its host did not say what time it is"
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(s.host_now))
+    if t < _PLAUSIBLE_SINCE_S:
+        return None, f"it ended at {when} by its host's clock, before {PLAUSIBLE_SINCE}: written by a wrong clock"
+    if t > s.host_now + CLOCK_SLACK_S:
+        return None, f"it ended at {when}, after the host's clock now ({now}): the host's clock went back"
+    return max(0.0, s.host_now - t), None
+
+
+def select_for_prune(states: list[RunState], *, failed: bool = False, older_than_s: float | None = None
+                     ) -> tuple[list[RunState], list[tuple[RunState, str]]]:
+    """(the runs `prune` removes, [(run, why its age is not trusted)]): never a running, queued or live run;
+    --failed: those that did not succeed; --older-than: those that ended longer ago by their host's clock;
+    both: both conditions. A run whose age cannot be trusted (age_of) is never removed by age (pure)."""
+    picked, skipped = [], []
     for s in states:
         if not s.terminal or s.alive:
             continue
         if failed and s.state not in NOT_SUCCEEDED:
             continue
         if older_than_s is not None:
-            age = age_of(s, now)
+            age, distrust = age_of(s)
+            if distrust:
+                skipped.append((s, distrust))
             if age is None or age < older_than_s:
                 continue
         picked.append(s)
-    return picked
+    return picked, skipped
 
 
 def plan(be: Backend, name: str, *, local_only: bool = False, state: RunState | None = None) -> Removal:

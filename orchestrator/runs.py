@@ -26,6 +26,9 @@ class RunState:
     alive: bool = False
     last_event: dict = field(default_factory=dict)  # the last line of events.jsonl
     reason: str = ""           # why it is queued (a scheduler's pending reason), or lost
+    # the host's clock (epoch seconds) when this was read, in the same round trip: the one clock that wrote
+    # status.json's times, so a run's age is host_now - finished_at whatever this machine's clock says
+    host_now: float | None = None
 
     @property
     def terminal(self) -> bool:

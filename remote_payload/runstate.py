@@ -12,7 +12,8 @@ A pgid <= 1, a group of another boot, and a host without /proc prove nothing: su
 us and is never signalled. The check is repeated right before each signal.
 
 Run on a host as a script, fed on stdin, so it works whatever payload version is synced there:
-    python3 - probe RUNS_DIR [NAME ...]        one JSON line per run directory (all when no NAME)
+    python3 - probe RUNS_DIR [NAME ...]        one JSON line per run directory (all when no NAME), with the
+                                               host's clock (`now`): the one clock that wrote its times
     python3 - wait RUNS_DIR NAME WAIT_S        the same for NAME, as soon as it is no longer running (a long poll)
     python3 - kill RUN_DIR GRACE_S             TERM, wait, KILL the proven group; status `cancelled`
 Every line it prints is one JSON object; the controller parses it as JSON (never by pattern).
@@ -154,7 +155,7 @@ def probe(runs_dir: str, names: list[str]) -> list[dict]:
             continue  # not a directory reval made
         st, err = _read_status(d)
         out.append({"name": n, "status": st, "status_error": err, "alive": run_alive(st),
-                    "last_event": _last_event(d)})
+                    "last_event": _last_event(d), "now": time.time()})
     return out
 
 

@@ -64,17 +64,29 @@ def test_prune_by_state_and_age(here, capsys):
 
 
 def test_select_for_prune_is_state_and_age(here):
-    def st(name, state, finished):
-        return RunState("h", name, state, {"state": state, "finished_at": finished})
-    now = 1_800_000_000.0
-    old, new = "2020-01-01T00:00:00Z", "2027-01-15T08:00:00Z"  # now is 2027-01-15T08:00:00Z
+    now = 1_800_000_000.0  # 2027-01-15T08:00:00Z by the hosts' clock, as their listing said
+
+    def st(name, state, finished, host_now=now):
+        return RunState("h", name, state, {"state": state, "finished_at": finished}, host_now=host_now)
+    old, new = "2026-01-01T00:00:00Z", "2027-01-15T07:00:00Z"
     runs = [st("a", "succeeded", old), st("b", "failed", new), st("c", "lost", old), st("d", "running", old),
             st("e", "cancelled", None), st("f", "unknown", new), st("g", "queued", old),
-            RunState("h", "i", "lost", {"state": "running", "finished_at": old}, alive=True)]
+            RunState("h", "i", "lost", {"state": "running", "finished_at": old}, alive=True, host_now=now)]
     # never a queued or live run; not one whose status.json is unreadable (it may be starting): reval rm takes it
-    assert [s.name for s in select_for_prune(runs, failed=True, now=now)] == ["b", "c", "e"]
-    assert [s.name for s in select_for_prune(runs, older_than_s=86400, now=now)] == ["a", "c"]
-    assert [s.name for s in select_for_prune(runs, failed=True, older_than_s=86400, now=now)] == ["c"]
+    assert [s.name for s in select_for_prune(runs, failed=True)[0]] == ["b", "c", "e"]
+    assert select_for_prune(runs, older_than_s=86400) == ([runs[0], runs[2]], [])
+    assert [s.name for s in select_for_prune(runs, failed=True, older_than_s=86400)[0]] == ["c"]
+    # ages by the host's own clock; a time its clock could not have written now is no age at all
+    skewed = [st("behind", "succeeded", "2001-12-01T00:00:00Z", host_now=1_007_164_900.0),  # 25y behind: fresh
+              st("went-back", "failed", "2027-01-15T07:00:00Z", host_now=now - 30 * 86400),
+              st("unsaid", "failed", old, host_now=None),
+              st("slack", "failed", "2027-01-15T08:00:30Z")]  # 30 s ahead: just ended, not a clock that went back
+    picked, skipped = select_for_prune(skewed, older_than_s=86400)
+    assert picked == [] and [(s.name, why.split(":")[0]) for s, why in skipped] == [
+        ("behind", "it ended at 2001-12-01T00"), ("went-back", "it ended at 2027-01-15T07"),
+        ("unsaid", "its host did not say what time it is")]
+    assert "written by a wrong clock" in skipped[0][1] and "the host's clock went back" in skipped[1][1]
+    assert select_for_prune(skewed, failed=True) == (skewed[1:], [])  # --failed alone needs no clock
 
 
 def test_json_listings_and_logs_with_offsets(here, capsys):

@@ -175,11 +175,15 @@ class SlurmBackend(Backend):
                 f'echo "{m} SUM"; cksum 2>/dev/null < "$n/status.json"; true')
         loop = ("for n in " + " ".join(q(n) for n in names) + "; do " if names is not None else
                 'for n in */; do n=${n%/}; case $n in .*|*[!A-Za-z0-9._-]*) continue;; esac; ')
-        script = f"cd {q(runs)} 2>/dev/null || exit 0\n{loop}[ -d \"$n\" ] || continue; {each}; done\n"
+        # the login node's clock, read with the files: their ages are judged by it (remove.age_of)
+        script = (f"cd {q(runs)} 2>/dev/null || exit 0\necho \"{m} NOW $(date +%s)\"\n"
+                  f"{loop}[ -d \"$n\" ] || continue; {each}; done\n")
         out: dict[str, dict] = {}
-        cur, sect = None, None
+        cur, sect, now = None, None, None
         for line in self.transport.run(script, timeout_s=60).stdout.splitlines():
-            if line.startswith(f"{m} RUN "):
+            if line.startswith(f"{m} NOW ") and cur is None:
+                now = float(line[len(m) + 5:]) if line[len(m) + 5:].strip().isdigit() else None
+            elif line.startswith(f"{m} RUN "):
                 cur = line[len(m) + 5:]
                 out[cur] = {"STATUS": [], "JOB": [], "EVENT": [], "SUM": []}
             elif cur is not None and line in (f"{m} STATUS", f"{m} JOB", f"{m} EVENT", f"{m} SUM"):
@@ -193,7 +197,8 @@ class SlurmBackend(Backend):
             # status.json is untrusted: fields of the wrong type are left out, as the SSH listing does
             objs = {k: _json_obj("\n".join(v)) for k, v in parts.items() if k != "SUM"}
             # SUM: status.json's checksum as read, so that recording Slurm's word never overwrites a newer one
-            parsed[name] = {**objs, "STATUS": clean_status(objs.get("STATUS")), "SUM": "".join(parts["SUM"]).strip()}
+            parsed[name] = {**objs, "STATUS": clean_status(objs.get("STATUS")), "SUM": "".join(parts["SUM"]).strip(),
+                            "NOW": now}
         return parsed
 
     def _query_jobs(self, job_ids: list[str]) -> dict[str, slurmjobs.JobInfo]:
@@ -232,6 +237,8 @@ class SlurmBackend(Backend):
             else:
                 v = slurmjobs.verdict(job, st)
                 fixed = slurmjobs.final_status(st, v, job) if job is not None else None
+                if fixed and "finished_at" not in st and r["NOW"] is not None:  # the cluster's clock, not ours
+                    fixed["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r["NOW"]))
                 if fixed:
                     fixes[name] = (fixed, r["SUM"])
                     st = fixed
@@ -241,7 +248,7 @@ class SlurmBackend(Backend):
             if v.exit_code is not None:
                 shown.setdefault("exit_code", v.exit_code)
             out.append(RunState(self.host.name, name, v.state, shown, alive=v.state in (slurmjobs.QUEUED,
-                                protocol.RUNNING), last_event=r["EVENT"], reason=v.reason))
+                                protocol.RUNNING), last_event=r["EVENT"], reason=v.reason, host_now=r["NOW"]))
         if fixes:
             self._record(fixes)
         return out

@@ -14,6 +14,7 @@ same process on the same machine is what makes two concurrent launches unable to
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -211,9 +212,11 @@ def state_from_probe(rec: dict, host: str) -> RunState | None:
     st = clean_status(rec.get("status"))  # damaged: a list, a number, fields of the wrong type
     alive = rec.get("alive") is True
     event = rec.get("last_event") if isinstance(rec.get("last_event"), dict) else {}
+    now = rec.get("now")  # the host's clock, read with its status.json
+    now = float(now) if isinstance(now, (int, float)) and not isinstance(now, bool) and math.isfinite(now) else None
     if "state" not in st:
-        return RunState(host, name, "unknown", {}, alive, event)
-    return RunState(host, name, verdict(st, alive), st, alive, event)
+        return RunState(host, name, "unknown", {}, alive, event, host_now=now)
+    return RunState(host, name, verdict(st, alive), st, alive, event, host_now=now)
 
 
 def run_state(transport: Transport, run: str, *, wait_s: float = 0) -> RunState | None:

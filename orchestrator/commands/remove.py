@@ -25,11 +25,13 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_rm)
 
     p = sub.add_parser("prune", help="remove failed or old runs, on every host or one",
-                       description="Remove the runs that match: --failed (failed, lost or cancelled; a run with no readable "
-                                   "status.json is left alone: it may be starting, remove it with reval rm) "
-                                   "and/or --older-than AGE (ended that long ago), on HOST or every host of a "
-                                   "group (default: every inventory host); never a running run. Shows what goes "
-                                   "and asks first, unless --yes. Exit 2 when a host was unreachable.")
+                       description="Remove the runs that match: --failed (failed, lost or cancelled; a run with no "
+                                   "readable status.json is left alone: it may be starting, remove it with reval rm) "
+                                   "and/or --older-than AGE (ended that long ago by the host's own clock; a run that "
+                                   "ended after the host's clock now, or before "
+                                   f"{remove.PLAUSIBLE_SINCE[:10]} (a wrong clock), is skipped and named), on HOST or "
+                                   "every host of a group (default: every inventory host); never a running run. "
+                                   "Shows what goes and asks first, unless --yes. Exit 2 when a host was unreachable.")
     p.add_argument("host", metavar="HOST|GROUP", nargs="?", help="where to prune (default: every host)")
     p.add_argument("--failed", action="store_true", help="runs that did not succeed")
     p.add_argument("--older-than", type=age_s, metavar="AGE", help="runs that ended more than AGE ago: 36h, 7d, 2w")
@@ -91,8 +93,12 @@ def cmd_prune(args) -> int:
         if h.name not in found:
             continue
         be, states = found[h.name]
-        for s in remove.select_for_prune(states, failed=args.failed, older_than_s=args.older_than):
+        picked, distrusted = remove.select_for_prune(states, failed=args.failed, older_than_s=args.older_than)
+        for s in picked:
             todo.append((be, remove.plan(be, s.name, local_only=args.local_only, state=s)))
+        for s, why in distrusted:
+            err(f"skipped {s.host}/{s.name} ({s.state}): {why}; not pruned by age (reval rm {s.host}/{s.name} "
+                "removes it)")
     for h, why in unreachable.items():
         err(f"skipped {h}: {why}")
     rc = _carry_out(todo, args.yes)

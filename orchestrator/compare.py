@@ -273,9 +273,26 @@ def require_comparable(cmp: Comparison) -> None:
                            "definitions, or pass --allow-incomparable to show them side by side (marked)")
 
 
+def short_attention(signature: str | None) -> str:
+    """'sliding_attention/4/causal,sliding_attention/4/causal,full_attention/-/bidirectional' ->
+    '2x sliding/4/causal + full/-/bidirectional' (runs of equal layers counted)."""
+    if not signature:
+        return "not recorded"
+    parts = [p.replace("_attention", "") for p in signature.split(",")]
+    groups: list[list] = []
+    for p in parts:
+        if groups and groups[-1][0] == p:
+            groups[-1][1] += 1
+        else:
+            groups.append([p, 1])
+    return " + ".join(f"{n}x {p}" if n > 1 else p for p, n in groups)
+
+
 def comparability_note(cmp: Comparison) -> str:
     if not cmp.differences:
-        return "same cache, prompts, max-blocks and metric definitions: comparable"
+        sigs = {r.result.comparability.attention for r in cmp.runs if r.result is not None}
+        layout = f" ({short_attention(sigs.pop())})" if len(sigs) == 1 else ""
+        return f"comparable: same cache, prompts, max-blocks, metrics, drafter attention{layout}"
     fields = sorted({FIELD_WORDS.get(d.field, d.field) for d in cmp.differences})
     runs = sorted({d.run for d in cmp.differences})
     return f"NOT comparable ({', '.join(fields)} differ for {', '.join(runs)}): marked, not ranked"

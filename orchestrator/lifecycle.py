@@ -47,6 +47,7 @@ class EvalSpec:
     extra: list[str] = field(default_factory=list)   # more `python -m remote_payload eval` options
     payload: str = "eval"                             # eval | dummy
     gpus: str | None = None                           # auto | none | 0,1 (None: the host's `gpus`)
+    allow_unknown_config: list[str] = field(default_factory=list)  # drafter config keys evaluated uninterpreted
 
     def validate(self) -> EvalSpec:
         if self.payload not in ("eval", "dummy"):
@@ -72,14 +73,20 @@ class EvalSpec:
             argv += ["--num-prompts", str(self.num_prompts)]
         if self.max_blocks is not None:
             argv += ["--max-blocks", str(self.max_blocks)]
-        return argv + list(self.extra)
+        return argv + self._allow_argv() + list(self.extra)
+
+    def _allow_argv(self) -> list[str]:
+        return [a for k in self.allow_unknown_config for a in ("--allow-unknown-config", str(k))]
 
     def preflight_argv(self) -> list[str] | None:
         """`python -m remote_payload preflight ...`: the paths checked on the host before anything starts."""
         if self.payload != "eval":
             return None
+        # keys allowed through the payload's own arguments (a sweep's `-- --allow-unknown-config K`) count too
+        passed = [a for i, a in enumerate(self.extra) if a.startswith("--allow-unknown-config=")
+                  or (i and self.extra[i - 1] == "--allow-unknown-config") or a == "--allow-unknown-config"]
         return ["preflight", "--drafter", str(self.drafter), "--target", str(self.target), "--cache",
-                str(self.cache)]
+                str(self.cache), *self._allow_argv(), *passed]
 
     def default_name(self) -> str:
         return protocol.default_run_name(self.drafter or self.payload)

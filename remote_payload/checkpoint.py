@@ -13,6 +13,13 @@ Drafter layouts (`load_drafter`):
     Config: the file's "config" entry, else config.json next to the file.
     fc_layer_ids rule: the config's `fc_layer_ids` if present; else, if fc.weight is [H, k*H] with
     k < len(target_layer_ids), the FIRST k target layers (the team's 4-of-5 layout); else all of them.
+Weight names other engines load (vLLM's DFlash mapper): `midlayer.*` is `layers.0.*` (EAGLE-style one-layer
+heads), `encoder.fc.*` is `fc.*`, `encoder.output_norm_enc.*` is `hidden_norm.*`; a renamed key that collides
+with one already there is an error. Extra tensors (`attention_sink_bias`, `d2t`, `lm_head`, `embed_tokens`,
+domino's `prefix_gru.*`, ...) fail the strict key check: reval implements none of them.
+`mask_embedding.pt` beside config.json (vLLM's convention): a tensor of hidden_size values, or
+{"mask_token_id": id, "embedding": tensor} whose id must be the config's; it replaces the embedding of
+`mask_token_id` in the drafted block. Its bytes are part of the content hash.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ from remote_payload.config import DrafterConfig, check_features  # noqa: F401 - 
 from remote_payload.contenthash import (  # noqa: F401 - HASH_CHUNK_BYTES, sha256_files re-exported
     HASH_CHUNK_BYTES,
     INDEX_JSON,
+    MASK_EMBEDDING,
     SINGLE_SAFETENSORS,
     content_files,
     parse_step,
@@ -45,6 +53,8 @@ EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.we
               "language_model.model.embed_tokens.weight")
 LM_HEAD_KEYS = ("lm_head.weight", "model.language_model.lm_head.weight", "language_model.lm_head.weight")
 STATS_KEYS = ("fc.weight", "hidden_norm.weight", "norm.weight")
+# other engines' names for the same tensors (vLLM DFlashQwen3Model.hf_to_vllm_mapper): old prefix -> ours
+RENAMED_PREFIXES = (("midlayer.", "layers.0."), ("encoder.output_norm_enc.", "hidden_norm."), ("encoder.fc.", "fc."))
 
 
 @dataclass
@@ -60,6 +70,8 @@ class DrafterInfo:
     weight_files: list[str] = field(default_factory=list)
     stripped_prefix: str = ""
     fc_layer_ids: list[int] = field(default_factory=list)
+    renamed: list[str] = field(default_factory=list)  # "midlayer. -> layers.0." for each rule that applied
+    mask_embedding: str | None = None  # the mask_embedding.pt file honoured
 
 
 @dataclass
@@ -129,6 +141,60 @@ def _strip_prefixes(sd: dict) -> tuple[dict, str]:
     return sd, stripped
 
 
+def canonical_names(keys, source: str) -> tuple[dict[str, str], list[str]]:
+    """{key as stored: our name} under RENAMED_PREFIXES, and the rules that applied; a key renamed onto
+    another one is a CheckpointError (two tensors for one parameter)."""
+    out, used = {}, []
+    for k in keys:
+        new = k
+        for old, ours in RENAMED_PREFIXES:
+            if k.startswith(old):
+                new = ours + k[len(old):]
+                rule = f"{old} -> {ours}"
+                if rule not in used:
+                    used.append(rule)
+                break
+        out[k] = new
+    clash = sorted({v for v in out.values() if list(out.values()).count(v) > 1})
+    if clash:
+        both = [k for k, v in out.items() if v == clash[0]]
+        raise CheckpointError(f"{source} holds {both[0]!r} and {both[1]!r}, two tensors for the drafter's "
+                              f"{clash[0]!r} (vLLM reads {RENAMED_PREFIXES[0][0]!r} as "
+                              f"{RENAMED_PREFIXES[0][1]!r}). {NOTHING_DONE}")
+    return out, used
+
+
+def read_mask_embedding(folder: Path, cfg: DrafterConfig, device, dtype) -> tuple[Tensor | None, str | None]:
+    """`mask_embedding.pt` beside the config (module doc) -> ([H] tensor, its path), or (None, None)."""
+    f = folder / MASK_EMBEDDING
+    if not f.exists():
+        return None, None
+    try:
+        obj = torch_load_cpu(f)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"cannot read {f} as a weights-only torch file: {first}. {NOTHING_DONE}") from e
+    if isinstance(obj, dict):
+        mid = obj.get("mask_token_id", cfg.mask_token_id)
+        if isinstance(mid, Tensor) and mid.numel() == 1:
+            mid = int(mid.item())
+        if mid != cfg.mask_token_id or isinstance(mid, bool):
+            raise CheckpointError(f"{f} is for mask_token_id {mid!r} but the drafter's config says "
+                                  f"{cfg.mask_token_id}: it belongs to another checkpoint. {NOTHING_DONE}")
+        unknown = sorted(set(obj) - {"mask_token_id", "embedding"})
+        if unknown or "embedding" not in obj:
+            raise CheckpointError(f"{f} must hold a tensor or {{'mask_token_id', 'embedding'}}; it has "
+                                  f"{sorted(map(str, obj))}. {NOTHING_DONE}")
+        obj = obj["embedding"]
+    if not isinstance(obj, Tensor) or not obj.is_floating_point() or obj.numel() != cfg.hidden_size:
+        what = f"{list(obj.shape)} {obj.dtype}" if isinstance(obj, Tensor) else type(obj).__name__
+        raise CheckpointError(f"{f} holds {what}; the mask embedding must be {cfg.hidden_size} floats "
+                              f"(hidden_size). {NOTHING_DONE}")
+    if not bool(torch.isfinite(obj).all()):
+        raise CheckpointError(f"{f} holds NaN or infinite values. {NOTHING_DONE}")
+    return obj.reshape(-1).to(device=device, dtype=dtype), str(f)
+
+
 def _build(cfg: DrafterConfig, sd: dict[str, Tensor]) -> DFlashDrafter:
     """Parameters are the loaded tensors themselves (meta init + assign): no second copy."""
     with torch.device("meta"):
@@ -151,39 +217,42 @@ def _stats(sd: dict[str, Tensor]) -> dict:
 
 
 # ---- drafters -----------------------------------------------------------------------------------
-def peek_config(path) -> DrafterConfig | None:
+def peek_config(path, allow_unknown=()) -> DrafterConfig | None:
     """The drafter's config without its weights, when the layout keeps it in a config.json (z-lab folder or
     .safetensors file); None for the .pt layout, whose config may live inside the file."""
     p = Path(path)
     cfg_path = p / "config.json" if p.is_dir() else p.parent / "config.json" if p.suffix == ".safetensors" else None
     if cfg_path is None or not cfg_path.exists():
         return None
-    return DrafterConfig.from_dict(_read_json(cfg_path, "drafter config"), source=str(cfg_path))
+    return DrafterConfig.from_dict(_read_json(cfg_path, "drafter config"), source=str(cfg_path),
+                                   allow_unknown=allow_unknown)
 
 
-def load_drafter(path, *, device="cpu", dtype=torch.float32) -> tuple[DFlashDrafter, DrafterInfo]:
+def load_drafter(path, *, device="cpu", dtype=torch.float32,
+                 allow_unknown=()) -> tuple[DFlashDrafter, DrafterInfo]:
     """Load a drafter strictly (layouts in the module doc). Raises a PayloadError subclass on bad input."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"drafter checkpoint {p} does not exist: pass a z-lab folder (config.json + "
                               f"*.safetensors) or a .pt file")
     if p.is_dir():
-        return _load_zlab(p, p / "config.json", device, dtype)
+        return _load_zlab(p, p / "config.json", device, dtype, allow_unknown)
     if p.suffix == ".safetensors":
-        return _load_zlab(p, p.parent / "config.json", device, dtype)
+        return _load_zlab(p, p.parent / "config.json", device, dtype, allow_unknown)
     if p.suffix in (".pt", ".pth", ".bin"):
-        return _load_pt(p, device, dtype)
+        return _load_pt(p, device, dtype, allow_unknown)
     raise CheckpointError(f"drafter checkpoint {p}: unknown file type {p.suffix!r}; expected a folder, "
                           f".safetensors or .pt")
 
 
-def _load_zlab(p: Path, cfg_path: Path, device, dtype) -> tuple[DFlashDrafter, DrafterInfo]:
+def _load_zlab(p: Path, cfg_path: Path, device, dtype, allow_unknown=()) -> tuple[DFlashDrafter, DrafterInfo]:
     folder = p if p.is_dir() else p.parent
     if not cfg_path.exists():
         pts = sorted(x.name for x in folder.glob("*.pt"))
         hint = f"; for the .pt layout pass the file itself ({pts[0]})" if pts else ""
         raise ConfigError(f"drafter {p} has no {cfg_path.name} next to its weights{hint}")
-    cfg = DrafterConfig.from_dict(_read_json(cfg_path, "drafter config"), source=str(cfg_path))
+    cfg = DrafterConfig.from_dict(_read_json(cfg_path, "drafter config"), source=str(cfg_path),
+                                  allow_unknown=allow_unknown)
     if p.is_file():
         key_file = None
         files = [p]
@@ -216,17 +285,21 @@ def _load_zlab(p: Path, cfg_path: Path, device, dtype) -> tuple[DFlashDrafter, D
                 raise CheckpointError(f"{folder / INDEX_JSON} maps {k!r} to {f.name}, which has no such key. "
                                       f"Closest: {_closest(k, headers[f].tensors)}. {NOTHING_DONE}")
     source = str(files[0]) if len(files) == 1 else f"{folder / INDEX_JSON} (+{len(files)} shards)"
-    _check_keys(_expected_shapes(cfg), found, source, cfg, str(cfg_path))
+    names, renamed = canonical_names(found, source)
+    _check_keys(_expected_shapes(cfg), {names[k]: v for k, v in found.items()}, source, cfg, str(cfg_path))
+    mask_emb, mask_file = read_mask_embedding(folder, cfg, device, dtype)
     sd = {}
     for f, h in headers.items():
-        sd.update(read_tensors(h, [k for k, o in owner.items() if o == f], device=device, dtype=dtype))
+        got = read_tensors(h, [k for k, o in owner.items() if o == f], device=device, dtype=dtype)
+        sd.update({names[k]: v for k, v in got.items()})
     model = _build(cfg, sd)
+    model.mask_embedding = mask_emb
     info = DrafterInfo(
         path=str(p), layout="zlab", name=p.stem if p.is_file() and p.stem != "model" else folder.name,
         step=parse_step(p),
         content_hash=content_hash.result(), num_parameters=sum(t.numel() for t in sd.values()),
         weight_stats=_stats(sd), config_source=str(cfg_path), weight_files=[str(f) for f in files],
-        fc_layer_ids=list(cfg.fc_layer_ids))
+        fc_layer_ids=list(cfg.fc_layer_ids), renamed=renamed, mask_embedding=mask_file)
     return model, info
 
 
@@ -241,7 +314,7 @@ def torch_load_cpu(p: Path):
         return torch.load(p, map_location="cpu", weights_only=True)
 
 
-def _load_pt(p: Path, device, dtype) -> tuple[DFlashDrafter, DrafterInfo]:
+def _load_pt(p: Path, device, dtype, allow_unknown=()) -> tuple[DFlashDrafter, DrafterInfo]:
     content_hash = hash_in_background([p])
     try:
         obj = torch_load_cpu(p)
@@ -255,6 +328,8 @@ def _load_pt(p: Path, device, dtype) -> tuple[DFlashDrafter, DrafterInfo]:
     wrapper = next((w for w in PT_WRAPPERS if isinstance(obj.get(w), dict)), None)
     sd = obj[wrapper] if wrapper else {k: v for k, v in obj.items() if isinstance(v, Tensor)}
     sd, stripped = _strip_prefixes(sd)
+    names, renamed = canonical_names(sd, str(p))
+    sd = {names[k]: v for k, v in sd.items()}
     bad = [k for k, v in sd.items() if not isinstance(v, Tensor)]
     if bad:
         raise CheckpointError(f"{p}: entry {bad[0]!r} of the state dict is not a tensor. {NOTHING_DONE}")
@@ -266,7 +341,11 @@ def _load_pt(p: Path, device, dtype) -> tuple[DFlashDrafter, DrafterInfo]:
     else:
         raise ConfigError(f"{p} has no 'config' entry and there is no config.json next to it: put the drafter's "
                           f"config.json in {p.parent}")
-    cfg = DrafterConfig.from_dict(raw_cfg, source=cfg_source)
+    cfg = DrafterConfig.from_dict(raw_cfg, source=cfg_source, allow_unknown=allow_unknown)
+    if (p.parent / MASK_EMBEDDING).exists() and p.name != MASK_EMBEDDING:
+        raise CheckpointError(f"{p.parent / MASK_EMBEDDING} lies beside the .pt drafter {p.name}: reval honours a "
+                              f"mask embedding in a z-lab folder (config.json + safetensors) only; move the "
+                              f"drafter into such a folder, or the file away. {NOTHING_DONE}")
     fc = sd.get("fc.weight")
     if "fc_layer_ids" not in raw_cfg and fc is not None and fc.dim() == 2 and fc.shape[0] == cfg.hidden_size:
         k, rem = divmod(fc.shape[1], cfg.hidden_size)
@@ -281,7 +360,7 @@ def _load_pt(p: Path, device, dtype) -> tuple[DFlashDrafter, DrafterInfo]:
         path=str(p), layout="pt", name=p.parent.name if generic else p.stem, step=parse_step(p, obj.get("step")),
         content_hash=content_hash.result(), num_parameters=sum(t.numel() for t in sd.values()),
         weight_stats=_stats(sd), config_source=cfg_source, weight_files=[str(p)], stripped_prefix=stripped,
-        fc_layer_ids=list(cfg.fc_layer_ids))
+        fc_layer_ids=list(cfg.fc_layer_ids), renamed=renamed)
     return model, info
 
 

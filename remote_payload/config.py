@@ -1,4 +1,4 @@
-"""`DrafterConfig`: the DFlash drafter's architecture, read from a z-lab style `config.json`.
+"""`DrafterConfig`: the DFlash drafter's architecture, read from a z-lab / vLLM style `config.json`.
 
 Where each field may live (the published configs are not uniform):
 - `mask_token_id`, `target_layer_ids`: `dflash_config` first, then the top level.
@@ -7,7 +7,23 @@ Where each field may live (the published configs are not uniform):
 - `target_layer_ids` absent: evenly spaced from 1 to N-3, `round(1 + i*(N-4)/(L-1))` (N = num_target_layers,
   L = num_hidden_layers), as the reference code does.
 - `fc_layer_ids` (ours): the tapped layers fc consumes, in fc's input order; default = target_layer_ids.
-Fields we do not use are kept in `extra` so that `to_dict()` writes back what was read.
+
+The attention layout of layer i, resolved once here (`layer_type`, `layer_window`, `layer_is_causal`) by the
+rules of vLLM's DFlash loader (`qwen3_dflash.py` `_resolve_layer_attention`), which agree with z-lab's
+`model.py` wherever the z-lab configs reach:
+1. type: `layer_types[i]` when `layer_types` is given and has a sliding layer (or `dflash_config.use_swa` is
+   not true); `sliding_attention` on EVERY layer when `dflash_config.use_swa` is true and `layer_types` is absent
+   or all full; `full_attention` on every layer when neither is given.
+2. window (sliding layers): `dflash_config.swa_window_size`, else the top-level `sliding_window`; none: error.
+3. causal inside the block: the top-level `is_causal` when set (z-lab's rule: all layers); else
+   `dflash_config.causal` when set (all layers); else, with `layer_types` given, causal iff the layer is
+   sliding; without `layer_types`, bidirectional (use_swa checkpoints such as MiMo's are non-causal).
+
+No field is ignored in silence. A key is either interpreted (above, the model's sizes), honoured only at its
+neutral value (`NEUTRAL`: e.g. `hidden_act` silu, `attention_bias` false; any other value is refused), on the
+short list of bookkeeping keys that change no number (`HARMLESS`), or refused: a ConfigError naming it, unless
+the user allowed it by name (`--allow-unknown-config KEY`, recorded in results.json). Harmless and allowed keys
+are kept in `extra` so that `to_dict()` writes back what was read.
 """
 from __future__ import annotations
 
@@ -19,9 +35,47 @@ from typing import Any
 from remote_payload.errors import ConfigError, FeatureMismatchError
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
+SLIDING = "sliding_attention"
 # Published variants whose extra modules / logit transforms this drafter does not implement.
 _UNSUPPORTED_ARCHS = ("DFlash2DraftModel",)
-_UNSUPPORTED_DFLASH_KEYS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
+
+# Bookkeeping keys that change no number of the drafter (HF/transformers housekeeping, training-only settings,
+# and Qwen3's own sliding-window switches, which DFlash loaders do not read: layer_types decides).
+HARMLESS = frozenset({
+    "architectures", "auto_map", "model_type", "torch_dtype", "dtype", "transformers_version", "use_cache",
+    "_name_or_path", "name_or_path", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
+    "attention_dropout", "tie_word_embeddings", "use_sliding_window", "max_window_layers", "output_attentions",
+    "output_hidden_states", "return_dict", "torchscript", "pruned_heads", "id2label", "label2id",
+    "problem_type", "tokenizer_class", "chunk_size_feed_forward", "is_encoder_decoder", "quantization_config",
+})
+HARMLESS_DFLASH = frozenset({"t2d"})  # vLLM skips a shipped `t2d` tensor's key name too; nothing reads it
+
+# Keys honoured at their neutral value only: (neutral values, what a different value would mean). Another value
+# is refused (exit 3) rather than evaluated as something else. None (JSON null) reads as absent everywhere.
+_NEUTRAL_TOP = {
+    "hidden_act": (("silu",), "another MLP activation"),
+    "attention_bias": ((False,), "q/k/v/o projection biases"),
+    "mlp_bias": ((False,), "MLP biases"),
+    "is_neox_style": ((True,), "interleaved (non-neox) RoPE"),
+    "partial_rotary_factor": ((1, 1.0), "RoPE on part of each head"),
+    "logit_scale": ((1, 1.0), "a scaled draft logit (vLLM LogitsProcessor scale)"),
+    "use_aux_hidden_state": ((True,), "no fc over the target's hidden states"),
+    "add_swa_attention_sink_bias": ((False,), "a per-head attention-sink logit in the softmax"),
+    "projector_type": ((), "another context projector (e.g. domino's prefix GRU)"),
+    "input_embedding_scale": ((1, 1.0), "scaled input embeddings"),
+    "output_multiplier": ((1, 1.0), "scaled outputs"),
+    "final_logit_softcapping": ((), "soft-capped draft logits"),
+}
+_NEUTRAL_DFLASH = {
+    "attention_sink_bias": ((False,), "a per-head attention-sink logit in the softmax"),
+    "use_aux_hidden_state": ((True,), "no fc over the target's hidden states"),
+    "projector_type": ((), "another context projector (e.g. domino's prefix GRU)"),
+    "input_embedding_scale": ((1, 1.0), "scaled input embeddings"),
+    "output_multiplier": ((1, 1.0), "scaled outputs"),
+    "final_logit_softcapping": ((), "soft-capped draft logits"),
+}
+_DFLASH_READ = ("mask_token_id", "target_layer_ids", "block_size", "use_swa", "swa_window_size", "causal")
+ALLOW_HINT = "--allow-unknown-config"
 
 
 @dataclass
@@ -36,45 +90,76 @@ class DrafterConfig:
     mask_token_id: int
     target_layer_ids: list[int]
     fc_layer_ids: list[int]
-    layer_types: list[str]
+    layer_types: list[str] | None  # as written (None: absent); the resolved type of layer i is `layer_type(i)`
     rope_theta: float
     num_target_layers: int | None = None
     block_size: int = 16
     rms_norm_eps: float = 1e-6
     rope_scaling: dict | None = None
     max_position_embeddings: int = 40960
-    sliding_window: int | None = None
-    is_causal: bool | None = None  # None: causal inside the block for sliding layers only (reference rule)
+    sliding_window: int | None = None  # top-level; dflash_config.swa_window_size wins (`layer_window`)
+    is_causal: bool | None = None  # top-level, all layers (z-lab rule); wins over dflash_config.causal
+    use_swa: bool = False  # dflash_config.use_swa
+    swa_window_size: int | None = None  # dflash_config.swa_window_size
+    causal: bool | None = None  # dflash_config.causal: all layers, unless is_causal is set
     extra: dict = field(default_factory=dict)
+    allowed_unknown: list[str] = field(default_factory=list, compare=False)  # keys the user allowed by name
 
     @property
     def fc_in_features(self) -> int:
         return len(self.fc_layer_ids) * self.hidden_size
 
-    def layer_is_causal(self, i: int) -> bool:
-        """Reference rule (z-lab model.py): `is_causal` unset => causal iff the layer is sliding."""
-        if self.is_causal is None:
-            return self.layer_types[i] == "sliding_attention"
-        return bool(self.is_causal)
+    def _types_from_list(self) -> bool:
+        return self.layer_types is not None and (not self.use_swa or SLIDING in self.layer_types)
+
+    def layer_type(self, i: int) -> str:
+        """Rule 1 of the module doc."""
+        if self._types_from_list():
+            return self.layer_types[i]
+        return SLIDING if self.use_swa else "full_attention"
+
+    @property
+    def resolved_layer_types(self) -> list[str]:
+        return [self.layer_type(i) for i in range(self.num_hidden_layers)]
 
     def layer_window(self, i: int) -> int | None:
-        return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
+        """Rule 2: keys a query of a sliding layer sees (itself included); None for full layers."""
+        if self.layer_type(i) != SLIDING:
+            return None
+        return self.swa_window_size if self.swa_window_size is not None else self.sliding_window
+
+    def layer_is_causal(self, i: int) -> bool:
+        """Rule 3 of the module doc."""
+        if self.is_causal is not None:
+            return bool(self.is_causal)
+        if self.causal is not None:
+            return bool(self.causal)
+        return self.layer_types is not None and self.layer_types[i] == SLIDING
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "config.json") -> DrafterConfig:
-        return _parse(d, source)
+    def from_dict(cls, d: dict, source: str = "config.json", allow_unknown=()) -> DrafterConfig:
+        return _parse(d, source, tuple(allow_unknown))
 
     def to_dict(self) -> dict:
         """z-lab layout (plus our `fc_layer_ids`); `from_dict(to_dict(c)) == c`."""
         out = dict(self.extra)
+        dflash = dict(out.get("dflash_config") or {})
         for f in dataclasses.fields(self):
-            if f.name in ("extra", "mask_token_id", "target_layer_ids"):
+            if f.name in ("extra", "allowed_unknown", "mask_token_id", "target_layer_ids", "use_swa",
+                          "swa_window_size", "causal"):
                 continue
             out[f.name] = getattr(self, f.name)
         if self.num_target_layers is None:
             out.pop("num_target_layers")
-        dflash = dict(out.get("dflash_config") or {})
+        for k in ("layer_types", "is_causal"):
+            if out[k] is None:
+                out.pop(k)
         dflash.update(mask_token_id=self.mask_token_id, target_layer_ids=list(self.target_layer_ids))
+        if self.use_swa:
+            dflash["use_swa"] = True
+        for k in ("swa_window_size", "causal"):
+            if getattr(self, k) is not None:
+                dflash[k] = getattr(self, k)
         out["dflash_config"] = dflash
         out.pop("rope_parameters", None)  # rope_theta/rope_scaling are authoritative once parsed
         return out
@@ -87,10 +172,12 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     return [round(1 + i * step) for i in range(num_draft_layers)]
 
 
-_KNOWN = {f.name for f in dataclasses.fields(DrafterConfig)} | {"dflash_config", "rope_parameters"}
+_READ_TOP = {f.name for f in dataclasses.fields(DrafterConfig)} - {"extra", "allowed_unknown", "use_swa",
+                                                                     "swa_window_size", "causal"}
+_READ_TOP |= {"dflash_config", "rope_parameters", "draft_vocab_size", "target_hidden_size"}
 
 
-def _parse(d: Any, source: str) -> DrafterConfig:
+def _parse(d: Any, source: str, allow: tuple[str, ...]) -> DrafterConfig:
     def fail(msg: str) -> ConfigError:
         return ConfigError(f"{source}: {msg}")
 
@@ -99,13 +186,20 @@ def _parse(d: Any, source: str) -> DrafterConfig:
     dflash = d.get("dflash_config") or {}
     if not isinstance(dflash, dict):
         raise fail("'dflash_config' must be an object {mask_token_id, target_layer_ids}")
-    for arch in d.get("architectures") or []:
+    archs = d.get("architectures") or []
+    for arch in archs if isinstance(archs, list) else [archs]:
         if arch in _UNSUPPORTED_ARCHS:
             raise fail(f"architecture {arch!r} is not supported (plain DFlashDraftModel only)")
-    for k, neutral in _UNSUPPORTED_DFLASH_KEYS.items():
-        v = dflash.get(k, d.get(k, neutral))
-        if v != neutral:
-            raise fail(f"{k}={v!r} is not supported by this drafter implementation (expected {neutral!r})")
+    for table, where, prefix in ((_NEUTRAL_TOP, d, ""), (_NEUTRAL_DFLASH, dflash, "dflash_config.")):
+        for k, (neutral, meaning) in table.items():
+            v = where.get(k)
+            if v is None or (v in neutral and type(v) is type(neutral[0]) or
+                             (isinstance(v, (int, float)) and not isinstance(v, bool) and v in neutral)):
+                continue
+            want = " or ".join(repr(x) for x in neutral) if neutral else "absent or null"
+            raise fail(f"{prefix}{k}={v!r} ({meaning}) is not implemented by reval's drafter; refusing rather "
+                       f"than evaluate another model (it evaluates {prefix}{k} = {want})")
+    allowed = _check_unknown(d, dflash, allow, fail)
 
     def get(name: str, typ, default=..., where=(d,)):
         for src in where:
@@ -130,6 +224,12 @@ def _parse(d: Any, source: str) -> DrafterConfig:
             raise fail(f"field {name!r} must be a list of integers, got {v!r}")
         return list(v)
 
+    def flag(name: str, src: dict, prefix: str = "") -> bool | None:
+        v = src.get(name)
+        if v is not None and not isinstance(v, bool):
+            raise fail(f"field '{prefix}{name}' must be true, false or absent, got {v!r}")
+        return v
+
     H = get("hidden_size", int)
     n_heads = get("num_attention_heads", int)
     n_layers = get("num_hidden_layers", int)
@@ -142,6 +242,14 @@ def _parse(d: Any, source: str) -> DrafterConfig:
     if head_dim % 2:
         raise fail(f"head_dim={head_dim} must be even (RoPE rotates pairs)")
     n_target = get("num_target_layers", int, None)
+    vocab_size = get("vocab_size", int)
+    for k, same, what in (("draft_vocab_size", vocab_size, "vocab_size"), ("target_hidden_size", H, "hidden_size")):
+        v = get(k, int, None)
+        if v is not None and v != same:
+            meaning = ("a reduced draft vocabulary (own lm_head + d2t offsets)" if k == "draft_vocab_size" else
+                       "a target whose hidden size differs from the drafter's (own embed_tokens/lm_head)")
+            raise fail(f"{k}={v} != {what}={same} ({meaning}) is not implemented by reval's drafter; refusing "
+                       f"rather than evaluate another model")
 
     tli = get("target_layer_ids", list, None, where=(dflash, d))
     if tli is None:
@@ -155,17 +263,21 @@ def _parse(d: Any, source: str) -> DrafterConfig:
     if not fc_ids or any(i not in tli for i in fc_ids) or len(set(fc_ids)) != len(fc_ids):
         raise fail(f"fc_layer_ids {fc_ids} must be distinct members of target_layer_ids {tli}")
 
-    layer_types = get("layer_types", list, ["full_attention"] * n_layers)
-    if len(layer_types) != n_layers:
-        raise fail(f"layer_types has {len(layer_types)} entries but num_hidden_layers={n_layers}")
-    for t in layer_types:
-        if t not in LAYER_TYPES:
-            close = difflib.get_close_matches(str(t), LAYER_TYPES, n=1)
-            raise fail(f"unknown layer type {t!r} in layer_types" + (f"; did you mean {close[0]!r}?" if close else
-                                                                      f"; expected one of {list(LAYER_TYPES)}"))
+    layer_types = get("layer_types", list, None)
+    if layer_types is not None:
+        if len(layer_types) != n_layers:
+            raise fail(f"layer_types has {len(layer_types)} entries but num_hidden_layers={n_layers}")
+        for t in layer_types:
+            if t not in LAYER_TYPES:
+                close = difflib.get_close_matches(str(t), LAYER_TYPES, n=1)
+                raise fail(f"unknown layer type {t!r} in layer_types" + (
+                    f"; did you mean {close[0]!r}?" if close else f"; expected one of {list(LAYER_TYPES)}"))
     window = get("sliding_window", int, None)
-    if "sliding_attention" in layer_types and (window is None or window <= 0):
-        raise fail("layer_types has sliding_attention layers but 'sliding_window' is missing or not positive")
+    swa_window = get("swa_window_size", int, None, where=(dflash,))
+    use_swa = bool(flag("use_swa", dflash, "dflash_config."))
+    for name, w in (("sliding_window", window), ("dflash_config.swa_window_size", swa_window)):
+        if w is not None and w <= 0:
+            raise fail(f"{name}={w} must be a positive number of positions")
 
     rope_params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
     rope_scaling = d.get("rope_scaling")
@@ -178,19 +290,19 @@ def _parse(d: Any, source: str) -> DrafterConfig:
         rtype = (spec or {}).get("rope_type", (spec or {}).get("type", "default"))
         if rtype not in ("default", None):
             raise fail(f"rope type {rtype!r} is not implemented (only plain RoPE, rope_type 'default' or null)")
+        prf = (spec or {}).get("partial_rotary_factor")
+        if prf not in (None, 1, 1.0):
+            raise fail(f"partial_rotary_factor={prf!r} (RoPE on part of each head) is not implemented by reval's "
+                       f"drafter; refusing rather than evaluate another model")
 
-    is_causal = d.get("is_causal")
-    if is_causal is not None and not isinstance(is_causal, bool):
-        raise fail(f"field 'is_causal' must be true, false or absent, got {is_causal!r}")
     block_size = get("block_size", int, 16, where=(d, dflash))
     if block_size < 2:
         raise fail(f"block_size={block_size} must be >= 2")
-
-    vocab_size, mask_id = get("vocab_size", int), get("mask_token_id", int, where=(dflash, d))
+    mask_id = get("mask_token_id", int, where=(dflash, d))
     if not 0 <= mask_id < vocab_size:
         raise fail(f"mask_token_id={mask_id} is outside the vocabulary (vocab_size={vocab_size})")
 
-    return DrafterConfig(
+    cfg = DrafterConfig(
         hidden_size=H,
         intermediate_size=get("intermediate_size", int),
         num_attention_heads=n_heads,
@@ -201,7 +313,7 @@ def _parse(d: Any, source: str) -> DrafterConfig:
         mask_token_id=mask_id,
         target_layer_ids=tli,
         fc_layer_ids=fc_ids,
-        layer_types=list(layer_types),
+        layer_types=None if layer_types is None else list(layer_types),
         rope_theta=rope_theta,
         num_target_layers=n_target,
         block_size=block_size,
@@ -209,15 +321,51 @@ def _parse(d: Any, source: str) -> DrafterConfig:
         rope_scaling=rope_scaling,
         max_position_embeddings=get("max_position_embeddings", int, 40960),
         sliding_window=window,
-        is_causal=is_causal,
+        is_causal=flag("is_causal", d),
+        use_swa=use_swa,
+        swa_window_size=swa_window,
+        causal=flag("causal", dflash, "dflash_config."),
         extra=_extra(d, dflash),
+        allowed_unknown=allowed,
     )
+    sliding = [i for i in range(n_layers) if cfg.layer_type(i) == SLIDING]
+    if sliding and cfg.layer_window(sliding[0]) is None:
+        why = "dflash_config.use_swa is true" if not cfg._types_from_list() else "layer_types has sliding layers"
+        raise fail(f"{why} but no window is given: set dflash_config.swa_window_size or 'sliding_window' "
+                   f"('sliding_window' is missing)")
+    return cfg
+
+
+def add_allow_unknown(p) -> None:
+    """`--allow-unknown-config KEY` of `eval` and `preflight` (argparse)."""
+    p.add_argument("--allow-unknown-config", action="append", default=[], metavar="KEY",
+                   help="evaluate although the drafter's config.json has KEY, which reval does not interpret "
+                        "(dflash_config.KEY for a nested one; repeatable). Without it such a key is refused "
+                        "(exit 3); allowed keys are recorded in results.json")
+
+
+def _check_unknown(d: dict, dflash: dict, allow: tuple[str, ...], fail) -> list[str]:
+    """Keys reval neither reads, nor holds to a neutral value, nor knows to be harmless: refused by name unless
+    the user allowed them (`--allow-unknown-config KEY`, `dflash_config.KEY` for the nested ones)."""
+    known_top = _READ_TOP | HARMLESS | set(_NEUTRAL_TOP)
+    known_dflash = set(_DFLASH_READ) | set(_NEUTRAL_DFLASH) | HARMLESS_DFLASH
+    found = [k for k in d if k not in known_top] + [f"dflash_config.{k}" for k in dflash if k not in known_dflash]
+    allowed = [k for k in found if k in allow]
+    refused = [k for k in found if k not in allow]
+    if refused:
+        more = f" (and {len(refused) - 1} more: {', '.join(refused[1:4])})" if len(refused) > 1 else ""
+        close = difflib.get_close_matches(refused[0].split(".")[-1], sorted(known_top | known_dflash), n=1)
+        near = f"; did you mean {close[0]!r}?" if close else ""
+        raise fail(f"unknown key {refused[0]!r}{more}: reval does not interpret it and would evaluate the drafter "
+                   f"without it{near} If it changes no number, pass {ALLOW_HINT} {refused[0]} (recorded in "
+                   f"results.json)")
+    return allowed
 
 
 def _extra(d: dict, dflash: dict) -> dict:
-    """What we do not interpret, kept for `to_dict()` (incl. unknown `dflash_config` entries)."""
-    extra = {k: v for k, v in d.items() if k not in _KNOWN}
-    rest = {k: v for k, v in dflash.items() if k not in ("mask_token_id", "target_layer_ids", "block_size")}
+    """What we do not interpret but keep for `to_dict()`: harmless, neutral and allowed keys (incl. nested)."""
+    extra = {k: v for k, v in d.items() if k not in _READ_TOP}
+    rest = {k: v for k, v in dflash.items() if k not in _DFLASH_READ}
     if rest:
         extra["dflash_config"] = rest
     return extra

@@ -23,6 +23,7 @@ from .errors import CheckpointError
 HASH_CHUNK_BYTES = 64 << 20
 INDEX_JSON = "model.safetensors.index.json"
 SINGLE_SAFETENSORS = "model.safetensors"
+MASK_EMBEDDING = "mask_embedding.pt"  # a separately trained mask embedding beside config.json (vLLM's convention)
 NOTHING_DONE = "Nothing was evaluated."  # = safetensors_io.NOTHING_DONE (that module needs torch)
 
 
@@ -48,15 +49,18 @@ def add_arguments(p) -> None:
 
 def content_files(path: str | os.PathLike) -> list[Path]:
     """The files a checkpoint's hash covers — what decides the drafter: a z-lab folder's config.json and its
-    index shards or model.safetensors (what the loader reads); a .safetensors file with the config.json
-    beside it; a .pt file itself; any other folder: every regular file under it."""
+    index shards or model.safetensors (what the loader reads), and mask_embedding.pt when there is one; a
+    .safetensors file with the config.json (and mask_embedding.pt) beside it; a .pt file itself; any other
+    folder: every regular file under it."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"checkpoint {p} does not exist")
     if not p.is_dir():
         cfg = p.parent / "config.json"
-        return [cfg, p] if p.suffix == ".safetensors" and cfg.is_file() else [p]
+        mask = [p.parent / MASK_EMBEDDING] if (p.parent / MASK_EMBEDDING).is_file() else []
+        return [cfg, *mask, p] if p.suffix == ".safetensors" and cfg.is_file() else [p]
     cfg = [p / "config.json"] if (p / "config.json").is_file() else []
+    cfg += [p / MASK_EMBEDDING] if cfg and (p / MASK_EMBEDDING).is_file() else []
     index = p / INDEX_JSON
     if index.exists():
         try:

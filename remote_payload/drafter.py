@@ -11,8 +11,10 @@ Attention visibility (read from z-lab `dflash/model.py` `_attention_mask`, posit
 - full layers, `is_causal` unset: everything (all context, bidirectional inside the block);
 - sliding layers: a query at position p sees key position t iff `p - t < sliding_window` (so W keys
   including itself; flash-attn "window_size=(W-1, 0)"), and, being causal, `t <= p`;
-- `is_causal` in config.json overrides the per-layer default for ALL layers (reference rule).
-The drafter owns no embedding and no lm_head: `TargetHead` holds the target's.
+- `is_causal` in config.json overrides the per-layer default for ALL layers (reference rule); which layers
+  slide, their window and their causality are resolved by `config.py` (vLLM's rules, one place).
+The drafter owns no embedding and no lm_head: `TargetHead` holds the target's. A checkpoint's separately trained
+mask embedding (`mask_embedding.pt`, vLLM's convention) replaces the embedding of every `mask_token_id` slot.
 """
 from __future__ import annotations
 
@@ -163,6 +165,8 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # [H] or None: not a parameter (a z-lab checkpoint has no such key); set by the loader from mask_embedding.pt
+        self.mask_embedding: Tensor | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -191,6 +195,14 @@ class DFlashDrafter(nn.Module):
         ids[..., 0] = bonus_ids
         return ids
 
+    def _embed(self, ids: Tensor, head: TargetHead) -> Tensor:
+        """ids [...] -> [..., H] in the drafter's dtype; slots holding mask_token_id take `mask_embedding` when
+        the checkpoint ships one (as vLLM does: by id, so a bonus token equal to mask_token_id too)."""
+        x = F.embedding(ids, head.embed).to(self.dtype)
+        if self.mask_embedding is None:
+            return x
+        return torch.where((ids == self.cfg.mask_token_id)[..., None], self.mask_embedding.to(x.dtype), x)
+
     # ---- reference path -------------------------------------------------------------------------
     def naive_block(self, feats_prefix: Tensor, bonus_id: int, a: int, head: TargetHead) -> Tensor:
         """feats_prefix [>=a, n_fc*H] (rows 0..a-1 are used) -> logits [bs-1, V] fp32; row k-1 predicts a+k."""
@@ -198,7 +210,7 @@ class DFlashDrafter(nn.Module):
         bs, nh, kvh, d = cfg.block_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         ctx = self.hidden_norm(self.fc(feats_prefix[:a].to(dt)))  # [a, H]
         ids = self._block_ids(torch.tensor(bonus_id, device=ctx.device))
-        x = F.embedding(ids, head.embed).to(dt)  # [bs, H]
+        x = self._embed(ids, head)  # [bs, H]
         pos = torch.arange(a + bs, device=ctx.device)
         cos, sin = rope_cos_sin(pos, d, cfg.rope_theta)  # [a+bs, d]
         for i, layer in enumerate(self.layers):
@@ -285,7 +297,7 @@ class DFlashDrafter(nn.Module):
             anchors = torch.cat([anchors, anchors[:, -1:].expand(B, mp - m)], 1)
             bonus_ids = torch.cat([bonus_ids, bonus_ids[:, -1:].expand(B, mp - m)], 1)
         ng, dev = mp // G, anchors.device
-        x = F.embedding(self._block_ids(bonus_ids), head.embed).to(dt).view(B * mp * bs, H)
+        x = self._embed(self._block_ids(bonus_ids), head).view(B * mp * bs, H)
         q_pos = anchors[..., None] + torch.arange(bs, device=dev)  # [B, mp, bs]
         cos, sin = rope_cos_sin(q_pos, d, cfg.rope_theta)
         cos, sin = cos[..., None, :].to(dt), sin[..., None, :].to(dt)  # [B, mp, bs, 1, d]: broadcast over heads

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from . import protocol
 from .cache import parse_layer_ids
+from .config import add_allow_unknown
 from .errors import PayloadError
 
 DEFAULT_BUDGETS = (16, 32, 64, 128, 256, 512)
@@ -30,6 +31,7 @@ class EvalOptions:
     cache_layers: list[int] | None = None
     strict: bool = False
     all_anchors: bool = False
+    allow_unknown_config: list[str] = field(default_factory=list)
 
 
 def _int_list(text: str) -> list[int]:
@@ -64,6 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-widths", type=_int_list, default=list(DEFAULT_WIDTHS),
                    help="width-k trees, the seeds' DDTree-4/DDTree-8 (default 4,8)")
     p.add_argument("--strict", action="store_true", help="a suspect result fails the run (exit 1)")
+    add_allow_unknown(p)
     p.add_argument("--all-anchors", action="store_true",
                    help="teacher-forced position accuracy at every completion anchor (default: the anchors "
                         "the walk can reach within --max-blocks; the walks are the same either way)")
@@ -82,4 +85,5 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
                        max_blocks=args.max_blocks, device=args.device, dtype=args.dtype,
                        batch_size=args.batch_size, ddtree_budgets=sorted(set(args.ddtree_budgets)),
                        tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
-                       strict=args.strict, all_anchors=args.all_anchors)
+                       strict=args.strict, all_anchors=args.all_anchors,
+                       allow_unknown_config=list(args.allow_unknown_config))

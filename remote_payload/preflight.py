@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from . import protocol
-from .config import DrafterConfig, check_features
+from .config import DrafterConfig, add_allow_unknown, check_features
 from .contenthash import INDEX_JSON, SINGLE_SAFETENSORS, content_files
 from .errors import PayloadError
 
@@ -26,6 +26,7 @@ def add_arguments(p) -> None:
     p.add_argument("--drafter", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--cache", required=True)
+    add_allow_unknown(p)
 
 
 def _json(path: Path, what: str):
@@ -35,7 +36,7 @@ def _json(path: Path, what: str):
         raise PayloadError(f"cannot read {what} {path}: {e}") from None
 
 
-def drafter_config(path: str) -> DrafterConfig | None:
+def drafter_config(path: str, allow_unknown=()) -> DrafterConfig | None:
     """The drafter's config (z-lab layout), None for a .pt file (its config is inside the weights)."""
     p = Path(path)
     if not p.exists():
@@ -54,7 +55,8 @@ def drafter_config(path: str) -> DrafterConfig | None:
     for f in content_files(p):
         if not f.is_file():
             raise PayloadError(f"drafter {p}: weight file {f.name} is missing")
-    return DrafterConfig.from_dict(_json(folder / "config.json", "drafter config"), source=str(folder / "config.json"))
+    return DrafterConfig.from_dict(_json(folder / "config.json", "drafter config"), source=str(folder / "config.json"),
+                                   allow_unknown=allow_unknown)
 
 
 def check_target(path: str) -> None:
@@ -103,8 +105,8 @@ def cache_layers(path: str) -> tuple[list[int] | None, int | None, int]:
                        "create one with `python -m remote_payload extract`")
 
 
-def check(drafter: str, target: str, cache: str) -> None:
-    cfg = drafter_config(drafter)
+def check(drafter: str, target: str, cache: str, allow_unknown=()) -> None:
+    cfg = drafter_config(drafter, allow_unknown)
     check_target(target)
     layers, hidden, _ = cache_layers(cache)
     if cfg is not None and layers is not None and hidden is not None:
@@ -113,7 +115,7 @@ def check(drafter: str, target: str, cache: str) -> None:
 
 def main(args) -> int:
     try:
-        check(args.drafter, args.target, args.cache)
+        check(args.drafter, args.target, args.cache, args.allow_unknown_config)
     except PayloadError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return protocol.EXIT_BAD_INPUT

@@ -82,8 +82,17 @@ class Drafter(Record):
     fc_layer_ids: list[int] = doc("target layers its fc input reads from the cache")
     num_parameters: int = doc("parameters loaded")
     attention: list[LayerAttention] | None = doc(
-        "per drafter layer, the attention the eval used (window, causal inside the block); part of the "
-        "comparability key. Absent in files written before reval.results/2", None)
+        "per drafter layer, the attention the eval used (window, causal inside the block), resolved from "
+        "layer_types / dflash_config.use_swa / swa_window_size / causal / is_causal as vLLM's DFlash loader "
+        "does (remote_payload/config.py); part of the comparability key. Absent in files written before "
+        "reval.results/2", None)
+    mask_embedding: str | None = doc("the mask_embedding.pt that replaced embed_tokens[mask_token_id] in the "
+                                     "drafted block; null: none", None)
+    renamed_weights: list[str] | None = doc("weight-name rules applied (vLLM's names, e.g. `midlayer. -> "
+                                            "layers.0.`); null: none", None)
+    allowed_unknown_config: dict[str, str] | None = doc(
+        "config keys reval does not interpret that the user allowed (--allow-unknown-config): key -> its value "
+        "as JSON text; null: none", None)
 
 
 @dataclass(kw_only=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import json
 import os
 import platform
 import socket
@@ -171,13 +172,13 @@ def decode(tok, ids) -> str:
     return tok.decode(ids, skip_special_tokens=False)
 
 
-def load_weights(drafter_path: str, target: str, device: torch.device, dtype: torch.dtype):
+def load_weights(drafter_path: str, target: str, device: torch.device, dtype: torch.dtype, allow_unknown=()):
     """(drafter, DrafterInfo, TargetHead, HeadInfo). When the drafter's config can be read first (z-lab
     layout), the drafter and the target's embed/lm_head are read by threads side by side (page-cached reads
     are CPU-bound per thread), on CUDA on a stream of their own."""
-    peek = peek_config(drafter_path)
+    peek = peek_config(drafter_path, allow_unknown)
     if peek is None:
-        drafter, info = load_drafter(drafter_path, device=device, dtype=dtype)
+        drafter, info = load_drafter(drafter_path, device=device, dtype=dtype, allow_unknown=allow_unknown)
         head, hinfo = load_target_head(target, vocab_size=drafter.cfg.vocab_size,
                                        hidden_size=drafter.cfg.hidden_size, device=device, dtype=dtype)
         return drafter, info, head, hinfo
@@ -189,7 +190,8 @@ def load_weights(drafter_path: str, target: str, device: torch.device, dtype: to
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="reval-load") as ex:
         head_f = ex.submit(on_side, load_target_head, target, vocab_size=peek.vocab_size,
                            hidden_size=peek.hidden_size, device=device, dtype=dtype)
-        drafter_f = ex.submit(on_side, load_drafter, drafter_path, device=device, dtype=dtype)
+        drafter_f = ex.submit(on_side, load_drafter, drafter_path, device=device, dtype=dtype,
+                              allow_unknown=allow_unknown)
         drafter, info = drafter_f.result()
         head, hinfo = head_f.result()
     if side is not None:
@@ -289,7 +291,7 @@ def read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.dt
 def _read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.dtype) -> tuple:
     t_load = time.perf_counter()
     batch = batch_size(opts, device)
-    drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype)
+    drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype, opts.allow_unknown_config)
     t = time.perf_counter()
     load_s = t - t_load
     n = (first.seq_len - 1 - first.prompt_len if opts.all_anchors
@@ -309,7 +311,15 @@ def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torc
     cfg = drafter.cfg
     check_features(cfg, cache.layer_ids, cache.hidden_size)  # names dims and layer ids on a mismatch
     rep.line(f"  layout={info.layout} params={info.num_parameters:,} fc layers {cfg.fc_layer_ids} "
-             f"block_size={cfg.block_size} layers={cfg.num_hidden_layers} ({', '.join(cfg.layer_types)})")
+             f"block_size={cfg.block_size} layers={cfg.num_hidden_layers}")
+    rep.line(f"  attention (type/window/causal inside the block): {R.attention_signature(layer_attention(cfg))}")
+    for rule in info.renamed:
+        rep.line(f"  weight names: {rule} (vLLM's names for the same tensors)")
+    if info.mask_embedding:
+        rep.line(f"  mask embedding: {info.mask_embedding} replaces embed_tokens[{cfg.mask_token_id}] in the block")
+    if cfg.allowed_unknown:
+        rep.line(f"  warning: config keys allowed without interpretation (--allow-unknown-config): "
+                 f"{', '.join(cfg.allowed_unknown)}", stage="warning")
     for key, st in info.weight_stats.items():
         rep.line(f"  {key}: mean={st['mean']:.4f} std={st['std']:.4f}")
     rep.line(f"  target head: embed {hinfo.embed_key!r}, lm_head "
@@ -374,6 +384,22 @@ def eval_prompts(opts: EvalOptions, inp: Inputs, mod: Loaded, device: torch.devi
                    "sha256:" + prompt_hash.hexdigest(), n_anchors_total, time.perf_counter() - t_eval, batch)
 
 
+def layer_attention(cfg) -> list:
+    """Each drafter layer's resolved attention (config.py's rules), as results.json records it."""
+    return [R.LayerAttention(layer=i, type=cfg.layer_type(i), window=cfg.layer_window(i),
+                             causal_in_block=cfg.layer_is_causal(i)) for i in range(cfg.num_hidden_layers)]
+
+
+def _allowed(cfg) -> dict:
+    """{key: value as JSON text} of the config keys the user allowed uninterpreted (--allow-unknown-config)."""
+    out = {}
+    for k in cfg.allowed_unknown:
+        src, name = (cfg.extra.get("dflash_config") or {}, k.split(".", 1)[1]) if k.startswith("dflash_config.") \
+            else (cfg.extra, k)
+        out[k] = json.dumps(src.get(name), sort_keys=True)
+    return out
+
+
 def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: dict, health: dict,
                   device: torch.device, dtype: torch.dtype, total_s: float) -> dict:
     """results.json (schema: docs/results.md)."""
@@ -381,14 +407,15 @@ def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: d
     bs, prompts, budgets, widths = cfg.block_size, inp.prompts, opts.ddtree_budgets, opts.tree_widths
     eval_s = ev.eval_s
     fingerprint = cache.fingerprint
-    attention = [R.LayerAttention(layer=i, type=cfg.layer_types[i], window=cfg.layer_window(i),
-                                  causal_in_block=cfg.layer_is_causal(i)) for i in range(cfg.num_hidden_layers)]
+    attention = layer_attention(cfg)
     result = R.Result(
         schema=R.SCHEMA, run=opts.name, created_at=protocol.now_iso(),
         drafter=R.Drafter(path=str(opts.drafter), name=info.name, layout=info.layout, step=info.step,
                           content_hash=info.content_hash, target_layer_ids=list(cfg.target_layer_ids),
                           fc_layer_ids=list(cfg.fc_layer_ids), num_parameters=info.num_parameters,
-                          attention=attention),
+                          attention=attention, mask_embedding=info.mask_embedding,
+                          renamed_weights=list(info.renamed) or None,
+                          allowed_unknown_config=_allowed(cfg) or None),
         target=R.Target(path=str(opts.target), embed_key=hinfo.embed_key,
                         lm_head_key=None if hinfo.tied else hinfo.lm_head_key, tied=hinfo.tied,
                         config_matches_cache=mod.target_matches),

@@ -65,6 +65,7 @@ def print_summary(results: dict) -> None:
              ("acceptance histogram 1..16", " ".join(str(x) for x in m["acceptance_histogram"][1:])),
              ("rounds / prompts / anchors", f"{m['num_rounds']} / {m['num_prompts']} / {m['num_anchors']}"),
              ("max blocks", str(o["max_blocks"])),
+             ("attention", (results["comparability"].get("attention") or "n/a").replace("_attention", "")),
              ("load / eval", f"{results['timing']['load_s']:.2f}s / {results['timing']['eval_s']:.2f}s"),
              ("suspect", "YES: " + "; ".join(results["health"]["reasons"]) if results["health"]["suspect"] else "no")]
     w = max(len(k) for k, _ in rows)

@@ -108,7 +108,7 @@ def test_rendered_table_at_fixed_width(runs_dir):
     row = next(line for line in lines[i + 2:] if line.lstrip().startswith("step4000"))
     assert f"{p.delta:+.2f} [{p.delta_lo:+.2f}, {p.delta_hi:+.2f}]" in row and f"{p.ratio:.2f}x" in row
     assert p.delta == pytest.approx(s4k["tau"] - base["tau"]) and (" *" in row) == p.excludes_zero
-    assert "same cache, prompts, max-blocks and metric definitions: comparable" in text
+    assert "comparable: same cache, prompts, max-blocks, metrics, drafter attention" in text
     assert max(len(line) for line in text.splitlines()) <= 100
     # best values are bold in a terminal
     con = Console(width=220, file=io.StringIO(), force_terminal=True, color_system="standard")
@@ -128,7 +128,7 @@ def test_markdown_bold_best_per_column(runs_dir):
     zl = cmp.runs[0].results["metrics"]
     assert f"**{zl['tau']:.2f}**" in rows["zlab_full"]
     assert "**" not in rows["step4000"].split("|", 6)[6]  # no bold metric in a weaker row
-    assert lines[-1].startswith("_same cache")
+    assert lines[-1].startswith("_comparable: same cache")
 
 
 def test_cli_table_end_to_end(runs_dir, capsys):

@@ -44,7 +44,8 @@ def test_old_and_new_runs_stay_comparable_unless_the_attention_differs(tmp_path)
     new = json.loads(OLD.read_text())
     new.update(schema=R.SCHEMA, run="new")
     layer = R.LayerAttention(layer=0, type="sliding_attention", window=4, causal_in_block=True)
-    new["drafter"]["attention"] = [layer.to_dict()]
+    new["drafter"].update(attention=[layer.to_dict()], mask_embedding=None, renamed_weights=None,
+                          allowed_unknown_config=None)
     new["comparability"]["attention"] = R.attention_signature([layer])
     write_run(tmp_path, "h", "old", old)
     write_run(tmp_path, "h", "new", new)

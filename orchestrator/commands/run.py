@@ -33,6 +33,10 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--detach", action="store_true", help="start it and return (exit 101); follow later with logs -f")
     p.add_argument("--num-prompts", type=positive_int, metavar="N", help="evaluate the first N prompts of the cache")
     p.add_argument("--max-blocks", type=positive_int, metavar="M", help="at most M draft rounds per prompt")
+    p.add_argument("--allow-unknown-config", action="append", default=[], metavar="KEY",
+                   help="evaluate although the drafter's config.json has KEY, which reval does not interpret "
+                        "(dflash_config.KEY when nested; repeatable; recorded in results.json). Without it "
+                        "such a key is refused before the run starts (exit 3)")
     p.add_argument("--payload", choices=("eval", "dummy"), default="eval",
                    help="what to run: the eval, or a torch-free stand-in (tests, demos of the plumbing)")
     p.add_argument("--give-up-s", type=seconds, default=120.0, metavar="S",
@@ -96,7 +100,8 @@ def host_paths(args, host) -> None:
 
 def spec_from_args(args) -> EvalSpec:
     return EvalSpec(drafter=args.drafter, target=args.target, cache=args.cache, num_prompts=args.num_prompts,
-                    max_blocks=args.max_blocks, extra=list(args.extra), payload=args.payload, gpus=args.gpus)
+                    max_blocks=args.max_blocks, extra=list(args.extra), payload=args.payload, gpus=args.gpus,
+                    allow_unknown_config=list(args.allow_unknown_config or []))
 
 
 def launch_line(info, gpus: str) -> str:

@@ -21,6 +21,7 @@ from remote_payload.results import Result, ResultsError
 
 from . import intervals
 from .errors import ConfigError, RunNotFound
+from .runs import symlink_refused
 from .stats import Estimate, Paired
 
 # comparability_key field -> the words used when telling the user what differs
@@ -86,8 +87,11 @@ def _read_optional(path: Path) -> dict | None:
 
 
 def load_run(path: str | Path) -> RunRecord:
-    """Read a run directory (results.json, status.json, run.json; any may be missing but not all)."""
+    """Read a run directory (results.json, status.json, run.json; any may be missing but not all). A run folder
+    that is a symbolic link is refused (exit 3): it is no copy of a run, whatever it points to."""
     path = Path(path)
+    if path.is_symlink():
+        raise symlink_refused(path)
     results = _read_optional(path / protocol.RESULTS_JSON)
     result = None
     if results is not None:
@@ -114,6 +118,11 @@ def resolve_run(spec: str, runs_root: str | Path | None = None) -> Path:
                                                      protocol.RUN_JSON)):
         return p
     parts = spec.strip("/").split("/")
+    try:  # never `..`: NAME and HOST/NAME name a folder under runs_root, nothing beside it
+        for part in parts if len(parts) <= 2 and parts[0] else []:
+            protocol.validate_run_name(part)
+    except protocol.ProtocolError as e:
+        raise ConfigError(f"{spec}: {e}", hint="give NAME, HOST/NAME or a run's folder") from None
     if len(parts) == 2:
         host, name = parts
         cand = runs_root / host / name
@@ -122,7 +131,6 @@ def resolve_run(spec: str, runs_root: str | Path | None = None) -> Path:
         raise RunNotFound(f"run {spec!r} not found under {runs_root}/{host}/",
                           hint=f"pull it first: reval pull {spec}   (or reval compare --pull {spec})")
     if len(parts) == 1 and parts[0]:
-        protocol.validate_run_name(parts[0])
         found = sorted(d for d in runs_root.glob(f"*/{parts[0]}") if d.is_dir()) if runs_root.is_dir() else []
         if len(found) == 1:
             return found[0]

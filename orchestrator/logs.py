@@ -8,20 +8,39 @@ from remote_payload import protocol
 
 from .errors import RemoteCommandError
 from .follow import split_lines
-from .runs import remote_run_dir
+from .runs import remote_run_dir, symlink_refused
 from .transport import Transport, q, resolve_workdir
 
+_LINK_EXIT = 113  # the host's answer: the run folder or its eval.log is a symbolic link (never read through it)
 
-def read_log(t: Transport, name: str) -> bytes:
-    """The run's eval.log as it is now (b"" when there is none yet)."""
-    log = q(remote_run_dir(resolve_workdir(t), name) + "/" + protocol.EVAL_LOG)
-    cmd = f"[ ! -e {log} ] || exec cat {log}"  # no log yet: nothing to show; a failed read: an error
+
+def _run(t: Transport, name: str, *, read: bool) -> bytes:
+    """Refuse a run folder or an eval.log that is a symbolic link (symlink_refused, exit 3); with `read`: the log."""
+    d = remote_run_dir(resolve_workdir(t), name)
+    paths = {"d": d, "log": f"{d}/{protocol.EVAL_LOG}"}
+    cmd = "; ".join(f'if [ -L {q(p)} ]; then echo {k} >&2; exit {_LINK_EXIT}; fi' for k, p in paths.items())
+    if read:  # no log yet: nothing to show; a failed read: an error
+        cmd += f"; [ ! -e {q(paths['log'])} ] || exec cat {q(paths['log'])}"
     p = t.popen(cmd)
     data, e = p.communicate()
     e = e.decode(errors="replace")
+    if p.returncode == _LINK_EXIT and e.strip() in paths:
+        raise symlink_refused(paths[e.strip()], host=t.host.name,
+                              what="a run folder" if e.strip() == "d" else "the run's log")
     if p.returncode != 0:
         raise t.connection_error(p.returncode, e) or RemoteCommandError(t.host.name, cmd, p.returncode, e)
     return data
+
+
+def read_log(t: Transport, name: str) -> bytes:
+    """The run's eval.log as it is now (b"" when there is none yet); a run folder or eval.log that is a
+    symbolic link is refused (exit 3), never read."""
+    return _run(t, name, read=True)
+
+
+def refuse_links(t: Transport, name: str) -> None:
+    """Before following a run (`logs -f`): its folder or eval.log being a symbolic link is refused (exit 3)."""
+    _run(t, name, read=False)
 
 
 def lines_with_offsets(data: bytes, start: int = 0) -> list[tuple[int, bytes]]:

@@ -1,7 +1,8 @@
 """Pull a run directory to runs/<host>/<run>/: only the contract's files (run.json, status.json, eval.log,
 events.jsonl, results.json), byte for byte (a tar stream over the transport), into a temp dir that then
 replaces the old copy. Only regular files with exactly those names are taken from the stream, so no
-pulled path can land outside the run dir (no `..`, no absolute names, no symlinks)."""
+pulled path can land outside the run dir (no `..`, no absolute names, no symlinks). A run folder that is a
+symbolic link is refused (exit 3), never entered: what it points to is not a run."""
 from __future__ import annotations
 
 import io
@@ -14,7 +15,7 @@ from pathlib import Path
 from remote_payload import protocol
 
 from .errors import RemoteCommandError, RunNotFound
-from .runs import FOLLOW_JSON, check_local_runs_root, local_run_dir, remote_run_dir
+from .runs import FOLLOW_JSON, check_local_runs_root, local_run_dir, remote_run_dir, symlink_refused
 from .transport import Transport, q
 
 
@@ -26,9 +27,10 @@ class PullResult:
 
 
 def pull_script(run_dir: str) -> str:
-    """tar the contract files that are regular files (pure)."""
+    """tar the contract files that are regular files (pure); a run folder that is a link: @@LINK."""
     names = " ".join(protocol.RUN_FILES)
-    return (f"cd {q(run_dir)} 2>/dev/null || {{ echo @@NORUN; exit 0; }}\n"
+    return (f"[ ! -L {q(run_dir)} ] || {{ echo @@LINK; exit 0; }}\n"
+            f"cd {q(run_dir)} 2>/dev/null || {{ echo @@NORUN; exit 0; }}\n"
             f'set --; for f in {names}; do [ -f "$f" ] && [ ! -L "$f" ] && set -- "$@" "$f"; done\n'
             'exec tar cf - "$@"')
 
@@ -50,16 +52,19 @@ def extract_contract_files(tar_bytes: bytes, dest: Path) -> tuple[list[str], lis
 def pull(transport: Transport, name: str, *, workdir: str) -> PullResult:
     host = transport.host.name
     check_local_runs_root(host)  # before the transfer: a `runs` that is a file refuses at once
-    p = transport.popen(pull_script(remote_run_dir(workdir, name)))
+    final = local_run_dir(host, name)  # and a copy here that is a symbolic link (nothing written through it)
+    run_dir = remote_run_dir(workdir, name)
+    p = transport.popen(pull_script(run_dir))
     out, err = p.communicate()
     e = transport.connection_error(p.returncode, err.decode(errors="replace"))
     if e is not None:
         raise e
+    if out.startswith(b"@@LINK"):
+        raise symlink_refused(run_dir, host=host)
     if out.startswith(b"@@NORUN"):
         raise RunNotFound(f"no run {name!r} on {host}", hint=f"list runs: reval ls {host}")
     if p.returncode != 0:
         raise RemoteCommandError(host, "tar cf - <run files>", p.returncode, err.decode(errors="replace"))
-    final = local_run_dir(host, name)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".pull-{name}-{os.getpid()}"
     old = final.parent / f".old-{name}-{os.getpid()}"

@@ -93,10 +93,26 @@ def local_runs_root() -> Path:
     return Path(os.environ.get("REVAL_RUNS_DIR", "runs"))
 
 
+def symlink_refused(path, *, host: str | None = None, what: str = "a run folder") -> ConfigError:
+    """The one line for a run folder (or a run's file) that is a symbolic link: every command refuses it (exit
+    3), as the host's probe does, instead of reading, pulling or removing whatever it points to."""
+    return ConfigError(f"{host + ': ' if host else ''}{path} is a symbolic link, not {what}: refused",
+                       hint="a link can lead anywhere: reval reads a run only from real folders and files under "
+                            "runs/; remove the link, or copy what it points to there")
+
+
 def local_run_dir(host_name: str, run: str) -> Path:
+    """runs/<host>/<run> here (resolved); a folder there that is a symbolic link is refused (exit 3): what it
+    points to is no copy of that run, and nothing is written or removed through it."""
     try:
-        return protocol.safe_join(local_runs_root(), protocol.validate_run_name(host_name),
-                                  protocol.validate_run_name(run))
+        host_name, run = protocol.validate_run_name(host_name), protocol.validate_run_name(run)
+    except protocol.ProtocolError as e:
+        raise ConfigError(f"cannot keep a local copy of {host_name}/{run}: {e}") from None
+    for p in (local_runs_root() / host_name, local_runs_root() / host_name / run):
+        if p.is_symlink():
+            raise symlink_refused(p)
+    try:
+        return protocol.safe_join(local_runs_root(), host_name, run)
     except protocol.ProtocolError as e:
         raise ConfigError(f"cannot keep a local copy of {host_name}/{run}: {e}") from None
 

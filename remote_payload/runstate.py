@@ -143,6 +143,9 @@ def _last_event(run_dir: str) -> dict:
 
 
 def probe(runs_dir: str, names: list[str]) -> list[dict]:
+    """One record per run directory (every one when no names). A run folder that is a symbolic link is no run:
+    left out of the listing; asked for by name, its record says `refused` (the controller refuses it)."""
+    named = bool(names)
     if not names:
         try:
             names = sorted(n for n in os.listdir(runs_dir) if os.path.isdir(os.path.join(runs_dir, n)))
@@ -151,6 +154,9 @@ def probe(runs_dir: str, names: list[str]) -> list[dict]:
     out = []
     for n in names:
         d = os.path.join(runs_dir, n)
+        if _NAME.match(n) and not n.startswith(".") and os.path.islink(d) and named:
+            out.append({"name": n, "refused": d})
+            continue
         if not _NAME.match(n) or n.startswith(".") or not os.path.isdir(d) or os.path.islink(d):
             continue  # not a directory reval made
         st, err = _read_status(d)
@@ -191,6 +197,8 @@ def _wait_gone(status, timeout_s: float) -> bool:
 
 def kill(run_dir: str, grace_s: float) -> dict:
     """TERM the proven group, wait grace_s, KILL, confirm; record `cancelled` if the wrapper could not."""
+    if os.path.islink(run_dir.rstrip("/")):  # no run: never read or signal through a link
+        return {"refused": run_dir, "status": None, "alive": False, "signalled": []}
     st, err = _read_status(run_dir)
     if st is None:
         return {"error": f"status.json {err or 'missing'}", "status": None, "alive": False, "signalled": []}
@@ -221,8 +229,8 @@ def main(argv: list[str]) -> int:
         end = time.monotonic() + float(argv[3])
         while True:
             recs = probe(argv[1], [argv[2]])
-            st = recs[0]["status"] if recs else None
-            running = isinstance(st, dict) and st.get("state") == "running" and recs[0]["alive"]
+            st = recs[0].get("status") if recs else None
+            running = isinstance(st, dict) and st.get("state") == "running" and recs[0].get("alive")
             if not running or time.monotonic() >= end:
                 break
             time.sleep(0.1)

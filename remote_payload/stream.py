@@ -8,7 +8,8 @@ polls the run directory and writes framed bytes to stdout, so the controller can
     S <n>\\n<n bytes>            status.json changed (JSON + "alive": is the process group still there)
     H\\n                         heartbeat (the controller treats silence as a dropped connection)
     D\\n                         the run is terminal (or lost) and both files are drained: done
-    X <n>\\n<message>            an error (no such run); the stream ends
+    X <n>\\n<message>            an error (no such run, or a run folder / eval.log / events.jsonl that is a
+                                symbolic link: never followed); the stream ends
     B <n>\\n<message>            status.json is damaged (not a status object) and stays so; the stream ends
 
 Offsets make resuming exact: the controller reconnects with the offset after the last line it has.
@@ -21,6 +22,7 @@ meanwhile (a requeued job's killed attempt may have written `cancelled` before i
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -92,12 +94,16 @@ MAX_LINE = 1 << 20   # a line longer than CHUNK is still sent whole, up to this
 
 def read_new(path: Path, offset: int, final: bool, limit: int = CHUNK) -> bytes:
     """Bytes of `path` from `offset` up to the last newline (everything when `final`)."""
-    try:
-        with open(path, "rb") as f:
+    try:  # O_NOFOLLOW: a file that became a symbolic link is not read through (ELOOP: nothing new)
+        with open(path, "rb", opener=lambda p, fl: os.open(p, fl | getattr(os, "O_NOFOLLOW", 0))) as f:
             f.seek(offset)
             data = f.read(limit)
     except FileNotFoundError:
         return b""
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return b""
+        raise
     if final and len(data) < limit:
         return data
     cut = data.rfind(b"\n")
@@ -127,11 +133,13 @@ def main(args) -> int:
     run_dir = Path(args.run_dir)
     out = sys.stdout.buffer
     parent = os.getppid()
-    if not run_dir.is_dir():
-        msg = f"no run directory {run_dir}".encode()
+    links = [p for p in (run_dir, run_dir / protocol.EVAL_LOG, run_dir / protocol.EVENTS_JSONL) if p.is_symlink()]
+    if links or not run_dir.is_dir():
+        msg = (f"{links[0]} is a symbolic link: refused, never followed" if links
+               else f"no run directory {run_dir}").encode()
         out.write(b"X %d\n" % len(msg) + msg)
         out.flush()
-        return 102
+        return 3 if links else 102
     log_off, ev_off = args.log_offset, args.events_offset
     last_status = last_alive = None
     last_beat = 0.0

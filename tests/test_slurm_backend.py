@@ -274,6 +274,26 @@ def test_a_damaged_status_on_the_cluster_lists_without_its_bad_fields(hpc, capsy
     assert rc == 0 and "Traceback" not in err and "succeeded" in out
 
 
+def test_a_symlinked_run_folder_on_the_cluster_is_refused(hpc, capsys):
+    """As over SSH: a run folder that is a symbolic link is no run, refused by name (exit 3), never listed."""
+    elsewhere = hpc.shared / "elsewhere-run"
+    elsewhere.mkdir()
+    (elsewhere / "status.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0}))
+    (elsewhere / "eval.log").write_text("SECRET line\n")
+    link = hpc.run_dir("evil")
+    link.symlink_to(elsewhere)
+    try:
+        for argv in (["status", "hpc/evil"], ["logs", "hpc/evil"], ["pull", "hpc/evil"], ["kill", "hpc/evil"],
+                     ["rm", "hpc/evil", "--yes"]):
+            rc, out, err = reval(capsys, hpc, *argv)
+            assert rc == 3 and f"hpc: {link} is a symbolic link" in err and "SECRET" not in out + err, (argv, err)
+        rc, out, err = reval(capsys, hpc, "ls", "hpc", "--json")
+        assert rc == 0 and "evil" not in out, err
+        assert link.is_symlink() and not (hpc.here / "runs/hpc/evil").exists()
+    finally:
+        link.unlink()
+
+
 def test_bad_paths_are_refused_on_the_login_node_before_anything_is_submitted(hpc, capsys):
     jobs = hpc.slurm.cmd("squeue", "-h", "-r", "-t", "all", "-o", "%i").stdout.split()
     rc, out, err = reval(capsys, hpc, "run", "hpc", "--name", "nopath", "--drafter", "/nonexistent/drafter",

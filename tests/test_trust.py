@@ -79,3 +79,76 @@ def test_prune_ages_runs_by_the_hosts_own_clock(ssh_hosts, here, capsys):
     assert rc == 0 and "remove  ssh1/fresh (succeeded)" in out and "removed 1 run(s)" in out, (out, err)
     assert "skipped ssh1/ancient (succeeded)" in err and "written by a wrong clock" in err, err
     assert [p.name for p in runs.iterdir()] == ["ancient"] and (here / "runs/ssh1/ancient").is_dir()
+
+
+# --- a run folder that is a symbolic link: refused by every command, never followed -------------------------
+def assert_refused(rc: int, out: str, err: str, path: str) -> None:
+    """Exit 3, one line naming `path` as a link, nothing of what it points to shown, no traceback."""
+    assert rc == 3, (rc, out, err)
+    assert f"{path} is a symbolic link" in err and "Traceback" not in err, err
+    assert "SECRET" not in out + err
+
+
+@pytest.mark.ssh
+def test_a_symlinked_run_folder_is_refused_by_every_command(ssh_hosts, here, capsys):
+    c = ssh_hosts(1)
+    inv = ["-i", str(c.inventory_path)]
+    runs = c.hosts[0].workdir / "runs"
+    rc, _, err = reval(capsys, *inv, "run", "ssh1", "--payload", "dummy", "--name", "real", *FAST)
+    assert rc == 0, err
+    elsewhere = c.hosts[0].workdir / "elsewhere"  # files outside runs/ that look like a run
+    elsewhere.mkdir()
+    for f in ("run.json", "status.json", "events.jsonl", "results.json"):
+        (elsewhere / f).write_bytes((runs / "real" / f).read_bytes())
+    (elsewhere / "eval.log").write_text("SECRET line\n")
+    (runs / "evil").symlink_to(elsewhere)
+    evil = str(runs / "evil")
+
+    for argv in (["status", "ssh1/evil"], ["status", "ssh1/evil", "--json"], ["logs", "ssh1/evil"],
+                 ["logs", "ssh1/evil", "-f"], ["logs", "ssh1/evil", "--tail", "1"], ["pull", "ssh1/evil"],
+                 ["kill", "ssh1/evil", "--grace-s", "0"], ["rm", "ssh1/evil", "--yes"],
+                 ["rm", "ssh1/evil", "--local-only", "--yes"], ["compare", "ssh1/evil", "--pull"]):
+        rc, out, err = reval(capsys, *inv, *argv)
+        assert_refused(rc, out, err, evil)
+    assert (runs / "evil").is_symlink() and (elsewhere / "eval.log").exists()  # nothing removed
+    assert not (here / "runs/ssh1/evil").exists()  # nothing pulled
+    rc, out, err = reval(capsys, *inv, "ls")  # not a run: not listed
+    assert rc == 0 and "real" in out and "evil" not in out, err
+    rc, out, err = reval(capsys, *inv, "pull", "--all")
+    assert rc == 0 and "ssh1/real" in out and "evil" not in out and not (here / "runs/ssh1/evil").exists(), err
+
+    # a run's eval.log that is a link: logs refuses it; pull leaves it out (never a symlinked file)
+    log = runs / "real/eval.log"
+    log.unlink()
+    log.symlink_to(elsewhere / "eval.log")
+    for argv in (["logs", "ssh1/real"], ["logs", "ssh1/real", "--json"], ["logs", "ssh1/real", "-f"]):
+        rc, out, err = reval(capsys, *inv, *argv)
+        assert_refused(rc, out, err, str(log))
+    rc, out, err = reval(capsys, *inv, "pull", "ssh1/real")
+    assert rc == 0 and not (here / "runs/ssh1/real/eval.log").exists(), err
+    rc, out, err = reval(capsys, *inv, "status", "ssh1/real")
+    assert rc == 0 and "succeeded" in out, err
+
+    # a run reached through `..`
+    for argv in (["status", "ssh1/.."], ["compare", "ssh1/.."], ["compare", "../real"]):
+        rc, out, err = reval(capsys, *inv, *argv)
+        assert rc == 3 and "invalid run name '..'" in err, (argv, rc, err)
+
+
+def test_a_symlinked_local_copy_is_refused_by_compare_load_and_rm(here, capsys):
+    import reval as api
+    rc, _, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "real", *FAST)
+    assert rc == 0, err
+    real = here / "runs/local/real"
+    alias = here / "runs/local/alias"
+    alias.symlink_to(real)  # inside runs/: it used to load (and remove) the run it points to
+    for argv in (["compare", "local/alias"], ["compare", "alias"], ["compare", "runs/local/alias"],
+                 ["rm", "local/alias", "--yes"], ["rm", "local/alias", "--local-only", "--yes"]):
+        rc, out, err = reval(capsys, *argv)
+        assert_refused(rc, out, err, "runs/local/alias")
+    with pytest.raises(api.Error) as e:
+        api.load("runs/local/alias")
+    assert e.value.exit_code == 3 and "runs/local/alias is a symbolic link" in str(e.value)
+    assert (real / "results.json").is_file() and alias.is_symlink()  # nothing removed through the link
+    rc, out, err = reval(capsys, "compare", "local/real")
+    assert rc == 0 and "real" in out, err

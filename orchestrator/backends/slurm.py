@@ -30,6 +30,7 @@ from ..runs import (
     is_run_name,
     load_follow_state,
     save_follow_state,
+    symlink_refused,
 )
 from ..transport import q
 from .base import GPUS_SCHEDULER, Backend, JobHandle, Launch, Submission
@@ -173,14 +174,18 @@ class SlurmBackend(Backend):
                 f'cat "$n/{slurmjobs.JOB_FILE}" 2>/dev/null; echo; '
                 f'echo "{m} EVENT"; tail -n 1 "$n/events.jsonl" 2>/dev/null; echo; '
                 f'echo "{m} SUM"; cksum 2>/dev/null < "$n/status.json"; true')
-        loop = ("for n in " + " ".join(q(n) for n in names) + "; do " if names is not None else
-                'for n in */; do n=${n%/}; case $n in .*|*[!A-Za-z0-9._-]*) continue;; esac; ')
+        # a run folder that is a symbolic link is no run: left out of the listing, refused by name
+        loop = ("for n in " + " ".join(q(n) for n in names) + "; do "
+                + f'[ ! -L "$n" ] || {{ echo "{m} LINK $n"; continue; }}; ' if names is not None else
+                'for n in */; do n=${n%/}; case $n in .*|*[!A-Za-z0-9._-]*) continue;; esac; [ ! -L "$n" ] || continue; ')
         # the login node's clock, read with the files: their ages are judged by it (remove.age_of)
         script = (f"cd {q(runs)} 2>/dev/null || exit 0\necho \"{m} NOW $(date +%s)\"\n"
                   f"{loop}[ -d \"$n\" ] || continue; {each}; done\n")
         out: dict[str, dict] = {}
         cur, sect, now = None, None, None
         for line in self.transport.run(script, timeout_s=60).stdout.splitlines():
+            if line.startswith(f"{m} LINK "):
+                raise symlink_refused(self.run_dir(check_run_name(line[len(m) + 6:])), host=self.host.name)
             if line.startswith(f"{m} NOW ") and cur is None:
                 now = float(line[len(m) + 5:]) if line[len(m) + 5:].strip().isdigit() else None
             elif line.startswith(f"{m} RUN "):

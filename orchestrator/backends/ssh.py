@@ -30,6 +30,7 @@ from ..runs import (
     is_run_name,
     remote_run_dir,
     save_follow_state,
+    symlink_refused,
     verdict,
 )
 from ..transport import Transport, q, resolve_workdir
@@ -225,8 +226,10 @@ def run_state(transport: Transport, run: str, *, wait_s: float = 0) -> RunState 
     runs_dir = f"{resolve_workdir(transport)}/runs"
     protocol.validate_run_name(run)
     args = ("wait", runs_dir, run, str(float(wait_s))) if wait_s > 0 else ("probe", runs_dir, run)
-    states = [s for s in (state_from_probe(r, transport.host.name)
-                          for r in _runstate(transport, *args, timeout_s=wait_s + 60)) if s]
+    recs = _runstate(transport, *args, timeout_s=wait_s + 60)
+    if any("refused" in r for r in recs):  # the run folder is a symbolic link: no run, and not "no run" either
+        raise symlink_refused(remote_run_dir(resolve_workdir(transport), run), host=transport.host.name)
+    states = [s for s in (state_from_probe(r, transport.host.name) for r in recs) if s]
     return states[0] if states else None
 
 
@@ -250,6 +253,8 @@ def kill_run(transport: Transport, run: str, *, grace_s: float = 10.0, known: Ru
     d = remote_run_dir(resolve_workdir(transport), run)
     recs = _runstate(transport, "kill", d, str(float(grace_s)), timeout_s=grace_s + 60)
     rec = recs[-1] if recs else {}
+    if "refused" in rec:
+        raise symlink_refused(d, host=transport.host.name)
     if rec.get("alive") is True:
         raise RevalError(f"{transport.host.name}: run {run!r} (process group {state.status.get('pgid')}) survived "
                          "SIGKILL", hint="check the host: the processes may be stuck in the kernel (D state)",

@@ -204,6 +204,7 @@ def cmd_logs(args) -> int:
         else:
             output.write(sys.stdout.buffer, data[start:])
         return EXIT_OK
+    logs.refuse_links(t, name)  # a run folder or eval.log that is a symbolic link is never followed
     run = lifecycle.attach(be, name)  # the python its follow state recorded, else the host's
     if args.tail:  # follow from the start of the last N lines
         offset = logs.tail_start(logs.read_log(t, name), args.tail)

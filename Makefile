@@ -2,7 +2,7 @@
 PY      ?= .venv/bin/python
 PYTEST  ?= .venv/bin/pytest
 
-.PHONY: setup demo test test-fast test-gpu bench bench-payload bench-orchestrator bench-sweep lint clean
+.PHONY: setup system-deps demo test test-fast test-gpu bench bench-payload bench-orchestrator bench-sweep lint clean
 
 # CPU torch: the wheel that lies on this machine kind's disk (torch==2.13.0, pip finds it via
 # /opt/wheels); a plain `pip install torch` would pull a ~3 GB CUDA build instead. GPU servers
@@ -18,13 +18,20 @@ setup: .venv/.done
 demo: setup
 	.venv/bin/reval demo
 
+# The Debian packages the suite needs (sshd, rsync, iptables, Slurm, chromium, ...): installed when missing
+# (root + apt-get), else a failure naming them. One list, shared with .ci/run.
+system-deps:
+	scripts/install-system-deps
+
 # The whole suite runs inside a private network namespace (scripts/netns-run): nothing a test
-# does can leave the machine, and sshd/iptables fault injection stay inside it.
-test: setup
+# does can leave the machine, and sshd/iptables fault injection stay inside it. A test that skips
+# fails here (tests/whole.py): `make test` passes only when every test ran.
+test: system-deps setup
 	scripts/netns-run $(PYTEST) -q -ra $(ARGS)
 
+# The explicit opt-out: no ssh/Slurm/slow tests, no Debian packages needed, and skips stay skips.
 test-fast: setup
-	$(PYTEST) -q -ra -m "not ssh and not slurm and not slow" $(ARGS)
+	REVAL_ALLOW_SKIPS=1 $(PYTEST) -q -ra -m "not ssh and not slurm and not slow" $(ARGS)
 
 # On a CUDA host (CI has none): the GPU paths against their CPU references.
 test-gpu:

@@ -4,6 +4,8 @@ import os
 
 import pytest
 
+from tests.whole import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 - hooks: a skip fails
+
 # tests/gpu needs a CUDA device: `make test-gpu` collects it (REVAL_GPU_TESTS=1); `make test` (CI, CPU) doesn't,
 # so that every test CI collects also runs there.
 collect_ignore = [] if os.environ.get("REVAL_GPU_TESTS") else ["gpu"]

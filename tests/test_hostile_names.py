@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator import ledger, sweep
 from orchestrator.inventory import load_inventory
-from tests.test_sweep import local_inventory, make_checkpoints, opts
+from tests.sweeptools import local_inventory, make_checkpoints, opts
 
 HOSTILE = ["-delete", "--help", "-exec", "-newer", "a b", "it's", 'say "hi"', "semi;colon", "$(touch pwned)",
            "new\nline", ".hidden", "x" * 70]

@@ -20,34 +20,11 @@ import pytest
 
 from orchestrator import cli, compare, ledger, stats, sweep
 from orchestrator.errors import ConfigError, RunNotFound
-from orchestrator.inventory import Host, Inventory, VenvSpec, load_inventory
+from orchestrator.inventory import load_inventory
 from remote_payload import protocol
 from tests.resultsgen import write_run
 from tests.runtools import synced_local
-
-DUMMY = ["--lines", "4", "--interval-s", "0.1"]
-
-
-def make_checkpoints(root: Path, steps: list[int]) -> Path:
-    d = root / "ckpts"
-    for s in steps:
-        c = d / f"step-{s}"
-        (c / "sub").mkdir(parents=True)
-        (c / "config.json").write_text(json.dumps({"step": s}))
-        (c / "model.safetensors").write_bytes(os.urandom(2048) + s.to_bytes(4, "little"))
-        (c / "sub" / "extra.bin").write_bytes(b"x" * s)
-    return d
-
-
-def local_inventory(root: Path, n: int) -> Inventory:
-    hosts = {f"loc{i}": Host(name=f"loc{i}", local=True, workdir=str(root / f"loc{i}"), python=sys.executable,
-                             venv=VenvSpec(mode="python"), gpus="none") for i in range(1, n + 1)}
-    return Inventory(path=None, hosts=hosts, groups={"locs": list(hosts)})
-
-
-def opts(ckpt_glob: str, hosts: list[str], tmp: Path, **kw) -> sweep.SweepOptions:
-    return sweep.SweepOptions(checkpoints=[ckpt_glob], hosts=hosts, payload="dummy", eval_args=DUMMY,
-                              sweep_dir=str(tmp / "sweeps"), poll_s=0.2, backoff_s=0.2, **kw)
+from tests.sweeptools import DUMMY, local_inventory, make_checkpoints, opts
 
 
 def remote_run_dirs(workdirs: list[Path]) -> dict[str, Path]:
@@ -237,11 +214,12 @@ def test_local_sweep_ledger_skip_force_and_report(tmp_path, monkeypatch):
 
 
 def _open_sweep_report(page: Path) -> None:
-    """The sweep's report.html in headless Chromium (when installed; .ci/run installs it): no console error,
-    no request but the page, the sweep's sections with their plot."""
-    from tests import browser
-    if browser.chromium_path() is None:
-        return  # tests/test_report.py skips its browser test saying why; the HTML itself was checked above
+    """The sweep's report.html in headless Chromium (make test installs it; without it this fails, unless skips
+    are allowed: tests/whole.py): no console error, no request but the page, the sweep's sections with their plot."""
+    from tests import browser, whole
+    if browser.chromium_path() is None:  # the HTML itself was checked above
+        whole.missing("chromium is not installed (Debian: apt-get install chromium; scripts/install-system-deps)")
+        return
     probe = "JSON.stringify([...document.querySelectorAll('section[id]')].map(s => [s.id, s.querySelectorAll('svg').length]))"
     rep = browser.open_page(page.as_uri(), probe)
     assert rep.console_errors == [] and rep.exceptions == [] and rep.requests == [page.as_uri()]

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from orchestrator import sweep
-from tests.test_sweep import DUMMY, local_inventory, make_checkpoints, opts
+from tests.sweeptools import DUMMY, local_inventory, make_checkpoints, opts
 
 
 def test_checkpoints_with_and_without_a_step_make_one_report(tmp_path, monkeypatch):

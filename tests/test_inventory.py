@@ -8,22 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import EXIT_BAD_INPUT, ConfigError
+from orchestrator.errors import ConfigError
 from orchestrator.inventory import load_inventory, parse_inventory
+from tests.hostsyaml import error_of, parse
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def parse(text: str):
-    return parse_inventory(textwrap.dedent(text), "hosts.yaml")
-
-
-def error_of(text: str) -> ConfigError:
-    with pytest.raises(ConfigError) as ei:
-        parse(text)
-    assert ei.value.exit_code == EXIT_BAD_INPUT
-    assert "\n" not in str(ei.value)  # one line
-    return ei.value
 
 
 def test_full_host_parses_into_dataclass():

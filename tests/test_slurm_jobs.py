@@ -6,27 +6,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import textwrap
 
 import pytest
 
 from orchestrator import slurmjobs
-from orchestrator.errors import ConfigError
-from orchestrator.inventory import SlurmSpec, parse_inventory
+from orchestrator.inventory import SlurmSpec
 from orchestrator.slurmjobs import JobInfo, Task, batch_script, parse_scontrol, parse_squeue, verdict
 from remote_payload import protocol
+from tests.hostsyaml import error_of, parse
 from tests.slurm import wait_state
-
-
-def parse(text: str):
-    return parse_inventory(textwrap.dedent(text), "hosts.yaml")
-
-
-def error_of(text: str) -> str:
-    with pytest.raises(ConfigError) as ei:
-        parse(text)
-    assert "\n" not in str(ei.value)
-    return str(ei.value)
 
 
 # --- hosts.yaml ------------------------------------------------------------------------------------------

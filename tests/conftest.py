@@ -108,6 +108,54 @@ def trained_fixtures():
     return _build_trained_fixtures()
 
 
+@pytest.fixture(scope="module")
+def random_eval_inputs(tmp_path_factory):
+    """A tiny random-init Qwen3 target, a 2-prompt cache extracted from it, a random z-lab drafter: the real
+    eval's inputs in seconds (numbers meaningless, every code path real)."""
+    import json
+    import random
+
+    import torch
+
+    from remote_payload import fixtures
+    from remote_payload.__main__ import main as payload_main
+    from tests.tiny_models import random_drafter, tiny_drafter_config, write_zlab_drafter
+    d = tmp_path_factory.mktemp("eval-inputs")
+    tok = fixtures.train_tokenizer(random.Random(0))
+    torch.manual_seed(0)
+    r = fixtures.Recipe()
+    fixtures.save_target(fixtures.make_target(r, tok.get_vocab_size(), tok.token_to_id("<|eos|>"),
+                                              tok.token_to_id("<|pad|>")), tok, d / "target")
+    (d / "prompts.jsonl").write_text("".join(json.dumps({"name": n, "prompt": p}) + "\n"
+                                             for n, p in fixtures.PROMPTS[:2]))
+    assert payload_main(["extract", "--target", str(d / "target"), "--prompts", str(d / "prompts.jsonl"),
+                         "--out", str(d / "cache"), "--max-new-tokens", "40", "--layers", "1,3",
+                         "--device", "cpu"]) == 0
+    cfg = tiny_drafter_config(hidden_size=r.hidden_size, vocab_size=tok.get_vocab_size(),
+                              num_target_layers=r.target_layers, mask_token_id=tok.token_to_id("<|mask|>"),
+                              target_layer_ids=[1, 3])
+    write_zlab_drafter(d / "drafter", cfg, random_drafter(cfg).state_dict())
+    return d
+
+
+@pytest.fixture
+def runs_here(tmp_path, monkeypatch):
+    """REVAL_RUNS_DIR in the test's tmp dir (<tmp>/local-runs): local copies of runs and follow state stay there.
+    A module that launches runs uses it for every test: pytestmark = pytest.mark.usefixtures("runs_here")."""
+    monkeypatch.setenv("REVAL_RUNS_DIR", str(tmp_path / "local-runs"))
+
+
+@pytest.fixture
+def st_file(tmp_path):
+    """A safetensors file holding tests.samples.sample_tensors() (every dtype, scalars, empties)."""
+    from safetensors.torch import save_file
+
+    from tests.samples import sample_tensors
+    path = tmp_path / "w.safetensors"
+    save_file(sample_tensors(), path, metadata={"format": "pt"})
+    return path
+
+
 @pytest.fixture
 def here(tmp_path, monkeypatch):
     """A fresh current directory: built-in `local` host (workdir .reval/local), local registry runs/."""

@@ -1,17 +1,24 @@
 """Helpers for the run tests (launch, follow, the run commands): a local host in a temp dir with the payload
-synced, a fake nvidia-smi (a seam: the GPU machine is not here), and process-group inspection via /proc."""
+synced, the wrapper run directly, a fake nvidia-smi (a seam: the GPU machine is not here), and process-group
+inspection via /proc."""
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import remote_payload
 from orchestrator.inventory import Host, VenvSpec, load_inventory
 from orchestrator.sync import sync_payload
 from orchestrator.transport import LocalTransport, SSHTransport, resolve_workdir
 from remote_payload import protocol
+
+# the folder holding remote_payload/, where `python -m remote_payload` finds it
+PAYLOAD_PARENT = str(Path(remote_payload.__file__).resolve().parents[1])
 
 
 def local_host(workdir: Path, name: str = "local", **kw) -> Host:
@@ -57,6 +64,23 @@ def group_members(pgid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             out.append(int(d))
     return out
+
+
+def wrap(run_dir: Path, *cmd: str, gpus: str = "none", env: dict | None = None, run_json=None, extra=(),
+         timeout_s: float = 60) -> subprocess.CompletedProcess:
+    """`python -m remote_payload wrap --run-dir RUN_DIR --gpus GPUS [EXTRA] -- CMD`, run to its end (text output
+    captured). env: added to this environment less CUDA_VISIBLE_DEVICES (a run's GPUs come from --gpus or from
+    env); run_json: the path of a run.json to merge, or a dict (written to <run_dir>/.run.json.in)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "remote_payload", "wrap", "--run-dir", str(run_dir), "--gpus", gpus, *extra]
+    if isinstance(run_json, dict):
+        (run_dir / ".run.json.in").write_text(json.dumps(run_json))
+        run_json = run_dir / ".run.json.in"
+    if run_json is not None:
+        argv += ["--run-json", str(run_json)]
+    base = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    return subprocess.run([*argv, "--", *cmd], capture_output=True, text=True, timeout=timeout_s, check=False,
+                          env={**base, **(env or {})}, cwd=PAYLOAD_PARENT)
 
 
 def wait_status(run_dir: Path, states=protocol.TERMINAL_STATES, timeout_s: float = 60) -> dict:

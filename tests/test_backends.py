@@ -2,9 +2,7 @@
 and the wrapper's scheduler mode (GPUs assigned by a scheduler are kept as they are)."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,29 +10,20 @@ import pytest
 
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import GPUS_SCHEDULER, Backend, JobHandle, Submission
-from remote_payload import protocol, wrapper
-from tests.runtools import fake_nvidia_smi, synced_local, wait_status
+from remote_payload import protocol
+from tests.runtools import fake_nvidia_smi, synced_local, wait_status, wrap
 
 PRINT_CVD = ("import os; v = os.environ.get('CUDA_VISIBLE_DEVICES'); "
              "print('CVD=' + ('UNSET' if v is None else repr(v)))")
 
 
-@pytest.fixture(autouse=True)
-def _runs_here(tmp_path, monkeypatch):
-    monkeypatch.setenv("REVAL_RUNS_DIR", str(tmp_path / "local-runs"))
+pytestmark = pytest.mark.usefixtures("runs_here")
 
 
 def _wrap(run_dir: Path, gpus: str, env: dict, *extra: str, run_json: dict | None = None):
-    run_dir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "remote_payload", "wrap", "--run-dir", str(run_dir), "--gpus", gpus,
-            "--locks-dir", str(run_dir.parent / "locks"), *extra]
-    if run_json is not None:
-        (run_dir / ".run.json.in").write_text(json.dumps(run_json))
-        argv += ["--run-json", str(run_dir / ".run.json.in")]
-    base = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    return subprocess.run([*argv, "--", sys.executable, "-c", PRINT_CVD], capture_output=True, text=True,
-                          timeout=60, check=False, env={**base, **env},
-                          cwd=os.path.dirname(os.path.dirname(wrapper.__file__)))
+    """The wrapper running a probe that prints the CUDA_VISIBLE_DEVICES it was given (CVD=...)."""
+    return wrap(run_dir, sys.executable, "-c", PRINT_CVD, gpus=gpus, env=env, run_json=run_json,
+                extra=("--locks-dir", str(run_dir.parent / "locks"), *extra))
 
 
 def _cvd_line(run_dir: Path) -> str:

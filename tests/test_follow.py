@@ -18,10 +18,7 @@ from orchestrator.transport import SSHTransport
 from remote_payload import protocol
 from tests.runtools import synced_local, synced_ssh, wait_lines, wait_status
 
-
-@pytest.fixture(autouse=True)
-def _runs_here(tmp_path, monkeypatch):
-    monkeypatch.setenv("REVAL_RUNS_DIR", str(tmp_path / "local-runs"))
+pytestmark = pytest.mark.usefixtures("runs_here")
 
 
 class Recorder(PlainSink):

@@ -16,23 +16,20 @@ from orchestrator.backends.ssh import describe, kill_run, launch, launch_script,
 from orchestrator.errors import ConfigError
 from orchestrator.transport import SSHTransport, resolve_workdir
 from remote_payload import protocol, wrapper
-from tests.runtools import fake_nvidia_smi, group_members, synced_local, synced_ssh, wait_lines, wait_status
+from tests.runtools import (
+    fake_nvidia_smi,
+    group_members,
+    synced_local,
+    synced_ssh,
+    wait_lines,
+    wait_status,
+    wrap,
+)
 
 DUMMY = ["dummy", "--lines", "3", "--interval-s", "0.01"]
 
 
-@pytest.fixture(autouse=True)
-def _runs_here(tmp_path, monkeypatch):
-    monkeypatch.setenv("REVAL_RUNS_DIR", str(tmp_path / "local-runs"))
-
-
-def wrap(run_dir, *cmd, gpus="none", env=None, run_json=None):
-    run_dir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "remote_payload", "wrap", "--run-dir", str(run_dir), "--gpus", gpus]
-    if run_json:
-        argv += ["--run-json", str(run_json)]
-    return subprocess.run([*argv, "--", *cmd], capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, **(env or {})}, cwd=os.path.dirname(os.path.dirname(wrapper.__file__)))
+pytestmark = pytest.mark.usefixtures("runs_here")
 
 
 # -- the wrapper -------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from remote_payload import metrics as m
+from tests.samples import random_targets, sorted_logprobs
 
 
 def correct_rows(g, prompt_len, n, width):
@@ -167,16 +168,6 @@ def brute_force_tree(lp, budget):
     return [r for _, r in sorted(prefixes)[:budget]]
 
 
-def sorted_logprobs(rng, shape, ties=False):
-    """[..., K] rows of log-probabilities sorted descending; with ties, drawn from a few exact values."""
-    if ties:
-        x = rng.choice([-0.5, -1.0, -2.0, -4.0], size=shape)
-    else:
-        logits = rng.normal(size=shape) * 2
-        x = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    return -np.sort(-x, axis=-1)
-
-
 def test_ddtree_hand_example():
     lp = np.log(np.array([[0.6, 0.3, 0.1], [0.7, 0.2, 0.1]]))
     # prefix probabilities: (0) .6, (0,0) .42, (1) .3, (1,0) .21, (0,1) .12, (2) .1, ...
@@ -202,15 +193,6 @@ def test_ddtree_heap_equals_brute_force_on_tiny_vocab(ties):
             while want < 4 and ranks[want] >= 0 and tuple(ranks[: want + 1].tolist()) in tree:
                 want += 1
             assert m.ddtree_accept_heap(lp, ranks, b) == want
-
-
-def random_targets(rng, n, depth, k):
-    """Mostly small ranks (so paths go deep), some >= K, some rows ending the sequence (-1)."""
-    r = rng.geometric(0.45, size=(n, depth)) - 1
-    r[rng.random((n, depth)) < 0.03] = k + 3
-    for j in range(0, n, 7):
-        r[j, rng.integers(1, depth):] = -1
-    return r
 
 
 def test_ddtree_vectorised_equals_heap_continuous():

@@ -14,31 +14,6 @@ from remote_payload.errors import CheckpointError
 from remote_payload.safetensors_io import read_header, read_tensors
 
 
-def _tensors() -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return {
-        "f32": torch.randn(3, 5, generator=g),
-        "bf16": torch.randn(7, 11, generator=g).bfloat16(),
-        "f16": torch.randn(4, generator=g).half(),
-        "f64": torch.randn(2, 2, generator=g).double(),
-        "i64": torch.randint(-2**40, 2**40, (2, 3, 2), generator=g),
-        "i8": torch.randint(-128, 127, (9,), generator=g, dtype=torch.int8),
-        "u8": torch.randint(0, 255, (3, 3), generator=g, dtype=torch.uint8),
-        "bool": torch.rand(6, generator=g) > 0.5,
-        "scalar_f32": torch.tensor(3.25),
-        "scalar_bf16": torch.tensor(-1.5, dtype=torch.bfloat16),
-        "empty_f16": torch.empty(0, 3, dtype=torch.float16),
-        "empty_i64": torch.empty(0, dtype=torch.int64),
-    }
-
-
-@pytest.fixture
-def st_file(tmp_path):
-    path = tmp_path / "w.safetensors"
-    save_file(_tensors(), path, metadata={"format": "pt"})
-    return path
-
-
 # staged=True on the CPU runs the CUDA path's double-buffered staging logic (unpinned, no events); 100-byte
 # buffers cut tensors mid-element, so any off-by-one in the chunking corrupts the comparison.
 @pytest.mark.parametrize("staged,staging_bytes", [(False, 1 << 20), (True, 100), (True, 1 << 20)])

@@ -22,7 +22,7 @@ from remote_payload import protocol
 from tests import slurm as slurm_mod
 from tests import sshd
 from tests.runtools import wait_lines
-from tests.test_runs_cli import random_eval_inputs  # noqa: F401 - a fixture: the real eval's inputs in seconds
+from tests.sweeptools import make_checkpoints
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
 FAST = ["--", "--lines", "5", "--interval-s", "0"]
@@ -105,7 +105,7 @@ def job_processes(c: Cluster, job: str) -> list[int]:
 
 
 # --- one run ------------------------------------------------------------------------------------------------
-def test_run_through_slurm_like_an_ssh_run(hpc, capsys, random_eval_inputs):  # noqa: F811
+def test_run_through_slurm_like_an_ssh_run(hpc, capsys, random_eval_inputs):
     """The same eval on the plain SSH box and through Slurm: the same run directory, the same comparison."""
     fx = random_eval_inputs
     args = ["--drafter", str(fx / "drafter"), "--target", str(fx / "target"), "--cache", str(fx / "cache"),
@@ -376,20 +376,13 @@ def test_a_requeued_job_restarts_cleanly(hpc, capsys):
 
 
 # --- sweeps ---------------------------------------------------------------------------------------------------
-def make_checkpoints(root: Path, names: list[str]) -> Path:
-    for n in names:
-        (root / n).mkdir(parents=True)
-        (root / n / "model.safetensors").write_bytes(n.encode() * 64)
-    return root
-
-
 def sweep_argv(c: Cluster, ckpts: Path, hosts: str, sweep_dir: Path, lines: int = 6) -> list[str]:
     return ["sweep", "--checkpoints", f"{ckpts}/step-*", "--hosts", hosts, "--payload", "dummy", "--poll-s", "0.2",
             "--sweep-dir", str(sweep_dir), "--json", "--", "--lines", str(lines), "--interval-s", "0.2"]
 
 
 def test_sweep_is_one_job_array_at_most_two_running(hpc, capsys):
-    ck = make_checkpoints(hpc.root / "ck6", [f"step-{s}" for s in range(100, 700, 100)])
+    ck = make_checkpoints(hpc.root / "ck6", range(100, 700, 100))
     running: list[list[str]] = []
     stop = threading.Event()
 
@@ -430,7 +423,7 @@ def test_a_checkpoint_that_fails_in_a_cluster_sweep_fails_alone(hpc, capsys, mon
     from orchestrator.errors import ConfigError
     from orchestrator.sweep import schedule, stage
     # names of their own: a run name comes from the checkpoint, and the cluster's runs/ is shared by the module
-    ck = make_checkpoints(hpc.root / "ckf", ["step-11", "step-12", "step-13"])
+    ck = make_checkpoints(hpc.root / "ckf", [11, 12, 13])
     real_stage, real_pull = stage.Staging.stage_checkpoint, schedule.Sweep.pull_and_record
 
     def staged(self, hs, ckpt):
@@ -455,7 +448,7 @@ def test_a_checkpoint_that_fails_in_a_cluster_sweep_fails_alone(hpc, capsys, mon
 
 
 def test_sweep_over_a_mixed_group_ssh_box_and_cluster(hpc, capsys):
-    ck = make_checkpoints(hpc.root / "ck4", [f"step-{s}" for s in (1, 2, 3, 4)])
+    ck = make_checkpoints(hpc.root / "ck4", [1, 2, 3, 4])
     rc, out, err = reval(capsys, hpc, *sweep_argv(hpc, ck, "mixed", hpc.root / "swm"))
     assert rc == 0, err
     rep = json.loads(out)
@@ -470,7 +463,7 @@ def test_sweep_over_a_mixed_group_ssh_box_and_cluster(hpc, capsys):
 def test_killed_sweep_controller_reattaches_to_its_array(hpc, capsys):
     """The controller dies after the array was submitted: the same command again follows those jobs
     (attach), submits nothing, and every checkpoint is evaluated once."""
-    ck = make_checkpoints(hpc.root / "ck3", ["step-7", "step-8", "step-9"])
+    ck = make_checkpoints(hpc.root / "ck3", [7, 8, 9])
     sw = hpc.root / "swk"
     p = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", hpc.inv, *sweep_argv(hpc, ck, "hpc", sw, 25)],
                          cwd=hpc.here, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -12,8 +12,7 @@ from safetensors.torch import load_file
 from remote_payload import metrics as m
 from remote_payload.__main__ import main as payload_main
 from remote_payload.safetensors_io import read_header, read_tensors
-from tests.test_metrics import random_targets, sorted_logprobs
-from tests.test_safetensors_io import st_file  # noqa: F401 (fixture)
+from tests.samples import random_targets, sorted_logprobs
 
 assert torch.cuda.is_available(), "tests/gpu needs a CUDA device (run it with make test-gpu on a GPU host)"
 
@@ -28,7 +27,7 @@ def test_ddtree_vectorised_on_cuda_equals_heap():
         assert got[b].tolist() == [m.ddtree_accept_heap(lp[j].numpy(), ranks[j], b) for j in range(n)], b
 
 
-def test_cuda_reader_equals_load_file(st_file):  # noqa: F811
+def test_cuda_reader_equals_load_file(st_file):
     ref = load_file(st_file)
     for staging_bytes in (100, 1 << 20):
         got = read_tensors(read_header(st_file), list(ref), device="cuda", staging_bytes=staging_bytes)

@@ -21,7 +21,7 @@ from orchestrator.commands.display import PlainSink
 from orchestrator.follow import follow
 from orchestrator.inventory import load_inventory
 from orchestrator.sync import sync_payload
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 LATENCY_LINES = 50
 

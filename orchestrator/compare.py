@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remote_payload import protocol
-from remote_payload.contenthash import STEP_PATTERN as _STEP  # one checkpoint-step rule
-from remote_payload.results import Result, ResultsError
+from remote_payload.contract import protocol
+from remote_payload.contract.contenthash import STEP_PATTERN as _STEP  # one checkpoint-step rule
+from remote_payload.contract.results import Result, ResultsError
 
 from . import intervals
 from .errors import ConfigError, RunNotFound
@@ -36,7 +36,7 @@ _RESULT_SECTIONS = frozenset(f.name for f in dataclasses.fields(Result) if not f
 @dataclass
 class RunRecord:
     """One pulled run directory, as read from disk (result is None when the eval did not finish).
-    `result` is the typed results.json (remote_payload/results.py); `results` the same file as a plain dict."""
+    `result` is the typed results.json (remote_payload/contract/results.py); `results` the same file as a plain dict."""
     name: str
     host: str
     path: Path

@@ -16,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 from .errors import HostKeyError, HostUnreachable, RevalError, RunNotFound
 from .events import EventSink
@@ -33,7 +33,7 @@ class Frame:
 
 
 class FrameParser:
-    """Incremental parser of the stream's frames (see remote_payload/stream.py)."""
+    """Incremental parser of the stream's frames (see remote_payload/runtime/stream.py)."""
 
     def __init__(self):
         self.buf = b""

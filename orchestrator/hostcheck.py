@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from remote_payload.wrapper import smi_rows
+from remote_payload.contract import gpus
 
 from .environment import module_names, venv_key
 from .errors import EXIT_OK, EXIT_PARTIAL, EXIT_UNREACHABLE, HostKeyError, HostUnreachable, RevalError
@@ -92,12 +92,6 @@ class HostCheck:
     cluster: dict | None = None    # a Slurm cluster's partitions and limits (slurmjobs.check_cluster)
 
 
-def parse_nvidia_smi(text: str) -> list[dict]:
-    """`index, name, memory.total, memory.used, utilization.gpu` csv rows (MiB, %) -> dicts (pure; the
-    wrapper's parser, remote_payload/wrapper.smi_rows)."""
-    return smi_rows(text, ["index", "name", "memory.total", "memory.used", "utilization.gpu"])
-
-
 def check_command(host: Host, modules: list[str]) -> str:
     return (("REVAL_CHECK_SLURM=1 " if host.slurm is not None else "")
             + f"{q(host.python)} - {workdir_expr(host)} {q(host.venv.path or '')} "
@@ -122,7 +116,7 @@ def interpret(host: Host, blob: dict, *, manifest_hash: str, requirements: list[
     smi = blob.get("nvidia_smi")
     if smi is not None:
         if smi.get("rc") == 0:
-            r.gpus = parse_nvidia_smi(smi.get("out", ""))
+            r.gpus = gpus.inventory(smi.get("out", ""))
         else:
             r.gpus = []
             r.gpu_error = f"nvidia-smi failed (exit {smi.get('rc')}): {smi.get('err', '').strip()[-120:]}"

@@ -9,7 +9,8 @@ import html
 import time
 from pathlib import Path
 
-from remote_payload import __version__, protocol
+from remote_payload import __version__
+from remote_payload.contract import protocol
 
 from . import plots, tables
 from .compare import Comparison, format_duration

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from remote_payload.results import PromptResult, Result
+from remote_payload.contract.results import PromptResult, Result
 
 from . import stats
 

@@ -18,7 +18,7 @@ import threading
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 from .errors import ConfigError
 

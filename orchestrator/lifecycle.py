@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 from . import __version__
 from .backends.base import Backend, Launch, Submission

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 from .errors import RemoteCommandError
 from .follow import split_lines

@@ -12,7 +12,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 from .errors import RemoteCommandError, RunNotFound
 from .runs import FOLLOW_JSON, check_local_runs_root, local_run_dir, remote_run_dir, symlink_refused

@@ -11,7 +11,7 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 from .backends.base import Backend
 from .compare import _iso_s

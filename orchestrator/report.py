@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from remote_payload.results import Result
+from remote_payload.contract.results import Result
 
 from . import intervals
 from .tables import Cell, Column, Table, fmt_ci, shorten

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 from .errors import ConfigError, HostUnreachable, RunNotFound
 from .inventory import Host

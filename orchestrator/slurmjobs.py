@@ -2,7 +2,7 @@
 array — and what Slurm says about jobs (`scontrol -o show job`, `squeue`, `sacct`, `sinfo`), mapped to
 reval's run states. backends/slurm.py runs them over the login node's transport.
 
-The batch script runs the payload's wrapper (remote_payload/wrapper.py) with `--gpus scheduler`: the GPUs
+The batch script runs the payload's wrapper (remote_payload/runtime/wrapper.py) with `--gpus scheduler`: the GPUs
 are the ones Slurm assigned (CUDA_VISIBLE_DEVICES from the job), never chosen or locked by reval. Slurm's
 own output (and the wrapper's, and the payload's) is appended to the run's eval.log. A job that Slurm
 requeues (preemption, node failure) starts over in the same run directory: the restart removes the earlier
@@ -20,7 +20,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 from .inventory import SlurmSpec
 

@@ -9,20 +9,21 @@ import argparse
 import importlib
 import sys
 
-from . import __version__, protocol
+from remote_payload import __version__
+from remote_payload.contract import protocol
 
 COMMANDS = {
     # name: (module, one-line help)
-    "eval": ("remote_payload.run", "evaluate a drafter on a cache of target hidden states"),
-    "extract": ("remote_payload.target", "run a target model over prompts and write a hidden-state cache"),
-    "import-cache": ("remote_payload.cache", "convert a seeds-layout cache (completions.json + aux/last_hidden)"),
-    "fixtures": ("remote_payload.fixtures", "build the tiny offline fixture models + cache (demo, tests)"),
-    "bench": ("remote_payload.bench", "time eval at real Qwen3.6-27B-DFlash sizes vs a naive loop"),
-    "wrap": ("remote_payload.wrapper", "run a command detached-safe: status.json, eval.log, exit code"),
-    "dummy": ("remote_payload.dummy", "a torch-free stand-in job that logs and emits events (tests)"),
-    "preflight": ("remote_payload.preflight", "check an eval's paths and layer compatibility (no torch; before a run)"),
-    "hash": ("remote_payload.contenthash", "print the content hash of checkpoints (the one results.json records)"),
-    "stream": ("remote_payload.stream", "stream a run's log, events and status as frames (reval logs -f)"),
+    "eval": ("remote_payload.eval.run", "evaluate a drafter on a cache of target hidden states"),
+    "extract": ("remote_payload.eval.target", "run a target model over prompts and write a hidden-state cache"),
+    "import-cache": ("remote_payload.eval.cache", "convert a seeds-layout cache (completions.json + aux/last_hidden)"),
+    "fixtures": ("remote_payload.tools.fixtures", "build the tiny offline fixture models + cache (demo, tests)"),
+    "bench": ("remote_payload.tools.bench", "time eval at real Qwen3.6-27B-DFlash sizes vs a naive loop"),
+    "wrap": ("remote_payload.runtime.wrapper", "run a command detached-safe: status.json, eval.log, exit code"),
+    "dummy": ("remote_payload.runtime.dummy", "a torch-free stand-in job that logs and emits events (tests)"),
+    "preflight": ("remote_payload.runtime.preflight", "check an eval's paths and layer compatibility (no torch; before a run)"),
+    "hash": ("remote_payload.contract.contenthash", "print the content hash of checkpoints (the one results.json records)"),
+    "stream": ("remote_payload.runtime.stream", "stream a run's log, events and status as frames (reval logs -f)"),
 }
 
 

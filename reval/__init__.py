@@ -16,7 +16,7 @@ One entry point per verb; nothing here prints. Errors are `reval.Error` (a Reval
 one line, `e.hint` the fix, `e.exit_code` the CLI's code). `reval run/sweep/demo` are thin layers over the
 same lifecycle (orchestrator/lifecycle.py) through a backend (orchestrator/backends/: SSH or the local
 folder; a scheduler next). `Result` is the pulled run directory as read from disk: its typed results.json
-(`res.result`, remote_payload/results.py; `res.metrics`, `res.per_prompt`, `res.health`... forward to it),
+(`res.result`, remote_payload/contract/results.py; `res.metrics`, `res.per_prompt`, `res.health`... forward to it),
 status.json, run.json, `res.state`, `res.suspect`, `res.path`.
 """
 from __future__ import annotations

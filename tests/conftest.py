@@ -82,7 +82,7 @@ def slurm_login(slurm, ssh_hosts):
 def _build_trained_fixtures(log=lambda line: None):
     from pathlib import Path
 
-    from remote_payload import fixtures
+    from remote_payload.tools import fixtures
 
     root = Path(__file__).resolve().parents[1] / ".cache" / "fixtures"
     fixtures.build(root, log=log)
@@ -101,7 +101,7 @@ def pytest_collection_finish(session):
 
 @pytest.fixture(scope="session")
 def trained_fixtures():
-    """The fixture dir (layout: remote_payload/fixtures.py docstring; fixtures.json holds paths + quality).
+    """The fixture dir (layout: remote_payload/tools/fixtures.py docstring; fixtures.json holds paths + quality).
 
     Built once into <repo>/.cache/fixtures/ and reused while its recipe hash matches; concurrent test
     sessions wait on a file lock instead of building twice."""
@@ -117,8 +117,8 @@ def random_eval_inputs(tmp_path_factory):
 
     import torch
 
-    from remote_payload import fixtures
     from remote_payload.__main__ import main as payload_main
+    from remote_payload.tools import fixtures
     from tests.tiny_models import random_drafter, tiny_drafter_config, write_zlab_drafter
     d = tmp_path_factory.mktemp("eval-inputs")
     tok = fixtures.train_tokenizer(random.Random(0))
@@ -167,12 +167,12 @@ def here(tmp_path, monkeypatch):
 
 # --- every results.json the suite writes goes through the schema (results engineer) ----------------------
 def check_results_roundtrip(path) -> str | None:
-    """None when `path` loads through remote_payload.results and writes back every value it holds (exactly,
+    """None when `path` loads through remote_payload.contract.results and writes back every value it holds (exactly,
     for files of the current schema); else why not."""
     import json
     from pathlib import Path
 
-    from remote_payload import results
+    from remote_payload.contract import results
 
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -214,4 +214,4 @@ def _every_results_json_roundtrips(tmp_path_factory):
             why = check_results_roundtrip(os.path.join(root, "results.json"))
             if why:
                 bad.append(why)
-    assert not bad, "results.json files that do not round-trip through remote_payload/results.py:\n" + "\n".join(bad)
+    assert not bad, "results.json files that do not round-trip through remote_payload/contract/results.py:\n" + "\n".join(bad)

@@ -1,4 +1,4 @@
-"""Realistic synthetic results.json files (the current schema, remote_payload/results.py) for compare/sweep tests.
+"""Realistic synthetic results.json files (the current schema, remote_payload/contract/results.py) for compare/sweep tests.
 
 Metrics are derived from generated acceptance walks (so tau, streak, histogram and per-position curves
 agree with each other as the payload's would), not typed in by hand."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from remote_payload import protocol
-from remote_payload import results as R
+from remote_payload.contract import protocol
+from remote_payload.contract import results as R
 
 BLOCK = 16
 

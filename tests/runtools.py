@@ -15,7 +15,7 @@ import remote_payload
 from orchestrator.inventory import Host, VenvSpec, load_inventory
 from orchestrator.sync import sync_payload
 from orchestrator.transport import LocalTransport, SSHTransport, resolve_workdir
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 # the folder holding remote_payload/, where `python -m remote_payload` finds it
 PAYLOAD_PARENT = str(Path(remote_payload.__file__).resolve().parents[1])

@@ -1,4 +1,4 @@
-"""remote_payload.anchors: the pipelined drafting (features read ahead by a thread, a prompt queued before the
+"""remote_payload.eval.anchors: the pipelined drafting (features read ahead by a thread, a prompt queued before the
 previous one's outputs are taken) hands out exactly what drafting each prompt on its own gives."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from remote_payload import metrics
-from remote_payload.anchors import draft_all_anchors, drafted_prompts
-from remote_payload.cache import CacheWriter, open_cache
-from remote_payload.errors import PayloadError
+from remote_payload.contract.errors import PayloadError
+from remote_payload.eval import metrics
+from remote_payload.eval.anchors import draft_all_anchors, drafted_prompts
+from remote_payload.eval.cache import CacheWriter, open_cache
 from tests.tiny_models import random_drafter, random_head, tiny_drafter_config
 
 
@@ -58,7 +58,7 @@ def test_a_token_outside_the_vocabulary_is_bad_input(tmp_path):
 
 
 def test_triton_is_planned_only_where_it_pays(monkeypatch):
-    from remote_payload import kernels
+    from remote_payload.eval import kernels
     monkeypatch.delenv("REVAL_TRITON", raising=False)
     monkeypatch.setattr(kernels, "_load_triton", lambda: True)  # the decision, not the import
     seeds = 4790 * 15 * 248320  # the seeds' 10 x 30 run at the 27B vocabulary: Triton's start does not pay
@@ -73,7 +73,7 @@ def test_triton_is_planned_only_where_it_pays(monkeypatch):
 def test_warm_up_runs_the_first_prompts_shapes_once_and_only_on_cuda_unless_off(monkeypatch):
     """The warm-up's body (CUDA-only in use) runs anywhere: it drafts every batch shape of the prompt and leaves
     the weights as they were; `warm_up` itself declines on the CPU and under REVAL_WARMUP=0."""
-    from remote_payload import anchors
+    from remote_payload.eval import anchors
     cfg = tiny_drafter_config(sliding_window=7)
     model, head = random_drafter(cfg, seed=5), random_head(cfg)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import reval
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 CPU = ["--device", "cpu", "--dtype", "fp32"]
 

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import GPUS_SCHEDULER, Backend, JobHandle, Submission
-from remote_payload import protocol
+from remote_payload.contract import protocol
 from tests.runtools import fake_nvidia_smi, synced_local, wait_status, wrap
 
 PRINT_CVD = ("import os; v = os.environ.get('CUDA_VISIBLE_DEVICES'); "

@@ -1,4 +1,4 @@
-"""remote_payload.cache: the reval layout, layer subsets, validation, and the seeds layout (read + import)."""
+"""remote_payload.eval.cache: the reval layout, layer subsets, validation, and the seeds layout (read + import)."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from remote_payload.__main__ import main as payload_main
-from remote_payload.cache import CACHE_JSON, CacheWriter, open_cache
-from remote_payload.errors import FeatureMismatchError, PayloadError
+from remote_payload.contract.errors import FeatureMismatchError, PayloadError
+from remote_payload.eval.cache import CACHE_JSON, CacheWriter, open_cache
 
 H = 8
 LAYERS = [1, 3, 5]

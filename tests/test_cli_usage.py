@@ -30,7 +30,7 @@ def test_bad_option_values_after_host_exit_3_and_leave_nothing(here, capsys, bad
 
 
 def test_run_names_and_host_names_that_look_like_options_are_refused(here, capsys):
-    from remote_payload import protocol
+    from remote_payload.contract import protocol
     for name in ("-rf", "--help", "-"):
         with pytest.raises(protocol.ProtocolError, match="not starting with '.' or '-'"):
             protocol.validate_run_name(name)

@@ -290,7 +290,7 @@ def test_summary_line_carries_the_bootstrap_intervals_of_the_numbers_it_shows():
     import re
 
     from orchestrator import intervals
-    from remote_payload.results import Result
+    from remote_payload.contract.results import Result
     r = make_results("x", quality=0.8, num_prompts=10)
     line = report.summary_line(r)
     est = intervals.estimates(Result.from_dict(r))
@@ -320,7 +320,7 @@ def test_summary_line_shows_no_interval_a_damaged_file_cannot_back():
 
 def test_tables_show_tau_pooled_and_no_interval_a_damaged_file_cannot_back():
     from orchestrator import tables
-    from remote_payload.results import Result
+    from remote_payload.contract.results import Result
     good = Result.from_dict(make_results("a", num_prompts=6))
     bad = make_results("c", num_prompts=6)
     bad["per_prompt"][1]["tau"] = float("nan")

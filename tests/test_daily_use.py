@@ -6,7 +6,7 @@ import json
 
 from orchestrator.remove import select_for_prune
 from orchestrator.runs import RunState
-from remote_payload import protocol
+from remote_payload.contract import protocol
 from tests.runtools import reval, wait_lines
 
 FAST = ["--", "--lines", "3", "--interval-s", "0"]
@@ -152,7 +152,7 @@ def test_progress_rate_and_eta_by_the_events_clock():
 
 
 def test_replayed_log_and_events_interleave(tmp_path):
-    from remote_payload import stream
+    from remote_payload.runtime import stream
     lines = [f"[{i}/400] prompt{i}: " + "x" * 1000 + "\n" for i in range(1, 401)]  # ~400 KB of log
     (tmp_path / "eval.log").write_text("".join(lines))
     (tmp_path / "events.jsonl").write_text("".join(json.dumps({"i": i, "n": 400}) + "\n" for i in range(1, 401)))

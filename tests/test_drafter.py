@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from remote_payload.drafter import apply_rope, logits_topk, rope_cos_sin, visible
+from remote_payload.eval.drafter import apply_rope, logits_topk, rope_cos_sin, visible
 from tests.tiny_models import random_drafter, random_head, tiny_drafter_config
 
 ATOL = 1e-4
@@ -63,7 +63,7 @@ def test_fused_projections_equal_the_separate_ones_and_keep_the_weights():
 
 @pytest.mark.parametrize("m", [16, 37])  # whole groups; 3 groups with the last one padded
 def test_anchor_groups_equal_naive_across_prompts(m):
-    from remote_payload.drafter import ATTN_GROUP
+    from remote_payload.eval.drafter import ATTN_GROUP
     assert ATTN_GROUP < m or m == ATTN_GROUP
     cfg = tiny_drafter_config(sliding_window=7)
     model, head = random_drafter(cfg, seed=m), random_head(cfg)
@@ -261,7 +261,7 @@ def test_a_fresh_process_drafts_without_importing_sympy():
     import sys
     code = (
         "import sys, torch\n"
-        "from remote_payload.run import draft_all_anchors\n"
+        "from remote_payload.eval.run import draft_all_anchors\n"
         "from tests.tiny_models import random_drafter, random_head, tiny_drafter_config\n"
         "cfg = tiny_drafter_config(); model, head = random_drafter(cfg), random_head(cfg)\n"
         "feats = torch.randn(40, cfg.fc_in_features); ids = torch.randint(0, cfg.vocab_size - 1, (40,))\n"

@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from remote_payload import protocol
 from remote_payload.__main__ import main as payload_main
-from remote_payload.cache import CacheWriter
-from remote_payload.metrics import DEFINITIONS
-from remote_payload.target import tapped_features
+from remote_payload.contract import protocol
+from remote_payload.eval.cache import CacheWriter
+from remote_payload.eval.metrics import DEFINITIONS
+from remote_payload.eval.target import tapped_features
 from tests.tiny_models import (
     random_drafter,
     tiny_drafter_config,
@@ -247,8 +247,8 @@ def test_cache_from_another_tokenizer_is_refused(inputs, tmp_path, capsys):
 def test_walk_equals_online_greedy_decoding_round_by_round(trained_fixtures, tmp_path):
     """results.json's per-prompt acceptance lengths (batched teacher-forced drafting + index-hopping walk) equal
     an online greedy speculative decoder run round by round with the naive drafter (context recomputed)."""
-    from remote_payload.cache import open_cache
-    from remote_payload.checkpoint import load_drafter, load_target_head
+    from remote_payload.eval.cache import open_cache
+    from remote_payload.eval.checkpoint import load_drafter, load_target_head
     meta = json.loads((trained_fixtures / "fixtures.json").read_text())
     p = {k: trained_fixtures / v for k, v in meta["paths"].items() if isinstance(v, str)}
     rc, run_dir = run_eval(tmp_path, p["drafter_good"], p["target"], p["cache"], "--num-prompts", "3",
@@ -283,7 +283,7 @@ def test_num_prompts_beyond_the_cache_says_how_many_it_uses(inputs, tmp_path, ca
 
 
 def test_ctrl_c_in_a_standalone_eval_is_one_line_exit_103_and_status_cancelled(inputs, tmp_path, capsys, monkeypatch):
-    from remote_payload import run
+    from remote_payload.eval import run
 
     def interrupted(*a, **kw):
         raise KeyboardInterrupt

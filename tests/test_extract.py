@@ -1,4 +1,4 @@
-"""remote_payload.target: extraction on a tiny random Qwen3 target vs a direct forward."""
+"""remote_payload.eval.target: extraction on a tiny random Qwen3 target vs a direct forward."""
 from __future__ import annotations
 
 import json
@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from remote_payload import fixtures
 from remote_payload.__main__ import main as payload_main
-from remote_payload.cache import open_cache
+from remote_payload.eval.cache import open_cache
+from remote_payload.tools import fixtures
 
 LAYERS = [0, 2, 4]
 
@@ -123,7 +123,7 @@ def test_greedy_complete_on_a_hybrid_linear_attention_target():
     Incremental greedy decoding must equal a full recompute at every step."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    from remote_payload.target import greedy_complete
+    from remote_payload.eval.target import greedy_complete
     cfg = Qwen3_5TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                             num_key_value_heads=2, head_dim=8, vocab_size=64)
     assert "linear_attention" in cfg.layer_types
@@ -138,7 +138,7 @@ def test_greedy_complete_on_a_hybrid_linear_attention_target():
 
 
 def _extract(target, prompts, out, *extra, log=lambda line: None):
-    from remote_payload.target import extract
+    from remote_payload.eval.target import extract
     kw = {"max_new_tokens": 10, **dict(extra)}
     return extract(target, prompts, out, layer_ids=LAYERS, device="cpu", log=log, **kw)
 
@@ -195,7 +195,7 @@ def test_interrupted_extraction_resumes_and_never_reads_half_written(tiny_target
     # the same --out with other options refuses to mix two runs' prompts
     with pytest.raises(KeyboardInterrupt):
         _extract(target, prompts, tmp_path / "c2", log=stop_after_3)
-    from remote_payload.errors import PayloadError
+    from remote_payload.contract.errors import PayloadError
     with pytest.raises(PayloadError, match="started with other inputs"):
         _extract(target, prompts, tmp_path / "c2", ("max_new_tokens", 11))
 
@@ -204,7 +204,7 @@ def test_batched_greedy_on_a_hybrid_linear_attention_target_equals_batch_1():
     """Left padding must not leak into the linear-attention (recurrent) layers of Qwen3.5/3.6 targets."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    from remote_payload.target import greedy_complete, greedy_complete_batch
+    from remote_payload.eval.target import greedy_complete, greedy_complete_batch
     cfg = Qwen3_5TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                             num_key_value_heads=2, head_dim=8, vocab_size=64)
     torch.manual_seed(0)

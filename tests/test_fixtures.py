@@ -1,4 +1,4 @@
-"""remote_payload.fixtures: the trained tiny target/cache/drafters carry real signal and load through the
+"""remote_payload.tools.fixtures: the trained tiny target/cache/drafters carry real signal and load through the
 real loaders; the training loss's batched path agrees with the naive reference (values and gradients)."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from remote_payload import fixtures
-from remote_payload.cache import open_cache
-from remote_payload.checkpoint import load_drafter, load_target_head
-from remote_payload.drafter import DFlashDrafter, TargetHead
+from remote_payload.eval.cache import open_cache
+from remote_payload.eval.checkpoint import load_drafter, load_target_head
+from remote_payload.eval.drafter import DFlashDrafter, TargetHead
+from remote_payload.tools import fixtures
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from orchestrator.follow import FrameParser, follow
 from orchestrator.pull import extract_contract_files, pull
 from orchestrator.runs import load_follow_state
 from orchestrator.transport import SSHTransport
-from remote_payload import protocol
+from remote_payload.contract import protocol
 from tests.runtools import synced_local, synced_ssh, wait_lines, wait_status
 
 pytestmark = pytest.mark.usefixtures("runs_here")
@@ -95,7 +95,7 @@ def zombie_group():
 
 def _status_of(p, **kw) -> dict:
     """What the wrapper records for a group led by `p` (start time in this boot), plus `kw`."""
-    from remote_payload import runstate
+    from remote_payload.contract import runstate
     return {"state": "running", "pid": p.pid, "pgid": p.pid, "leader_start": runstate.start_time(p.pid),
             "boot_id": protocol.boot_id(), **kw}
 

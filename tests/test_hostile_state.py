@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import transport
-from remote_payload import protocol
+from remote_payload.contract import protocol
 from tests.runtools import reval
 
 REPO = Path(__file__).resolve().parents[1]

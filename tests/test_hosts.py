@@ -12,10 +12,11 @@ from rich.console import Console
 
 from orchestrator import cli
 from orchestrator.commands.hosts import check_table
-from orchestrator.hostcheck import HostCheck, exit_code, interpret, parse_nvidia_smi
+from orchestrator.hostcheck import HostCheck, exit_code, interpret
 from orchestrator.inventory import Host, VenvSpec, load_inventory
 from orchestrator.sync import sync_payload
 from orchestrator.transport import get_transport
+from remote_payload.contract.gpus import inventory as parse_nvidia_smi
 
 
 def run_cli(capsys, monkeypatch, *argv) -> tuple[int, str]:

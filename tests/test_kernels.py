@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from remote_payload.kernels import row_topk, topk_chunk, topk_chunked, topk_reference
+from remote_payload.eval.kernels import row_topk, topk_chunk, topk_chunked, topk_reference
 
 
 def sorted_ref(row: list[float], k: int) -> list[tuple[float, int]]:
@@ -59,7 +59,7 @@ def test_row_topk_argmax_is_the_first_maximum_and_chunking_is_chosen_only_when_i
 
 @pytest.mark.parametrize("k", [1, 9, 40])
 def test_topk_from_contiguous_chunk_maxima_equals_the_reference(k):
-    from remote_payload.kernels import topk_from_chunk_max
+    from remote_payload.eval.kernels import topk_from_chunk_max
     x = tricky_logits(9, 64 * 160, torch.bfloat16, k)
     cmax = x.float().view(9, 160, 64).amax(-1)  # what the Triton pass writes beside the logsumexp
     got, ref = topk_from_chunk_max(x, k, 64, cmax), topk_reference(x, k)
@@ -69,8 +69,8 @@ def test_topk_from_contiguous_chunk_maxima_equals_the_reference(k):
 def test_fused_rope_and_silu_decline_what_they_do_not_cover():
     """kernels.rope / silu_mul answer None (the caller runs the torch code) off CUDA, for a tensor of too few
     dimensions, and where a gradient is wanted; never an error."""
-    from remote_payload.drafter import apply_rope, rope_cos_sin
-    from remote_payload.kernels import rope, silu_mul
+    from remote_payload.eval.drafter import apply_rope, rope_cos_sin
+    from remote_payload.eval.kernels import rope, silu_mul
     cos, sin = rope_cos_sin(torch.arange(6), 8, 1e4)
     assert rope(torch.ones(8), cos[0], sin[0]) is None
     x = torch.randn(6, 2, 8, requires_grad=True)

@@ -15,7 +15,8 @@ import pytest
 from orchestrator.backends.ssh import describe, kill_run, launch, launch_script, normalize_gpus, run_state
 from orchestrator.errors import ConfigError
 from orchestrator.transport import SSHTransport, resolve_workdir
-from remote_payload import protocol, wrapper
+from remote_payload.contract import gpus, protocol
+from remote_payload.runtime import wrapper
 from tests.runtools import (
     fake_nvidia_smi,
     group_members,
@@ -77,7 +78,7 @@ def test_wrapper_term_to_group_is_cancelled_once(tmp_path):
     d.mkdir(parents=True)
     p = subprocess.Popen([sys.executable, "-m", "remote_payload", "wrap", "--run-dir", str(d), "--", sys.executable,
                           "-m", "remote_payload", "dummy", "--run-dir", str(d), "--lines", "500", "--interval-s", "0.05"],
-                         cwd=os.path.dirname(os.path.dirname(wrapper.__file__)), stdout=subprocess.DEVNULL,
+                         cwd=str(Path(wrapper.__file__).resolve().parents[2]), stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     try:
         wait_lines(d / "eval.log", 6)
@@ -96,9 +97,9 @@ def test_wrapper_term_to_group_is_cancelled_once(tmp_path):
 
 # -- GPU choice (fake nvidia-smi on PATH: a seam) -----------------------------------------------------------
 def test_parse_nvidia_smi_and_idle():
-    gpus = wrapper.parse_nvidia_smi("0, 5, 97871, 0\n1, 40000, 97871, 95\nbogus\n2, 3, 81920, [N/A]\n")
-    assert [(g.index, g.memory_used_mib) for g in gpus] == [(0, 5), (1, 40000), (2, 3)]
-    assert [wrapper.is_idle(g) for g in gpus] == [True, False, True]
+    rows = gpus.usage("0, 5, 97871, 0\n1, 40000, 97871, 95\nbogus\n2, 3, 81920, [N/A]\n")
+    assert [(g.index, g.memory_used_mib) for g in rows] == [(0, 5), (1, 40000), (2, 3)]
+    assert [wrapper.is_idle(g) for g in rows] == [True, False, True]
 
 
 def test_gpu_locks_never_shared_and_stale_lock_reclaimed(tmp_path, monkeypatch):
@@ -259,12 +260,12 @@ def test_launch_and_kill_over_ssh(ssh_hosts, tmp_path):
 def test_import_boundaries_of_the_run_path():
     """wrap/dummy/stream run where only a bare python is: stdlib + remote_payload only. The controller side of
     the run path never loads torch."""
-    code = ("import sys; import remote_payload.wrapper, remote_payload.dummy, remote_payload.stream\n"
+    code = ("import sys; import remote_payload.runtime.wrapper, remote_payload.runtime.dummy, remote_payload.runtime.stream\n"
             "bad = sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)"
             " - {'remote_payload', '__main__', '_virtualenv', '__editable___reval_0_1_0_finder'})\n"
             "print(','.join(bad))")
     p = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True,
-                       cwd=os.path.dirname(os.path.dirname(wrapper.__file__)))
+                       cwd=str(Path(wrapper.__file__).resolve().parents[2]))
     assert p.stdout.strip() == ""
     code = ("import sys; import orchestrator.commands.run, orchestrator.commands.runs, benchmarks.bench_run, reval\n"
             "print('torch' in sys.modules, 'transformers' in sys.modules)")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 from tests.runtools import group_members, reval, wait_lines
 
 ROOT = Path(__file__).resolve().parents[1]

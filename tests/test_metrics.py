@@ -1,4 +1,4 @@
-"""remote_payload.metrics: walks, aggregates and DDTree on scripted drafts with hand-computed numbers,
+"""remote_payload.eval.metrics: walks, aggregates and DDTree on scripted drafts with hand-computed numbers,
 and "two implementations agree" checks (brute force == heap == vectorised torch)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from remote_payload import metrics as m
+from remote_payload.eval import metrics as m
 from tests.samples import random_targets, sorted_logprobs
 
 

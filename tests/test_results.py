@@ -1,4 +1,4 @@
-"""The results.json schema (remote_payload/results.py): what the payload writes is what the orchestrator reads;
+"""The results.json schema (remote_payload/contract/results.py): what the payload writes is what the orchestrator reads;
 old files load; a broken file is one line naming the file and the field; the docs are generated from it."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator import cli, compare
-from remote_payload import results as R
-from remote_payload import results_docs
 from remote_payload.__main__ import main as payload_main
+from remote_payload.contract import results as R
+from remote_payload.tools import results_docs
 from tests.conftest import check_results_roundtrip
 from tests.resultsgen import make_results, write_run
 
@@ -22,7 +22,7 @@ OLD = ROOT / "tests" / "data" / "results-v1.json"  # written by the payload befo
 
 def test_docs_are_generated_from_the_schema():
     assert (ROOT / "docs" / "results.md").read_text() == results_docs.markdown(), \
-        "docs/results.md is stale: python -m remote_payload.results_docs > docs/results.md"
+        "docs/results.md is stale: python -m remote_payload.tools.results_docs > docs/results.md"
     text = results_docs.markdown()
     for name in ("target.tied", "config_matches_cache", "position_accuracy_anchors", "hints", "top_draft_token",
                  "causal_in_block", "content_hash"):
@@ -110,7 +110,7 @@ def test_unknown_future_fields_are_kept():
 def test_the_eval_writes_the_schema_with_per_layer_attention(trained_fixtures, tmp_path):
     """A real eval (trained fixtures): results.json is the current schema, round-trips exactly, and records
     the attention each drafter layer used, which is part of the comparability key."""
-    from remote_payload.checkpoint import peek_config  # the drafter's own config.json
+    from remote_payload.eval.checkpoint import peek_config  # the drafter's own config.json
 
     drafter = trained_fixtures / "drafter-good"
     run_dir = tmp_path / "runs" / "good"

@@ -11,7 +11,7 @@ import pytest
 from orchestrator import cli
 from orchestrator.commands import run as run_cmd
 from orchestrator.commands import runs as runs_cmd
-from remote_payload import protocol
+from remote_payload.contract import protocol
 from tests.runtools import group_members, reval, wait_lines
 
 FAST = ["--", "--lines", "5", "--interval-s", "0"]
@@ -212,8 +212,8 @@ def random_eval_inputs(tmp_path_factory):
 
     import torch
 
-    from remote_payload import fixtures
     from remote_payload.__main__ import main as payload_main
+    from remote_payload.tools import fixtures
     from tests.tiny_models import random_drafter, tiny_drafter_config, write_zlab_drafter
     d = tmp_path_factory.mktemp("eval-inputs")
     tok = fixtures.train_tokenizer(random.Random(0))

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from remote_payload.checkpoint import sha256_files
-from remote_payload.errors import CheckpointError
-from remote_payload.safetensors_io import read_header, read_tensors
+from remote_payload.contract.errors import CheckpointError
+from remote_payload.eval.checkpoint import sha256_files
+from remote_payload.eval.safetensors_io import read_header, read_tensors
 
 
 # staged=True on the CPU runs the CUDA path's double-buffered staging logic (unpinned, no events); 100-byte

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from orchestrator.backends.ssh import kill_run, list_runs, run_state
-from remote_payload import protocol, runstate
+from remote_payload.contract import protocol, runstate
 from tests.runtools import group_members, synced_local, synced_ssh, wait_status
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")

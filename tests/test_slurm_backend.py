@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import cli, transport
-from remote_payload import protocol
+from remote_payload.contract import protocol
 from tests import slurm as slurm_mod
 from tests import sshd
 from tests.runtools import wait_lines

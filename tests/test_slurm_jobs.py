@@ -12,7 +12,7 @@ import pytest
 from orchestrator import slurmjobs
 from orchestrator.inventory import SlurmSpec
 from orchestrator.slurmjobs import JobInfo, Task, batch_script, parse_scontrol, parse_squeue, verdict
-from remote_payload import protocol
+from remote_payload.contract import protocol
 from tests.hostsyaml import error_of, parse
 from tests.slurm import wait_state
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from orchestrator import intervals, stats
-from remote_payload.results import Result
+from remote_payload.contract.results import Result
 
 OLD = Path(__file__).resolve().parent / "data" / "results-v1.json"   # a real eval's results.json (4 prompts)
 # per-prompt tau of the seeds' 10-prompt z-lab run (SD 2.3 over prompts, the issue's numbers)

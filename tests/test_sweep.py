@@ -21,7 +21,7 @@ import pytest
 from orchestrator import cli, compare, ledger, stats, sweep
 from orchestrator.errors import ConfigError, RunNotFound
 from orchestrator.inventory import load_inventory
-from remote_payload import protocol
+from remote_payload.contract import protocol
 from tests.resultsgen import write_run
 from tests.runtools import synced_local
 from tests.sweeptools import DUMMY, local_inventory, make_checkpoints, opts

@@ -172,10 +172,10 @@ def test_sync_local_host_real_payload(tmp_path, monkeypatch):
     h = inv.get("local")
     r = sync_payload(get_transport(h), h)
     assert r.files_changed == r.files_total > 3
-    assert (tmp_path / ".reval/local/payload/remote_payload/protocol.py").is_file()
+    assert (tmp_path / ".reval/local/payload/remote_payload/contract/protocol.py").is_file()
     assert "torch" in (tmp_path / ".reval/local/payload/requirements.txt").read_text()
     # runs import the synced copy from <workdir>/payload
-    out = subprocess.run([sys.executable, "-c", "import remote_payload.protocol as p; print(p.__file__)"],
+    out = subprocess.run([sys.executable, "-c", "import remote_payload.contract.protocol as p; print(p.__file__)"],
                          cwd=tmp_path / ".reval/local/payload", capture_output=True, text=True, check=False)
     assert out.stdout.startswith(str(tmp_path))
     assert ensure_env(get_transport(h), h).python == sys.executable

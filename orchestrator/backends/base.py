@@ -14,10 +14,10 @@ A backend knows, for one inventory host:
   - `cancel(name, grace_s=, known=)`: stop it (TERM, wait, KILL for a process group; scancel for a job),
     each only after the host proves it is the run's, and record `cancelled`; returns the final RunState.
   - `stream_command(...)`: the remote command whose stdout is the framed live stream of a run's files
-    (remote_payload/stream.py), resumable at byte offsets; `pull(name)`: copy the contract files to
+    (remote_payload/runtime/stream.py), resumable at byte offsets; `pull(name)`: copy the contract files to
     runs/<host>/<run>/.
 
-The run directory contract (remote_payload/protocol.py) is the same for every backend: the wrapper owns
+The run directory contract (remote_payload/contract/protocol.py) is the same for every backend: the wrapper owns
 status.json wherever it runs, so following, pulling and the state vocabulary never depend on the backend.
 A scheduler backend runs the wrapper with `--gpus scheduler`: the GPUs the scheduler assigned
 (CUDA_VISIBLE_DEVICES already set) are kept as they are, never chosen, locked or blanked.
@@ -118,7 +118,7 @@ class Backend(ABC):
         caller just probed it (one probe, not two; the host still proves the job is the run's before a signal)."""
 
     def stream_command(self, name: str, *, python: str, log_offset: int, events_offset: int) -> str:
-        """The remote command streaming the run's files (framed; remote_payload/stream.py)."""
+        """The remote command streaming the run's files (framed; remote_payload/runtime/stream.py)."""
         from ..follow import stream_command
         return stream_command(self.workdir(), python, self.run_dir(name), log_offset, events_offset)
 

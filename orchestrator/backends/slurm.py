@@ -18,7 +18,7 @@ import re
 import secrets
 import time
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 from .. import slurmjobs
 from ..errors import ConfigError, RevalError, RunNotFound

@@ -1,13 +1,13 @@
 """The SSH backend (also the `local` host: a folder, no SSH): today's way of running, behind the seam of
 base.py. Its transport is transport.py (OpenSSH + ControlMaster, or the local shell). This module starts
-runs (below) and probes them (status / ls / kill: remote_payload/runstate.py fed to the host's python, one
+runs (below) and probes them (status / ls / kill: remote_payload/contract/runstate.py fed to the host's python, one
 round trip each).
 
 Start a run detached on a host: one remote shell script (one SSH round trip) that claims the run name
 (`mkdir` is atomic, so a used name is refused), stages run.json, and starts the payload's wrapper with
 `setsid nohup ... &` (no PTY; it survives the SSH connection), then waits for the wrapper's status.json.
 
-GPU choice happens on the host, inside the wrapper (remote_payload/wrapper.py): nvidia-smi, idle GPUs
+GPU choice happens on the host, inside the wrapper (remote_payload/runtime/wrapper.py): nvidia-smi, idle GPUs
 only, an flock per GPU under <workdir>/locks/ holding the run name + pid. Choosing and locking in the
 same process on the same machine is what makes two concurrent launches unable to share a GPU.
 """
@@ -18,7 +18,7 @@ import math
 import re
 from pathlib import Path
 
-from remote_payload import protocol, runstate
+from remote_payload.contract import protocol, runstate
 
 from ..errors import ConfigError, HostUnreachable, RevalError, RunExists, RunNotFound
 from ..inventory import Host
@@ -181,7 +181,7 @@ def describe(info: Launch, requested_gpus: str) -> str:
 # -- probes: status / ls / kill, one remote script each (moved from runs.py) ------------------------------
 # The host-side half of status/ls/kill: a stdlib-only script fed to the host's python on stdin (so it works
 # whatever payload version is synced there). It parses status.json as JSON and counts a process group as the
-# run's only when a live member proves it (remote_payload/runstate.py); it prints one JSON object a line.
+# run's only when a live member proves it (remote_payload/contract/runstate.py); it prints one JSON object a line.
 _RUNSTATE_SRC = Path(runstate.__file__).read_text(encoding="utf-8")
 
 
@@ -190,7 +190,7 @@ def _host_python(transport: Transport) -> str:
 
 
 def _runstate(transport: Transport, *args: str, timeout_s: float = 60) -> list[dict]:
-    """Run remote_payload/runstate.py on the host with `args`; its JSON lines (pure parse, damage skipped)."""
+    """Run remote_payload/contract/runstate.py on the host with `args`; its JSON lines (pure parse, damage skipped)."""
     cmd = f"{q(_host_python(transport))} - {' '.join(q(a) for a in args)}"
     out = transport.run(cmd, input=_RUNSTATE_SRC, timeout_s=timeout_s).stdout
     recs = []
@@ -242,7 +242,7 @@ def list_runs(transport: Transport) -> list[RunState]:
 def kill_run(transport: Transport, run: str, *, grace_s: float = 10.0, known: RunState | None = None) -> RunState:
     """TERM the run's process group, wait up to grace_s, then KILL; confirm it is gone; status cancelled.
     Only a group that proves, on the host and right before each signal, that it is the run's is signalled
-    (remote_payload/runstate.py): a damaged status.json or a reused pgid gets no signal. `known`: the state the
+    (remote_payload/contract/runstate.py): a damaged status.json or a reused pgid gets no signal. `known`: the state the
     caller just probed (saves a round trip; the kill script reads status.json again on the host)."""
     state = known if known is not None else run_state(transport, run)
     if state is None:

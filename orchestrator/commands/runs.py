@@ -8,8 +8,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from remote_payload import protocol
-from remote_payload.results import Result
+from remote_payload.contract import protocol
+from remote_payload.contract.results import Result
 
 from .. import lifecycle, logs, output, report
 from ..argparsing import positive_int, seconds

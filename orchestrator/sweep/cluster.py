@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 from ..backends.base import GPUS_SCHEDULER, Submission
 from ..errors import HostUnreachable, RevalError

@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from remote_payload.contenthash import content_hash as local_content_hash
+from remote_payload.contract.contenthash import content_hash as local_content_hash
 
 from .. import compare
 from ..errors import ConfigError, RevalError
@@ -57,7 +57,7 @@ def list_script(d: str, pattern: str) -> str:
 
 def hash_command(payload_dir: str, python: str, paths: list[str]) -> str:
     """Remote shell: the payload's `hash` sub-command over `paths` (pure): `<hash><TAB><path>` per path, the
-    scheme the eval records in results.json (remote_payload/contenthash.py; `local_content_hash` here)."""
+    scheme the eval records in results.json (remote_payload/contract/contenthash.py; `local_content_hash` here)."""
     return (f"cd {q(payload_dir)} && exec {q(python)} -m remote_payload hash -- "
             + " ".join(q(p) for p in paths))
 

@@ -11,7 +11,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 from ..argparsing import duration_s
 from ..errors import ConfigError

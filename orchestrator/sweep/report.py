@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 from .. import compare, intervals, stats
 from ..errors import EXIT_EVAL_FAILED, EXIT_OK, EXIT_PARTIAL, RevalError

@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from remote_payload import protocol
+from remote_payload.contract import protocol
 
 from .. import compare, lifecycle, runs
 from ..backends.ssh import NoFreeGpu

@@ -10,6 +10,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from remote_payload.contract import gpus
+
 from .. import hostcheck
 from ..backends import get_backend
 from ..backends import ssh as launch
@@ -43,7 +45,7 @@ class HostSession:
         return self.slots != ["none"]
 
 
-_FINGERPRINT_PY = ("import sys; from remote_payload.cache import open_cache; "
+_FINGERPRINT_PY = ("import sys; from remote_payload.eval.cache import open_cache; "
                    "print(open_cache(sys.argv[1]).fingerprint)")
 _GPU_LIST_SH = (f"command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi {' '.join(hostcheck.NVIDIA_SMI_QUERY)} "
                 "2>/dev/null; true")
@@ -57,7 +59,7 @@ def gpu_slots(nvidia_smi_csv: str, spec: str) -> list[str]:
         return ["none"]
     if spec != "auto":
         return spec.split(",")
-    return ["auto"] * len(hostcheck.parse_nvidia_smi(nvidia_smi_csv)) or ["none"]
+    return ["auto"] * len(gpus.inventory(nvidia_smi_csv)) or ["none"]
 
 
 def retrying(fn, *, retries: int, backoff_s: float, what: str, on_retry=None):

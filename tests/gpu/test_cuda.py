@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from remote_payload import metrics as m
 from remote_payload.__main__ import main as payload_main
-from remote_payload.safetensors_io import read_header, read_tensors
+from remote_payload.eval import metrics as m
+from remote_payload.eval.safetensors_io import read_header, read_tensors
 from tests.samples import random_targets, sorted_logprobs
 
 assert torch.cuda.is_available(), "tests/gpu needs a CUDA device (run it with make test-gpu on a GPU host)"
@@ -55,8 +55,8 @@ def test_eval_on_cuda_fp32_equals_cpu_and_bf16_is_close(trained_fixtures, tmp_pa
 
 @pytest.mark.parametrize("triton", ["0", "1"])
 def test_fused_logsumexp_equals_torch(triton, monkeypatch):
-    from remote_payload import kernels
-    from remote_payload.kernels import fast_kernels_enabled, row_logsumexp
+    from remote_payload.eval import kernels
+    from remote_payload.eval.kernels import fast_kernels_enabled, row_logsumexp
     monkeypatch.setenv("REVAL_TRITON", triton)
     assert kernels._use_triton() == (triton == "1")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -69,7 +69,7 @@ def test_fused_logsumexp_equals_torch(triton, monkeypatch):
 
 
 def test_logits_topk_fast_path_equals_torch_path(monkeypatch):
-    from remote_payload.drafter import TargetHead, logits_topk
+    from remote_payload.eval.drafter import TargetHead, logits_topk
     g = torch.Generator(device="cuda").manual_seed(1)
     H, V = 256, 30011
     head = TargetHead(embed=torch.randn(V, H, generator=g, device="cuda").bfloat16(),
@@ -113,7 +113,7 @@ def test_eval_fast_kernels_equal_torch_kernels_in_bf16(trained_fixtures, tmp_pat
 
 
 def test_fused_rmsnorm_equals_the_reference_within_one_bf16_step(monkeypatch):
-    from remote_payload.drafter import RMSNorm
+    from remote_payload.eval.drafter import RMSNorm
     g = torch.Generator(device="cuda").manual_seed(2)
     norm = RMSNorm(5120, 1e-6).cuda().bfloat16()
     norm.weight.data = (torch.rand(5120, generator=g, device="cuda") + 0.5).bfloat16()
@@ -143,7 +143,7 @@ def test_fused_projections_on_cuda_equal_the_separate_ones():
 
 
 def test_chunked_topk_on_cuda_equals_the_reference_at_the_27b_vocabulary():
-    from remote_payload.kernels import topk_chunk, topk_chunked, topk_reference
+    from remote_payload.eval.kernels import topk_chunk, topk_chunked, topk_reference
     from tests.test_kernels import tricky_logits
     V, k = 248320, 512
     chunk = topk_chunk(V, k)
@@ -158,7 +158,7 @@ def test_chunked_topk_on_cuda_equals_the_reference_at_the_27b_vocabulary():
 
 @pytest.mark.parametrize("triton", ["0", "1"])
 def test_lse_topk_with_and_without_triton_equals_the_references(triton, monkeypatch):
-    from remote_payload import kernels
+    from remote_payload.eval import kernels
     from tests.test_kernels import tricky_logits
     monkeypatch.setenv("REVAL_TRITON", triton)
     V, k = 248320, 512
@@ -175,8 +175,8 @@ def test_lse_topk_with_and_without_triton_equals_the_references(triton, monkeypa
 def test_drafting_on_several_streams_equals_one_stream(monkeypatch):
     """Batches alternate between two streams and the DDTree runs on a third, prompts queued ahead as the eval
     does: the same numbers as everything on one stream (REVAL_STREAMS=1), bit for bit."""
-    from remote_payload.anchors import enqueue_anchors
-    from remote_payload.kernels import plan
+    from remote_payload.eval.anchors import enqueue_anchors
+    from remote_payload.eval.kernels import plan
     from tests.tiny_models import random_drafter, random_head, tiny_drafter_config
     cfg = tiny_drafter_config(hidden_size=512, intermediate_size=1024, sliding_window=64, vocab_size=32768,
                               max_position_embeddings=4096)
@@ -208,8 +208,8 @@ def test_drafting_on_several_streams_equals_one_stream(monkeypatch):
 def test_triton_rope_equals_apply_rope_bit_for_bit(monkeypatch):
     """The fused RoPE (one pass) gives apply_rope's bf16 numbers exactly, at the 27B shapes (32 query and 8 key
     heads of 128) and positions up to the context limit."""
-    from remote_payload import kernels
-    from remote_payload.drafter import apply_rope, rope_cos_sin
+    from remote_payload.eval import kernels
+    from remote_payload.eval.drafter import apply_rope, rope_cos_sin
     monkeypatch.setenv("REVAL_TRITON", "1")
     g = torch.Generator(device="cuda").manual_seed(9)
     pos = torch.randint(0, 262144, (2, 64, 16), generator=g, device="cuda")
@@ -225,7 +225,7 @@ def test_triton_rope_equals_apply_rope_bit_for_bit(monkeypatch):
 
 
 def test_triton_silu_mul_equals_torch_bit_for_bit(monkeypatch):
-    from remote_payload import kernels
+    from remote_payload.eval import kernels
     monkeypatch.setenv("REVAL_TRITON", "1")
     g = torch.Generator(device="cuda").manual_seed(10)
     gu = (torch.randn(2048, 2 * 17408, generator=g, device="cuda") * 6).bfloat16()

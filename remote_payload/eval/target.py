@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from remote_payload.cache import Cache, CacheWriter, open_cache, parse_layer_ids
-from remote_payload.devices import resolve_device_dtype
-from remote_payload.errors import PayloadError
+from remote_payload.contract.errors import PayloadError
+from remote_payload.eval.cache import Cache, CacheWriter, open_cache, parse_layer_ids
+from remote_payload.eval.devices import resolve_device_dtype
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
@@ -280,7 +280,7 @@ def layers_arg(layers: str | None, for_drafter: str | None) -> list[int]:
     if not for_drafter:
         raise PayloadError("extract needs the tapped layers: --layers 1,16,31,46,61, or --for-drafter PATH to take "
                            "the drafter's target_layer_ids")
-    from .checkpoint import load_drafter, peek_config
+    from remote_payload.eval.checkpoint import load_drafter, peek_config
     cfg = peek_config(for_drafter) or load_drafter(for_drafter)[0].cfg  # .pt: its config is inside the file
     return list(cfg.target_layer_ids)
 

@@ -13,10 +13,10 @@ import json
 import sys
 from pathlib import Path
 
-from . import protocol
-from .config import DrafterConfig, add_allow_unknown, check_features
-from .contenthash import INDEX_JSON, SINGLE_SAFETENSORS, content_files
-from .errors import PayloadError
+from remote_payload.contract import protocol
+from remote_payload.contract.contenthash import INDEX_JSON, SINGLE_SAFETENSORS, content_files
+from remote_payload.contract.errors import PayloadError
+from remote_payload.eval.config import DrafterConfig, add_allow_unknown, check_features
 
 CACHE_JSON, SEEDS_JSON, SEEDS_LAYERS_JSON = "cache.json", "completions.json", "layers.json"  # = cache.py's
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from remote_payload.errors import PayloadError
+from remote_payload.contract.errors import PayloadError
 
 FIXTURES_JSON = "fixtures.json"
 SPECIALS = ["<|pad|>", "<|eos|>", "<|mask|>", "<|unk|>"]
@@ -221,7 +221,7 @@ def training_features(target, tok, r: Recipe, n: int = 256) -> tuple[torch.Tenso
 
 
 def drafter_config(r: Recipe, vocab_size: int, mask_id: int, n_fc: int):
-    from remote_payload.config import DrafterConfig
+    from remote_payload.eval.config import DrafterConfig
     return DrafterConfig(
         hidden_size=r.hidden_size, intermediate_size=r.intermediate_size, num_attention_heads=r.heads,
         num_key_value_heads=r.kv_heads, head_dim=r.hidden_size // r.heads, num_hidden_layers=r.drafter_layers,
@@ -248,7 +248,7 @@ def train_drafter(r: Recipe, cfg, head, ids, feats, steps: int, save_at, log) ->
     """AdamW on random anchors; `save_at(step, drafter)` at step 0 and every drafter_ckpt_every steps.
 
     Returns {step: mean training loss over the steps since the previous checkpoint}."""
-    from remote_payload.drafter import DFlashDrafter
+    from remote_payload.eval.drafter import DFlashDrafter
     torch.manual_seed(r.seed + 10)
     g = torch.Generator().manual_seed(r.seed + 11)
     drafter = DFlashDrafter(cfg)
@@ -279,7 +279,7 @@ def train_drafter(r: Recipe, cfg, head, ids, feats, steps: int, save_at, log) ->
 def drafter_quality(drafter, head, cache_dir: Path) -> dict:
     """Teacher-forced over every completion anchor of the cache: position-1 accuracy and the mean
     acceptance length incl. bonus (LCP of drafts vs the greedy continuation, + 1)."""
-    from remote_payload.cache import open_cache
+    from remote_payload.eval.cache import open_cache
     cache = open_cache(cache_dir)
     hits, accept = [], []
     for i, p in enumerate(cache.prompts):
@@ -321,8 +321,8 @@ def write_pt(path: Path, cfg, drafter, step: int) -> None:
 def recipe_hash(r: Recipe) -> str:
     """The recipe plus the sources that decide what gets trained (this module and the drafter's math)."""
     h = hashlib.sha256(r.hash().encode())
-    for mod in ("fixtures.py", "drafter.py"):
-        h.update((Path(__file__).parent / mod).read_bytes())
+    for mod in ("tools/fixtures.py", "eval/drafter.py"):
+        h.update((Path(__file__).parents[1] / mod).read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -362,8 +362,8 @@ def _existing(out: Path) -> dict | None:
 def _build_into(d: Path, r: Recipe, rh: str, log) -> dict:
     from transformers.utils import logging as hf_logging
 
-    from remote_payload.drafter import TargetHead
-    from remote_payload.target import extract
+    from remote_payload.eval.drafter import TargetHead
+    from remote_payload.eval.target import extract
     t0 = time.time()
     threads = torch.get_num_threads()
     torch.set_num_threads(r.threads)
@@ -399,7 +399,7 @@ def _build_into(d: Path, r: Recipe, rh: str, log) -> dict:
                 write_pt(d / pt_path, pt_cfg, drafter, step)
         pt_loss = train_drafter(r, pt_cfg, head, ids, feats, r.pt_drafter_steps, save_pt, log)
 
-        from remote_payload.checkpoint import load_drafter
+        from remote_payload.eval.checkpoint import load_drafter
         quality = {"target_accuracy": round(acc, 4),
                    "drafter_loss": {str(s): round(v, 4) for s, v in good_loss.items()},
                    "drafter_pt_loss": {str(s): round(v, 4) for s, v in pt_loss.items()},

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import runstate
+from remote_payload.contract import runstate
 
 PROTOCOL_VERSION = 1
-RESULTS_SCHEMA = "reval.results/2"  # remote_payload/results.py (the schema); /1 files still load
+RESULTS_SCHEMA = "reval.results/2"  # remote_payload/contract/results.py (the schema); /1 files still load
 # Bump when any metric definition changes: runs with different versions are not comparable.
 METRICS_VERSION = "dflash-metrics/1"
 
@@ -147,6 +147,6 @@ boot_id = runstate.boot_id
 
 def run_alive(status) -> bool:
     """Is the run of this status.json still running? Only a live process group that proves it is the run's
-    counts (remote_payload/runstate.py: pgid > 1, same boot, the leader's recorded start time or the run id in
+    counts (remote_payload/contract/runstate.py: pgid > 1, same boot, the leader's recorded start time or the run id in
     a member's environment); zombies do not. The controller's probes run the same module on the host."""
     return runstate.run_alive(status)

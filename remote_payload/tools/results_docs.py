@@ -1,5 +1,5 @@
-"""docs/results.md, generated from the results.json schema (remote_payload/results.py):
-`python -m remote_payload.results_docs > docs/results.md` (a test fails when the file is stale)."""
+"""docs/results.md, generated from the results.json schema (remote_payload/contract/results.py):
+`python -m remote_payload.tools.results_docs > docs/results.md` (a test fails when the file is stale)."""
 from __future__ import annotations
 
 import types
@@ -7,7 +7,7 @@ import typing
 from dataclasses import MISSING, fields
 from typing import Any
 
-from .results import (
+from remote_payload.contract.results import (
     SCHEMA,
     CacheInfo,
     Comparability,
@@ -38,8 +38,8 @@ def markdown() -> str:
     """docs/results.md, generated from the dataclasses above."""
     out = [f"# results.json (schema `{SCHEMA}`)", "",
            "Written once, atomically, by the payload at the end of a successful eval; read back by the orchestrator",
-           "through the same classes (`remote_payload/results.py`), and generated from them:",
-           "`python -m remote_payload.results_docs > docs/results.md`.", "",
+           "through the same classes (`remote_payload/contract/results.py`), and generated from them:",
+           "`python -m remote_payload.tools.results_docs > docs/results.md`.", "",
            "- A field marked *required* must be present (its value may still be null where the type allows it);",
            "  a missing one is a one-line error naming the file and the field.",
            "- Unknown fields are kept and ignored, so a newer payload's additions do not break an older reval.",

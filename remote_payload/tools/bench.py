@@ -29,13 +29,13 @@ from pathlib import Path
 
 import torch
 
-from . import kernels, metrics
-from .anchors import draft_all_anchors, enqueue_anchors
-from .checkpoint import sha256_files
-from .config import DrafterConfig
-from .devices import resolve_device_dtype
-from .drafter import DFlashDrafter
-from .run import load_weights
+from remote_payload.eval import kernels, metrics
+from remote_payload.eval.anchors import draft_all_anchors, enqueue_anchors
+from remote_payload.eval.checkpoint import sha256_files
+from remote_payload.eval.config import DrafterConfig
+from remote_payload.eval.devices import resolve_device_dtype
+from remote_payload.eval.drafter import DFlashDrafter
+from remote_payload.eval.run import load_weights
 
 PRESETS = {
     "27b": {"hidden_size": 5120, "intermediate_size": 17408, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -288,11 +288,11 @@ def main(args: argparse.Namespace) -> int:
         rows.append(naive)
         only = set(args.only.split(",")) if args.only else None
         if (only and "process" in only) or (not only and dev.type == "cuda"):  # minutes on a CPU
-            from .bench_process import bench_process
+            from remote_payload.tools.bench_process import bench_process
             rows += bench_process(ddir, tdir, cfg, dev, dtype, rows[0].seconds, Path(tmp))
             print("  done: process", flush=True)
         if (only and "extract" in only) or (not only and dev.type == "cuda"):
-            from .bench_extract import bench_extract
+            from remote_payload.tools.bench_extract import bench_extract
             rows += bench_extract(dev, dtype)
             print("  done: extract", flush=True)
         for name, prompts, blocks, plen, comp in SCENARIOS[preset]:

@@ -14,7 +14,13 @@ import time
 
 import torch
 
-from .target import batches, greedy_complete, greedy_complete_batch, tapped_features, tapped_features_batch
+from remote_payload.eval.target import (
+    batches,
+    greedy_complete,
+    greedy_complete_batch,
+    tapped_features,
+    tapped_features_batch,
+)
 
 QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "rope_theta": 1e6,
@@ -39,7 +45,7 @@ def _sync(dev: torch.device) -> None:
 
 
 def bench_extract(dev: torch.device, dtype: torch.dtype) -> list:
-    from .bench import Row
+    from remote_payload.tools.bench import Row
     cfg, n_batched, n_single, new, layers = SETUPS["cuda" if dev.type == "cuda" else "cpu"]
     model = random_target(cfg, dev, dtype)
     g = torch.Generator().manual_seed(0)

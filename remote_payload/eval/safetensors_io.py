@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from remote_payload.errors import CheckpointError
+from remote_payload.contract.errors import CheckpointError
 
 NOTHING_DONE = "Nothing was evaluated."
 STAGING_BYTES = 128 << 20  # per staging buffer (two of them, pinned, on CUDA)

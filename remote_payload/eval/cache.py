@@ -35,8 +35,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from remote_payload.checkpoint import torch_load_cpu
-from remote_payload.errors import FeatureMismatchError, PayloadError
+from remote_payload.contract.errors import FeatureMismatchError, PayloadError
+from remote_payload.eval.checkpoint import torch_load_cpu
 
 CACHE_FORMAT = "reval.cache/1"
 CACHE_JSON = "cache.json"

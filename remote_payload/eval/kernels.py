@@ -30,7 +30,7 @@ def _load_triton():
     global _triton
     if _triton is None:
         try:
-            from . import triton_kernels
+            from remote_payload.eval import triton_kernels
         except ImportError:
             _triton = False
             return _triton

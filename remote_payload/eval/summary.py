@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import metrics
+from remote_payload.eval import metrics
 
 # Health guards (the seeds' harness printed "Loaded" and then drafted gibberish at 0.000 accuracy).
 SUSPECT_POS1_ACCURACY = 0.05
@@ -34,7 +34,7 @@ def assess_health(m: dict, drafts: np.ndarray, targets: np.ndarray, tok, rep) ->
 
 
 def _decode(tok, ids) -> str:
-    from .run import decode  # the eval's decoding (tokenizer or ids)
+    from remote_payload.eval.run import decode  # the eval's decoding (tokenizer or ids)
     return decode(tok, ids)
 
 

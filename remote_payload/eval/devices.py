@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import PayloadError
+from remote_payload.contract.errors import PayloadError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

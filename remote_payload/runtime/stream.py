@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import protocol
+from remote_payload.contract import protocol
 
 
 def add_arguments(p) -> None:

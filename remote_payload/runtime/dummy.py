@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import protocol
-from .results import Result
+from remote_payload.contract import protocol
+from remote_payload.contract.results import Result
 
 BLOCK_SIZE = 16
 

@@ -10,7 +10,7 @@ and lenient where it can be:
     res = Result.load("runs/gpu1/step4000/results.json")
     res.metrics.tau, res.per_prompt[0].acceptance_lengths, res.health.suspect, res.drafter.attention
 
-`docs/results.md` is generated from these classes (`python -m remote_payload.results_docs > docs/results.md`;
+`docs/results.md` is generated from these classes (`python -m remote_payload.tools.results_docs > docs/results.md`;
 a test fails when the two differ).
 """
 # ruff: noqa: RUF009 — `doc(...)` is dataclasses.field(...) with the field's documentation
@@ -26,7 +26,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .protocol import RESULTS_SCHEMA as SCHEMA
+from remote_payload.contract.protocol import RESULTS_SCHEMA as SCHEMA
 
 SCHEMA_VERSION = int(SCHEMA.rsplit("/", 1)[1])
 _SCHEMA_RE = re.compile(r"^reval\.results/(\d+)$")
@@ -77,14 +77,14 @@ class Drafter(Record):
     step: int | None = doc("training step, when the checkpoint records one")
     content_hash: str = doc("checkpoint content hash `sha256-64MiB-tree:<hex>` over the files that decide "
                             "the drafter (config.json and the weight files the loader reads; "
-                            "remote_payload/contenthash.py): the same hash the sweep ledger records")
+                            "remote_payload/contract/contenthash.py): the same hash the sweep ledger records")
     target_layer_ids: list[int] = doc("target layers the drafter was trained on")
     fc_layer_ids: list[int] = doc("target layers its fc input reads from the cache")
     num_parameters: int = doc("parameters loaded")
     attention: list[LayerAttention] | None = doc(
         "per drafter layer, the attention the eval used (window, causal inside the block), resolved from "
         "layer_types / dflash_config.use_swa / swa_window_size / causal / is_causal as vLLM's DFlash loader "
-        "does (remote_payload/config.py); part of the comparability key. Absent in files written before "
+        "does (remote_payload/eval/config.py); part of the comparability key. Absent in files written before "
         "reval.results/2", None)
     mask_embedding: str | None = doc("the mask_embedding.pt that replaced embed_tokens[mask_token_id] in the "
                                      "drafted block; null: none", None)
@@ -237,7 +237,7 @@ class Result(Record):
     cache: CacheInfo = doc("the hidden-state cache")
     options: Options = doc("eval options")
     comparability: Comparability = doc("what must be equal for two runs to be ranked against each other")
-    definitions: dict[str, str] = doc("the exact definition of every metric (remote_payload/metrics.py)")
+    definitions: dict[str, str] = doc("the exact definition of every metric (remote_payload/eval/metrics.py)")
     metrics: Metrics = doc("the headline numbers over all prompts")
     per_prompt: list[PromptResult] = doc("per prompt, in cache order (confidence intervals are computed from these)")
     health: Health = doc("guards against a broken load")

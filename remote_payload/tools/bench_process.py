@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from .cache import CacheWriter
-from .config import DrafterConfig
+from remote_payload.eval.cache import CacheWriter
+from remote_payload.eval.config import DrafterConfig
 
 # the knobs' effect, one run each: each warm-up mode (anchors.warmup_mode); Triton's kernels (and start) forced on
 VARIANTS = [("REVAL_WARMUP=off", {"REVAL_WARMUP": "off"}), ("REVAL_TRITON=1", {"REVAL_TRITON": "1"})]
@@ -34,7 +34,7 @@ SEEDS_RUN = {"prompts": 10, "prompt_len": 60, "completion": 480, "max_blocks": 3
 
 def write_cache(cfg: DrafterConfig, root: Path, dev: torch.device, dtype: torch.dtype) -> Path:
     """The seeds' run as a reval cache: random ids and features for every tapped layer, in `dtype`."""
-    from .bench import synthetic_prompt
+    from remote_payload.tools.bench import synthetic_prompt
     n_layers, H = len(cfg.target_layer_ids), cfg.hidden_size
     out = root / "cache"
     with CacheWriter(out, layer_ids=list(cfg.target_layer_ids), hidden_size=H) as w:
@@ -47,7 +47,7 @@ def write_cache(cfg: DrafterConfig, root: Path, dev: torch.device, dtype: torch.
 
 
 def _env() -> dict:
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
@@ -73,7 +73,7 @@ def warm_eval_s(argv: list[str]) -> float:
     """The eval stage of `evaluate` in this process, second of two runs (the first warms it up)."""
     import argparse
 
-    from . import run
+    from remote_payload.eval import run
     p = argparse.ArgumentParser()
     run.add_arguments(p)
     secs = []
@@ -106,7 +106,7 @@ def process_runs(argv: list[str], root: Path, runs: int = 2, env: dict | None = 
 
 def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device, dtype: torch.dtype,
                   raw_s: float, root: Path) -> list:
-    from .bench import Row
+    from remote_payload.tools.bench import Row
     cache = write_cache(cfg, root, dev, dtype)
     argv = eval_argv(ddir, tdir, cache, dev)
     init = init_s(dev)

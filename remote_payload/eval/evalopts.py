@@ -5,10 +5,10 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import protocol
-from .cache import parse_layer_ids
-from .config import add_allow_unknown
-from .errors import PayloadError
+from remote_payload.contract import protocol
+from remote_payload.contract.errors import PayloadError
+from remote_payload.eval.cache import parse_layer_ids
+from remote_payload.eval.config import add_allow_unknown
 
 DEFAULT_BUDGETS = (16, 32, 64, 128, 256, 512)
 DEFAULT_WIDTHS = (4, 8)

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from remote_payload.config import DrafterConfig
-from remote_payload.kernels import fast_kernels_enabled, lse_topk, rope, silu_mul
+from remote_payload.eval.config import DrafterConfig
+from remote_payload.eval.kernels import fast_kernels_enabled, lse_topk, rope, silu_mul
 
 
 @dataclass

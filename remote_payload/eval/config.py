@@ -32,7 +32,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from remote_payload.errors import ConfigError, FeatureMismatchError
+from remote_payload.contract.errors import ConfigError, FeatureMismatchError
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 SLIDING = "sliding_attention"

@@ -32,15 +32,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import __version__, metrics, protocol
-from . import results as R
-from .anchors import AnchorOutputs, draft_all_anchors, drafted_prompts, warm_up  # noqa: F401 (re-exported)
-from .cache import open_cache
-from .checkpoint import check_features, load_drafter, load_target_head, peek_config
-from .devices import resolve_device_dtype
-from .errors import PayloadError
-from .evalopts import DEFAULT_BUDGETS, DEFAULT_WIDTHS, EvalOptions, add_arguments, options_from_args
-from .summary import _fmt, assess_health, dtype_name, headline, print_summary
+from remote_payload import __version__
+from remote_payload.contract import protocol
+from remote_payload.contract import results as R
+from remote_payload.contract.errors import PayloadError
+from remote_payload.eval import metrics
+from remote_payload.eval.anchors import AnchorOutputs, draft_all_anchors, drafted_prompts, warm_up  # noqa: F401 (re-exported)
+from remote_payload.eval.cache import open_cache
+from remote_payload.eval.checkpoint import check_features, load_drafter, load_target_head, peek_config
+from remote_payload.eval.devices import resolve_device_dtype
+from remote_payload.eval.evalopts import (
+    DEFAULT_BUDGETS,
+    DEFAULT_WIDTHS,
+    EvalOptions,
+    add_arguments,
+    options_from_args,
+)
+from remote_payload.eval.summary import _fmt, assess_health, dtype_name, headline, print_summary
 
 __all__ = ["DEFAULT_BUDGETS", "DEFAULT_WIDTHS", "EvalOptions", "add_arguments", "evaluate", "main",
            "options_from_args"]

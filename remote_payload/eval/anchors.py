@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import metrics
-from .errors import PayloadError
+from remote_payload.contract.errors import PayloadError
+from remote_payload.eval import metrics
 
 
 @dataclass
@@ -66,7 +66,7 @@ def enqueue_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, promp
                     batch_size: int, budgets: list[int], widths: list[int] = ()) -> PendingAnchors:
     """feats [T, n_fc*H], ids [T] (both on the drafter's device) -> the queued outputs at anchors
     prompt_len..prompt_len+n-1. Targets are g[a+k] (k = 1..bs-1), -1 past the end."""
-    from .drafter import logits_topk
+    from remote_payload.eval.drafter import logits_topk
     bs = drafter.cfg.block_size
     dev, T = feats.device, ids.shape[0]
     # top-k per row: DDTree needs the top-B values, width-k trees ranks below k (ranks are capped at k)
@@ -155,7 +155,7 @@ def drafted_prompts(drafter, head, cache, count: int, anchors_of: Callable[[int]
                     widths: list[int]) -> Iterator[tuple[int, torch.Tensor, AnchorOutputs]]:
     """(i, ids [T] on the CPU, outputs) for cache prompts 0..count-1 in order, the device one prompt ahead.
     anchors_of(i): how many anchors of prompt i to draft. Token ids outside the vocabulary are bad input."""
-    from .kernels import plan
+    from remote_payload.eval.kernels import plan
     cfg = drafter.cfg
     pin = device.type == "cuda"
     if pin:
@@ -210,7 +210,7 @@ def warm_up(drafter, head, device: torch.device, dtype: torch.dtype, *, seq_len:
 def _warm_run(drafter, head, device, dtype, *, seq_len, prompt_len, n, batch_size, budgets, widths) -> dict:
     import time
 
-    from .kernels import prepare
+    from remote_payload.eval.kernels import prepare
     prepare(device)
     t0 = time.perf_counter()
     n = min(n, 2 * batch_size + n % batch_size)  # every shape the prompt's batches take, not all of them

@@ -22,10 +22,9 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from . import protocol, runstate
+from remote_payload.contract import gpus, protocol, runstate
 
 # A GPU counts as free when our locks don't hold it and it is idle by nvidia-smi's numbers.
 FREE_MEMORY_MIB = 1024
@@ -46,66 +45,20 @@ def add_arguments(p) -> None:
     p.add_argument("cmd", nargs="+", help="the command to run (after --)")
 
 
-@dataclass
-class Gpu:
-    index: int
-    memory_used_mib: int
-    memory_total_mib: int
-    utilization_pct: int
-
-
 class StartError(Exception):
     """The run could not start (recorded as failed, exit 3)."""
 
 
-SMI_KEYS = {"index": "index", "name": "name", "memory.total": "memory_total_mib", "memory.used": "memory_used_mib",
-            "utilization.gpu": "utilization_pct"}
-
-
-def _smi_num(s: str) -> int | None:
-    try:
-        return int(float(s))
-    except ValueError:
-        return None  # "[N/A]" on some boards
-
-
-def smi_rows(text: str, fields: list[str]) -> list[dict]:
-    """Rows of `nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits` as dicts keyed by SMI_KEYS
-    (numbers as int, None where the board says [N/A]; a name may hold commas). The one nvidia-smi parser:
-    the wrapper's GPU choice and `reval hosts check` (orchestrator/hostcheck.py) both read through it."""
-    rows = []
-    for line in text.strip().splitlines():
-        parts = [x.strip() for x in line.split(",")]
-        extra = len(parts) - len(fields)
-        if extra < 0 or (extra and "name" not in fields):
-            continue
-        if extra:
-            i = fields.index("name")
-            parts = parts[:i] + [",".join(parts[i:i + extra + 1])] + parts[i + extra + 1:]
-        rows.append({SMI_KEYS[f]: v if f == "name" else _smi_num(v) for f, v in zip(fields, parts)})
-    return rows
-
-
-def parse_nvidia_smi(text: str) -> list[Gpu]:
-    """Rows of `index, memory.used, memory.total, utilization.gpu` (csv, noheader, nounits)."""
-    gpus = []
-    for r in smi_rows(text, ["index", "memory.used", "memory.total", "utilization.gpu"]):
-        if None in (r["index"], r["memory_used_mib"], r["memory_total_mib"]):
-            continue
-        gpus.append(Gpu(r["index"], r["memory_used_mib"], r["memory_total_mib"], r["utilization_pct"] or 0))
-    return gpus
-
-
-def is_idle(g: Gpu) -> bool:
+def is_idle(g: gpus.Gpu) -> bool:
     return g.memory_used_mib < FREE_MEMORY_MIB and g.utilization_pct < FREE_UTILIZATION_PCT
 
 
-def query_gpus() -> list[Gpu]:
+def query_gpus() -> list[gpus.Gpu]:
     try:
         p = subprocess.run(NVIDIA_SMI_ARGV, capture_output=True, text=True, timeout=30, check=False)
     except (FileNotFoundError, PermissionError, subprocess.TimeoutExpired):
         return []
-    return parse_nvidia_smi(p.stdout) if p.returncode == 0 else []
+    return gpus.usage(p.stdout) if p.returncode == 0 else []
 
 
 def _try_lock(locks_dir: Path, index: int, run: str) -> int | None:
@@ -130,13 +83,13 @@ def _lock_holder(locks_dir: Path, index: int) -> str:
         return "another run"
 
 
-def scheduler_gpus(visible: str | None) -> list[Gpu]:
+def scheduler_gpus(visible: str | None) -> list[gpus.Gpu]:
     """The GPUs a scheduler assigned, as CUDA_VISIBLE_DEVICES names them (indices, or UUIDs kept as text)."""
     names = [x.strip() for x in (visible or "").split(",") if x.strip()]
-    return [Gpu(int(x) if x.isdigit() else x, 0, 0, 0) for x in names]
+    return [gpus.Gpu(int(x) if x.isdigit() else x, 0, 0, 0) for x in names]
 
 
-def acquire_gpus(spec: str, locks_dir: Path, run: str) -> tuple[list[Gpu], list[int]]:
+def acquire_gpus(spec: str, locks_dir: Path, run: str) -> tuple[list[gpus.Gpu], list[int]]:
     """Choose and lock GPUs for `spec` (auto | none | '0,1'); return (gpus, lock fds). Raises StartError.
     `scheduler`: the GPUs CUDA_VISIBLE_DEVICES already names, neither chosen nor locked here."""
     spec = (spec or "none").strip()

@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .errors import CheckpointError
+from remote_payload.contract.errors import CheckpointError
 
 HASH_CHUNK_BYTES = 64 << 20
 INDEX_JSON = "model.safetensors.index.json"

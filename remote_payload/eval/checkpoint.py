@@ -33,8 +33,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from remote_payload.config import DrafterConfig, check_features  # noqa: F401 - re-exported
-from remote_payload.contenthash import (  # noqa: F401 - HASH_CHUNK_BYTES, sha256_files re-exported
+from remote_payload.contract.contenthash import (  # noqa: F401 - HASH_CHUNK_BYTES, sha256_files re-exported
     HASH_CHUNK_BYTES,
     INDEX_JSON,
     MASK_EMBEDDING,
@@ -43,9 +42,10 @@ from remote_payload.contenthash import (  # noqa: F401 - HASH_CHUNK_BYTES, sha25
     parse_step,
     sha256_files,
 )
-from remote_payload.drafter import DFlashDrafter, TargetHead
-from remote_payload.errors import CheckpointError, ConfigError
-from remote_payload.safetensors_io import NOTHING_DONE, read_header, read_tensors
+from remote_payload.contract.errors import CheckpointError, ConfigError
+from remote_payload.eval.config import DrafterConfig, check_features  # noqa: F401 - re-exported
+from remote_payload.eval.drafter import DFlashDrafter, TargetHead
+from remote_payload.eval.safetensors_io import NOTHING_DONE, read_header, read_tensors
 
 STRIPPED_PREFIXES = ("module.", "drafter.")
 PT_WRAPPERS = ("model", "state_dict")

@@ -1,0 +1,1 @@
+"""Developer tools: benchmarks, the offline fixture builder, the results-schema docs generator."""

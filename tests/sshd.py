@@ -159,6 +159,11 @@ class SshHosts:
         h.proc.wait()
         h.proc = None
 
+    def sessions(self, i: int) -> list[int]:
+        """The live processes of host i's daemon's sessions (its descendants); [] once every connection ended."""
+        h = self.hosts[i]
+        return _descendants(h.proc.pid) if h.proc and h.proc.poll() is None else []
+
     def regen_host_key(self, i: int) -> None:
         """The server was reinstalled: new host key, known_hosts unchanged (so the key is now 'changed')."""
         self.stop(i)

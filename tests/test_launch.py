@@ -247,8 +247,17 @@ def test_launch_and_kill_over_ssh(ssh_hosts, tmp_path):
     run_dir = c.hosts[0].workdir / "runs" / "remote1"
     wait_lines(run_dir / "eval.log", 5)
     t.close()  # the SSH connection goes away: the run must not
-    time.sleep(0.3)
-    assert group_members(info.pgid), "the run died with its SSH connection"
+    # the server side of the connection ends (sshd's session processes gone: any hangup or broken pipe it
+    # causes has happened), then the run writes on: lines written after that did not kill it
+    deadline = time.monotonic() + 60
+    while [p for p in c.sessions(0) if p not in group_members(info.pgid)]:
+        assert time.monotonic() < deadline, f"the SSH session did not end on the server: {c.sessions(0)}"
+        time.sleep(0.05)
+    lines_then = (run_dir / "eval.log").read_bytes().count(b"\n")
+    while (run_dir / "eval.log").read_bytes().count(b"\n") < lines_then + 3:
+        assert group_members(info.pgid), "the run died with its SSH connection"
+        assert time.monotonic() < deadline, "the run stopped writing after its SSH connection ended"
+        time.sleep(0.05)
     t = SSHTransport(host)
     assert run_state(t, "remote1").state == "running"
     s = kill_run(t, "remote1", grace_s=5)

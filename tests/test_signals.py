@@ -1,12 +1,15 @@
 """Issue 10, breaks 10 and 11: `reval kill` never signals a process group it cannot prove is the run's, and
 liveness does not depend on how status.json is formatted (JSON is parsed as JSON, on the host too).
 
-Each test uses strangers that the test itself starts (a `sleep` in a session of its own) and checks they
-survive; the pgid-1 case is checked at the proof function, so that even a regression cannot signal -1."""
+Each test uses strangers that the test itself starts (a process in a session of its own that reports every
+signal it gets) and checks they got none; the pgid-1 case is checked at the proof function, so that even a
+regression cannot signal -1."""
 from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -20,13 +23,65 @@ from tests.runtools import group_members, synced_local, synced_ssh, wait_status
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
 
 
+# Writes the name of each catchable signal it gets, and PONG for each SIGRTMIN (the ping). The kernel delivers
+# the lowest-numbered pending signal first and Python runs the handlers of pending signals in that order, so any
+# standard signal (TERM, HUP, ...) sent before a ping is reported before its PONG; a SIGKILL ends the output.
+STRANGER = r"""
+import os, signal
+def report(n, _frame):
+    os.write(1, (signal.Signals(n).name + "\n").encode())
+for n in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(n, report)
+signal.signal(signal.SIGRTMIN, lambda n, f: os.write(1, b"PONG\n"))
+os.write(1, b"ready\n")
+while True:
+    signal.pause()
+"""
+
+
+class Stranger:
+    """A process group that is not any run's (what a reused pgid points at), which says what reached it."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", STRANGER], start_new_session=True,
+                                     stdout=subprocess.PIPE)
+        self.pid, self._buf = self.proc.pid, b""
+        assert self._read_until(b"ready\n") == [], "the stranger did not start"
+
+    def _read_until(self, marker: bytes, timeout_s: float = 30) -> list[str]:
+        """The signal names it wrote before `marker`; "KILLED" last when its output ended (it died)."""
+        deadline, fd = time.monotonic() + timeout_s, self.proc.stdout.fileno()
+        while marker not in self._buf:
+            left = deadline - time.monotonic()
+            assert left > 0, f"the stranger did not answer within {timeout_s}s: {self._buf!r}"
+            if select.select([fd], [], [], left)[0]:
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    return self._buf.decode().split() + ["KILLED"]
+                self._buf += chunk
+        before, self._buf = self._buf.split(marker, 1)
+        return before.decode().split()
+
+    def signals(self) -> list[str]:
+        """Every signal it got until now (a SIGKILL as "KILLED"): pings it and reads up to the answer, so a
+        signal sent before the call, however slow its delivery, is in the list."""
+        try:
+            os.kill(self.pid, signal.SIGRTMIN)
+        except ProcessLookupError:
+            return ["KILLED"]
+        return self._read_until(b"PONG\n")
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+
+
 @pytest.fixture
 def stranger():
-    """A process group that is not any run's (what a reused pgid points at)."""
-    p = subprocess.Popen(["sleep", "120"], start_new_session=True)
-    yield p
-    p.kill()
-    p.wait()
+    s = Stranger()
+    yield s
+    s.close()
 
 
 def _fake_run(workdir, name: str, status) -> None:
@@ -34,6 +89,17 @@ def _fake_run(workdir, name: str, status) -> None:
     d.mkdir(parents=True)
     (d / "eval.log").write_text(f"[reval] {name} started\n")
     (d / "status.json").write_text(status if isinstance(status, str) else json.dumps(status, indent=2))
+
+
+def test_the_stranger_reports_what_reaches_it(stranger):
+    """The instrument of the tests below: a signal to its group is in the next signals(), a KILL too."""
+    assert stranger.signals() == []
+    os.killpg(stranger.pid, signal.SIGTERM)
+    os.killpg(stranger.pid, signal.SIGHUP)
+    assert sorted(stranger.signals()) == ["SIGHUP", "SIGTERM"]
+    assert stranger.signals() == []
+    os.killpg(stranger.pid, signal.SIGKILL)
+    assert stranger.signals() == ["KILLED"]
 
 
 def test_pgid_one_and_nonsense_prove_nothing():
@@ -51,7 +117,7 @@ def test_kill_with_damaged_pgid_one_signals_nothing(tmp_path, stranger):
     _fake_run(tmp_path / "work", "dmg", {"state": "running", "pid": 1, "pgid": 1, "boot_id": protocol.boot_id()})
     assert run_state(t, "dmg").state == "lost"
     s = kill_run(t, "dmg", grace_s=0.5)
-    assert stranger.poll() is None and s.state == "cancelled"  # recorded as ended, nothing signalled
+    assert stranger.signals() == [] and s.state == "cancelled"  # recorded as ended, nothing signalled
 
 
 def test_reused_pgid_gets_no_signal(tmp_path, stranger):
@@ -63,8 +129,7 @@ def test_reused_pgid_gets_no_signal(tmp_path, stranger):
     _fake_run(tmp_path / "work", "reused", rec)
     assert run_state(t, "reused").state == "lost"
     kill_run(t, "reused", grace_s=0.5)
-    time.sleep(0.2)
-    assert stranger.poll() is None
+    assert stranger.signals() == []
     # the same group WITH the right start time is proven (so the test above fails for the right reason)
     assert runstate.proven_group({**rec, "leader_start": runstate.start_time(stranger.pid)}) == stranger.pid
 
@@ -124,5 +189,5 @@ def test_kill_over_ssh_proves_then_signals(ssh_hosts, tmp_path, stranger):
     states = {s.name: s.state for s in list_runs(t)}
     assert states["real"] == "running" and states["fake"] == "lost"
     kill_run(t, "fake", grace_s=0.5)
-    assert stranger.poll() is None
+    assert stranger.signals() == []
     assert kill_run(t, "real", grace_s=5).state == "cancelled" and group_members(info.pgid) == []

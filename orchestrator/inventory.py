@@ -26,6 +26,7 @@ from .inventory_slurm import SlurmSpec, parse_slurm
 from .yamlcheck import Checker, did_you_mean
 
 VENV_MODES = ("managed", "python")
+MAX_INVENTORY_BYTES = 256 * 1024  # thousands of hosts; parsing it stays around a second
 HOST_KEY_POLICIES = ("strict", "accept-new")
 
 
@@ -117,7 +118,11 @@ def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
         local = builtin_local_host()
         return Inventory(None, {"local": local}, {})
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_INVENTORY_BYTES + 1)  # never the whole of a huge file (pure-python yaml: ~6 s/MB)
+        if len(raw) > MAX_INVENTORY_BYTES:
+            raise ConfigError(f"inventory {path} is larger than {MAX_INVENTORY_BYTES // 1024} KiB",
+                              hint="a hosts.yaml is a few KB: check that -i / $REVAL_HOSTS names the right file")
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1

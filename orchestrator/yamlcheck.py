@@ -22,12 +22,76 @@ class Problem(Exception):
         self.error = error
 
 
+MAX_DEPTH = 64  # hosts.yaml needs about 5 levels; the composer recurses, so 100,000 would be a RecursionError
+MAX_EXPANDED = 2_000_000  # nodes + scalar characters once aliases are expanded (256 KiB of text: < 500,000)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with bounds, as one-line errors: nesting deeper than MAX_DEPTH, and values that yaml aliases
+    expand past MAX_EXPANDED (a few hundred bytes of nested aliases expand to gigabytes wherever a value is
+    walked: str(), the repr in an error) or into themselves. Plain aliases (yaml.safe_dump writes them for a
+    shared value) still load."""
+
+    def __init__(self, text: str, path: str):
+        super().__init__(text)
+        self.path, self.depth = path, 0
+
+    def _refuse(self, mark, msg: str, hint: str):
+        raise ConfigError(f"{self.path} line {mark.line + 1}: {msg}", hint=hint)
+
+    def compose_node(self, parent, index):
+        if self.depth >= MAX_DEPTH:
+            self._refuse(self.peek_event().start_mark, f"nested more than {MAX_DEPTH} levels deep",
+                         "a host's settings need about 5 levels")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def get_single_node(self):
+        root = super().get_single_node()
+        if root is not None:
+            self._check_expansion(root)
+        return root
+
+    def _check_expansion(self, root) -> None:
+        """The size and depth of every node with its aliases expanded: iterative, each node once."""
+        size: dict[int, int] = {}
+        depth: dict[int, int] = {}
+        open_: set[int] = set()  # nodes whose subtree is being walked: meeting one again is a cycle
+        stack = [(root, False)]
+        while stack:
+            node, done = stack.pop()
+            k = id(node)
+            kids = ([c for kv in node.value for c in kv] if isinstance(node, yaml.MappingNode)
+                    else node.value if isinstance(node, yaml.SequenceNode) else [])
+            if done:
+                open_.discard(k)
+                size[k] = 1 + (len(node.value) if isinstance(node, yaml.ScalarNode) else 0) \
+                    + sum(size[id(c)] for c in kids)
+                depth[k] = 1 + max((depth[id(c)] for c in kids), default=0)
+                if size[k] > MAX_EXPANDED:
+                    self._refuse(node.start_mark, f"this value expands through yaml aliases (*name) to more than "
+                                 f"{MAX_EXPANDED:,} nodes and characters", "write it out without nested aliases")
+                if depth[k] > MAX_DEPTH:
+                    self._refuse(node.start_mark, f"nested more than {MAX_DEPTH} levels deep (through yaml aliases)",
+                                 "a host's settings need about 5 levels")
+            elif k in open_:
+                self._refuse(node.start_mark, "a yaml alias (*name) refers to the value that contains it",
+                             "write the value out instead")
+            elif k not in size:
+                open_.add(k)
+                stack.append((node, True))
+                stack.extend((c, False) for c in kids if id(c) not in size)
+
+
 class Checker:
     """Walks the composed yaml node tree so that every error can name its line; collects them all."""
 
     def __init__(self, text: str, path: str):
         self.path = path
-        self.loader = yaml.SafeLoader(text)
+        self.loader = _Loader(text, path)
         self.problems: list[ConfigError] = []
 
     def fail(self, node, msg: str, hint: str | None = None):

@@ -48,7 +48,15 @@ from remote_payload.eval.evalopts import (
     add_arguments,
     options_from_args,
 )
-from remote_payload.eval.summary import _fmt, assess_health, dtype_name, headline, print_summary
+from remote_payload.eval.summary import (
+    _fmt,
+    assess_health,
+    decode,
+    dtype_name,
+    headline,
+    load_tokenizer,
+    print_summary,
+)
 
 __all__ = ["DEFAULT_BUDGETS", "DEFAULT_WIDTHS", "EvalOptions", "add_arguments", "evaluate", "main",
            "options_from_args"]
@@ -164,22 +172,6 @@ class Reporter:
 
 
 # ---------------------------------------------------------------------------------------------- eval
-def load_tokenizer(target: str):
-    """tokenizers.Tokenizer from the target folder, or None (decoding is then shown as ids)."""
-    path = Path(target) / "tokenizer.json"
-    if not path.exists():
-        return None
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(path))
-
-
-def decode(tok, ids) -> str:
-    ids = [int(i) for i in ids if int(i) >= 0]
-    if tok is None:
-        return " ".join(map(str, ids))
-    return tok.decode(ids, skip_special_tokens=False)
-
-
 def load_weights(drafter_path: str, target: str, device: torch.device, dtype: torch.dtype, allow_unknown=()):
     """(drafter, DrafterInfo, TargetHead, HeadInfo). When the drafter's config can be read first (z-lab
     layout), the drafter and the target's embed/lm_head are read by threads side by side (page-cached reads

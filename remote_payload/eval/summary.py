@@ -2,6 +2,8 @@
 load is flagged suspect), the headline numbers (the last event) and the summary table."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -22,7 +24,7 @@ def assess_health(m: dict, drafts: np.ndarray, targets: np.ndarray, tok, rep) ->
     valid = targets[targets >= 0]
     target_share = float((valid == token).mean()) if valid.size and token is not None else 0.0
     if degenerate and share > 2 * target_share:  # the target itself does not repeat that token
-        reasons.append(f"drafts repeat one token ({_decode(tok, [token])!r}, {share:.0%} of drafts vs "
+        reasons.append(f"drafts repeat one token ({decode(tok, [token])!r}, {share:.0%} of drafts vs "
                        f"{target_share:.0%} of target tokens)")
     if reasons:
         hints.append("weights loaded but the drafts look like gibberish: check weight key paths, the target "
@@ -33,9 +35,20 @@ def assess_health(m: dict, drafts: np.ndarray, targets: np.ndarray, tok, rep) ->
             "top_draft_token": {"id": token, "share": share, "target_share": target_share}}
 
 
-def _decode(tok, ids) -> str:
-    from remote_payload.eval.run import decode  # the eval's decoding (tokenizer or ids)
-    return decode(tok, ids)
+def load_tokenizer(target: str):
+    """tokenizers.Tokenizer from the target folder, or None (decoding is then shown as ids)."""
+    path = Path(target) / "tokenizer.json"
+    if not path.exists():
+        return None
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(path))
+
+
+def decode(tok, ids) -> str:
+    ids = [int(i) for i in ids if int(i) >= 0]
+    if tok is None:
+        return " ".join(map(str, ids))
+    return tok.decode(ids, skip_special_tokens=False)
 
 
 def _fmt(x, nd=3) -> str:

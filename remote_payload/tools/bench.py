@@ -24,7 +24,6 @@ import math
 import os
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,6 +35,7 @@ from remote_payload.eval.config import DrafterConfig
 from remote_payload.eval.devices import resolve_device_dtype
 from remote_payload.eval.drafter import DFlashDrafter
 from remote_payload.eval.run import load_weights
+from remote_payload.tools.benchrows import Row, synthetic_prompt
 
 PRESETS = {
     "27b": {"hidden_size": 5120, "intermediate_size": 17408, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -71,15 +71,6 @@ def _env(name: str, value: str):
         else:
             os.environ[name] = old
 H200_BF16_PEAK_TFLOPS = 790.0  # measured on this GPU kind (spec §4); re-measured below when on CUDA
-
-
-@dataclass
-class Row:
-    name: str
-    rounds: int
-    seconds: float
-    flops: float
-    note: str = ""
 
 
 def block_flops(cfg: DrafterConfig, ctx_len: float) -> float:
@@ -186,14 +177,6 @@ def bench_load(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device, dt
             Row("safetensors load_file(device=...)", 0, st_s, 0,
                 f"{gb / st_s:.1f} GB/s = {raw_s / st_s:.2f}x raw read; eval's path is {st_s / load_s:.2f}x faster"),
             ], drafter, head
-
-
-def synthetic_prompt(cfg: DrafterConfig, prompt_len: int, completion: int, dev, dtype, seed: int):
-    g = torch.Generator(device=dev).manual_seed(seed)
-    T = prompt_len + completion
-    ids = torch.randint(0, cfg.vocab_size - 1, (T,), generator=g, device=dev)
-    feats = torch.randn(T, cfg.fc_in_features, generator=g, device=dev, dtype=dtype)
-    return ids, feats
 
 
 def bench_eval(name, drafter, head, cfg, dev, dtype, prompts, blocks, prompt_len, completion, batch) -> Row:

@@ -45,7 +45,7 @@ def _sync(dev: torch.device) -> None:
 
 
 def bench_extract(dev: torch.device, dtype: torch.dtype) -> list:
-    from remote_payload.tools.bench import Row
+    from remote_payload.tools.benchrows import Row
     cfg, n_batched, n_single, new, layers = SETUPS["cuda" if dev.type == "cuda" else "cpu"]
     model = random_target(cfg, dev, dtype)
     g = torch.Generator().manual_seed(0)

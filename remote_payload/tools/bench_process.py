@@ -34,7 +34,7 @@ SEEDS_RUN = {"prompts": 10, "prompt_len": 60, "completion": 480, "max_blocks": 3
 
 def write_cache(cfg: DrafterConfig, root: Path, dev: torch.device, dtype: torch.dtype) -> Path:
     """The seeds' run as a reval cache: random ids and features for every tapped layer, in `dtype`."""
-    from remote_payload.tools.bench import synthetic_prompt
+    from remote_payload.tools.benchrows import synthetic_prompt
     n_layers, H = len(cfg.target_layer_ids), cfg.hidden_size
     out = root / "cache"
     with CacheWriter(out, layer_ids=list(cfg.target_layer_ids), hidden_size=H) as w:
@@ -106,7 +106,7 @@ def process_runs(argv: list[str], root: Path, runs: int = 2, env: dict | None = 
 
 def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device, dtype: torch.dtype,
                   raw_s: float, root: Path) -> list:
-    from remote_payload.tools.bench import Row
+    from remote_payload.tools.benchrows import Row
     cache = write_cache(cfg, root, dev, dtype)
     argv = eval_argv(ddir, tdir, cache, dev)
     init = init_s(dev)

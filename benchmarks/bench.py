@@ -82,7 +82,7 @@ def _bare_rsync(cluster, i: int, src: str, dest: str) -> list[str]:
 
 
 def _make_wheel(wheelhouse: Path) -> None:
-    from tests.test_sync import make_wheel  # the hand-built tiny wheel (no network)
+    from tests.samples import make_wheel  # the hand-built tiny wheel (no network)
     make_wheel(wheelhouse)
 
 

@@ -1,6 +1,12 @@
-"""Generated inputs shared by test modules (tests/gpu among them): log-probability rows and target ranks for the
-DDTree checks, and the tensors of the safetensors tests (the `st_file` fixture in conftest.py)."""
+"""Generated inputs shared by test modules (tests/gpu among them) and benchmarks: log-probability rows and target
+ranks for the DDTree checks, the logits that break naive top-k code, the tensors of the safetensors tests (the
+`st_file` fixture in conftest.py), and a tiny hand-built wheel for the offline venv."""
 from __future__ import annotations
+
+import base64
+import hashlib
+import zipfile
+from pathlib import Path
 
 import numpy as np
 
@@ -42,3 +48,38 @@ def sample_tensors() -> dict:
         "empty_f16": torch.empty(0, 3, dtype=torch.float16),
         "empty_i64": torch.empty(0, dtype=torch.int64),
     }
+
+
+def tricky_logits(n: int, v: int, dtype, seed: int):
+    """[n, v] logits whose first rows break naive top-k code: ties, signed zeros, -inf, winners at the end, all
+    distinct ascending; the rest random."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, v, generator=g) * 3
+    x[0] = torch.randint(0, 4, (v,), generator=g).float()  # 4 distinct values: ties everywhere
+    x[1] = 0.0
+    x[1, ::3] = -0.0  # signed zeros are one value
+    x[2, : v // 2] = float("-inf")
+    x[3, -70:] = 50.0  # every winner in the last chunks
+    x[4] = torch.linspace(-1, 1, v)  # all distinct, ascending: the winners are the highest ids
+    return x.to(dtype)
+
+
+def make_wheel(wheelhouse: Path, name: str = "revaltiny", version: str = "1.0") -> Path:
+    """A minimal pure-python wheel built by hand (no network, no build backend)."""
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}.py": f"VERSION = {version!r}\n",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: reval-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    for rel, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{rel},sha256={digest},{len(text.encode())}")
+    record.append(f"{dist}/RECORD,,")
+    path = wheelhouse / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for rel, text in files.items():
+            z.writestr(rel, text)
+        z.writestr(f"{dist}/RECORD", "\n".join(record) + "\n")
+    return path

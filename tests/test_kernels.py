@@ -7,23 +7,12 @@ import pytest
 import torch
 
 from remote_payload.eval.kernels import row_topk, topk_chunk, topk_chunked, topk_reference
+from tests.samples import tricky_logits
 
 
 def sorted_ref(row: list[float], k: int) -> list[tuple[float, int]]:
     """The definition, by hand: (value descending, id ascending), -0.0 equal to +0.0."""
     return sorted(((v, i) for i, v in enumerate(row)), key=lambda t: (-t[0], t[1]))[:k]
-
-
-def tricky_logits(n: int, v: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, v, generator=g) * 3
-    x[0] = torch.randint(0, 4, (v,), generator=g).float()  # 4 distinct values: ties everywhere
-    x[1] = 0.0
-    x[1, ::3] = -0.0  # signed zeros are one value
-    x[2, : v // 2] = float("-inf")
-    x[3, -70:] = 50.0  # every winner in the last chunks
-    x[4] = torch.linspace(-1, 1, v)  # all distinct, ascending: the winners are the highest ids
-    return x.to(dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

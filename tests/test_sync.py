@@ -1,13 +1,10 @@
 """sync_payload / ensure_env / `reval sync` against real sshd + real rsync (and the tar fallback)."""
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +25,7 @@ from orchestrator.sync import (
     sync_payload,
 )
 from orchestrator.transport import get_transport
+from tests.samples import make_wheel
 
 HOSTILE = ["a b.py", "q'uote.py", 'dq"uote.py', "semi;colon.py", "$(touch PWNED).py", "`id`.py", "-dash.py"]
 EXCLUDED = [".git/config", ".env", ".env.local", "runs/r1/eval.log", "__pycache__/x.cpython-311.pyc",
@@ -210,26 +208,6 @@ def test_sync_python_mode_missing_module_is_reported(ssh_hosts, capsys):
 
 
 # --- managed venv, offline, from a wheelhouse ---------------------------------------------------------------
-def make_wheel(wheelhouse: Path, name: str = "revaltiny", version: str = "1.0") -> Path:
-    """A minimal pure-python wheel built by hand (no network, no build backend)."""
-    wheelhouse.mkdir(parents=True, exist_ok=True)
-    dist = f"{name}-{version}.dist-info"
-    files = {f"{name}.py": f"VERSION = {version!r}\n",
-             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: reval-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = []
-    for rel, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{rel},sha256={digest},{len(text.encode())}")
-    record.append(f"{dist}/RECORD,,")
-    path = wheelhouse / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as z:
-        for rel, text in files.items():
-            z.writestr(rel, text)
-        z.writestr(f"{dist}/RECORD", "\n".join(record) + "\n")
-    return path
-
-
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_managed_venv_built_offline_from_wheelhouse_then_reused(ssh_hosts, tmp_path):

@@ -144,7 +144,7 @@ def test_fused_projections_on_cuda_equal_the_separate_ones():
 
 def test_chunked_topk_on_cuda_equals_the_reference_at_the_27b_vocabulary():
     from remote_payload.eval.kernels import topk_chunk, topk_chunked, topk_reference
-    from tests.test_kernels import tricky_logits
+    from tests.samples import tricky_logits
     V, k = 248320, 512
     chunk = topk_chunk(V, k)
     x = tricky_logits(8, V, torch.bfloat16, 0).cuda()
@@ -159,7 +159,7 @@ def test_chunked_topk_on_cuda_equals_the_reference_at_the_27b_vocabulary():
 @pytest.mark.parametrize("triton", ["0", "1"])
 def test_lse_topk_with_and_without_triton_equals_the_references(triton, monkeypatch):
     from remote_payload.eval import kernels
-    from tests.test_kernels import tricky_logits
+    from tests.samples import tricky_logits
     monkeypatch.setenv("REVAL_TRITON", triton)
     V, k = 248320, 512
     x = tricky_logits(8, V, torch.bfloat16, 1).cuda()

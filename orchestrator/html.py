@@ -12,7 +12,7 @@ from pathlib import Path
 from remote_payload import __version__
 from remote_payload.contract import protocol
 
-from . import plots, tables
+from . import plots, suites, tables
 from .compare import Comparison, format_duration
 from .report import ci_text, visible_columns
 from .tables import Cell, Table
@@ -124,6 +124,8 @@ def render_report(title: str, cmp: Comparison, *, threshold: float = 0.1, sweep_
     paired = tables.paired_table(cmp, threshold)
     parts.append(_section("comparison", "comparison", table_html(tables.main_table(cmp, threshold))
                           + (table_html(paired) if paired else "")))
+    if suites.suite_names(cmp.runs):  # runs over several benchmark suites: the papers' layout
+        parts.append(_section("suites", "tau by suite", table_html(suites.suite_table(cmp))))
     parts.append(_section("per-position", "per-position acceptance (both conventions)",
                           _figure(plots.panel_svg(cmp, "per_position_unconditional"), "#(acc>=k)/#rounds")
                           + _figure(plots.panel_svg(cmp, "per_position_conditional"), "#(acc>=k)/#(acc>=k-1)")))

@@ -41,7 +41,7 @@ class EvalSpec:
     """What to evaluate (paths on the host) and how; `payload="dummy"` runs the torch-free stand-in."""
     drafter: str | None = None
     target: str | None = None
-    cache: str | None = None
+    cache: str | list[str] | None = None  # one cache, or [NAME=PATH, ...]: benchmark suites in one eval
     num_prompts: int | None = None
     max_blocks: int | None = None
     extra: list[str] = field(default_factory=list)   # more `python -m remote_payload eval` options
@@ -67,7 +67,7 @@ class EvalSpec:
         """`python -m remote_payload ...` arguments, without --run-dir (the launcher adds it) (pure)."""
         if self.payload == "dummy":
             return ["dummy", *self.extra]
-        argv = ["eval", "--drafter", str(self.drafter), "--target", str(self.target), "--cache", str(self.cache)]
+        argv = ["eval", "--drafter", str(self.drafter), "--target", str(self.target), *self._cache_argv()]
         argv += ["--name", name] if name else []
         if self.num_prompts is not None:
             argv += ["--num-prompts", str(self.num_prompts)]
@@ -85,8 +85,12 @@ class EvalSpec:
         # keys allowed through the payload's own arguments (a sweep's `-- --allow-unknown-config K`) count too
         passed = [a for i, a in enumerate(self.extra) if a.startswith("--allow-unknown-config=")
                   or (i and self.extra[i - 1] == "--allow-unknown-config") or a == "--allow-unknown-config"]
-        return ["preflight", "--drafter", str(self.drafter), "--target", str(self.target), "--cache",
-                str(self.cache), *self._allow_argv(), *passed]
+        return ["preflight", "--drafter", str(self.drafter), "--target", str(self.target), *self._cache_argv(),
+                *self._allow_argv(), *passed]
+
+    def _cache_argv(self) -> list[str]:
+        caches = self.cache if isinstance(self.cache, list) else [self.cache]
+        return [a for c in caches for a in ("--cache", str(c))]
 
     def default_name(self) -> str:
         return protocol.default_run_name(self.drafter or self.payload)

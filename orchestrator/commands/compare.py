@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from .. import compare, pull, report, runs, tables
+from .. import compare, pull, report, runs, suites, tables
 from ..errors import ConfigError
 from ..inventory import load_inventory
 from ..transport import get_transport, resolve_workdir
@@ -20,6 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", metavar="RUN", help="show every metric also as ratio and delta against RUN")
     p.add_argument("--per-position", action="store_true", help="add per-position acceptance/accuracy tables")
     p.add_argument("--per-prompt", action="store_true", help="add a per-prompt tau table")
+    p.add_argument("--by", choices=("run", "suite"), default="run",
+                   help="suite: the papers' layout for runs evaluated over several caches (--cache NAME=PATH): "
+                        "rows = runs, columns = suites (tau [95%% CI]) and the mean over suites")
     p.add_argument("--format", choices=("table", "md", "csv", "json"), default="table",
                    help="table (fits 100 columns; --wide: every column), md, csv or json (every value, with "
                         "95%% intervals, SD, n and the paired comparison)")
@@ -54,6 +57,8 @@ def main(args: argparse.Namespace) -> int:
     cmp = compare.compare(runs, baseline, allow_incomparable=args.allow_incomparable)
     main_t = tables.main_table(cmp, args.threshold)
     paired_t = tables.paired_table(cmp, args.threshold)
+    if args.by == "suite":
+        main_t, paired_t = suites.suite_table(cmp), None
     extra = tables.per_position_tables(cmp) if args.per_position else []
     if args.per_prompt:
         extra.append(tables.per_prompt_table(cmp))
@@ -63,7 +68,9 @@ def main(args: argparse.Namespace) -> int:
     if args.html:
         from .. import html
         print(f"html    {html.write_comparison_report(cmp, args.html, threshold=args.threshold)}", file=sys.stderr)
-    if args.format == "json":
+    if args.format == "json" and args.by == "suite":
+        sys.stdout.write(report.render_json(suites.suite_json(cmp)))
+    elif args.format == "json":
         sys.stdout.write(report.render_json(tables.comparison_json(cmp, args.per_position, args.per_prompt)))
     elif args.format == "md":
         sys.stdout.write(report.render_markdown([main_t] + ([paired_t] if paired_t else []) + extra))

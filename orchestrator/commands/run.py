@@ -25,7 +25,9 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", metavar="PATH", help="drafter checkpoint (dir or .pt) on the host")
     p.add_argument("--target", metavar="PATH",
                    help="target model dir on the host (embed_tokens / lm_head are borrowed)")
-    p.add_argument("--cache", metavar="PATH", help="hidden-state cache dir on the host")
+    p.add_argument("--cache", metavar="[NAME=]PATH", action="append",
+                   help="hidden-state cache dir on the host; repeat it as NAME=PATH to evaluate benchmark suites "
+                        "in one process (per-suite tau and their mean; reval compare --by suite)")
     p.add_argument("--name", help="run name (default <drafter-name>-<UTC time>); refused if already used")
     p.add_argument("--gpus", metavar="auto|none|0,1",
                    help="auto (one free GPU; CPU on a host without GPUs) | none | 0,1 "
@@ -87,15 +89,25 @@ def _split_extra(args) -> argparse.Namespace:
 def host_paths(args, host) -> None:
     """--drafter/--target/--cache name paths on the host. On the local host a relative path means the
     controller's current directory; on a remote host it would silently mean the payload folder, so refuse it."""
-    for k in ("drafter", "target", "cache"):
-        v = getattr(args, k, None)
-        if not v or os.path.isabs(v):
-            continue
-        if host.is_local:
-            setattr(args, k, os.path.abspath(v))
-        else:
-            raise ConfigError(f"--{k} {v!r} is relative: give the absolute path on {host.name}",
-                              hint=f"e.g. --{k} /data/{v}")
+    for k in ("drafter", "target"):
+        setattr(args, k, _host_path(k, getattr(args, k, None), host))
+    caches = getattr(args, "cache", None)
+    if isinstance(caches, list):  # --cache PATH, or NAME=PATH per suite: the PATH part is the host's
+        out = []
+        for c in caches:
+            name, sep, path = c.partition("=")
+            suite = sep and path and "/" not in name
+            out.append(f"{name}={_host_path('cache', path, host)}" if suite else _host_path("cache", c, host))
+        args.cache = out[0] if len(out) == 1 and "=" not in caches[0] else out
+
+
+def _host_path(k: str, v: str | None, host) -> str | None:
+    if not v or os.path.isabs(v):
+        return v
+    if host.is_local:
+        return os.path.abspath(v)
+    raise ConfigError(f"--{k} {v!r} is relative: give the absolute path on {host.name}",
+                      hint=f"e.g. --{k} /data/{v}")
 
 
 def spec_from_args(args) -> EvalSpec:

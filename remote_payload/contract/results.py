@@ -228,6 +228,25 @@ class Environment(Record):
 
 
 @dataclass(kw_only=True)
+class Suite(Record):
+    name: str = doc("the suite's name (`--cache NAME=PATH`), e.g. `gsm8k`")
+    cache: CacheInfo = doc("its hidden-state cache")
+    comparability: Comparability = doc("what must be equal for this suite to be ranked against another run's")
+    metrics: Metrics = doc("the headline numbers over this suite's prompts")
+    prompt_range: list[int] = doc("[first, end): its prompts in the top-level per_prompt (names `<suite>/<prompt>`)")
+
+
+@dataclass(kw_only=True)
+class SuiteMean(Record):
+    num_suites: int = doc("suites averaged")
+    tau: float | None = doc("unweighted mean over suites of each suite's tau (the papers' per-dataset average; "
+                            "the top-level metrics pool every prompt instead)")
+    streak: float | None = doc("tau - 1")
+    position_1_accuracy: float | None = doc("unweighted mean over suites of position-1 accuracy")
+    ddtree_tau: dict[str, float | None] = doc("per node budget: unweighted mean over suites of DDTree tau")
+
+
+@dataclass(kw_only=True)
 class Result(Record):
     schema: str = doc(f"`{SCHEMA}` (files with `reval.results/1` still load)")
     run: str = doc("run name")
@@ -243,6 +262,9 @@ class Result(Record):
     health: Health = doc("guards against a broken load")
     timing: Timing = doc("durations")
     environment: Environment = doc("software and host")
+    suites: list[Suite] | None = doc("per benchmark suite (`--cache NAME=PATH` repeated): its cache, metrics and "
+                                     "prompts; null: one cache", None)
+    suite_mean: SuiteMean | None = doc("the mean over suites (null: one cache)", None)
     source: Path | None = field(default=None, repr=False, compare=False, metadata={"internal": True})
 
     @classmethod

@@ -18,7 +18,7 @@ DEFAULT_WIDTHS = (4, 8)
 class EvalOptions:
     drafter: str
     target: str
-    cache: str
+    cache: str  # one cache; with suites: "name=path,..." (what the log and results.json name)
     run_dir: str
     name: str
     num_prompts: int | None = None
@@ -32,6 +32,7 @@ class EvalOptions:
     strict: bool = False
     all_anchors: bool = False
     allow_unknown_config: list[str] = field(default_factory=list)
+    suites: list[tuple[str, str]] | None = None  # (name, cache path) per benchmark suite; None: one cache
 
 
 def _int_list(text: str) -> list[int]:
@@ -49,7 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True,
                    help="target model folder: its embed_tokens/lm_head (via model.safetensors.index.json) "
                         "and tokenizer.json are borrowed")
-    p.add_argument("--cache", required=True, help="hidden-state cache (from `extract`, or the seeds' layout)")
+    p.add_argument("--cache", required=True, action="append", metavar="[NAME=]PATH",
+                   help="hidden-state cache (from `extract`, or the seeds' layout). Repeat it, NAME=PATH, to "
+                        "evaluate one drafter over several benchmark suites in one process (weights loaded "
+                        "once; per-suite metrics and their mean in results.json)")
     p.add_argument("--cache-layers", type=parse_layer_ids, default=None,
                    help="layer ids of a seeds-layout cache, e.g. 1,16,31,46,61 (aux_hidden..., last_hidden)")
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/<name>)")
@@ -80,7 +84,12 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
         raise PayloadError(f"--max-blocks must be >= 1, got {args.max_blocks}")
     if args.num_prompts is not None and args.num_prompts < 1:
         raise PayloadError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-    return EvalOptions(drafter=args.drafter, target=args.target, cache=args.cache,
+    caches = args.cache if isinstance(args.cache, list) else [args.cache]
+    try:
+        cache, suites = protocol.parse_caches(caches)
+    except protocol.ProtocolError as e:
+        raise PayloadError(str(e)) from None
+    return EvalOptions(drafter=args.drafter, target=args.target, cache=cache, suites=suites,
                        run_dir=args.run_dir or str(Path("runs") / name), name=name, num_prompts=args.num_prompts,
                        max_blocks=args.max_blocks, device=args.device, dtype=args.dtype,
                        batch_size=args.batch_size, ddtree_budgets=sorted(set(args.ddtree_budgets)),

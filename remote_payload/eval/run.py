@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -445,12 +446,15 @@ def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: d
 
 
 def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
-    """The five steps (module doc), then the walks' aggregate, the health guard and results.json's dict."""
+    """The five steps (module doc), then the walks' aggregate, the health guard and results.json's dict.
+    With suites (`--cache NAME=PATH` repeated) steps 2, 3 and 5 run per suite on the weights loaded once."""
     t0 = time.perf_counter()
     device, dtype = resolve_device_dtype(opts.device, opts.dtype)
     rep.line(f"DFlash drafter eval · {opts.name} · device {device} ({dtype_name(dtype)})")
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # `--device cuda:1`: the pipeline's events and streams on that device
+    if opts.suites:
+        return evaluate_suites(opts, rep, device, dtype, t0)
     tok, cache, prompts = open_inputs(opts, rep)
     # the weights load (and the kernels warm up) on a thread while this one validates the features (step 3)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-weights") as ex:
@@ -469,6 +473,84 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     print_summary(results)
     rep.event(stage="done", step=STEPS, steps=STEPS, metrics=headline(results))
     return results
+
+
+def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtype: torch.dtype, t0: float) -> dict:
+    """One drafter over several caches: each suite evaluated as a one-cache eval would be (the same functions,
+    its own cache), the weights loaded once; results.json = every prompt pooled at the top level (names
+    `<suite>/<prompt>`), per-suite metrics and comparability in `suites`, their unweighted mean in `suite_mean`."""
+    names = [n for n, _ in opts.suites]
+    rep.line(f"  suites: {', '.join(names)}")
+    done: list[tuple[str, EvalOptions, Inputs, Drafted]] = []
+    mod = None
+    for k, (name, path) in enumerate(opts.suites):
+        so = dataclasses.replace(opts, cache=path, suites=None)
+        rep.line(f"\n== suite {name} ({k + 1}/{len(names)}): {path}", stage="suite", suite=name, i=k + 1,
+                 n=len(names))
+        tok, cache, prompts = open_inputs(so, rep)
+        if mod is None:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-weights") as ex:
+                weights = ex.submit(read_weights, so, prompts[0], device, dtype)
+                try:
+                    inp = Inputs(tok, cache, prompts, feature_pass(so, cache, prompts, rep))
+                except BaseException:
+                    weights.cancel()
+                    raise
+                mod = load_model(so, inp, device, dtype, rep, weights)
+        else:
+            check_features(mod.drafter.cfg, cache.layer_ids, cache.hidden_size)
+            inp = Inputs(tok, cache, prompts, feature_pass(so, cache, prompts, rep))
+        done.append((name, so, inp, eval_prompts(so, inp, mod, device, dtype, rep)))
+    bs = mod.drafter.cfg.block_size
+    suites, per_prompt, feature_stats = [], [], {}
+    for name, so, inp, ev in done:
+        m = metrics.aggregate(ev.per_prompt, bs)
+        one = build_results(so, inp, mod, ev, m, {"suspect": False, "reasons": [], "hints": []}, device, dtype, 0.0)
+        suites.append(R.Suite(name=name, cache=R.CacheInfo.from_dict(one["cache"], "cache"),
+                              comparability=R.Comparability.from_dict(one["comparability"], "comparability"),
+                              metrics=R.Metrics.from_dict(one["metrics"], "metrics"),
+                              prompt_range=[len(per_prompt), len(per_prompt) + len(ev.per_prompt)]))
+        per_prompt += [{**p, "name": f"{name}/{p['name']}"} for p in ev.per_prompt]
+        feature_stats.update({f"{name}/{k}": v for k, v in inp.feature_stats.items()})
+    first = done[0][2]
+    both = hashlib.sha256("".join(f"{s.name}\0{s.comparability.prompt_set}\n" for s in suites).encode())
+    ev_all = Drafted(per_prompt, np.concatenate([d[3].drafts for d in done]),
+                     np.concatenate([d[3].targets for d in done]), "sha256:" + both.hexdigest(),
+                     sum(d[3].num_anchors for d in done), sum(d[3].eval_s for d in done), done[0][3].batch_size)
+    m = metrics.aggregate(per_prompt, bs)
+    health = assess_health(m, ev_all.drafts, ev_all.targets, first.tok, rep)
+    health.update(feature_stats=feature_stats, weight_stats=mod.info.weight_stats, embed_stats=mod.embed_stats)
+    fp = hashlib.sha256("".join(f"{s.name}\0{s.cache.fingerprint}\n" for s in suites).encode()).hexdigest()
+    joined = _JoinedCache(fingerprint="sha256:" + fp, layer_ids=list(first.cache.layer_ids),
+                          prompts=[p for d in done for p in d[2].cache.prompts], meta=None)
+    inp_all = Inputs(first.tok, joined, [p for d in done for p in d[2].prompts], feature_stats)
+    results = build_results(opts, inp_all, mod, ev_all, m, health, device, dtype, time.perf_counter() - t0)
+    results["suites"] = [s.to_dict() for s in suites]
+    results["suite_mean"] = suite_mean(suites).to_dict()
+    print_summary(results)
+    rep.event(stage="done", step=STEPS, steps=STEPS, metrics=headline(results))
+    return results
+
+
+@dataclass
+class _JoinedCache:
+    """What build_results reads of a cache, for the suites together (their fingerprints hashed by name)."""
+    fingerprint: str
+    layer_ids: list
+    prompts: list
+    meta: dict | None
+
+
+def suite_mean(suites: list) -> R.SuiteMean:
+    """Unweighted mean over suites of each suite's value (a suite without the value is left out of that mean)."""
+    def mean(values):
+        vals = [v for v in values if v is not None]
+        return sum(vals) / len(vals) if vals else None
+    tau = mean(s.metrics.tau for s in suites)
+    budgets = sorted({b for s in suites for b in s.metrics.ddtree_tau}, key=int)
+    return R.SuiteMean(num_suites=len(suites), tau=tau, streak=None if tau is None else tau - 1,
+                       position_1_accuracy=mean(s.metrics.position_1_accuracy for s in suites),
+                       ddtree_tau={b: mean(s.metrics.ddtree_tau.get(b) for s in suites) for b in budgets})
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -79,6 +79,9 @@ def print_summary(results: dict) -> None:
              ("rounds / prompts / anchors", f"{m['num_rounds']} / {m['num_prompts']} / {m['num_anchors']}"),
              ("max blocks", str(o["max_blocks"])),
              ("attention", (results["comparability"].get("attention") or "n/a").replace("_attention", "")),
+             *[(f"suite {x['name']} tau", f"{_fmt(x['metrics']['tau'], 2)} ({x['metrics']['num_prompts']} prompts)")
+               for x in results.get("suites") or []],
+             *([("tau, mean over suites", _fmt(results["suite_mean"]["tau"], 2))] if results.get("suite_mean") else []),
              ("load / eval", f"{results['timing']['load_s']:.2f}s / {results['timing']['eval_s']:.2f}s"),
              ("suspect", "YES: " + "; ".join(results["health"]["reasons"]) if results["health"]["suspect"] else "no")]
     w = max(len(k) for k, _ in rows)

@@ -25,7 +25,7 @@ WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 def add_arguments(p) -> None:
     p.add_argument("--drafter", required=True)
     p.add_argument("--target", required=True)
-    p.add_argument("--cache", required=True)
+    p.add_argument("--cache", required=True, action="append", metavar="[NAME=]PATH")
     add_allow_unknown(p)
 
 
@@ -115,8 +115,11 @@ def check(drafter: str, target: str, cache: str, allow_unknown=()) -> None:
 
 def main(args) -> int:
     try:
-        check(args.drafter, args.target, args.cache, args.allow_unknown_config)
-    except PayloadError as e:
+        caches = args.cache if isinstance(args.cache, list) else [args.cache]
+        _, suites = protocol.parse_caches(caches)
+        for _name, path in suites or [(None, caches[0])]:
+            check(args.drafter, args.target, path, args.allow_unknown_config)
+    except (PayloadError, protocol.ProtocolError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return protocol.EXIT_BAD_INPUT
     return 0

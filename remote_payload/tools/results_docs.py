@@ -21,6 +21,8 @@ from remote_payload.contract.results import (
     Options,
     PromptResult,
     Result,
+    Suite,
+    SuiteMean,
     Target,
     Timing,
     _hints,
@@ -31,7 +33,7 @@ _SECTIONS = [(Result, "results.json"), (Drafter, "drafter"), (LayerAttention, "d
              (Target, "target"), (CacheInfo, "cache"), (Options, "options"), (Comparability, "comparability"),
              (Metrics, "metrics"), (DDTreeBest, "metrics.ddtree_best"), (PromptResult, "per_prompt[]"),
              (FirstBlock, "per_prompt[].first_block"), (Health, "health"), (Timing, "timing"),
-             (Environment, "environment")]
+             (Environment, "environment"), (Suite, "suites[]"), (SuiteMean, "suite_mean")]
 
 
 def markdown() -> str:

@@ -1,0 +1,149 @@
+"""Benchmark suites: one eval process over several caches (weights loaded once), per-suite metrics equal to
+one-cache runs of the same caches, their mean, and `reval compare --by suite` (text, CSV, JSON, HTML)."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator import compare, intervals, suites
+from remote_payload.__main__ import main as payload_main
+from remote_payload.contract import protocol
+from remote_payload.contract.results import Result
+from tests.runtools import reval
+
+SPLITS = {"gsm": (0, 3), "mt": (3, 6), "he": (6, 10)}
+
+
+@pytest.fixture(scope="module")
+def caches(trained_fixtures, tmp_path_factory) -> dict[str, Path]:
+    """Three suites cut from the fixture cache (their prompt files linked, their own cache.json)."""
+    meta = json.loads((trained_fixtures / "fixtures.json").read_text())
+    src = trained_fixtures / meta["paths"]["cache"]
+    index = json.loads((src / "cache.json").read_text())
+    root = tmp_path_factory.mktemp("suites")
+    out = {}
+    for name, (a, b) in SPLITS.items():
+        d = root / name
+        d.mkdir()
+        sub = {**index, "prompts": index["prompts"][a:b]}
+        (d / "cache.json").write_text(json.dumps(sub))
+        for p in sub["prompts"]:
+            (d / p["file"]).symlink_to(src / p["file"])
+        out[name] = d
+    return out
+
+
+@pytest.fixture(scope="module")
+def fx(trained_fixtures) -> dict[str, Path]:
+    meta = json.loads((trained_fixtures / "fixtures.json").read_text())
+    return {k: trained_fixtures / v for k, v in meta["paths"].items() if isinstance(v, str)}
+
+
+def _eval(run_dir: Path, fx, *caches: str) -> dict:
+    argv = ["eval", "--drafter", str(fx["drafter_good"]), "--target", str(fx["target"]), "--device", "cpu",
+            "--max-blocks", "6", "--run-dir", str(run_dir)]
+    for c in caches:
+        argv += ["--cache", c]
+    assert payload_main(argv) == 0
+    return json.loads((run_dir / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def evals(caches, fx, tmp_path_factory) -> Path:
+    """runs/h/{three, three2 (same suites), gsm, mt, he (one cache each)}."""
+    runs = tmp_path_factory.mktemp("suite-runs") / "runs" / "h"
+    _eval(runs / "three", fx, *(f"{n}={p}" for n, p in caches.items()))
+    _eval(runs / "three2", fx, *(f"{n}={p}" for n, p in caches.items()))
+    for n, p in caches.items():
+        _eval(runs / n, fx, str(p))
+    return runs
+
+
+def test_each_suite_equals_a_one_cache_run_of_that_cache(evals):
+    three = json.loads((evals / "three" / "results.json").read_text())
+    assert [s["name"] for s in three["suites"]] == list(SPLITS)
+    taus = []
+    for s in three["suites"]:
+        one = json.loads((evals / s["name"] / "results.json").read_text())
+        a, b = s["prompt_range"]
+        mine = three["per_prompt"][a:b]
+        assert [p["name"] for p in mine] == [f"{s['name']}/{p['name']}" for p in one["per_prompt"]]
+        assert [p["acceptance_lengths"] for p in mine] == [p["acceptance_lengths"] for p in one["per_prompt"]]
+        assert s["metrics"] == one["metrics"] and s["comparability"] == one["comparability"]
+        assert s["cache"]["fingerprint"] == one["cache"]["fingerprint"]
+        taus.append(one["metrics"]["tau"])
+    assert three["suite_mean"]["tau"] == pytest.approx(sum(taus) / 3)
+    assert three["suite_mean"]["num_suites"] == 3
+    assert three["metrics"]["num_prompts"] == 10 and len(three["per_prompt"]) == 10  # pooled at the top level
+    Result.load(evals / "three" / "results.json")  # the typed schema reads it back
+
+
+def test_compare_by_suite_table_intervals_equal_the_one_cache_runs(evals, capsys, monkeypatch):
+    monkeypatch.chdir(evals.parent.parent)
+    cmp = compare.compare([compare.load_run(evals / "three"), compare.load_run(evals / "three2")])
+    t = suites.suite_table(cmp)
+    assert [c.label for c in t.columns] == ["run", "gsm", "mt", "he", "mean\nover suites"]
+    for n in SPLITS:
+        cell = t.rows[0].cells[f"suite:{n}"]
+        one = compare.load_run(evals / n).result
+        est = intervals.estimates(one)["tau"]
+        assert (cell.value, cell.est.lo, cell.est.hi) == (one.metrics.tau, est.lo, est.hi)
+    rc, out, err = reval(capsys, "compare", "h/three", "h/three2", "--by", "suite")
+    assert rc == 0, err
+    assert "tau by suite" in out and "gsm" in out and "mean" in out and "over suites" in out
+    assert f"[{est.lo:.2f}, {est.hi:.2f}]" in out
+    rc, out, _ = reval(capsys, "compare", "h/three", "--by", "suite", "--format", "json")
+    data = json.loads(out)
+    assert data["suites"] == list(SPLITS) and set(data["runs"][0]["suites"]) == set(SPLITS)
+    assert data["runs"][0]["suites"]["he"]["interval"]["n"] == 4
+    rc, out, _ = reval(capsys, "compare", "h/three", "h/three2", "--by", "suite", "--format", "csv")
+    rows = list(csv.reader(io.StringIO(out)))
+    assert rc == 0 and any("gsm" in c for c in rows[0]) and len(rows) >= 3
+    html = evals.parent.parent / "r.html"
+    rc, _, err = reval(capsys, "compare", "h/three", "h/three2", "--html", str(html))
+    assert rc == 0, err
+    assert "tau by suite" in html.read_text()
+
+
+def test_a_suite_over_another_cache_is_marked_not_ranked(evals, caches, fx, tmp_path):
+    """The same suite name over a different cache is shown with ≠ and never ranked."""
+    other = _eval(tmp_path / "runs" / "h" / "swapped", fx, f"gsm={caches['mt']}", f"mt={caches['gsm']}",
+                  f"he={caches['he']}")
+    assert other["suites"][0]["cache"]["fingerprint"] != json.loads(
+        (evals / "three" / "results.json").read_text())["suites"][0]["cache"]["fingerprint"]
+    cmp = compare.compare([compare.load_run(evals / "three"), compare.load_run(tmp_path / "runs/h/swapped")],
+                          allow_incomparable=True)
+    t = suites.suite_table(cmp)
+    swapped = t.rows[1].cells["suite:gsm"]
+    assert swapped.text.endswith(suites.MISMATCH) and swapped.value is None and not swapped.best
+    assert any("not comparable" in n for n in t.notes)
+    assert t.rows[0].cells["suite:he"].value == t.rows[1].cells["suite:he"].value
+
+
+def test_cache_arguments_name_suites_or_refuse():
+    assert protocol.parse_caches(["/x/cache"]) == ("/x/cache", None)
+    label, named = protocol.parse_caches(["gsm=/e/gsm", "/e/mtbench/"])
+    assert named == [("gsm", "/e/gsm"), ("mtbench", "/e/mtbench/")] and label == "gsm=/e/gsm,mtbench=/e/mtbench/"
+    for bad, want in ((["a=/x", "a=/y"], "suite name 'a' is given twice"),
+                      (["/x/c", "/y/c"], "suite name 'c' is given twice")):
+        with pytest.raises(protocol.ProtocolError, match=want):
+            protocol.parse_caches(bad)
+
+
+def test_reval_run_evaluates_suites_on_a_host(caches, fx, here, capsys):
+    """`reval run HOST --cache NAME=PATH ...`: preflight checks every cache, the pulled run holds the suites."""
+    argv = ["run", "local", "--drafter", str(fx["drafter_good"]), "--target", str(fx["target"]),
+            "--max-blocks", "4", "--name", "suites"]
+    bad = argv + ["--cache", f"gsm={caches['gsm']}", "--cache", f"mt={here / 'missing'}"]
+    rc, _, err = reval(capsys, *bad)
+    assert rc == 3 and "missing" in err and not (here / "runs" / "local" / "suites").exists()
+    for n, p in caches.items():
+        argv += ["--cache", f"{n}={p}"]
+    rc, out, err = reval(capsys, *argv)
+    assert rc == 0, err
+    res = json.loads((here / "runs" / "local" / "suites" / "results.json").read_text())
+    assert [s["name"] for s in res["suites"]] == list(SPLITS) and res["suite_mean"]["num_suites"] == 3

@@ -7,6 +7,7 @@ takes Slurm's minimum of one minute plus up to 30 s to be noticed): the time-lim
 module starts and judged by the last test, so that wait overlaps the others."""
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import cli, transport
+from orchestrator.follow import follow
 from remote_payload.contract import protocol
 from tests import slurm as slurm_mod
 from tests import sshd
@@ -25,6 +27,8 @@ from tests.runtools import wait_lines
 from tests.sweeptools import make_checkpoints
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
+# the silence after which a follow reconnects: follow()'s default (an unnamed literal there), read from it
+STALL_S = inspect.signature(follow).parameters["stall_s"].default
 FAST = ["--", "--lines", "5", "--interval-s", "0"]
 
 
@@ -313,8 +317,11 @@ def test_login_connection_cut_mid_follow_loses_nothing(hpc, capsys):
                          cwd=hpc.here, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     shown: list[str] = []
+    errs: list[str] = []
     reader = threading.Thread(target=lambda: shown.extend(iter(p.stdout.readline, "")))
+    err_reader = threading.Thread(target=lambda: errs.extend(iter(p.stderr.readline, "")))
     reader.start()
+    err_reader.start()
     try:
         log = hpc.run_dir("cut") / "eval.log"
         deadline = time.monotonic() + 120
@@ -323,16 +330,20 @@ def test_login_connection_cut_mid_follow_loses_nothing(hpc, capsys):
             time.sleep(0.05)
         hpc.login.cut(0, "drop")
         size = log.stat().st_size
-        deadline = time.monotonic() + 60
-        while log.stat().st_size == size and time.monotonic() < deadline:
+        # the cut lasts until the job has written more and the follow has noticed the silence (STALL_S, the
+        # follow's default) and said it is reconnecting
+        deadline = time.monotonic() + 60 + STALL_S
+        while not (log.stat().st_size > size and any("reconnecting" in line for line in errs)):
+            assert time.monotonic() < deadline and p.poll() is None, (errs, shown)
             time.sleep(0.1)
-        time.sleep(5)  # longer than the follow's stall detection (3 s of silence) needs to notice
         grew = log.stat().st_size > size
     finally:
         hpc.login.restore(0)
-    err = p.stderr.read()
-    assert p.wait(timeout=180) == 0, err
+    rc = p.wait(timeout=180)
     reader.join(60)
+    err_reader.join(60)
+    err = "".join(errs)
+    assert rc == 0, err
     out = "".join(shown)
     assert grew, "the job must keep running while the login node is unreachable"
     assert "reconnecting" in err

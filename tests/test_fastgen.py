@@ -1,0 +1,40 @@
+"""fastgen.greedy_static (static KV cache, fixed-shape decode step, argmax on the device) computes what the
+dynamic-cache decoder computes: token for token, row for row, on the CPU in fp32 (the GPU graph path is
+tests/gpu/test_fastgen_cuda.py)."""
+from __future__ import annotations
+
+import torch
+
+from remote_payload.eval.fastgen import greedy_static
+from remote_payload.eval.target import eos_ids_of, greedy_complete, greedy_complete_batch, load_target
+from remote_payload.tools.bench_extract import TINY, random_target
+
+
+def _prompts(vocab: int, lengths, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def test_static_decoding_equals_the_dynamic_cache_row_for_row_with_eos(trained_fixtures):
+    """The trained fixture target stops at its eos: rows of different prompt lengths end at different steps."""
+    t = trained_fixtures / "target"
+    model = load_target(t, torch.device("cpu"), torch.float32)
+    prompts = _prompts(model.config.vocab_size, (3, 5, 9, 17, 30, 64, 70))
+    free = greedy_complete_batch(model, prompts, 48, eos_ids_of(t))
+    eos = {free[0][len(prompts[0]) + 6]}  # a token the first row produces: rows stop at different steps
+    want = greedy_complete_batch(model, prompts, 48, eos)
+    for eos_every in (1, 5, 16):
+        assert greedy_static(model, prompts, 48, eos, eos_every=eos_every, bucket=16) == want
+    assert [greedy_static(model, [p], 48, eos)[0] for p in prompts[:3]] == \
+        [greedy_complete(model, torch.tensor(p), 48, eos).tolist() for p in prompts[:3]]
+    ended = [r for r in want if r[-1] in eos]
+    assert ended and len({len(r) for r in want}) > 1  # the eos handling is exercised
+
+
+def test_static_decoding_without_eos_runs_every_step_and_handles_one_token():
+    model = random_target(TINY, torch.device("cpu"), torch.float32)
+    prompts = _prompts(TINY["vocab_size"], (1, 7, 40, 64, 65))
+    want = greedy_complete_batch(model, prompts, 20, set())
+    assert greedy_static(model, prompts, 20, set()) == want
+    assert all(len(r) == len(p) + 20 for r, p in zip(want, prompts))
+    assert greedy_static(model, prompts, 1, set()) == greedy_complete_batch(model, prompts, 1, set())

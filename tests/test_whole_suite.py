@@ -88,7 +88,8 @@ def fake_path(tmp_path: Path, *, without: set[str], uid: int = 0, apt_rc: int = 
     pairs = [line.split() for line in subprocess.run([str(SCRIPT), "--list"], capture_output=True, text=True,
                                                       check=True).stdout.splitlines()]
     real = {cmd: shutil.which(cmd, path=os.environ["PATH"] + ":/usr/sbin:/sbin") for cmd, _ in pairs}
-    assert all(real.values()), f"this machine lacks some of the suite's packages: {real}"
+    if not all(real.values()):  # a failure under make test (tests/whole.py), which installs them first
+        pytest.skip(f"not installed here: {sorted(c for c, p in real.items() if not p)} (scripts/install-system-deps)")
     for cmd, path in real.items():
         if cmd not in without:
             (bin_dir / cmd).symlink_to(path)

@@ -5,7 +5,9 @@ reval layout (written by `extract` and `import-cache`):
     CACHE/cache.json          {"format": "reval.cache/1", "target": {"path", "config_sha256"},
                                "layer_ids": [1, 16, ...],   # hs[l+1] = output of decoder block l
                                "hidden_size": H, "dtype": "bfloat16", "tokenizer": path | null,
-                               "prompts": [{"name", "prompt_len", "seq_len", "file"}], "created_at"}
+                               "prompts": [{"name", "prompt_len", "seq_len", "file"}], "created_at",
+                               "prompt_format": {...}}   # optional: how `extract` formed the prompts
+                                                          # (source, shape, chat_template, enable_thinking)
     CACHE/p0000.safetensors   ids int64 [T]; features [T, n_layers, H] (dtype as written)
 
 Seeds layout (the team's older caches, read directly or converted with `import-cache`):
@@ -280,11 +282,14 @@ class CacheWriter:
     partial.json (rewritten atomically) lists it, so only complete files count as done. An interrupted writer
     keeps that dir; a new writer with the same key continues it (`done`: the finished prompt indices), one with
     another key refuses. Without a key the work dir is a fresh temp dir, removed on any error.
+    `metadata`: extra top-level fields for cache.json (e.g. {"prompt_format": {...}}); readers ignore them, and
+    they may not replace the format's own fields. Put what they describe into `resume_key` too.
     """
 
     def __init__(self, out: str | os.PathLike, *, layer_ids: list[int], hidden_size: int,
                  target_path: str | None = None, target_config_sha256: str | None = None,
-                 tokenizer_path: str | None = None, resume_key: str | None = None):
+                 tokenizer_path: str | None = None, resume_key: str | None = None,
+                 metadata: dict | None = None):
         self.out = Path(out)
         if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
             raise PayloadError(f"--out {self.out} already exists; remove it or choose another directory")
@@ -293,6 +298,10 @@ class CacheWriter:
                      "target": {"path": target_path, "config_sha256": target_config_sha256},
                      "layer_ids": self.layer_ids, "hidden_size": hidden_size, "dtype": None,
                      "tokenizer": tokenizer_path, "prompts": [], "created_at": None}
+        clash = sorted(set(metadata or {}) & set(self.meta))
+        if clash:
+            raise ValueError(f"metadata may not replace the cache format's fields {clash}")
+        self.meta.update(metadata or {})
         self.resume_key = resume_key
         self.partial = self.out.parent / f".{self.out.name}.partial"
         self.done: dict[int, dict] = self._read_partial() if resume_key else {}
@@ -323,6 +332,17 @@ class CacheWriter:
             raise PayloadError(f"{where}: {state_path} is unreadable ({e}); remove {self.partial} to start "
                                "over") from e
         return done
+
+    def done_ids(self, index: int) -> torch.Tensor:
+        """The token ids [T] of prompt `index`, finished by an interrupted writer (resume: a multi-turn extract
+        needs the earlier turns' completions)."""
+        f = self.partial / self.done[index]["file"]
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                return st.get_tensor("ids").long()
+        except Exception as e:  # safetensors' errors: corrupt header, missing tensor
+            raise PayloadError(f"interrupted cache {self.partial}: cannot read {f.name} ({type(e).__name__}); "
+                               f"remove {self.partial} to start over") from e
 
     def __enter__(self) -> CacheWriter:  # noqa: PYI034 (typing.Self needs Python 3.11)
         self.out.parent.mkdir(parents=True, exist_ok=True)

@@ -188,3 +188,31 @@ def test_plain_targets_pass_and_fc_layers_must_be_among_the_offline_layers(setup
     fc = list(drafter.cfg.fc_layer_ids)
     with pytest.raises(ValueError, match=f"missing \\[{fc[-1]}\\]"):
         online_check(setup["target"], drafter, head, fc[:-1], prompts, MAX_BLOCKS)
+
+
+def test_eval_online_records_the_spot_check_and_refuses_hybrid_targets(trained_fixtures, tmp_path, capsys):
+    """`eval --online N`: results.json's online section equals the offline walk round by round (fp32, CPU);
+    a target with linear-attention layers is refused in one line before anything is evaluated."""
+    meta = json.loads((trained_fixtures / "fixtures.json").read_text())
+    p = {k: trained_fixtures / v for k, v in meta["paths"].items() if isinstance(v, str)}
+    run = tmp_path / "runs" / "on"
+    argv = ["eval", "--drafter", str(p["drafter_good"]), "--target", str(p["target"]), "--cache", str(p["cache"]),
+            "--device", "cpu", "--num-prompts", "4", "--max-blocks", "6", "--online", "3"]
+    assert payload_main([*argv, "--run-dir", str(run)]) == 0
+    res = json.loads((run / "results.json").read_text())
+    on = res["online"]
+    assert on["prompts"] == 3 and on["rounds"] == on["rounds_agreeing"] == 18 and on["prompts_agreeing"] == 3
+    assert [q["acceptance_lengths"] for q in on["per_prompt"]] == \
+        [q["acceptance_lengths"] for q in res["per_prompt"][:3]]
+    assert on["measured_speedup"] == pytest.approx(on["target_only_s"] / on["spec_s"], rel=1e-3)
+    assert "online (block)" in capsys.readouterr().out
+    hybrid = tmp_path / "hybrid"
+    hybrid.mkdir()
+    cfg = json.loads((p["target"] / "config.json").read_text())
+    cfg["layer_types"] = ["linear_attention"] * (cfg["num_hidden_layers"] - 1) + ["full_attention"]
+    (hybrid / "config.json").write_text(json.dumps(cfg))
+    argv[argv.index(str(p["target"]))] = str(hybrid)
+    assert payload_main([*argv, "--run-dir", str(tmp_path / "runs" / "hy")]) == 3
+    err = capsys.readouterr().err
+    assert "--online:" in err and "linear_attention" in err and err.count("\n") == 1
+    assert not (tmp_path / "runs" / "hy" / "results.json").exists()

@@ -247,6 +247,36 @@ class SuiteMean(Record):
 
 
 @dataclass(kw_only=True)
+class OnlinePrompt(Record):
+    name: str = doc("prompt name")
+    acceptance_lengths: list[int] = doc("per round of the online decoder, incl. the bonus token")
+    agree: bool = doc("equal, round by round, to the offline walk's acceptance lengths of this prompt")
+    spec_s: float = doc("wall seconds of speculative decoding (prefill included)")
+    target_only_s: float = doc("wall seconds of target-only greedy decoding of the same tokens (prefill included)")
+
+
+@dataclass(kw_only=True)
+class Online(Record):
+    method: str = doc("`block`: the plain DFlash block, verified by the target over its KV cache")
+    device: str = doc("where it ran")
+    dtype: str = doc("the target's and drafter's compute dtype")
+    prompts: int = doc("prompts decoded online (the first N of the cache; with suites, of the first suite)")
+    prompts_agreeing: int = doc("prompts whose every round's acceptance length equals the offline walk's")
+    rounds: int = doc("rounds decoded")
+    rounds_agreeing: int = doc("rounds whose acceptance length equals the offline walk's (exact in fp32 on CPU; "
+                               "bf16 on a GPU may differ at near-ties, this says how often)")
+    tau_pooled_online: float | None = doc("mean acceptance length of the online rounds")
+    tau_pooled_offline: float | None = doc("the offline walk's mean over the same prompts and rounds")
+    tokens: int = doc("tokens the rounds produced")
+    spec_s: float = doc("total wall seconds, speculative decoding")
+    target_only_s: float = doc("total wall seconds, target-only greedy decoding of the same prompts")
+    measured_speedup: float | None = doc("target_only_s / spec_s (this device, batch 1, eager transformers)")
+    prompts_with_cache_mismatch: int = doc("prompts where the target's own greedy tokens differ from the cache's "
+                                           "(the cache was not made by this target in this dtype)")
+    per_prompt: list[OnlinePrompt] = doc("per prompt")
+
+
+@dataclass(kw_only=True)
 class Result(Record):
     schema: str = doc(f"`{SCHEMA}` (files with `reval.results/1` still load)")
     run: str = doc("run name")
@@ -265,6 +295,8 @@ class Result(Record):
     suites: list[Suite] | None = doc("per benchmark suite (`--cache NAME=PATH` repeated): its cache, metrics and "
                                      "prompts; null: one cache", None)
     suite_mean: SuiteMean | None = doc("the mean over suites (null: one cache)", None)
+    online: Online | None = doc("`--online N`: the spot check of the offline walk by real speculative decoding "
+                                "(null: not run)", None)
     source: Path | None = field(default=None, repr=False, compare=False, metadata={"internal": True})
 
     @classmethod

@@ -33,6 +33,8 @@ class EvalOptions:
     all_anchors: bool = False
     allow_unknown_config: list[str] = field(default_factory=list)
     suites: list[tuple[str, str]] | None = None  # (name, cache path) per benchmark suite; None: one cache
+    online: int = 0  # first N prompts decoded online with the real target (speculative vs target-only)
+    speedup: bool = False  # measure the target's latencies and project the speedup per method
 
 
 def _int_list(text: str) -> list[int]:
@@ -71,6 +73,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="width-k trees, the seeds' DDTree-4/DDTree-8 (default 4,8)")
     p.add_argument("--strict", action="store_true", help="a suspect result fails the run (exit 1)")
     add_allow_unknown(p)
+    p.add_argument("--online", type=int, default=0, metavar="N",
+                   help="also decode the first N prompts online: real greedy speculative decoding with the whole "
+                        "target (block drafting, verification over its KV cache); the per-round acceptance "
+                        "lengths are checked against the offline walk and the measured speedup over target-only "
+                        "greedy decoding is reported (with suites: the first suite's prompts)")
+    p.add_argument("--speedup", action="store_true",
+                   help="load the whole target and measure at batch 1 on this device: a decode step, the verify "
+                        "forward of a block and of each DDTree budget's tree, one drafter block; results.json "
+                        "then holds the projected speedup per method (tau x t(decode) / (t(draft) + t(verify)))")
     p.add_argument("--all-anchors", action="store_true",
                    help="teacher-forced position accuracy at every completion anchor (default: the anchors "
                         "the walk can reach within --max-blocks; the walks are the same either way)")
@@ -95,4 +106,5 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
                        batch_size=args.batch_size, ddtree_budgets=sorted(set(args.ddtree_budgets)),
                        tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
                        strict=args.strict, all_anchors=args.all_anchors,
-                       allow_unknown_config=list(args.allow_unknown_config))
+                       allow_unknown_config=list(args.allow_unknown_config), online=max(0, args.online),
+                       speedup=bool(args.speedup))

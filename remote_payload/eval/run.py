@@ -453,6 +453,7 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     rep.line(f"DFlash drafter eval · {opts.name} · device {device} ({dtype_name(dtype)})")
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # `--device cuda:1`: the pipeline's events and streams on that device
+    check_online_target(opts)
     if opts.suites:
         return evaluate_suites(opts, rep, device, dtype, t0)
     tok, cache, prompts = open_inputs(opts, rep)
@@ -470,9 +471,65 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     health = assess_health(m, ev.drafts, ev.targets, inp.tok, rep)
     health.update(feature_stats=inp.feature_stats, weight_stats=mod.info.weight_stats, embed_stats=mod.embed_stats)
     results = build_results(opts, inp, mod, ev, m, health, device, dtype, time.perf_counter() - t0)
+    target_checks(opts, results, mod, inp, device, dtype, rep)
     print_summary(results)
     rep.event(stage="done", step=STEPS, steps=STEPS, metrics=headline(results))
     return results
+
+
+def check_online_target(opts: EvalOptions) -> None:
+    """--online on a target whose cache cannot be rolled back by cropping: one line before anything runs."""
+    if not opts.online:
+        return
+    from remote_payload.eval import online
+    cfg_file = Path(opts.target) / "config.json"
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise PayloadError(f"--online needs the whole target: cannot read {cfg_file} ({e})") from None
+    why = online.refusal(cfg)
+    if why:
+        raise PayloadError(f"--online: {why}. Run without --online.")
+
+
+def target_checks(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, device: torch.device,
+                  dtype: torch.dtype, rep: Reporter) -> None:
+    """--online N with the whole target loaded (after the offline eval: its walks are what is checked)."""
+    if not opts.online:
+        return
+    from remote_payload.eval import online
+    from remote_payload.eval.target import load_target
+    rep.line(f"\nLoading the whole target {opts.target} for --online {opts.online}...", stage="online")
+    model = load_target(opts.target, device, dtype)
+    n = min(opts.online, len(inp.prompts))
+    prompts = []
+    for i in range(n):
+        ids, _feats = inp.cache.load(i)
+        rec = results["per_prompt"][i]
+        prompts.append((rec["name"], [int(x) for x in ids], inp.prompts[i].prompt_len, rec["acceptance_lengths"]))
+    try:
+        got = online.online_check(model, mod.drafter, mod.head, list(inp.cache.layer_ids), prompts, opts.max_blocks)
+    except ValueError as e:
+        raise PayloadError(f"--online: {e}") from None
+    s = online.summarize(got)
+    results["online"] = R.Online(
+        method="block", device=str(device), dtype=dtype_name(dtype), prompts=s["prompts"],
+        prompts_agreeing=s["prompts_agreeing"], rounds=s["rounds"], rounds_agreeing=s["rounds_agreeing"],
+        tau_pooled_online=s["tau_pooled_online"], tau_pooled_offline=s["tau_pooled_offline"], tokens=s["tokens"],
+        spec_s=round(s["spec_s"], 4), target_only_s=round(s["target_only_s"], 4),
+        measured_speedup=None if s["speedup"] is None else round(s["speedup"], 4),
+        prompts_with_cache_mismatch=s["prompts_with_cache_mismatch"],
+        per_prompt=[R.OnlinePrompt(name=r.name, acceptance_lengths=list(r.acceptance_lengths), agree=r.agree,
+                                   spec_s=round(r.spec_s, 4), target_only_s=round(r.target_only_s, 4))
+                    for r in got]).to_dict()
+    o = results["online"]
+    rep.line(f"  online: {o['prompts']} prompts · rounds agreeing with the offline walk {o['rounds_agreeing']}/"
+             f"{o['rounds']} · tau {_fmt(o['tau_pooled_online'], 2)} online vs {_fmt(o['tau_pooled_offline'], 2)} "
+             f"offline · measured speedup {_fmt(o['measured_speedup'], 2)}x ({o['spec_s']:.2f}s speculative vs "
+             f"{o['target_only_s']:.2f}s target-only)", stage="online")
+    if o["rounds_agreeing"] != o["rounds"]:
+        rep.line(f"  warning: {o['rounds'] - o['rounds_agreeing']} online rounds differ from the offline walk "
+                 f"(exact agreement is expected in fp32; {o['dtype']} near-ties can differ)", stage="warning")
 
 
 def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtype: torch.dtype, t0: float) -> dict:
@@ -527,6 +584,7 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
     results = build_results(opts, inp_all, mod, ev_all, m, health, device, dtype, time.perf_counter() - t0)
     results["suites"] = [s.to_dict() for s in suites]
     results["suite_mean"] = suite_mean(suites).to_dict()
+    target_checks(opts, results, mod, done[0][2], device, dtype, rep)
     print_summary(results)
     rep.event(stage="done", step=STEPS, steps=STEPS, metrics=headline(results))
     return results

@@ -82,6 +82,9 @@ def print_summary(results: dict) -> None:
              *[(f"suite {x['name']} tau", f"{_fmt(x['metrics']['tau'], 2)} ({x['metrics']['num_prompts']} prompts)")
                for x in results.get("suites") or []],
              *([("tau, mean over suites", _fmt(results["suite_mean"]["tau"], 2))] if results.get("suite_mean") else []),
+             *([("online (block)", (f"{results['online']['rounds_agreeing']}/{results['online']['rounds']} rounds "
+                                    f"= offline · measured speedup {_fmt(results['online']['measured_speedup'], 2)}x"))]
+               if results.get("online") else []),
              ("load / eval", f"{results['timing']['load_s']:.2f}s / {results['timing']['eval_s']:.2f}s"),
              ("suspect", "YES: " + "; ".join(results["health"]["reasons"]) if results["health"]["suspect"] else "no")]
     w = max(len(k) for k, _ in rows)

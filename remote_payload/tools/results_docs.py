@@ -18,6 +18,8 @@ from remote_payload.contract.results import (
     Health,
     LayerAttention,
     Metrics,
+    Online,
+    OnlinePrompt,
     Options,
     PromptResult,
     Result,
@@ -33,7 +35,8 @@ _SECTIONS = [(Result, "results.json"), (Drafter, "drafter"), (LayerAttention, "d
              (Target, "target"), (CacheInfo, "cache"), (Options, "options"), (Comparability, "comparability"),
              (Metrics, "metrics"), (DDTreeBest, "metrics.ddtree_best"), (PromptResult, "per_prompt[]"),
              (FirstBlock, "per_prompt[].first_block"), (Health, "health"), (Timing, "timing"),
-             (Environment, "environment"), (Suite, "suites[]"), (SuiteMean, "suite_mean")]
+             (Environment, "environment"), (Suite, "suites[]"), (SuiteMean, "suite_mean"),
+             (Online, "online"), (OnlinePrompt, "online.per_prompt[]")]
 
 
 def markdown() -> str:

@@ -1,0 +1,600 @@
+"""The latency model, measured (issue 18 item 2): what one step of each kind costs on this GPU, at batch 1.
+
+A DFlash round drafts one block (`draft_s`: the drafter's block forward with the context K/V already there, its
+lm_head and top-k) and the target verifies it in one forward over its KV cache (`verify_s[n]`, n tokens fed:
+`block_size` for the linear block, B + 1 for a DDTree of budget B: the root, i.e. the bonus token, and B nodes).
+Plain decoding costs `decode_s` a token. The projected speed-up of a drafter with acceptance length tau is
+
+    speedup = tau * decode_s / (draft_s + verify_s[n])                  (projected_speedup)
+
+Measured (`measure`) at batch 1 in the models' dtype on their device: each number is the median of `repeats`
+timed runs after a warm-up, a run being the mean of enough back-to-back calls to last `min_repeat_s`, each call
+followed by a device sync (a batch-1 loop needs every step's result before the next: no overlap across steps).
+The target runs over a static KV cache of `context_len` positions (filled once by a prefill, never grown: a step
+writes its n rows into the slots after the context and attends over context + n keys), so repeated calls are the
+same call. A DDTree verify feeds the tree of `metrics.ddtree_build` over synthetic sorted logprobs (the tree's
+shape sets positions and the mask, not the FLOPs) with the tree attention mask (`tree_mask`: a node sees the
+context, its ancestors and itself) at positions context_len + depth.
+
+Regimes: "eager" (each kernel launched from Python, as HF runs) or "cuda-graphs" (every step captured once with
+torch.cuda.CUDAGraph over the static cache and replayed: launch overhead gone, as a serving engine runs it).
+"auto" is CUDA graphs on CUDA where capture works (else eager, saying why in `note`), eager on CPU. The regime
+the numbers were measured in is `Latencies.regime`.
+
+Attention: where the target runs HF's SDPA, `measure` runs it through `_gqa_sdpa` (registered in HF's
+AttentionInterface for the measurement only): the same SDPA, the query heads that share a kv head folded into
+the query rows, so the KV cache is read in place rather than copied g times as HF's SDPA does under any mask.
+A decode step (one token) goes without a mask, as HF decodes. The key says which attention ran.
+
+Hybrid targets (linear-attention layers, Qwen3.5/3.6) are not modelled faithfully: those layers ignore the tree
+mask (timing only; a real tree verify of such a layer costs more than this chain-shaped one).
+
+`LatencyTable`: a small JSON file in the host's workdir holding measured `Latencies` by key (`latency_key`: GPU,
+dtype, target content hash, drafter architecture, torch/transformers/payload versions, context_len, regime,
+block_size, budgets); reused while the key matches.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+LATENCY_SCHEMA = "reval.latency/1"  # bump when what is measured, or how, changes: old table entries then miss
+TABLE_SCHEMA = "reval.latency-table/1"
+REGIMES = ("eager", "cuda-graphs")
+TABLE_MAX_ENTRIES = 64  # the oldest go first
+TABLE_MAX_BYTES = 4 << 20  # a bigger file is damage, not a table
+
+
+@dataclass
+class Latencies:
+    device: str  # "cuda:0", "cpu"
+    gpu: str | None  # torch.cuda.get_device_name, None on CPU
+    dtype: str  # "bfloat16", "float32", ...
+    regime: str  # "eager" or "cuda-graphs": what the numbers were measured in
+    context_len: int  # KV-cache length the steps were measured at
+    decode_s: float  # one target decode step (1 token) at batch 1
+    verify_s: dict[int, float]  # verify forward of n tokens over the KV cache: n = block_size and each budget + 1
+    draft_s: float  # one drafter block at batch 1 (context K/V precomputed, one anchor: draft_hidden + lm_head + top-k)
+    key: dict  # what invalidates it (`latency_key`)
+    note: str = ""  # why "auto" fell back to eager, when it did
+
+    def speedup(self, tau: float, *, budget: int | None = None, block_size: int | None = None) -> float:
+        """`projected_speedup` with this table's numbers: the linear block (n = block_size, the key's by default)
+        or a DDTree of `budget` nodes (n = budget + 1)."""
+        n = budget + 1 if budget is not None else (block_size or int(self.key.get("block_size", 0)))
+        if n not in self.verify_s:
+            raise KeyError(f"no verify latency for {n} tokens (measured: {sorted(self.verify_s)})")
+        return projected_speedup(tau, self.decode_s, self.draft_s, self.verify_s[n])
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["verify_s"] = {str(n): s for n, s in sorted(self.verify_s.items())}
+        return d
+
+    @classmethod
+    def from_json(cls, d) -> Latencies:
+        """The inverse of `to_json`; anything off is a TypeError or ValueError (a table skips such an entry)."""
+        if not isinstance(d, dict):
+            raise TypeError("a latency entry must be an object")
+
+        def want(name, types, optional=False):
+            v = d.get(name)
+            if v is None and optional:
+                return None
+            if not isinstance(v, types) or isinstance(v, bool):
+                raise TypeError(f"latency entry field {name!r}: {v!r}")
+            return v
+
+        def secs(v, name):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"latency entry field {name!r}: {v!r} is not a positive time")
+            return float(v)
+
+        verify = want("verify_s", dict)
+        try:
+            verify_s = {int(n): secs(s, f"verify_s[{n}]") for n, s in verify.items()}
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"latency entry field 'verify_s': {e}") from None
+        regime = want("regime", str)
+        if regime not in REGIMES:
+            raise ValueError(f"latency entry regime {regime!r}")
+        return cls(device=want("device", str), gpu=want("gpu", str, optional=True), dtype=want("dtype", str),
+                   regime=regime, context_len=want("context_len", int), decode_s=secs(d.get("decode_s"), "decode_s"),
+                   verify_s=verify_s, draft_s=secs(d.get("draft_s"), "draft_s"), key=want("key", dict),
+                   note=d.get("note") if isinstance(d.get("note"), str) else "")
+
+
+def projected_speedup(tau: float, decode_s: float, draft_s: float, verify_s: float) -> float:
+    """tau * t(decode) / (t(draft) + t(verify)): tokens a round yields (tau, bonus included) over the round's
+    cost, in units of plain decode steps — the projection issue 18 defines."""
+    for name, v in (("tau", tau), ("decode_s", decode_s), ("draft_s", draft_s), ("verify_s", verify_s)):
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"projected_speedup: {name} must be a finite number >= 0, got {v!r}")
+    if draft_s + verify_s <= 0:
+        raise ValueError("projected_speedup: draft_s + verify_s must be > 0")
+    return float(tau) * float(decode_s) / (float(draft_s) + float(verify_s))
+
+
+# ---------------------------------------------------------------- trees and their mask
+
+def tree_mask(parents: list[int]) -> torch.Tensor:
+    """parents[i] = index of node i's parent (< i), negative for a root -> mask [n, n] bool: mask[i, j] iff
+    node j is node i or one of its ancestors (what node i may attend to among the tree's nodes)."""
+    n = len(parents)
+    mask = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        p = int(p)
+        if p >= i:
+            raise ValueError(f"tree_mask: node {i}'s parent {p} must come before it (parents[i] < i)")
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask
+
+
+def tree_depths(parents: list[int]) -> list[int]:
+    """Depth of every node (a root is 0), parents as in `tree_mask`."""
+    depths: list[int] = []
+    for i, p in enumerate(parents):
+        if int(p) >= i:
+            raise ValueError(f"tree_depths: node {i}'s parent {p} must come before it (parents[i] < i)")
+        depths.append(depths[int(p)] + 1 if int(p) >= 0 else 0)
+    return depths
+
+
+def ddtree_parents(nodes: list[tuple[int, ...]]) -> list[int]:
+    """`metrics.ddtree_build`'s nodes (rank tuples in pop order) -> parents of [root, *nodes]: the root (the
+    bonus token) is node 0, nodes[j] is node j + 1. A prefix is popped before its extensions, so parents[i] < i."""
+    index = {ranks: j + 1 for j, ranks in enumerate(nodes)}
+    parents = [-1]
+    for ranks in nodes:
+        p = index.get(ranks[:-1], 0) if len(ranks) > 1 else 0
+        if len(ranks) > 1 and ranks[:-1] not in index:
+            raise ValueError(f"ddtree_parents: node {ranks} has no parent {ranks[:-1]} in the tree")
+        parents.append(p)
+    return parents
+
+
+def synthetic_logprobs(depth: int, k: int) -> np.ndarray:
+    """[depth, k] sorted descending: a drafter sure of its first positions and less so further on (rank r at
+    depth d ~ exp(-r * 2 * 0.85^d)): a tree of plausible shape, deterministic."""
+    r = np.arange(k, dtype=np.float64)
+    rows = []
+    for d in range(depth):
+        logits = -r * 2.0 * 0.85 ** d
+        rows.append(logits - np.log(np.exp(logits).sum()))
+    return np.array(rows).reshape(depth, k)
+
+
+def ddtree_tree(budget: int, block_size: int) -> list[int]:
+    """Parents of the DDTree a verify of budget B feeds (B + 1 nodes, root first), built by `metrics.ddtree_build`
+    on `synthetic_logprobs` over the block's block_size - 1 draft positions."""
+    from remote_payload.eval.metrics import ddtree_build
+    if budget < 1 or block_size < 2:
+        raise ValueError(f"ddtree_tree: budget {budget} and block_size {block_size} must be >= 1 and >= 2")
+    nodes = ddtree_build(synthetic_logprobs(block_size - 1, budget), budget)
+    return ddtree_parents(nodes)
+
+
+def chain(n: int) -> list[int]:
+    """Parents of a chain of n nodes: the causal block (a linear DFlash verify, or one decode token)."""
+    return [i - 1 for i in range(n)]
+
+
+# ---------------------------------------------------------------- the target over a static KV cache
+
+def _slot_cache(model, capacity: int):
+    """A KV cache of `capacity` fixed slots per layer: `update` writes the new rows at `offset` (set by the
+    caller) and returns keys/values [:offset + n]. Nothing grows and nothing moves, so one step can run again and
+    again (and be captured in a CUDA graph). A DynamicCache subclass, so HF's isinstance checks hold across
+    versions; only `update` and `get_seq_length` are ours."""
+    from transformers import DynamicCache
+
+    class SlotCache(DynamicCache):
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            end = self.offset + key_states.shape[-2]
+            if end > self.capacity:
+                raise ValueError(f"slot cache: {end} positions asked of a cache of {self.capacity}")
+            if layer_idx not in self.slots:
+                shape_k = (*key_states.shape[:-2], self.capacity, key_states.shape[-1])
+                shape_v = (*value_states.shape[:-2], self.capacity, value_states.shape[-1])
+                self.slots[layer_idx] = (key_states.new_zeros(shape_k), value_states.new_zeros(shape_v))
+            k, v = self.slots[layer_idx]
+            k[..., self.offset:end, :].copy_(key_states)
+            v[..., self.offset:end, :].copy_(value_states)
+            return k[..., :end, :], v[..., :end, :]
+
+        def get_seq_length(self, layer_idx: int = 0):
+            return self.offset
+
+    try:  # hybrid targets need the config to lay out their (linear-attention) cache: as target._new_kv
+        cache = SlotCache(config=model.config)
+    except TypeError:
+        cache = SlotCache()
+    cache.capacity, cache.offset, cache.slots = capacity, 0, {}
+    return cache
+
+
+GQA_ATTENTION = "reval_gqa_sdpa"  # our attention function's name in HF's AttentionInterface
+
+
+def _gqa_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """HF attention function: SDPA with the g query heads sharing a kv head as extra query rows, so K/V are read
+    in place. HF's own SDPA copies K/V g times (repeat_kv) whenever there is a mask — every verify step (8B-class
+    target, H200, 4k context, CUDA graphs: a 16-token verify 15.6 -> 13.8 ms). Without a mask (a decode step)
+    it is HF's call: SDPA's own GQA, whose flash kernel runs a CTA per query head. query [B, h, n, d], key/value
+    [B, kvh, L, d], attention_mask None or additive [., 1, n or g*n, >= L] (`_Step` passes g*n rows) ->
+    ([B, n, h, d], None), as HF's functions return."""
+    import torch.nn.functional as F
+    b, h, n, d = query.shape
+    kvh, length = key.shape[1], key.shape[-2]
+    g = h // kvh
+    if attention_mask is None:  # a decode step: SDPA's own GQA (its flash kernel, a CTA per query head), as HF
+        try:
+            out = F.scaled_dot_product_attention(query, key, value, is_causal=n > 1, scale=scaling, enable_gqa=True)
+        except TypeError:  # torch < 2.5
+            out = F.scaled_dot_product_attention(query, key.repeat_interleave(g, 1), value.repeat_interleave(g, 1),
+                                                 is_causal=n > 1, scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
+    q = query.reshape(b, kvh, g * n, d)  # head j*g + i -> kv head j, rows i*n .. i*n + n - 1
+    mask = attention_mask[..., :length]
+    if mask.shape[-2] != g * n:
+        mask = mask.repeat(1, 1, g, 1)
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(b, kvh * g, n, d).transpose(1, 2).contiguous(), None
+
+
+def _attention(model) -> str:
+    """The attention `measure` runs: ours (`_gqa_sdpa`) where the model runs HF's SDPA and this transformers can
+    register a function, else the model's own."""
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl != "sdpa":
+        return str(impl)
+    try:
+        from transformers import AttentionInterface
+    except ImportError:
+        return impl
+    AttentionInterface.register(GQA_ATTENTION, _gqa_sdpa)
+    return GQA_ATTENTION
+
+
+@contextlib.contextmanager
+def _attention_of(model, impl: str):
+    """The model runs `impl` inside the block (its own attention restored after)."""
+    old = model.config._attn_implementation
+    if impl == old:
+        yield
+        return
+    model.config._attn_implementation = impl
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = old
+
+
+def _groups(model, impl: str) -> int:
+    """Query heads per kv head when `impl` is ours (the mask is then built with g * n rows), else 1."""
+    if impl != GQA_ATTENTION:
+        return 1
+    cfg = model.config.get_text_config()
+    return int(cfg.num_attention_heads) // int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+
+
+class _Step:
+    """One target forward of the tree `parents` (node ids `ids`) over the first `offset` cache slots, with static
+    inputs: calling it again runs the same kernels on the same buffers. Returns the logits [n, V]."""
+
+    def __init__(self, model, cache, ids: torch.Tensor, parents: list[int], offset: int, groups: int = 1):
+        dev = next(model.parameters()).device
+        dtype = next(model.parameters()).dtype
+        n = len(parents)
+        if ids.shape != (n,):
+            raise ValueError(f"{n} tree nodes need {n} token ids, got shape {list(ids.shape)}")
+        self.model, self.cache, self.offset = model, cache, offset
+        self.ids = ids.to(dev)[None]
+        self.pos = (offset + torch.tensor(tree_depths(parents)))[None].to(dev)
+        visible = torch.cat([torch.ones(n, offset, dtype=torch.bool), tree_mask(parents)], dim=1)
+        # additive (0 / dtype min) [1, 1, n, offset + n]: what HF's attention functions take as is. Rows repeated
+        # `groups` times for `_gqa_sdpa`; columns a view into a buffer padded to 16 (SDPA's kernels want the
+        # mask's rows aligned, and would otherwise pad a copy on every call).
+        length = offset + n
+        padded = torch.full((n, -(-length // 16) * 16), torch.finfo(dtype).min, dtype=dtype)
+        padded[:, :length].masked_fill_(visible, 0)
+        self.mask = padded.repeat(groups, 1)[None, None].to(dev)[..., :length]
+        # One token sees everything: no mask at all, as HF decodes (SDPA may then take its flash kernel; a
+        # materialised mask costs a decode step at 4k context ~25% on an H200). Passed as HF's prepared mask
+        # mapping, one None per layer type; a transformers that does not take one gets the 4D mask instead.
+        self.mask_map = None
+        if n == 1:
+            types = getattr(model.config.get_text_config(), "layer_types", None) or []
+            self.mask_map = dict.fromkeys({"full_attention", "sliding_attention", *types})
+
+    def __call__(self) -> torch.Tensor:
+        self.cache.offset = self.offset
+        # positional: the cache's keyword is `past_key_values` or `cache` by transformers version
+        if self.mask_map is not None:
+            try:
+                return self.model(self.ids, self.mask_map, self.pos, self.cache, use_cache=True).logits[0]
+            except Exception:  # noqa: BLE001 - not taken by this transformers (first call, eager: never captured)
+                self.mask_map = None
+        return self.model(self.ids, self.mask, self.pos, self.cache, use_cache=True).logits[0]
+
+
+PREFILL_CHUNK = 1024  # the prefill's tokens per forward: its masks stay [chunk, offset + chunk], not [T, T]
+
+
+def _prefill(model, cache, context_ids: torch.Tensor, groups: int = 1) -> None:
+    for lo in range(0, len(context_ids), PREFILL_CHUNK):
+        part = context_ids[lo:lo + PREFILL_CHUNK]
+        _Step(model, cache, part, chain(len(part)), lo, groups)()
+
+
+@torch.inference_mode()
+def verify_logits(model, context_ids: torch.Tensor, node_ids: torch.Tensor, parents: list[int], *,
+                  attention: str | None = None) -> torch.Tensor:
+    """The tree verify forward, as `measure` times it: the context prefilled into a slot cache, then the tree's
+    nodes fed at once under `tree_mask` at positions len(context) + depth -> logits [n, V] (row i predicts the
+    token after node i's root-to-node path). attention: an HF attention implementation to run instead of the
+    one `measure` picks (`_attention`)."""
+    impl = attention or _attention(model)
+    with _attention_of(model, impl):
+        groups = _groups(model, impl)
+        cache = _slot_cache(model, len(context_ids) + len(parents))
+        _prefill(model, cache, context_ids, groups)
+        return _Step(model, cache, node_ids, parents, len(context_ids), groups)()
+
+
+# ---------------------------------------------------------------- timing
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _graphed(fn, dev: torch.device):
+    """fn captured in a CUDA graph (warmed up on a side stream first, as torch asks) -> a replaying callable
+    returning the graph's static output."""
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    _sync(dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+
+    def replay():
+        graph.replay()
+        return out
+    replay.graph = graph  # kept alive with the callable
+    return replay
+
+
+def _time(fn, dev: torch.device, repeats: int, min_repeat_s: float) -> float:
+    """Median over `repeats` runs of the mean time of one call (each call followed by a sync), after a warm-up;
+    a run makes enough calls to last about min_repeat_s (timer resolution, launch jitter)."""
+    fn()
+    _sync(dev)
+    t = time.perf_counter()
+    fn()
+    _sync(dev)
+    once = max(time.perf_counter() - t, 1e-7)
+    inner = max(1, min(1000, math.ceil(min_repeat_s / once)))
+    samples = []
+    for _ in range(repeats):
+        _sync(dev)
+        t = time.perf_counter()
+        for _ in range(inner):
+            fn()
+            _sync(dev)
+        samples.append((time.perf_counter() - t) / inner)
+    return float(statistics.median(samples))
+
+
+# ---------------------------------------------------------------- keys and measuring
+
+def target_content_hash(target_dir) -> str:
+    """The target's content hash (`contract.contenthash`: config.json + the weight files the index names, or
+    model.safetensors; every file of any other folder)."""
+    from remote_payload.contract.contenthash import content_hash
+    return content_hash(target_dir)
+
+
+def _model_hash(model) -> str:
+    """A target's content hash from the folder it was loaded from; a model not loaded from a folder (random
+    weights) is named by its config, all its timing depends on."""
+    path = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
+    if path and Path(path).is_dir():
+        return target_content_hash(path)
+    return "config-sha256:" + hashlib.sha256(model.config.to_json_string(use_diff=False).encode()).hexdigest()
+
+
+def _verify_sizes(budgets, block_size: int) -> list[int]:
+    return sorted({int(block_size), *(int(b) + 1 for b in budgets)})
+
+
+def latency_key(target_model, drafter, *, context_len: int, budgets, block_size: int, regime: str = "auto",
+                target_hash: str | None = None) -> dict:
+    """What a measurement depends on; `measure(...)` with the same arguments returns Latencies with this key,
+    so a caller can look a table up before measuring. `regime` is the one asked for ("auto" included)."""
+    import transformers
+
+    import remote_payload
+    p = next(target_model.parameters())
+    dev = p.device
+    key = {
+        "schema": LATENCY_SCHEMA,
+        "device": dev.type,
+        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+        "dtype": str(p.dtype).removeprefix("torch."),
+        "drafter_dtype": str(drafter.dtype).removeprefix("torch."),
+        "target": target_hash or _model_hash(target_model),
+        "drafter_config": "sha256:" + hashlib.sha256(
+            json.dumps(drafter.cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if dev.type == "cuda" else None,
+        "transformers": transformers.__version__,
+        "payload": remote_payload.__version__,
+        "context_len": int(context_len),
+        "regime": regime,
+        "block_size": int(block_size),
+        "budgets": sorted({int(b) for b in budgets}),
+        "batch": 1,
+        "attention": _attention(target_model),
+    }
+    if dev.type == "cpu":  # a CPU's numbers depend on which CPU and how many threads
+        key["cpu"] = platform.processor() or platform.machine()
+        key["threads"] = torch.get_num_threads()
+    return key
+
+
+def measure(target_model, drafter, head, *, context_len: int, budgets: list[int], block_size: int, repeats: int = 5,
+            regime: str = "auto", target_hash: str | None = None, min_repeat_s: float = 0.01,
+            seed: int = 0) -> Latencies:
+    """At batch 1 in the models' dtype on their device: median of `repeats` timed runs after a warm-up (module
+    doc). decode_s: 1 token; verify_s[n] for n = block_size (a causal block) and each budget B + 1 (the DDTree of
+    `ddtree_tree`, under `tree_mask`, at positions context_len + depth); draft_s: `draft_hidden` at one anchor
+    (context K/V of context_len positions precomputed) + `logits_topk` with k = the largest budget.
+    regime "auto": CUDA graphs on CUDA when capture works, else eager (the reason in `note`); eager on CPU.
+    target_hash: the target's content hash, when the caller has it (else computed from the model's folder).
+    A budget B with B + 1 == block_size shares the block's entry (the same n tokens: the same cost)."""
+    if regime not in ("auto", *REGIMES):
+        raise ValueError(f"regime {regime!r}: use auto, eager or cuda-graphs")
+    if context_len < 1 or block_size < 2 or repeats < 1 or any(int(b) < 1 for b in budgets):
+        raise ValueError(f"measure: context_len {context_len} >= 1, block_size {block_size} >= 2, repeats "
+                         f"{repeats} >= 1 and budgets {list(budgets)} >= 1, please")
+    dev = next(target_model.parameters()).device
+    if regime == "cuda-graphs" and dev.type != "cuda":
+        raise ValueError(f"regime cuda-graphs needs a CUDA device; the target is on {dev}")
+    key = latency_key(target_model, drafter, context_len=context_len, budgets=budgets, block_size=block_size,
+                      regime=regime, target_hash=target_hash)
+    args = (target_model, drafter, head, context_len, budgets, block_size, repeats, min_repeat_s, seed, key)
+    note = ""
+    if regime == "cuda-graphs" or (regime == "auto" and dev.type == "cuda"):
+        try:
+            return _measure(*args, graphs=True)
+        except Exception as e:  # any capture failure: "auto" measures eager instead
+            if regime == "cuda-graphs":
+                raise
+            note = f"CUDA graphs failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); eager"
+            _sync(dev)
+    return _measure(*args, graphs=False, note=note)
+
+
+def _measure(*args, graphs: bool, note: str = "") -> Latencies:
+    dev = next(args[0].parameters()).device
+    try:
+        return _measure_once(*args, graphs=graphs, note=note)
+    finally:  # the cache, the graphs and their pools are gone with _measure_once's frame: give their memory back
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+@torch.inference_mode()
+def _measure_once(model, drafter, head, context_len, budgets, block_size, repeats, min_repeat_s, seed, key, *,
+                  graphs: bool, note: str) -> Latencies:
+    from remote_payload.eval.drafter import logits_topk
+    p = next(model.parameters())
+    dev, dtype = p.device, p.dtype
+    vocab = int(model.config.get_text_config().vocab_size)
+    g = torch.Generator().manual_seed(seed)
+    trees = {1: chain(1), block_size: chain(block_size)}
+    for b in sorted({int(b) for b in budgets}):
+        trees.setdefault(b + 1, ddtree_tree(b, block_size))
+    impl = key["attention"]
+    groups = _groups(model, impl)
+
+    def timed(fn):
+        if graphs:
+            fn = _graphed(fn, dev)
+        return _time(fn, dev, repeats, min_repeat_s)
+
+    secs = {}
+    with _attention_of(model, impl):
+        cache = _slot_cache(model, context_len + max(trees))
+        _prefill(model, cache, torch.randint(0, vocab, (context_len,), generator=g), groups)
+        for n, parents in trees.items():
+            step = _Step(model, cache, torch.randint(0, vocab, (n,), generator=g), parents, context_len, groups)
+            secs[n] = timed(lambda step=step: step().argmax(-1))  # the verify's answer: the target's token a node
+
+    # the drafter: one anchor at the end of a context_len context, K/V precomputed (not timed)
+    cfg = drafter.cfg
+    feats = torch.randn(context_len, cfg.fc_in_features, generator=g).to(dev, drafter.dtype)
+    ctx = drafter.precompute_context(feats)
+    anchor = torch.tensor([context_len], device=dev)
+    bonus = torch.randint(0, min(cfg.vocab_size, head.embed.shape[0]), (1,), generator=g).to(dev)
+    k = min(max([*budgets, 1]), cfg.vocab_size)
+
+    def draft():
+        hidden = drafter.draft_hidden(ctx, anchor, bonus, head, bounds=(context_len, context_len))
+        return logits_topk(hidden, head, k).topk_ids
+    draft_s = timed(draft)
+    return Latencies(device=str(dev), gpu=key["gpu"], dtype=str(dtype).removeprefix("torch."),
+                     regime="cuda-graphs" if graphs else "eager", context_len=int(context_len), decode_s=secs[1],
+                     verify_s={n: secs[n] for n in _verify_sizes(budgets, block_size)},
+                     draft_s=draft_s, key=key, note=note)
+
+
+# ---------------------------------------------------------------- the table
+
+def _norm(key: dict) -> dict:
+    return json.loads(json.dumps(key, sort_keys=True, default=str))
+
+
+class LatencyTable:
+    """Measured Latencies by key in one small JSON file ({"schema", "entries": [Latencies.to_json(), ...]}).
+    `get` returns the entry whose key equals the asked one; `put` adds or replaces by key (the newest
+    TABLE_MAX_ENTRIES kept) with an atomic write. A damaged file (unreadable, not JSON, wrong shape, an entry
+    out of shape) is ignored — a miss — and replaced by the next `put`; neither raises on it. A `put` that cannot
+    write returns False and says why in `error` (the numbers are then merely measured again next time)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.error: str | None = None
+
+    def _entries(self) -> list:
+        try:
+            if self.path.stat().st_size > TABLE_MAX_BYTES:
+                return []
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):  # missing, a folder, not UTF-8, not JSON, nested too deep
+            return []
+        if not isinstance(data, dict) or data.get("schema") != TABLE_SCHEMA or not isinstance(data.get("entries"), list):
+            return []
+        return data["entries"]
+
+    def get(self, key: dict) -> Latencies | None:
+        want = _norm(key)
+        for entry in reversed(self._entries()):
+            if isinstance(entry, dict) and entry.get("key") == want:
+                try:
+                    return Latencies.from_json(entry)
+                except (TypeError, ValueError):
+                    return None
+        return None
+
+    def put(self, lat: Latencies) -> bool:
+        from remote_payload.contract.protocol import atomic_write_json
+        want = _norm(lat.key)
+        entries = [e for e in self._entries() if not (isinstance(e, dict) and e.get("key") == want)]
+        entries = [*entries, _norm(lat.to_json())][-TABLE_MAX_ENTRIES:]
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.path, {"schema": TABLE_SCHEMA, "entries": entries})
+        except OSError as e:
+            self.error = f"cannot write {self.path}: {e}"
+            return False
+        self.error = None
+        return True

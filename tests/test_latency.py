@@ -1,0 +1,270 @@
+"""The latency model (remote_payload/eval/latency.py): the projection, the tree mask (checked against feeding each
+node's root-to-node path causally), measure() on the trained CPU fixtures, and the latency table."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from remote_payload.contract.contenthash import content_hash
+from remote_payload.eval import latency as L
+from remote_payload.eval import metrics
+
+
+@pytest.fixture(scope="module")
+def models(trained_fixtures):
+    """(target fp32 on CPU, its folder, drafter-good, its TargetHead) from the trained fixtures."""
+    from remote_payload.eval.checkpoint import load_drafter, load_target_head
+    from remote_payload.eval.target import load_target
+    root = Path(trained_fixtures)
+    target = load_target(root / "target", torch.device("cpu"), torch.float32)
+    drafter, _ = load_drafter(root / "drafter-good")
+    head, _ = load_target_head(root / "target", vocab_size=drafter.cfg.vocab_size, hidden_size=drafter.cfg.hidden_size)
+    return target, root / "target", drafter, head
+
+
+# ---------------------------------------------------------------- the projection
+
+def test_projected_speedup_on_known_latencies():
+    assert L.projected_speedup(4.0, 0.010, 0.002, 0.008) == pytest.approx(4.0)
+    assert L.projected_speedup(6.5, 0.020, 0.003, 0.012) == pytest.approx(6.5 * 20 / 15)
+    assert L.projected_speedup(1.0, 0.010, 0.0, 0.010) == pytest.approx(1.0)  # verify = decode, no drafting: 1x
+    for bad in ((4.0, 0.01, 0.0, 0.0), (-1.0, 0.01, 0.001, 0.001), (4.0, math.nan, 0.001, 0.001),
+                (4.0, 0.01, math.inf, 0.001)):
+        with pytest.raises(ValueError):
+            L.projected_speedup(*bad)
+
+
+def test_latencies_speedup_picks_the_verify_size():
+    lat = _lat(decode_s=0.010, draft_s=0.002, verify_s={16: 0.008, 33: 0.018})
+    assert lat.speedup(4.0) == pytest.approx(4.0)  # n = the key's block_size
+    assert lat.speedup(5.0, budget=32) == pytest.approx(5.0 * 0.010 / 0.020)
+    with pytest.raises(KeyError):
+        lat.speedup(4.0, budget=64)
+
+
+# ---------------------------------------------------------------- trees
+
+def test_tree_mask_against_a_hand_written_tree():
+    #        0
+    #      /   \
+    #     1     2
+    #    / \     \
+    #   3   4     5
+    #   |
+    #   6
+    parents = [-1, 0, 0, 1, 1, 2, 3]
+    want = torch.tensor([
+        [1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0, 0],
+        [1, 1, 0, 1, 0, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0],
+        [1, 0, 1, 0, 0, 1, 0],
+        [1, 1, 0, 1, 0, 0, 1],
+    ], dtype=torch.bool)
+    got = L.tree_mask(parents)
+    assert got.dtype == torch.bool and torch.equal(got, want)
+    assert L.tree_depths(parents) == [0, 1, 1, 2, 2, 2, 3]
+    assert torch.equal(L.tree_mask(L.chain(5)), torch.ones(5, 5, dtype=torch.bool).tril())  # a chain is causal
+    with pytest.raises(ValueError):
+        L.tree_mask([-1, 2, 0])  # a parent after its child
+
+
+def test_ddtree_tree_is_the_metrics_tree():
+    lp = L.synthetic_logprobs(15, 32)
+    assert np.all(np.diff(lp, axis=1) <= 0) and np.allclose(np.exp(lp).sum(1), 1)
+    nodes = metrics.ddtree_build(lp, 32)
+    parents = L.ddtree_tree(32, 16)
+    assert len(parents) == 33 and parents[0] == -1
+    depths = L.tree_depths(parents)
+    for j, ranks in enumerate(nodes, start=1):  # node j's parent is its prefix; its depth is its length
+        assert depths[j] == len(ranks)
+        assert parents[j] == (0 if len(ranks) == 1 else nodes.index(ranks[:-1]) + 1)
+    assert max(depths) > 2 and sum(p == 0 for p in parents) > 1  # a real tree: deep and branching
+
+
+@pytest.mark.parametrize("prefill_chunk", [1024, 4])  # the context prefilled at once, or in chunks of 4
+def test_tree_verify_gives_each_node_its_causal_path_logits(models, prefill_chunk, monkeypatch):
+    """The independent formulation: node i's logits from the tree-masked verify == the last logits of a plain
+    causal forward (no cache) over context + node i's root-to-node path."""
+    monkeypatch.setattr(L, "PREFILL_CHUNK", prefill_chunk)
+    target, _, _, _ = models
+    g = torch.Generator().manual_seed(3)
+    V = target.config.vocab_size
+    rng = np.random.default_rng(4)
+    lp = -np.sort(-rng.normal(size=(5, 4)) * 2, axis=1)
+    parents = L.ddtree_parents(metrics.ddtree_build(lp, 14))  # 15 nodes, random tree shape
+    assert max(L.tree_depths(parents)) >= 3 and len(set(parents)) > 4
+    context = torch.randint(0, V, (11,), generator=g)
+    nodes = torch.randint(0, V, (len(parents),), generator=g)
+    got = L.verify_logits(target, context, nodes, parents)
+    assert got.shape == (len(parents), V)
+    with torch.no_grad():
+        for i in range(len(parents)):
+            path, j = [], i
+            while j >= 0:
+                path.append(j)
+                j = parents[j]
+            ids = torch.cat([context, nodes[path[::-1]]])
+            ref = target(ids[None], use_cache=False).logits[0, -1]
+            torch.testing.assert_close(got[i], ref, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(got, L.verify_logits(target, context, nodes, parents, attention="sdpa"), atol=2e-5,
+                               rtol=1e-5)  # our GQA-folded attention == HF's own SDPA under the same mask
+    # the check has teeth: the same nodes fed causally (one chain) disagree at a node whose path is not a prefix
+    causal = L.verify_logits(target, context, nodes, L.chain(len(parents)))
+    off_chain = [i for i in range(len(parents)) if parents[i] != i - 1]
+    assert off_chain and max((causal[i] - got[i]).abs().max().item() for i in off_chain) > 1e-2
+
+
+# ---------------------------------------------------------------- measuring
+
+def test_measure_on_cpu_returns_positive_latencies_for_every_size(models):
+    target, tdir, drafter, head = models
+    budgets, bs = [4, 15, 32], drafter.cfg.block_size
+    lat = L.measure(target, drafter, head, context_len=24, budgets=budgets, block_size=bs, repeats=2,
+                    min_repeat_s=0.0)
+    assert sorted(lat.verify_s) == sorted({bs, *(b + 1 for b in budgets)}) == [5, 16, 33]  # 15 + 1 is the block
+    assert all(s > 0 and math.isfinite(s) for s in [lat.decode_s, lat.draft_s, *lat.verify_s.values()])
+    assert (lat.device, lat.gpu, lat.dtype, lat.regime, lat.context_len, lat.note) == ("cpu", None, "float32",
+                                                                                       "eager", 24, "")
+    # the key a caller computes before measuring is the one the result carries (table lookups hit)
+    assert lat.key == L.latency_key(target, drafter, context_len=24, budgets=budgets, block_size=bs)
+    assert lat.key["target"] == content_hash(tdir) == L.target_content_hash(tdir)
+    assert lat.key["regime"] == "auto" and lat.key["budgets"] == budgets and lat.key["context_len"] == 24
+    assert lat.key["attention"] == L.GQA_ATTENTION and target.config._attn_implementation == "sdpa"  # restored
+    assert lat.speedup(3.0) > 0
+    json.dumps(lat.to_json())  # JSON-ready
+
+
+def test_measure_regimes_on_cpu(models):
+    target, _, drafter, head = models
+    with pytest.raises(ValueError, match="CUDA"):
+        L.measure(target, drafter, head, context_len=8, budgets=[4], block_size=16, regime="cuda-graphs")
+    with pytest.raises(ValueError, match="regime"):
+        L.measure(target, drafter, head, context_len=8, budgets=[4], block_size=16, regime="graphs")
+    lat = L.measure(target, drafter, head, context_len=8, budgets=[], block_size=16, repeats=1, regime="eager",
+                    min_repeat_s=0.0)
+    assert lat.regime == "eager" and lat.key["regime"] == "eager" and sorted(lat.verify_s) == [16]
+
+
+def test_target_content_hash_follows_config_and_weights(trained_fixtures, tmp_path):
+    src = Path(trained_fixtures) / "target"
+    t = shutil.copytree(src, tmp_path / "target")
+    h = L.target_content_hash(t)
+    assert h == L.target_content_hash(src) and h.startswith("sha256-64MiB-tree:")
+    (t / "tokenizer.json").write_text("{}")  # not config or weights: same hash
+    assert L.target_content_hash(t) == h
+    cfg = json.loads((t / "config.json").read_text())
+    (t / "config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 1e-5}))
+    h2 = L.target_content_hash(t)
+    assert h2 != h
+    shard = min(t.glob("*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    assert L.target_content_hash(t) not in (h, h2)
+
+
+# ---------------------------------------------------------------- the table
+
+KEY = {"schema": L.LATENCY_SCHEMA, "device": "cuda", "gpu": "NVIDIA H200", "dtype": "bfloat16",
+       "target": "sha256-64MiB-tree:abc", "context_len": 2048, "regime": "auto", "block_size": 16,
+       "budgets": [32, 64], "torch": "2.11.0", "transformers": "5.17.0", "payload": "0.1.0"}
+
+
+def _lat(key=None, **kw) -> L.Latencies:
+    base = {"device": "cuda:0", "gpu": "NVIDIA H200", "dtype": "bfloat16", "regime": "cuda-graphs", "context_len": 2048,
+            "decode_s": 0.011, "verify_s": {16: 0.012, 33: 0.013, 65: 0.015}, "draft_s": 0.002, "key": dict(key or KEY)}
+    return L.Latencies(**{**base, **kw})
+
+
+def test_table_reuses_a_matching_key_and_misses_when_any_field_changes(tmp_path):
+    table = L.LatencyTable(tmp_path / "work" / "latency.json")  # the folder is made on the first put
+    assert table.get(KEY) is None
+    lat = _lat()
+    assert table.put(lat) and table.error is None
+    got = L.LatencyTable(tmp_path / "work" / "latency.json").get(dict(reversed(list(KEY.items()))))  # key order free
+    assert got == lat and isinstance(next(iter(got.verify_s)), int)
+    for field, other in (("gpu", "NVIDIA H100 80GB HBM3"), ("dtype", "float16"), ("target", "sha256-64MiB-tree:abd"),
+                         ("context_len", 4096), ("regime", "eager"), ("budgets", [32]), ("transformers", "5.18.0")):
+        assert table.get({**KEY, field: other}) is None, field
+    # a second entry beside the first; a put with an existing key replaces it
+    key2 = {**KEY, "context_len": 4096}
+    table.put(_lat(key=key2, context_len=4096, decode_s=0.012))
+    table.put(_lat(decode_s=0.020))
+    assert table.get(KEY).decode_s == 0.020 and table.get(key2).decode_s == 0.012
+    assert len(json.loads(table.path.read_text())["entries"]) == 2
+    assert not list(table.path.parent.glob(".*tmp"))  # the atomic write leaves no temp file
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "not-a-table", "bad-entry", "empty", "deep", "folder"])
+def test_table_survives_a_damaged_file(tmp_path, damage):
+    path = tmp_path / "latency.json"
+    good = L.LatencyTable(path)
+    good.put(_lat())
+    text = path.read_text()
+    if damage == "garbage":
+        path.write_bytes(b"\xff\xfe\x00garbage")
+    elif damage == "truncated":
+        path.write_text(text[: len(text) // 2])
+    elif damage == "not-a-table":
+        path.write_text(json.dumps([1, 2, 3]))
+    elif damage == "bad-entry":  # the key matches but a time is negative: skipped, never returned
+        data = json.loads(text)
+        data["entries"][0]["decode_s"] = -1
+        path.write_text(json.dumps(data))
+    elif damage == "empty":
+        path.write_text("")
+    elif damage == "deep":
+        path.write_text("[" * 100000 + "]" * 100000)
+    elif damage == "folder":
+        path.unlink()
+        path.mkdir()
+    table = L.LatencyTable(path)
+    assert table.get(KEY) is None
+    if damage == "folder":
+        assert table.put(_lat()) is False and "cannot write" in table.error  # said, not raised
+        return
+    assert table.put(_lat(decode_s=0.03))  # replaced by a good file
+    assert table.get(KEY).decode_s == 0.03
+    assert json.loads(path.read_text())["schema"] == L.TABLE_SCHEMA
+
+
+def test_latencies_json_round_trip_and_validation():
+    lat = _lat(note="CUDA graphs failed (X); eager", regime="eager")
+    assert L.Latencies.from_json(json.loads(json.dumps(lat.to_json()))) == lat
+    for bad in ({"regime": "graphs"}, {"decode_s": 0}, {"draft_s": "1"}, {"verify_s": {"x": 1.0}},
+                {"verify_s": {"16": math.inf}}, {"context_len": True}, {"key": []}):
+        d = {**lat.to_json(), **bad}
+        with pytest.raises((TypeError, ValueError)):
+            L.Latencies.from_json(d)
+    assert dataclasses.replace(lat, gpu=None) == L.Latencies.from_json({**lat.to_json(), "gpu": None})
+
+
+@pytest.mark.parametrize("ours", [True, False])  # our GQA-folded attention, HF's SDPA
+def test_a_decode_step_runs_without_a_mask_and_gives_the_masked_logits(models, ours):
+    """One token sees the whole context: it goes without a mask (HF's prepared-mask mapping of Nones, SDPA's
+    fastest kernel), and gives what the explicit 4D mask gives."""
+    target, _, _, _ = models
+    g = torch.Generator().manual_seed(5)
+    V = target.config.vocab_size
+    impl = L._attention(target) if ours else "sdpa"
+    assert (impl == L.GQA_ATTENTION) == ours
+    groups = L._groups(target, impl)
+    with torch.inference_mode(), L._attention_of(target, impl):
+        cache = L._slot_cache(target, 20)
+        L._prefill(target, cache, torch.randint(0, V, (19,), generator=g), groups)
+        step = L._Step(target, cache, torch.randint(0, V, (1,), generator=g), [-1], 19, groups)
+        unmasked = step()
+        assert step.mask_map is not None  # this transformers takes it
+        step.mask_map = None
+        torch.testing.assert_close(unmasked, step(), atol=1e-5, rtol=1e-5)
+        ids = torch.cat([torch.randint(0, V, (19,), generator=torch.Generator().manual_seed(5)), step.ids[0]])
+        torch.testing.assert_close(unmasked[0], target(ids[None], use_cache=False).logits[0, -1], atol=2e-5, rtol=1e-5)

@@ -29,13 +29,14 @@ def cache_kw(model) -> str:
 class _StaticStep:
     """One decode step over fixed buffers: reads tok/pos/cp/mask, writes the argmax into out and advances them."""
 
-    def __init__(self, model, cache, tok, pos, cp, mask, out, P: int):
+    def __init__(self, model, cache, tok, pos, cp, mask, out, P: int, forward=None):
         self.model, self.cache, self.P, self.kw = model, cache, P, cache_kw(model)
+        self.forward = forward or model
         self.tok, self.pos, self.cp, self.mask, self.out = tok, pos, cp, mask, out
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def __call__(self) -> None:
-        logits = self.model(input_ids=self.tok, attention_mask=self.mask, position_ids=self.pos,
+        logits = self.forward(input_ids=self.tok, attention_mask=self.mask, position_ids=self.pos,
                             cache_position=self.cp, use_cache=True, logits_to_keep=1,
                             **{self.kw: self.cache}).logits  # [B, 1, V]
         nxt = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1] long, on the device
@@ -46,16 +47,8 @@ class _StaticStep:
         self.cp.add_(1)
 
     def capture(self) -> None:
-        """Warm up on a side stream (allocations, lazy cache layers, kernel choice), then capture one step."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        saved = [t.clone() for t in (self.tok, self.pos, self.cp, self.mask, self.out)]
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self()
-        torch.cuda.current_stream().wait_stream(side)
-        for t, s in zip((self.tok, self.pos, self.cp, self.mask, self.out), saved):
-            t.copy_(s)  # the warm-up's writes into the KV cache are overwritten by the real steps
+        """Capture one step as a CUDA graph. The steps before it ran for real (the warm-up is real progress), so
+        every state the model or the cache keeps on the device, ours or its own, stays consistent."""
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self()
@@ -65,6 +58,15 @@ class _StaticStep:
             self.graph.replay()
         else:
             self()
+
+
+def _compiled(model):
+    """model.forward through torch.compile (fusion only: the CUDA graph is ours), once per model."""
+    fn = getattr(model, "_reval_compiled_forward", None)
+    if fn is None:
+        fn = torch.compile(model.forward, dynamic=False)
+        model._reval_compiled_forward = fn
+    return fn
 
 
 def _static_cache(model, B: int, L: int, device, dtype):
@@ -82,12 +84,14 @@ def _static_cache(model, B: int, L: int, device, dtype):
 
 @torch.no_grad()
 def greedy_static(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int], pad_id: int = 0, *,
-                  graphs: bool | None = None, eos_every: int = 16, bucket: int = 64) -> list[list[int]]:
+                  graphs: bool | None = None, compile: bool = False, eos_every: int = 16,
+                  bucket: int = 64) -> list[list[int]]:
     """Greedy completions of `prompts` (token id lists) at once; rows as `greedy_complete_batch` returns them.
 
     graphs: capture the decode step as a CUDA graph (default: on CUDA). eos_every: steps between the host's
     looks at the generated tokens (the only syncs of the loop). bucket: the padded prompt length is a multiple
-    of it, so a few shapes serve many batches."""
+    of it, so a few shapes serve many batches. compile: run the step through torch.compile (kernel fusion;
+    compiled once per model and shape) before capturing it."""
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     graphs = dev.type == "cuda" if graphs is None else graphs
@@ -123,11 +127,19 @@ def greedy_static(model, prompts: list[list[int]], max_new_tokens: int, eos_ids:
     mask[..., P] = 0.0  # slot P: the first completion token, fed by the first step
     out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=dev)
     out[:, :1] = first
-    step = _StaticStep(model, cache, tok, posb, cp, mask, out, P - 1)  # step k writes column cp - (P - 1)
-    if graphs and max_new_tokens > 1:
+    step = _StaticStep(model, cache, tok, posb, cp, mask, out, P - 1,  # step k writes column cp - (P - 1)
+                       forward=_compiled(model) if compile else None)
+    done = 1
+    if graphs and max_new_tokens > 3:
+        side = torch.cuda.Stream()  # warm-up (allocations, kernel choice, compilation): 2 real steps
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        done = 3
         step.capture()
     eos = torch.tensor(sorted(eos_ids) or [-1], device=dev)
-    done = 1
     while done < max_new_tokens:
         n = min(eos_every, max_new_tokens - done)
         for _ in range(n):

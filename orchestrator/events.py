@@ -1,7 +1,7 @@
 """Typed progress events of one run: what the CLI's progress bar draws, what `reval.Run.events()` yields.
 
 The payload writes events.jsonl (one JSON object a line) and eval.log; following a run turns them into
-    LogLine(text)                 a whole line of eval.log
+    LogLine(text, offset)         a whole line of eval.log and its byte offset there
     Progress(stage, ...)          an events.jsonl entry: step/steps (the payload's 5 steps), i/n (prompts)
     StatusChange(state, status)   status.json changed (state in the one vocabulary: runs.verdict)
     Note(text)                    the follower's own notes (a dropped connection, a reconnect)
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class LogLine:
     text: str
+    offset: int | None = None  # of the line in eval.log (where `logs -f` resumes; None: not known)
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,8 @@ class EventSink:
         self.emit(LogLine(text))
 
     def line_at(self, offset: int, text: str) -> None:
-        """A log line with its byte offset in eval.log (what follow hands every sink; most want the text)."""
-        self.line(text)
+        """A log line with its byte offset in eval.log (what follow hands every sink)."""
+        self.emit(LogLine(text, offset))
 
     def event(self, ev: dict) -> None:
         if isinstance(ev, dict):

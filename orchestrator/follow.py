@@ -20,7 +20,7 @@ from remote_payload.contract import protocol
 
 from .errors import HostKeyError, HostUnreachable, RevalError, RunNotFound
 from .events import EventSink
-from .runs import remote_run_dir, save_follow_state, verdict
+from .runs import remote_run_dir, reported_state, save_follow_state
 from .transport import Transport, q
 
 
@@ -142,13 +142,13 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
                         pending = lines.pop()
                         for raw in lines:
                             try:
-                                sink.event(json.loads(raw))
+                                sink.event(protocol.loads(raw))
                             except ValueError:
                                 continue
                     elif fr.tag == "S":
                         st = json.loads(fr.data)
                         res.status = {k: v for k, v in st.items() if k != "alive"}
-                        res.state = verdict(res.status, bool(st.get("alive")))
+                        res.state = reported_state(res.status, bool(st.get("alive")))
                         sink.status(st)
                     elif fr.tag == "D":
                         done = True

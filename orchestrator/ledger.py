@@ -82,8 +82,8 @@ class Ledger:
         self.hashes: dict[str, dict] = {}
         if self.path.exists():
             try:
-                data = json.loads(self.path.read_text(encoding="utf-8"))
-            except ValueError as e:
+                data = protocol.loads(self.path.read_text(encoding="utf-8"))
+            except ValueError as e:  # not JSON, or nested too deep
                 raise ConfigError(f"ledger {self.path} is not valid JSON ({e})",
                                   hint="restore it from a backup, or move it away to start a fresh ledger "
                                        "(everything would be evaluated again)") from e

@@ -1,7 +1,7 @@
 """Runs: where they live (remote run dirs, the local registry `runs/<host>/<run>/`), which host a RUN
 reference means, and the state vocabulary — including `lost` (status.json says running but its process
-group is gone), which is the controller's verdict and never written on the server. The probes that ask a
-host (status / ls / kill) are the SSH backend's: backends/ssh.py."""
+group is gone), which is the controller's word (`reported_state`) and never written on the server.
+The probes that ask a host (status / ls / kill) are the SSH backend's: backends/ssh.py."""
 from __future__ import annotations
 
 import json
@@ -80,7 +80,7 @@ def clean_status(st) -> dict:
     return out
 
 
-def verdict(status: dict, alive: bool) -> str:
+def reported_state(status: dict, alive: bool) -> str:
     """The state to report: status.json's, except `running` with no live process group is `lost`."""
     state = status.get("state", protocol.RUNNING)
     if state == protocol.RUNNING and not alive:
@@ -142,7 +142,7 @@ def remote_run_dir(workdir: str, run: str) -> str:
 def load_follow_state(host_name: str, run: str) -> dict:
     """The saved follow state; a damaged file (not JSON, not an object, a bad offset) counts as none."""
     try:
-        st = json.loads((local_run_dir(host_name, run) / FOLLOW_JSON).read_text(encoding="utf-8"))
+        st = protocol.loads((local_run_dir(host_name, run) / FOLLOW_JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     if not isinstance(st, dict):

@@ -103,3 +103,66 @@ def test_a_hosts_yaml_of_a_thousand_hosts_still_loads(tmp_path):
     ok.write_text("hosts:\n" + "".join(f"  h{i}: {{ssh: host{i}, tags: [a, b]}}\n" for i in range(1000)))
     p = bounded(tmp_path, "-i", str(ok), "hosts", mem_mb=400, timeout=30)
     assert p.returncode == 0 and "h999" in p.stdout, p.stderr
+
+
+# --- 6. nesting 100,000 deep in JSON -----------------------------------------------------------------------
+DEEP = b"[" * 100_000 + b"]" * 100_000  # 200 KB
+FAST = ["--payload", "dummy", "--", "--lines", "3", "--interval-s", "0"]
+
+
+def launch(here: Path, name: str, *extra: str) -> None:
+    """A finished dummy run `name` on the built-in local host (its folders: .reval/local/runs, runs/local)."""
+    p = bounded(here, "run", "local", "--name", name, *FAST, *extra, mem_mb=1024, timeout=120)
+    assert p.returncode in (0, 1, 2), p.stderr
+
+
+def test_json_nested_100000_deep_in_a_run_is_one_line_for_that_run_only(tmp_path):
+    for name in ("ok", "deep"):
+        launch(tmp_path, name)
+    launch(tmp_path, "bad", "--exit-code", "2")
+    remote, local = tmp_path / ".reval/local/runs", tmp_path / "runs/local"
+    (remote / "deep/status.json").write_bytes(DEEP)
+    (remote / "ok/events.jsonl").open("ab").write(DEEP + b"\n")  # the last event: what the listing reports
+    p = bounded(tmp_path, "ls", env={"COLUMNS": "200"})
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    rows = {ln.split()[1]: ln.split()[2] for ln in p.stdout.splitlines()[1:] if ln.startswith("local")}
+    assert rows == {"ok": "succeeded", "bad": "failed", "deep": "unknown"}, p.stdout
+    assert bounded(tmp_path, "ls", "--json").returncode == 0
+    p = bounded(tmp_path, "status", "deep")
+    assert p.returncode == 1 and "deep on local: unknown" in p.stdout, p.stderr[-2000:]
+    assert_one_line(bounded(tmp_path, "kill", "deep", "--grace-s", "0"), 3, "no readable status.json")
+    p = bounded(tmp_path, "prune", "--failed", "--yes")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert not (remote / "bad").exists() and (remote / "ok").exists() and (remote / "deep").exists()
+    # the laptop's copies: compare names the file, the other runs compare as before
+    for f in ("status.json", "run.json", "results.json"):
+        good = (local / "ok" / f).read_bytes()
+        (local / "ok" / f).write_bytes(DEEP)
+        p = bounded(tmp_path, "compare", "local/ok")
+        assert_one_line(p, 3, f"runs/local/ok/{f}", "nested more than 64 levels deep")
+        (local / "ok" / f).write_bytes(good)
+    (local / "ok/.follow.json").write_bytes(DEEP)  # damaged follow state is none: the log from its start
+    p = bounded(tmp_path, "logs", "ok", "-f", timeout=60)
+    assert p.returncode == 0 and "prompt1" in p.stdout, p.stderr[-2000:]
+
+
+def test_the_standalone_runstate_probe_reports_each_run_despite_a_deep_one(tmp_path):
+    """runstate.py as the host runs it (a script on stdin, stdlib only): a deep status.json or last event is
+    that run's damage; every other run is still listed, and every line it prints is JSON."""
+    import json
+    for name, status, events in (("a", b'{"state": "succeeded"}', b'{"t": 1, "type": "x"}\n'),
+                                 ("b", DEEP, b""), ("c", b'{"state": "failed"}', DEEP + b"\n"),
+                                 ("d", b"[" * 500 + b"]" * 500, b"")):  # parses, but too deep to pass on
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "status.json").write_bytes(status)
+        (tmp_path / name / "events.jsonl").write_bytes(events)
+    src = (REPO / "remote_payload/contract/runstate.py").read_bytes()
+    p = subprocess.run([sys.executable, "-", "probe", str(tmp_path)], input=src, capture_output=True,
+                       timeout=30, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (256 * MiB,) * 2),
+                       cwd="/", env={"PATH": os.environ["PATH"]}, check=False)
+    assert p.returncode == 0, p.stderr
+    recs = {r["name"]: r for r in map(json.loads, p.stdout.splitlines())}
+    assert recs["a"]["status"] == {"state": "succeeded"} and recs["a"]["last_event"]["type"] == "x"
+    assert recs["b"]["status"] is None and "nested more than 64" in recs["b"]["status_error"]
+    assert recs["c"]["status"] == {"state": "failed"} and recs["c"]["last_event"] == {}
+    assert recs["d"]["status"] is None and "nested more than 64" in recs["d"]["status_error"]

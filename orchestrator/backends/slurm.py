@@ -9,7 +9,7 @@ Per run, on the shared filesystem: `runs/<run>/.slurm.json` (the job id, written
 `runs/<run>/.run.json.job` (what was asked, copied for the wrapper at every (re)start), and
 `slurm/<submission>/job.sh` (the submitted script; with `<i>` links to the array's run dirs).
 State = Slurm's word while it knows the job (scontrol), then sacct where accounting exists, then the
-wrapper's status.json; a terminal verdict that differs from status.json is recorded there once.
+wrapper's status.json; a terminal state that differs from status.json is recorded there once.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from remote_payload.contract import protocol
 
 from .. import slurmjobs
 from ..errors import ConfigError, RevalError, RunNotFound
+from ..gpuspec import GPUS_SCHEDULER
 from ..runs import (
     RunState,
     check_local_runs_root,
@@ -33,7 +34,7 @@ from ..runs import (
     symlink_refused,
 )
 from ..transport import q
-from .base import GPUS_SCHEDULER, Backend, JobHandle, Launch, Submission
+from .base import BATCH_STATE, BATCH_SUBMIT, Backend, JobHandle, Launch, Submission
 from .ssh import preflight_sh, script_refusal, wrapper_argv
 
 JOB_ID_ENV = slurmjobs.JOB_ID_ENV
@@ -107,10 +108,22 @@ class SlurmBackend(Backend):
 
     kind = "slurm"
     queues = True
+    abilities = frozenset({BATCH_SUBMIT, BATCH_STATE})  # one job array; every run's state in two round trips
 
     @property
     def spec(self) -> slurmjobs.SlurmSpec:
         return self.host.slurm
+
+    def run_slots(self, list_gpus) -> list[str]:
+        """Slurm places the runs (their GPUs are the job's): K of them at once, the array's %K."""
+        return [GPUS_SCHEDULER] * self.spec.max_running
+
+    def describe_batch(self, launches: list[Launch]) -> str:
+        """`job array 123 (at most 2 at once)`, or `job 123` for one run."""
+        first = launches[0].handle.job_id.split("_")[0] if launches else "?"
+        if len(launches) > 1:
+            return f"job array {first} (at most {min(len(launches), self.spec.max_running)} at once)"
+        return f"job {first}"
 
     # -- submit ----------------------------------------------------------------------------------------
     def submit(self, sub: Submission) -> Launch:
@@ -236,11 +249,11 @@ class SlurmBackend(Backend):
             job = jobs.get(want[name]) if want[name] else None
             if (st.get("slurm_state") and st.get("state") in protocol.TERMINAL_STATES) or (job is None and st
                                                                                           and not want[name]):
-                v = slurmjobs.verdict(None, st)  # the recorded end (Slurm's word already in it), or lost
+                v = slurmjobs.slurm_run_state(None, st)  # the recorded end (Slurm's word already in it), or lost
             elif job is None and not want[name]:
-                v = slurmjobs.Verdict(protocol.LOST, "no Slurm job recorded")
+                v = slurmjobs.SlurmRunState(protocol.LOST, "no Slurm job recorded")
             else:
-                v = slurmjobs.verdict(job, st)
+                v = slurmjobs.slurm_run_state(job, st)
                 fixed = slurmjobs.final_status(st, v, job) if job is not None else None
                 if fixed and "finished_at" not in st and r["NOW"] is not None:  # the cluster's clock, not ours
                     fixed["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r["NOW"]))
@@ -343,8 +356,8 @@ class SlurmBackend(Backend):
 
 def _json_obj(text: str) -> dict:
     try:
-        v = json.loads(text) if text.strip() else {}
-    except ValueError:
+        v = protocol.loads(text) if text.strip() else {}
+    except ValueError:  # not JSON, or nested too deep
         return {}
     return v if isinstance(v, dict) else {}
 

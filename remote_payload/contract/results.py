@@ -26,6 +26,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from remote_payload.contract import runstate
 from remote_payload.contract.protocol import RESULTS_SCHEMA as SCHEMA
 
 SCHEMA_VERSION = int(SCHEMA.rsplit("/", 1)[1])
@@ -111,6 +112,11 @@ class CacheInfo(Record):
     fingerprint: str = doc("content fingerprint of the cache (`sha256:<hex>`)")
     layer_ids: list[int] = doc("target layers the cache holds")
     num_prompts_total: int = doc("prompts in the cache (the eval reads the first options.num_prompts)")
+    argmax_agreement: float | None = doc(
+        "exactness of the cache as `extract` recorded it: the fraction of its completion positions (all prompts) "
+        "where the target's argmax over its own prefill is the cached next token; 1.0: tokens and hidden states "
+        "agree exactly; below 0.99 the run is marked suspect (health.reasons). Null: not recorded (a cache "
+        "extracted before it was, or a seeds cache)", None)
 
 
 @dataclass(kw_only=True)
@@ -271,9 +277,44 @@ class Online(Record):
     spec_s: float = doc("total wall seconds, speculative decoding")
     target_only_s: float = doc("total wall seconds, target-only greedy decoding of the same prompts")
     measured_speedup: float | None = doc("target_only_s / spec_s (this device, batch 1, eager transformers)")
+    projected_speedup: float | None = doc("the block's projected speedup (`speedup.projected.block`) beside it, "
+                                          "when --speedup measured it; its regime may differ (see speedup.regime)",
+                                          None)
     prompts_with_cache_mismatch: int = doc("prompts where the target's own greedy tokens differ from the cache's "
                                            "(the cache was not made by this target in this dtype)")
     per_prompt: list[OnlinePrompt] = doc("per prompt")
+
+
+@dataclass(kw_only=True)
+class SuiteSpeedup(Record):
+    name: str = doc("the suite")
+    projected: dict[str, float | None] = doc("per method (`block`, `ddtree_<B>`): tau x t(decode) / (t(draft) + "
+                                             "t(verify)) with this suite's tau")
+    best_method: str | None = doc("the method with the highest projected speedup")
+
+
+@dataclass(kw_only=True)
+class Speedup(Record):
+    regime: str = doc("`cuda-graphs` (every step captured and replayed, as a serving engine runs) or `eager`")
+    device: str = doc("where the latencies were measured")
+    gpu: str | None = doc("the GPU's name (null on CPU)")
+    dtype: str = doc("the target's dtype")
+    context_len: int = doc("KV-cache length the steps were measured at (the evaluated prompts' mean length)")
+    decode_s: float = doc("one target decode step (1 token), batch 1")
+    draft_s: float = doc("one drafter block at one anchor (context K/V precomputed), lm_head and top-k included")
+    verify_s: dict[str, float] = doc("target verify forward of n tokens (key n): the block (block_size) and each "
+                                     "DDTree budget's tree (B + 1 tokens, tree attention mask)")
+    target_hash: str = doc("the target's content hash (part of the latency table's key)")
+    reused: bool = doc("taken from the host's latency table (same GPU, dtype, target, versions, context length) "
+                       "instead of measured by this run")
+    measure_s: float = doc("seconds this run spent measuring (0 when reused)")
+    note: str = doc("why the regime fell back to eager, when it did", "")
+    projected: dict[str, float | None] = doc("per method (`block`, `ddtree_<B>`): tau x t(decode) / (t(draft) + "
+                                             "t(verify)) over all prompts")
+    best_method: str | None = doc("the method with the highest projected speedup (the DDTree budget that pays, "
+                                  "not the largest one)")
+    best_speedup: float | None = doc("its projected speedup")
+    by_suite: list[SuiteSpeedup] | None = doc("the same per benchmark suite (null: one cache)", None)
 
 
 @dataclass(kw_only=True)
@@ -295,6 +336,8 @@ class Result(Record):
     suites: list[Suite] | None = doc("per benchmark suite (`--cache NAME=PATH` repeated): its cache, metrics and "
                                      "prompts; null: one cache", None)
     suite_mean: SuiteMean | None = doc("the mean over suites (null: one cache)", None)
+    speedup: Speedup | None = doc("`--speedup`: measured latencies and the projected speedup per method (null: "
+                                  "not measured)", None)
     online: Online | None = doc("`--online N`: the spot check of the offline walk by real speculative decoding "
                                 "(null: not run)", None)
     source: Path | None = field(default=None, repr=False, compare=False, metadata={"internal": True})
@@ -319,8 +362,8 @@ class Result(Record):
         except UnicodeDecodeError:
             raise ResultsError(f"{path}: not UTF-8 text") from None
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
+            data = runstate.loads(text)
+        except ValueError as e:  # JSONDecodeError, or nested past runstate.MAX_JSON_DEPTH
             raise ResultsError(f"{path}: not valid JSON ({e})") from None
         return cls.from_dict(data, source=path)
 

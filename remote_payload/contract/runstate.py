@@ -30,6 +30,32 @@ import time
 
 RUN_ID_ENV = "REVAL_RUN_ID"
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+MAX_JSON_DEPTH = 64  # reval's own files nest about 5 levels; 100,000 is a RecursionError in json (or later)
+MAX_STATUS_BYTES = 1 << 20  # a status.json is a few KB
+
+
+def json_too_deep(obj, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a parsed value nests lists/objects more than `limit` levels (iterative: never recurses)."""
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, (dict, list)):
+            if d > limit:
+                return True
+            stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return False
+
+
+def loads(raw):
+    """json.loads of an untrusted file's text or bytes; nesting past MAX_JSON_DEPTH is a ValueError too (it was
+    a RecursionError, which `except ValueError` misses, here or wherever the value is walked or dumped later)."""
+    try:
+        obj = json.loads(raw)
+        if not json_too_deep(obj):
+            return obj
+    except RecursionError:
+        pass
+    raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
 
 
 def boot_id() -> str | None:
@@ -110,15 +136,17 @@ def _read_status(run_dir: str) -> tuple[object, str | None]:
     """(parsed status.json or None, why it could not be used or None)."""
     try:
         with open(os.path.join(run_dir, "status.json"), "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_STATUS_BYTES + 1)
     except FileNotFoundError:
         return None, None
     except OSError as e:
         return None, f"unreadable: {e.strerror}"
+    if len(raw) > MAX_STATUS_BYTES:
+        return None, f"larger than {MAX_STATUS_BYTES >> 20} MiB"
     try:
-        st = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None, "not valid JSON"
+        st = loads(raw.decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError, JSONDecodeError, too deep
+        return None, "not valid JSON" + (f" ({e})" if "nested" in str(e) else "")
     if not isinstance(st, dict):
         return None, f"a JSON {type(st).__name__}, not an object"
     return st, None
@@ -134,9 +162,9 @@ def _last_event(run_dir: str) -> dict:
         return {}
     for line in reversed(tail.split(b"\n")[1:] if len(tail) == 65536 else tail.split(b"\n")):
         try:
-            ev = json.loads(line)
+            ev = loads(line)
         except ValueError:
-            continue  # a partial line (being written) or damage
+            continue  # a partial line (being written) or damage (too deep included)
         if isinstance(ev, dict):
             return ev
     return {}

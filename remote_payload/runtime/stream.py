@@ -73,10 +73,10 @@ def read_status(run_dir: Path, probe=None) -> tuple[dict | None, bool, bytes, st
     `probe()` (a scheduler's liveness) replaces the process-group check."""
     path = run_dir / protocol.STATUS_JSON
     try:
-        first = json.loads(path.read_bytes())
+        first = protocol.loads(path.read_bytes())  # nested too deep is a ValueError too
         alive = probe() if probe is not None else protocol.run_alive(first)
         raw = path.read_bytes()
-        status = json.loads(raw)
+        status = protocol.loads(raw)
     except FileNotFoundError:
         return None, probe() if probe else True, b"", None
     except ValueError:  # not JSON (json.JSONDecodeError is a ValueError), or not UTF-8

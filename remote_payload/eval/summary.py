@@ -82,6 +82,11 @@ def print_summary(results: dict) -> None:
              *[(f"suite {x['name']} tau", f"{_fmt(x['metrics']['tau'], 2)} ({x['metrics']['num_prompts']} prompts)")
                for x in results.get("suites") or []],
              *([("tau, mean over suites", _fmt(results["suite_mean"]["tau"], 2))] if results.get("suite_mean") else []),
+             *([("projected speedup", " ".join(f"{k.replace('ddtree_', 'DDT-')} {v:.2f}x"
+                                                for k, v in results["speedup"]["projected"].items() if v is not None)),
+                ("best by speedup", (f"{results['speedup']['best_method']} "
+                                     f"({_fmt(results['speedup']['best_speedup'], 2)}x, {results['speedup']['regime']})"))]
+               if results.get("speedup") else []),
              *([("online (block)", (f"{results['online']['rounds_agreeing']}/{results['online']['rounds']} rounds "
                                     f"= offline · measured speedup {_fmt(results['online']['measured_speedup'], 2)}x"))]
                if results.get("online") else []),

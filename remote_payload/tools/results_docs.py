@@ -23,8 +23,10 @@ from remote_payload.contract.results import (
     Options,
     PromptResult,
     Result,
+    Speedup,
     Suite,
     SuiteMean,
+    SuiteSpeedup,
     Target,
     Timing,
     _hints,
@@ -36,7 +38,8 @@ _SECTIONS = [(Result, "results.json"), (Drafter, "drafter"), (LayerAttention, "d
              (Metrics, "metrics"), (DDTreeBest, "metrics.ddtree_best"), (PromptResult, "per_prompt[]"),
              (FirstBlock, "per_prompt[].first_block"), (Health, "health"), (Timing, "timing"),
              (Environment, "environment"), (Suite, "suites[]"), (SuiteMean, "suite_mean"),
-             (Online, "online"), (OnlinePrompt, "online.per_prompt[]")]
+             (Online, "online"), (OnlinePrompt, "online.per_prompt[]"), (Speedup, "speedup"),
+             (SuiteSpeedup, "speedup.by_suite[]")]
 
 
 def markdown() -> str:

@@ -1,0 +1,58 @@
+"""`eval --speedup`: the target's latencies measured once per host (the latency table in the workdir, reused by
+later runs, re-measured when damaged), the projection tau x t(decode) / (t(draft) + t(verify)) per method and per
+suite, the best method by speedup; on the CPU fixtures (numbers: the tiny model's, only their arithmetic counts)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from remote_payload.__main__ import main as payload_main
+from remote_payload.eval.latency import projected_speedup
+
+
+@pytest.fixture(scope="module")
+def fx(trained_fixtures) -> dict[str, Path]:
+    meta = json.loads((trained_fixtures / "fixtures.json").read_text())
+    return {k: trained_fixtures / v for k, v in meta["paths"].items() if isinstance(v, str)}
+
+
+def _eval(work: Path, name: str, fx, *caches: str) -> dict:
+    argv = ["eval", "--drafter", str(fx["drafter_good"]), "--target", str(fx["target"]), "--device", "cpu",
+            "--num-prompts", "2", "--max-blocks", "4", "--ddtree-budgets", "16,64", "--speedup",
+            "--run-dir", str(work / "runs" / name)]
+    for c in caches or (str(fx["cache"]),):
+        argv += ["--cache", c]
+    assert payload_main(argv) == 0
+    return json.loads((work / "runs" / name / "results.json").read_text())
+
+
+def test_projection_per_method_and_suite_and_the_table_reused(fx, tmp_path, capsys):
+    first = _eval(tmp_path, "a", fx, f"x={fx['cache']}", f"y={fx['cache']}")
+    sp = first["speedup"]
+    assert not sp["reused"] and sp["measure_s"] > 0 and (tmp_path / "latency.json").is_file()
+    assert set(sp["verify_s"]) == {"16", "17", "65"}  # the block, DDTree-16 (17 tokens), DDTree-64 (65 tokens)
+    m = first["metrics"]
+    want_block = projected_speedup(m["tau"], sp["decode_s"], sp["draft_s"], sp["verify_s"]["16"])
+    want_64 = projected_speedup(m["ddtree_tau"]["64"], sp["decode_s"], sp["draft_s"], sp["verify_s"]["65"])
+    assert sp["projected"]["block"] == pytest.approx(want_block, rel=1e-3)
+    assert sp["projected"]["ddtree_64"] == pytest.approx(want_64, rel=1e-3)
+    assert sp["best_speedup"] == max(v for v in sp["projected"].values() if v is not None)
+    assert sp["projected"][sp["best_method"]] == sp["best_speedup"]
+    assert [s["name"] for s in sp["by_suite"]] == ["x", "y"]
+    assert sp["by_suite"][0]["projected"] == sp["projected"]  # both suites are the same cache here
+    out = capsys.readouterr().out
+    assert "projected speedup" in out and "best by speedup" in out
+    again = _eval(tmp_path, "b", fx, f"x={fx['cache']}", f"y={fx['cache']}")
+    assert again["speedup"]["reused"] and again["speedup"]["measure_s"] == 0
+    assert again["speedup"]["decode_s"] == sp["decode_s"]
+    assert "reused from" in capsys.readouterr().out
+
+
+def test_a_damaged_latency_table_is_measured_again_not_a_traceback(fx, tmp_path, capsys):
+    (tmp_path / "latency.json").write_text('{"schema": "reval.latency-table/1", "entries": [{"key": 1}')
+    res = _eval(tmp_path, "c", fx)
+    assert res["speedup"]["reused"] is False and res["speedup"]["by_suite"] is None
+    assert json.loads((tmp_path / "latency.json").read_text())["entries"]  # replaced by a good table
+    assert "Traceback" not in capsys.readouterr().err

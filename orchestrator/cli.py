@@ -1,6 +1,7 @@
-"""`reval`: a thin argparse layer over the library modules. Each sub-command lives in
-orchestrator/commands/<name>.py and exposes `register(subparsers)`; this file only builds the parser,
-dispatches, and turns expected errors into one clear line + exit code (errors.py)."""
+"""`reval`: a thin argparse layer over the `reval` API (reval/__init__.py). Each sub-command lives in
+orchestrator/commands/<name>.py and exposes `register(subparsers)`: it parses its arguments, calls the API and
+prints what comes back; this file only builds the parser, dispatches, and turns expected errors into one clear
+line + exit code (errors.py)."""
 from __future__ import annotations
 
 import argparse

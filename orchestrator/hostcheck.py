@@ -74,6 +74,7 @@ print(json.dumps(out))
 
 @dataclass
 class HostCheck:
+    """One host's `hosts check`: `ok`, `reachable`, or `error` (one line) and `hint` (the fix); what was found."""
     host: str
     address: str
     reachable: bool = False

@@ -26,6 +26,7 @@ NOT_SUCCEEDED = (protocol.FAILED, protocol.LOST, protocol.CANCELLED)
 
 @dataclass
 class Removal:
+    """One run to remove (remove.plan): where it goes from, the host's run directory and/or the copy here."""
     host: str
     name: str
     state: str                   # as the host reported it; "gone" when only the copy here was left

@@ -1,28 +1,28 @@
 """`reval run` path arguments: relative paths mean the controller's cwd on the local host and are refused
-(with the fix) on a remote host, where they would silently resolve against the payload folder."""
-import argparse
-
+(with the fix) on a remote host, where they would silently resolve against the payload folder. The rule is the
+API's (reval.check_spec, which reval.submit applies too); `reval run` calls it."""
 import pytest
 
-from orchestrator.commands.run import host_paths
+import reval
 from orchestrator.errors import ConfigError
 from orchestrator.inventory import Host
 
 
-def ns(**kw):
-    return argparse.Namespace(**{"drafter": None, "target": None, "cache": None, **kw})
-
-
 def test_local_relative_paths_become_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    a = ns(drafter="d", target="/abs/t", cache="sub/c")
-    host_paths(a, Host(name="local", local=True))
+    spec = reval.EvalSpec(drafter="d", target="/abs/t", cache="sub/c")
+    a = reval.check_spec(Host(name="local", local=True), spec)
     assert (a.drafter, a.target, a.cache) == (str(tmp_path / "d"), "/abs/t", str(tmp_path / "sub" / "c"))
+    assert spec.drafter == "d"  # the caller's spec is left as it was
+    suites = reval.check_spec(Host(name="local", local=True), reval.EvalSpec(drafter="/d", target="/t",
+                                                                             cache=["math=m", "code=/c"]))
+    assert suites.cache == [f"math={tmp_path / 'm'}", "code=/c"]  # --cache NAME=PATH: the PATH part
 
 
 def test_remote_relative_path_is_refused_with_the_fix():
     with pytest.raises(ConfigError) as e:
-        host_paths(ns(drafter="/ok", cache="cache"), Host(name="gpu1", address="gpu1.example.internal"))
+        reval.check_spec(Host(name="gpu1", address="gpu1.example.internal"),
+                         reval.EvalSpec(drafter="/ok", target="/t", cache="cache"))
     assert "--cache 'cache' is relative" in str(e.value) and "gpu1" in str(e.value)
     assert e.value.exit_code == 3 and e.value.hint == "e.g. --cache /data/cache"
 

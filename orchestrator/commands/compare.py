@@ -6,10 +6,9 @@ import os
 import sys
 from pathlib import Path
 
-from .. import compare, pull, report, runs, suites, tables
-from ..errors import ConfigError
-from ..inventory import load_inventory
-from ..transport import get_transport, resolve_workdir
+import reval
+
+from .. import report, suites, tables
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,13 +47,9 @@ def main(args: argparse.Namespace) -> int:
     if args.pull:
         for spec in list(args.runs) + ([args.baseline] if args.baseline else []):
             print(f"pulled  {pull_spec(args.inventory, spec)}", file=sys.stderr)
-    paths = [compare.resolve_run(s, args.runs_dir) for s in args.runs]
-    runs = [compare.load_run(p) for p in paths]
-    baseline = compare.load_run(compare.resolve_run(args.baseline, args.runs_dir)) if args.baseline else None
-    if baseline is not None and baseline.result is None:
-        raise ConfigError(f"baseline {args.baseline!r} has no results ({baseline.state})",
-                          hint="pick a finished run as --baseline")
-    cmp = compare.compare(runs, baseline, allow_incomparable=args.allow_incomparable)
+    found = reval.compare(args.runs, baseline=args.baseline, allow_incomparable=args.allow_incomparable,
+                          runs_dir=args.runs_dir)
+    cmp = found.model  # what the tables are drawn from
     main_t = tables.main_table(cmp, args.threshold)
     paired_t = tables.paired_table(cmp, args.threshold)
     if args.by == "suite":
@@ -63,11 +58,9 @@ def main(args: argparse.Namespace) -> int:
     if args.per_prompt:
         extra.append(tables.per_prompt_table(cmp))
     if args.plot:
-        from .. import plots  # matplotlib only when asked
-        print(f"plot    {plots.save_comparison_plot(cmp, args.plot)}", file=sys.stderr)
+        print(f"plot    {found.save_plot(args.plot)}", file=sys.stderr)
     if args.html:
-        from .. import html
-        print(f"html    {html.write_comparison_report(cmp, args.html, threshold=args.threshold)}", file=sys.stderr)
+        print(f"html    {found.write_html(args.html, threshold=args.threshold)}", file=sys.stderr)
     if args.format == "json" and args.by == "suite":
         sys.stdout.write(report.render_json(suites.suite_json(cmp)))
     elif args.format == "json":
@@ -85,7 +78,5 @@ def pull_spec(inventory_path: str | None, spec: str) -> str:
     """Pull one RUN (HOST/NAME, or a NAME found on one host) into runs/<host>/<name>/; a path is left as is."""
     if "/" in spec and Path(spec).is_dir():
         return f"{spec} (a local folder: not pulled)"
-    inv = load_inventory(inventory_path)
-    host, name = runs.resolve_run(inv, spec)
-    t = get_transport(host)
-    return f"{host.name}/{name} -> {pull.pull(t, name, workdir=resolve_workdir(t)).path}/"
+    p = reval.find(spec, inventory=inventory_path).pull()
+    return f"{p.host}/{p.name} -> {p.path}/"

@@ -9,14 +9,18 @@ the final drafter through the `reval` API (the same lifecycle as `reval run`), a
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
 
+import reval
+
+from .. import report, tables
 from ..argparsing import positive_int
-from ..errors import EXIT_OK, EvalFailed
-from ..transport import q
+from ..backends.ssh import normalize_gpus
+from ..errors import EXIT_OK
+from .run import launch_line
+from .runs import finish_run, make_sink
 
 
 def register(sub) -> None:
@@ -30,67 +34,39 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-def _stream(t, cmd: str) -> int:
-    """Run `cmd` on the host, printing its output as it comes (fixture building takes a minute or two)."""
-    proc = t.popen(cmd)
-    assert proc.stdout is not None
-    for line in iter(proc.stdout.readline, b""):
-        print("  " + line.decode(errors="replace").rstrip(), flush=True)
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    rc = proc.wait()
-    if rc:
-        sys.stderr.write(err[-2000:])
-    return rc
-
-
 def cmd_demo(args) -> int:
-    """A thin layer over the `reval` API: reval.submit / Run / reval.compare, the CLI's display on top."""
-    import reval
-
-    from .. import compare, report, tables
-    from ..backends import get_backend
-    from ..backends.ssh import describe, normalize_gpus
-    from ..lifecycle import prepare
-    from .runs import finish_run, make_sink
+    """A thin layer over the `reval` API: prepare (once), build_fixtures, submit / finish, compare; the CLI's
+    display on top."""
     inv = reval.Inventory.load(args.inventory)
     host = inv[args.host]
     t0 = time.monotonic()
-    backend = get_backend(host)
-    env = prepare(backend).env
-    t, workdir = backend.transport, backend.workdir()
-    fixtures = f"{workdir}/fixtures"
+    prep = reval.prepare(host)  # the payload and its venv, once for the fixtures and both evals
+    fixtures = f"{prep.workdir}/fixtures"
     print(f"demo    building the tiny fixtures on {host.name} (cached after the first time): {fixtures}")
-    rc = _stream(t, f"cd {q(workdir + '/payload')} && PYTHONUNBUFFERED=1 {q(env.python)} -m remote_payload "
-                    f"fixtures --out {q(fixtures)} 2>&1")
-    if rc:
-        raise EvalFailed(f"building the fixtures on {host.name} failed (exit {rc})",
-                         hint="see the output above; rerun with: python -m remote_payload fixtures --out DIR")
-    meta = json.loads(t.run(f"cat {q(fixtures + '/fixtures.json')}").stdout)
-    paths = meta["paths"]
-    steps = list(paths["drafters"])  # drafters/step-NNNN in training order
-    early = args.early or steps[min(1, len(steps) - 1)]
+    try:
+        fx = reval.build_fixtures(host, out=fixtures, prepared=prep, on_line=lambda line: print("  " + line, flush=True))
+    except reval.Error as e:
+        sys.stderr.write(getattr(e, "stderr", ""))
+        raise
+    early = args.early or fx.drafters[min(1, len(fx.drafters) - 1)]  # drafters/step-NNNN in training order
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     results, refs = [], []
-    for label, drafter in (("early", early), ("final", paths["drafter_good"])):
+    for label, drafter in (("early", early), ("final", fx.drafter_good)):
         name = f"demo-{label}-{stamp}"
         print(f"\ndemo    eval {label} drafter {drafter} as {name}")
-        spec = reval.EvalSpec(drafter=f"{fixtures}/{drafter}", target=f"{fixtures}/{paths['target']}",
-                              cache=f"{fixtures}/{paths['cache']}", max_blocks=args.max_blocks)
-        run = reval.submit(host, spec, name=name)
-        print(f"launch  {describe(run.handle.launch, normalize_gpus(host.gpus))}", flush=True)
-        rc = finish_run(run.handle, sink=make_sink())  # the same follow/pull/final line as `reval run`
+        run = reval.submit(host, fx.spec(drafter, max_blocks=args.max_blocks), name=name, prepared=prep)
+        print(f"launch  {launch_line(run.launch, normalize_gpus(host.gpus))}", flush=True)
+        rc = finish_run(run, sink=make_sink())  # the same follow/pull/final line as `reval run`
         if rc != EXIT_OK:
             return rc
-        results.append(reval.load(run.handle.local_dir))
+        results.append(reval.load(run.ref))
         refs.append(run.ref)
     print(f"\ndemo    comparing: reval compare {' '.join(refs)} --baseline {refs[-1]}")
-    cmp = reval.compare(results, baseline=results[-1])
-    compare.require_comparable(cmp.model)
+    cmp = reval.compare(results, baseline=results[-1], allow_incomparable=False)
     paired = tables.paired_table(cmp.model)  # the early checkpoint paired by prompt with the final one
     report.print_tables([tables.main_table(cmp.model)] + ([paired] if paired else []))
     if args.plot:
-        from .. import plots  # matplotlib only when asked
-        print(f"plot    {plots.save_comparison_plot(cmp.model, args.plot)}", file=sys.stderr)
+        print(f"plot    {cmp.save_plot(args.plot)}", file=sys.stderr)
     print(f"\ndemo    done in {time.monotonic() - t0:.0f}s. Next: reval compare {shlex.join(refs)} --per-position "
           f"--plot demo.png")
     return EXIT_OK

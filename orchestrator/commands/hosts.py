@@ -7,9 +7,11 @@ import json
 
 from rich.table import Table
 
+import reval
+
 from ..argparsing import positive_int
-from ..hostcheck import HostCheck, check_hosts, describe_address, exit_code
-from ..inventory import Inventory, load_inventory
+from ..hostcheck import HostCheck, describe_address, exit_code
+from ..inventory import Inventory
 from ..report import listing_console
 
 
@@ -111,7 +113,7 @@ def failure_lines(results) -> list[str]:
 
 
 def main_list(args: argparse.Namespace) -> int:
-    inv = load_inventory(args.inventory)
+    inv = reval.Inventory.load(args.inventory)
     if args.names:  # for shell completion: host and group names, one a line
         print("\n".join([*inv.hosts, *inv.groups]))
         return 0
@@ -123,9 +125,8 @@ def main_list(args: argparse.Namespace) -> int:
 
 
 def main_check(args: argparse.Namespace) -> int:
-    inv = load_inventory(args.inventory)
-    hosts = inv.resolve(args.target) if args.target else list(inv.hosts.values())
-    results = check_hosts(hosts, accept_new=args.accept_new, max_workers=args.jobs)
+    results = reval.check_hosts(args.target, accept_new=args.accept_new, max_workers=args.jobs,
+                                inventory=args.inventory)
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     else:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import sys
 
+import reval
+
 from .. import remove
 from ..argparsing import age_s
-from ..backends import get_backend
 from ..errors import EXIT_OK, EXIT_PARTIAL, ConfigError
-from ..inventory import load_inventory
-from ..runs import resolve_run
-from .runs import _per_host, err, out
+from .runs import err, out
 
 
 def register(sub) -> None:
@@ -57,49 +56,31 @@ def confirm(question: str, yes: bool) -> bool:
 
 
 def cmd_rm(args) -> int:
-    inv = load_inventory(args.inventory)
-    todo = []
-    for ref in args.runs:  # every plan first: a running or missing run refuses all before anything goes
-        host, name = resolve_run(inv, ref, args.host)
-        be = get_backend(host)
-        todo.append((be, remove.plan(be, name, local_only=args.local_only)))
-    return _carry_out(todo, args.yes)
+    # every run planned first: a running or missing run refuses all before anything goes
+    plan = reval.plan_rm(args.runs, host=args.host, local_only=args.local_only, inventory=args.inventory)
+    return _carry_out(plan, args.yes)
 
 
-def _carry_out(todo: list, yes: bool) -> int:
-    for _, r in todo:
+def _carry_out(plan: reval.RemovalPlan, yes: bool) -> int:
+    for r in plan.runs:
         out(f"remove  {remove.describe(r)}")
-    if not todo:
+    if not plan.runs:
         out("nothing to remove")
         return EXIT_OK
-    if not confirm(f"remove {len(todo)} run(s)?", yes):
+    if not confirm(f"remove {len(plan.runs)} run(s)?", yes):
         out("nothing removed")
         return EXIT_OK
-    for be, r in todo:
-        remove.remove(be, r)
-    out(f"removed {len(todo)} run(s)")
+    out(f"removed {len(plan.apply())} run(s)")
     return EXIT_OK
 
 
 def cmd_prune(args) -> int:
-    if not (args.failed or args.older_than is not None):
-        raise ConfigError("reval prune: say which runs: --failed and/or --older-than AGE",
-                          hint="e.g. reval prune --failed ; reval prune gpu1 --older-than 14d")
-    inv = load_inventory(args.inventory)
-    hosts = inv.resolve(args.host) if args.host else list(inv.hosts.values())
-    found, unreachable = _per_host(hosts, lambda be: (be, be.list_runs()))
-    todo = []
-    for h in hosts:
-        if h.name not in found:
-            continue
-        be, states = found[h.name]
-        picked, distrusted = remove.select_for_prune(states, failed=args.failed, older_than_s=args.older_than)
-        for s in picked:
-            todo.append((be, remove.plan(be, s.name, local_only=args.local_only, state=s)))
-        for s, why in distrusted:
-            err(f"skipped {s.host}/{s.name} ({s.state}): {why}; not pruned by age (reval rm {s.host}/{s.name} "
-                "removes it)")
-    for h, why in unreachable.items():
+    plan = reval.plan_prune(args.host, failed=args.failed, older_than_s=args.older_than, local_only=args.local_only,
+                            inventory=args.inventory)
+    for s, why in plan.skipped:
+        err(f"skipped {s.host}/{s.name} ({s.state}): {why}; not pruned by age (reval rm {s.host}/{s.name} "
+            "removes it)")
+    for h, why in plan.unreachable.items():
         err(f"skipped {h}: {why}")
-    rc = _carry_out(todo, args.yes)
-    return EXIT_PARTIAL if unreachable else rc
+    rc = _carry_out(plan, args.yes)
+    return EXIT_PARTIAL if plan.unreachable else rc

@@ -7,17 +7,13 @@ same follow and pull; the GPUs are the job's (no --gpus)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from .. import lifecycle
+import reval
+
 from ..argparsing import Parser, option_suggestions, positive_int, seconds
-from ..backends import get_backend
 from ..backends.ssh import describe, normalize_gpus
 from ..errors import EXIT_STILL_RUNNING, ConfigError
-from ..inventory import load_inventory
-from ..lifecycle import EvalSpec
-from ..runs import check_local_runs_root, check_run_name
 from .runs import detached_message, finish_run, make_sink, out
 
 
@@ -86,32 +82,8 @@ def _split_extra(args) -> argparse.Namespace:
     return ns
 
 
-def host_paths(args, host) -> None:
-    """--drafter/--target/--cache name paths on the host. On the local host a relative path means the
-    controller's current directory; on a remote host it would silently mean the payload folder, so refuse it."""
-    for k in ("drafter", "target"):
-        setattr(args, k, _host_path(k, getattr(args, k, None), host))
-    caches = getattr(args, "cache", None)
-    if isinstance(caches, list):  # --cache PATH, or NAME=PATH per suite: the PATH part is the host's
-        out = []
-        for c in caches:
-            name, sep, path = c.partition("=")
-            suite = sep and path and "/" not in name
-            out.append(f"{name}={_host_path('cache', path, host)}" if suite else _host_path("cache", c, host))
-        args.cache = out[0] if len(out) == 1 and "=" not in caches[0] else out
-
-
-def _host_path(k: str, v: str | None, host) -> str | None:
-    if not v or os.path.isabs(v):
-        return v
-    if host.is_local:
-        return os.path.abspath(v)
-    raise ConfigError(f"--{k} {v!r} is relative: give the absolute path on {host.name}",
-                      hint=f"e.g. --{k} /data/{v}")
-
-
-def spec_from_args(args) -> EvalSpec:
-    return EvalSpec(drafter=args.drafter, target=args.target, cache=args.cache, num_prompts=args.num_prompts,
+def spec_from_args(args) -> reval.EvalSpec:
+    return reval.EvalSpec(drafter=args.drafter, target=args.target, cache=args.cache, num_prompts=args.num_prompts,
                     max_blocks=args.max_blocks, extra=list(args.extra), payload=args.payload, gpus=args.gpus,
                     allow_unknown_config=list(args.allow_unknown_config or []))
 
@@ -125,38 +97,30 @@ def launch_line(info, gpus: str) -> str:
 
 
 def cmd_run(args) -> int:
-    """A thin layer over lifecycle: prepare -> (re-attach | submit) -> follow -> pull -> the final line."""
+    """A thin layer over the API: check_spec -> prepare -> submit (or re-attach) -> Run.finish -> the final line."""
     args = _split_extra(args)
     spec = spec_from_args(args).validate()
-    inv = load_inventory(args.inventory)
-    host = inv.get(args.host)
-    host_paths(spec, host)
-    gpus = normalize_gpus(spec.gpus or host.gpus)
-    if args.name:
-        check_run_name(args.name)
-    check_local_runs_root(host.name)  # where the follow state and the pulled copy go: before launching
-
-    backend = get_backend(host)
-    prep = lifecycle.prepare(backend)  # payload sync + venv check/build, one probe round trip
+    inv = reval.Inventory.load(args.inventory)
+    host = inv[args.host]
+    spec = reval.check_spec(host, spec, name=args.name)  # refused here: nothing synced, launched or written
+    prep = reval.prepare(host)  # payload sync + venv check/build, one probe round trip
     synced, env = prep.synced, prep.env
     changed = (f"{synced.files_changed} of {synced.files_total} files changed ({synced.bytes / 1024:.0f} KB)"
                if synced.files_changed or synced.files_deleted else "unchanged")
     out(f"sync    payload: {changed} · venv: {'reused' if env.reused else 'built'} ({env.key})")
-    again = lifecycle.unfinished(host.name, spec.identity(host.name), name=args.name)
-    if again:  # the same command, started from here by a controller that did not see it end: follow that one
-        run = lifecycle.attach(backend, again, python=env.python)
-        out(f"attach  {again} on {host.name}: this command's run from before (its controller stopped) "
+    # the same command, started from here by a controller that did not see it end: follow that one instead
+    run = reval.submit(host, spec, name=args.name, prepared=prep, reattach=True, argv=sys.argv[1:])
+    if run.reattached:
+        out(f"attach  {run.name} on {host.name}: this command's run from before (its controller stopped) "
             f"is {run.state}; following it, not starting another")
     else:
-        run = lifecycle.submit(backend, spec, python=env.python, name=args.name, argv=sys.argv[1:],
-                               run_json={"payload_hash": synced.manifest_hash, "venv_key": env.key})
-        out(f"launch  {launch_line(run.launch, gpus)}")
+        out(f"launch  {launch_line(run.launch, normalize_gpus(spec.gpus or host.gpus))}")
     if args.detach:
         out(detached_message(run.name, host.name))
         return EXIT_STILL_RUNNING
     sink = make_sink()
-    try:
-        return finish_run(run, sink=sink, give_up_s=args.give_up_s, log_offset=run.saved_offset() if again else 0)
+    try:  # a re-attached run goes on from where its last follow stopped
+        return finish_run(run, sink=sink, give_up_s=args.give_up_s, log_offset=None if run.reattached else 0)
     except KeyboardInterrupt:
         sink.close()
         out(detached_message(run.name, host.name))

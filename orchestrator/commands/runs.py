@@ -1,40 +1,24 @@
 """`reval logs RUN [-f]`, `reval status [RUN]`, `reval ls [HOST]`, `reval pull RUN|--all`, `reval kill RUN`.
 
-RUN is `name` (looked up in runs/ here, then on every inventory host) or `host/name`."""
+RUN is `name` (looked up in runs/ here, then on every inventory host) or `host/name`. Each command is one call
+of the `reval` API (reval.find / status / ls / logs / pull / pull_all / kill, Run.finish); this module parses
+and prints."""
 from __future__ import annotations
 
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
+import reval
 from remote_payload.contract import protocol
-from remote_payload.contract.results import Result
 
-from .. import lifecycle, logs, output, report
+from .. import output, report
 from ..argparsing import positive_int, seconds
-from ..backends import get_backend
 from ..compare import _iso_s, format_duration
-from ..errors import (
-    EXIT_CANCELLED,
-    EXIT_EVAL_FAILED,
-    EXIT_OK,
-    EXIT_PARTIAL,
-    EXIT_STILL_RUNNING,
-    RevalError,
-    RunNotFound,
-)
-from ..inventory import load_inventory
-from ..runs import (
-    RunState,
-    by_start_time,
-    local_registry,
-    progress_text,
-    resolve_run,
-)
+from ..errors import EXIT_CANCELLED, EXIT_EVAL_FAILED, EXIT_OK, EXIT_PARTIAL, EXIT_STILL_RUNNING, RevalError
+from ..logs import json_line
+from ..runs import RunState, progress_text
 from .display import JsonLinesSink, PlainSink, RichSink
 
-LAST_LINES = 15
 # `reval status RUN`'s exit code by state (failed, lost and an unreadable status.json: EXIT_EVAL_FAILED)
 STATUS_EXIT = {protocol.SUCCEEDED: EXIT_OK, protocol.RUNNING: EXIT_STILL_RUNNING, protocol.QUEUED: EXIT_STILL_RUNNING,
                protocol.CANCELLED: EXIT_CANCELLED}
@@ -74,59 +58,65 @@ def duration_text(status: dict) -> str:
     return format_duration(b - a) if a is not None and b is not None else "?"
 
 
-def last_lines(path: Path, n: int = LAST_LINES) -> list[str]:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace").splitlines()[-n:]
-    except FileNotFoundError:
-        return []
-
-
-def report_final(host: str, name: str, state: str, status: dict, pulled: Path, say=None) -> int:
+def report_final(fin: reval.Finished, say=None) -> int:
     """Print the end of a run (done / failed / cancelled / lost) and return its exit code. `say`: where the lines
     that go to stdout go instead (`logs -f --json` keeps stdout for its JSON lines: stderr)."""
     say = say or out
-    where = f"pulled to {pulled}/"
+    name, host, state, status = fin.name, fin.host, fin.state, fin.status
+    where = f"pulled to {fin.path}/"
     if state == protocol.SUCCEEDED:
-        try:
-            result = Result.load(pulled / protocol.RESULTS_JSON)
-        except (FileNotFoundError, ValueError):  # ResultsError is a ValueError
+        if not fin.has_results:
             err(f"failed  {name} exited 0 but wrote no readable results.json · {where}")
-            for line in last_lines(pulled / protocol.EVAL_LOG):
+            for line in fin.last_lines:
                 err(f"        {line}")
-            return EXIT_EVAL_FAILED
+            return fin.exit_code
+        result = fin.result.result
         flag = " (SUSPECT result)" if result.health.suspect else ""
         say(f"done    {name} succeeded{flag} in {duration_text(status)} · {where}")
         say(f"        {report.summary_line(result)}")
         if result.health.suspect:
             err(f"warning: SUSPECT RESULT — {'; '.join(result.health.reasons or ['see results.json health'])}")
-        return EXIT_OK
+        return fin.exit_code
     if state == protocol.CANCELLED:
         say(f"cancelled {name} on {host} after {duration_text(status)} · {where}")
-        return lifecycle.failure_exit_code(state, status)
+        return fin.exit_code
     if state == protocol.LOST:
         err(f"lost    {name}: status.json on {host} says running but its process group {status.get('pgid')} is "
             f"gone (host rebooted? OOM killer?); no result · {where}")
     else:
         why = status.get("error") or f"exit {status.get('exit_code')}"
         err(f"failed  {name} on {host} ({why}) after {duration_text(status)} · {where}")
-    lines = last_lines(pulled / protocol.EVAL_LOG)
-    if lines:
+    if fin.last_lines:
         err("        last lines of eval.log:")
-        for line in lines:
+        for line in fin.last_lines:
             err(f"        | {line}")
-    return lifecycle.failure_exit_code(state, status)  # the payload's exit 3 (bad input) is ours too
+    return fin.exit_code  # the payload's exit 3 (bad input) is ours too
 
 
-def finish_run(run, *, sink, log_offset: int | None = None, give_up_s: float = 120.0, say=None) -> int:
-    """Follow `run` (a lifecycle.Run) until it is over, pull it, print how it ended (report_final's `say`);
-    the exit code."""
+def shown_on(sink):
+    """The API's typed events (reval.LogLine / Progress / StatusChange / Note) onto a display sink (display.py)."""
+    def show(ev) -> None:
+        if isinstance(ev, reval.LogLine):
+            sink.line_at(ev.offset, ev.text)
+        elif isinstance(ev, reval.Progress):
+            sink.event(ev.raw)
+        elif isinstance(ev, reval.StatusChange):
+            sink.status(ev.status)
+        elif isinstance(ev, reval.Note):
+            sink.note(ev.text)
+    return show
+
+
+def finish_run(run: reval.Run, *, sink, log_offset: int | None = None, tail: int | None = None,
+               give_up_s: float = 120.0, say=None) -> int:
+    """Follow `run` until it is over, pull it (Run.finish), print how it ended (report_final's `say`); the
+    exit code. Bad input (exit 3) left nothing: the API removed the run on both sides."""
     try:
-        fin = run.wait(sink, log_offset=log_offset, give_up_s=give_up_s)
+        fin = run.finish(on_event=shown_on(sink), log_offset=log_offset, tail=tail, give_up_s=give_up_s)
     finally:
         sink.close()
-    rc = report_final(fin.host, fin.name, fin.state, fin.status, fin.path, say)
-    if lifecycle.bad_input(fin):  # exit 3 leaves nothing on either side; the name is free again
-        run.discard()
+    rc = report_final(fin, say)
+    if fin.discarded:
         err(f"        nothing was kept: {fin.host}/{fin.name} removed there and here (the name is free again)")
     return rc
 
@@ -189,34 +179,24 @@ def register(sub) -> None:
 
 
 def cmd_logs(args) -> int:
-    inv = load_inventory(args.inventory)
-    host, name = resolve_run(inv, args.run, args.host)
-    be = get_backend(host)
-    t = be.transport
+    run = reval.find(args.run, host=args.host, inventory=args.inventory)
     if not args.follow:
-        if be.state(name) is None:
-            raise RunNotFound(f"no run {name!r} on {host.name}", hint=f"list runs: reval ls {host.name}")
-        data = logs.read_log(t, name)
-        start = logs.tail_start(data, args.tail)
+        log = run.log(tail=args.tail)
         if args.json:
-            for off, raw in logs.lines_with_offsets(data[start:], start):
-                out(logs.json_line(off, raw.rstrip(b"\n").decode("utf-8", errors="replace")).rstrip("\n"))
+            for line in log.lines():
+                out(json_line(line.offset, line.text).rstrip("\n"))
         else:
-            output.write(sys.stdout.buffer, data[start:])
+            output.write(sys.stdout.buffer, log.data)
         return EXIT_OK
-    logs.refuse_links(t, name)  # a run folder or eval.log that is a symbolic link is never followed
-    run = lifecycle.attach(be, name)  # the python its follow state recorded, else the host's
-    if args.tail:  # follow from the start of the last N lines
-        offset = logs.tail_start(logs.read_log(t, name), args.tail)
-    else:
-        offset = 0 if args.from_start else None  # None: where this folder's last follow stopped
+    # --tail: from the start of the last N lines; None: where this folder's last follow stopped
+    offset = 0 if args.from_start and not args.tail else None
     sink = JsonLinesSink() if args.json else make_sink()
     say = err if args.json else out  # --json: stdout holds the JSON lines only
     try:
-        return finish_run(run, sink=sink, log_offset=offset, give_up_s=args.give_up_s, say=say)
+        return finish_run(run, sink=sink, log_offset=offset, tail=args.tail, give_up_s=args.give_up_s, say=say)
     except KeyboardInterrupt:
         sink.close()
-        say(detached_message(name, host.name))
+        say(detached_message(run.name, run.host))
         return EXIT_STILL_RUNNING
 
 
@@ -237,36 +217,21 @@ def states_table(states: list[RunState], unreachable: dict[str, str]):
     return table
 
 
-def _per_host(hosts, fn) -> tuple[dict, dict[str, str]]:
-    """Run fn(backend) on every host in parallel: ({host: result}, {host: why unreachable})."""
-    def one(h):
-        try:
-            return h.name, fn(get_backend(h)), None
-        except RevalError as e:
-            return h.name, None, str(e)
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as ex:
-        done = list(ex.map(one, hosts))
-    return ({n: r for n, r, e in done if e is None}, {n: e for n, r, e in done if e is not None})
-
-
-def _print_states(args, states: list[RunState], unreachable: dict[str, str]) -> None:
-    """The listing, oldest run first: a table, or with --json one JSON document."""
-    states = by_start_time(states)
+def _print_states(args, listing: reval.Listing) -> int:
+    """The listing (oldest run first): a table, or with --json one JSON document; exit 2 when a host was
+    unreachable."""
     if getattr(args, "json", False):
-        out(json.dumps([s.to_json() for s in states]
-                       + [{"host": h, "state": "unreachable", "error": why} for h, why in unreachable.items()],
-                       indent=1))
+        out(json.dumps(listing.to_json(), indent=1))
     else:
-        report.listing_console().print(states_table(states, unreachable))
+        report.listing_console().print(states_table(listing.runs, listing.unreachable))
+    return EXIT_PARTIAL if listing.unreachable else EXIT_OK
 
 
 def cmd_status(args) -> int:
-    inv = load_inventory(args.inventory)
+    inv = reval.Inventory.load(args.inventory)
     if args.run:
-        host, name = resolve_run(inv, args.run, args.host)
-        s = get_backend(host).state(name)
-        if s is None:
-            raise RunNotFound(f"no run {name!r} on {host.name}", hint=f"list runs: reval ls {host.name}")
+        run = reval.find(args.run, host=args.host, inventory=inv)
+        s = run.status()
         st = s.status
         extra = f" · exit {st['exit_code']}" if "exit_code" in st else ""
         extra += f" · {st['error']}" if st.get("error") else ""
@@ -277,59 +242,39 @@ def cmd_status(args) -> int:
         took += f" · job {st['job_id']}" if st.get("job_id") else ""
         if s.suspect:
             extra += f" · {'; '.join(st.get('suspect_reasons') or ['see results.json health'])}"
-        out(json.dumps(s.to_json(), indent=1) if args.json else f"{name} on {host.name}: {state_text(s)}{took}{extra}")
+        text = f"{run.name} on {run.host}: {state_text(s)}{took}{extra}"
+        out(json.dumps(s.to_json(), indent=1) if args.json else text)
         return STATUS_EXIT.get(s.state, EXIT_EVAL_FAILED)
-    known = local_registry()
-    hosts = [inv.hosts[h] for h in sorted({h for h, _ in known}) if h in inv.hosts]
-    found, unreachable = _per_host(hosts, lambda be: be.list_runs())
-    wanted = set(known)
-    states = [s for h in found.values() for s in h if (s.host, s.name) in wanted]
-    _print_states(args, states, unreachable)
-    return EXIT_PARTIAL if unreachable else EXIT_OK
+    return _print_states(args, reval.ls(here=True, inventory=inv))
 
 
 def cmd_ls(args) -> int:
-    inv = load_inventory(args.inventory)
-    hosts = inv.resolve(args.host) if args.host else list(inv.hosts.values())
-    found, unreachable = _per_host(hosts, lambda be: be.list_runs())
-    _print_states(args, [s for h in hosts for s in found.get(h.name, [])], unreachable)
-    return EXIT_PARTIAL if unreachable else EXIT_OK
+    return _print_states(args, reval.ls(args.host, inventory=args.inventory))
 
 
 def cmd_pull(args) -> int:
-    inv = load_inventory(args.inventory)
+    inv = reval.Inventory.load(args.inventory)
     if not args.all:
         if not args.run:
             raise RevalError("reval pull: give a RUN or --all", hint="reval pull HOST/NAME ; reval pull --all")
-        host, name = resolve_run(inv, args.run, args.host)
-        be = get_backend(host)
-        res = be.pull(name)
-        s = be.state(name)
-        out(f"pulled  {host.name}/{name} ({s.state if s else '?'}) -> {res.path}/ · {', '.join(res.files)}")
+        p = reval.pull(args.run, host=args.host, inventory=inv)
+        out(f"pulled  {p.host}/{p.name} ({p.state or '?'}) -> {p.path}/ · {', '.join(p.files)}")
         return EXIT_OK
-    hosts = inv.resolve(args.host) if args.host else list(inv.hosts.values())
-
-    def pull_all(be):
-        return [(s, be.pull(s.name)) for s in be.list_runs()]
-    found, unreachable = _per_host(hosts, pull_all)
-    for h in hosts:
-        for s, res in found.get(h.name, []):
-            out(f"pulled  {h.name}/{s.name} ({s.state}) -> {res.path}/")
-    for h, why in unreachable.items():
+    done = reval.pull_all(args.host, inventory=inv)
+    for p in done.runs:
+        out(f"pulled  {p.host}/{p.name} ({p.state}) -> {p.path}/")
+    for h, why in done.unreachable.items():
         err(f"failed  {h}: {why}")
-    return EXIT_PARTIAL if unreachable else EXIT_OK
+    return EXIT_PARTIAL if done.unreachable else EXIT_OK
 
 
 def cmd_kill(args) -> int:
-    inv = load_inventory(args.inventory)
-    host, name = resolve_run(inv, args.run, args.host)
-    be = get_backend(host)
-    before = be.state(name)
-    # a damaged status.json proves no end: the backend says so (exit 3, nothing signalled), not "already ended"
-    if before is not None and before.terminal and before.status:
-        out(f"{name} on {host.name} already ended: {before.state}; nothing to kill")
+    run = reval.find(args.run, host=args.host, inventory=args.inventory)
+    k = run.kill(grace_s=args.grace_s)
+    s = k.state
+    if k.already_ended:
+        out(f"{run.name} on {run.host} already ended: {s.state}; nothing to kill")
         return EXIT_OK
-    s = be.cancel(name, grace_s=args.grace_s, known=before)
     what = f"Slurm job {s.status['job_id']}" if s.status.get("job_id") else f"process group {s.status.get('pgid')}"
-    out(f"cancelled {name} on {host.name}: {what} is gone · status {s.state}")
+    out(f"cancelled {run.name} on {run.host}: {what} is gone · status {s.state}")
     return EXIT_OK

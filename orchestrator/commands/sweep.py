@@ -7,9 +7,10 @@ import sys
 
 from rich.console import Console
 
+import reval
+
 from .. import report, sweep
 from ..argparsing import positive_int, seconds
-from ..inventory import load_inventory
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,22 +54,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    opts = sweep.SweepOptions(
+    opts = reval.SweepOptions(
         checkpoints=args.checkpoints, hosts=args.hosts, target=args.target, cache=args.cache,
         num_prompts=args.num_prompts, max_blocks=args.max_blocks, eval_args=list(args.eval_args),
         latest=args.latest, since=args.since, baseline=args.baseline, threshold=args.threshold, force=args.force,
         sweep_dir=args.sweep_dir, max_ssh=args.max_ssh, poll_s=args.poll_s, retries=max(1, args.retries),
         payload=args.payload)
-    if opts.payload == "eval" and not (opts.target and opts.cache):
-        from ..errors import ConfigError
-        raise ConfigError("reval sweep needs --target and --cache (paths on the hosts)",
-                          hint="e.g. --target /root/models/Qwen3.6-27B --cache /root/eval/cache")
-    baseline = sweep.load_baseline(opts.baseline)  # now, not after a night of evals
     err = Console(stderr=True, highlight=False)
-    sw = sweep.Sweep(opts, load_inventory(args.inventory), log=lambda line: err.print(line, markup=False),
-                     baseline=baseline)
-    rep = sw.run()
-    sweep.write_report_files(rep)
+    rep = reval.sweep(opts, inventory=args.inventory, on_line=lambda line: err.print(line, markup=False))
     if args.json:
         sys.stdout.write(json.dumps(sweep.report_json(rep), indent=2, default=str) + "\n")
     else:

@@ -3,31 +3,13 @@ on every host of a group in parallel; one failed host does not stop the others (
 from __future__ import annotations
 
 import argparse
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+
+import reval
 
 from ..argparsing import positive_int
-from ..environment import EnvInfo, provision
-from ..errors import HostKeyError, HostUnreachable, RevalError
 from ..hostcheck import exit_code
-from ..inventory import Host, load_inventory
 from ..report import listing_console
-from ..sync import SyncResult
-from ..transport import get_transport
 from .hosts import failure_lines
-
-
-@dataclass
-class HostSync:
-    host: str
-    ok: bool = False
-    reachable: bool = True
-    sync: SyncResult | None = None
-    env: EnvInfo | None = None
-    error: str | None = None
-    hint: str | None = None
-    elapsed_s: float = 0.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,31 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def sync_host(host: Host, *, venv: bool = True) -> HostSync:
-    t0 = time.monotonic()
-    r = HostSync(host.name)
-    try:
-        t = get_transport(host)
-        r.sync, r.env = provision(t, host, venv=venv)
-        r.ok = True
-    except (HostUnreachable, HostKeyError) as e:
-        r.reachable, r.error, r.hint = False, str(e), e.hint
-    except RevalError as e:
-        r.error, r.hint = str(e).splitlines()[0], "\n".join(str(e).splitlines()[1:] + [e.hint or ""]).strip()
-    r.elapsed_s = time.monotonic() - t0
-    return r
-
-
-def sync_hosts(hosts: list[Host], *, venv: bool = True, max_workers: int = 8) -> list[HostSync]:
-    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(hosts)))) as pool:
-        return list(pool.map(lambda h: sync_host(h, venv=venv), hosts))
-
-
 def _kb(n: int) -> str:
     return f"{n / 1024:.0f} KB" if n >= 1024 else f"{n} B"
 
 
-def sync_line(r: HostSync) -> str:
+def sync_line(r: reval.HostSync) -> str:
     """One line per host (pure)."""
     if not r.ok:
         return f"{r.host}  FAILED  {r.error}"
@@ -85,9 +47,7 @@ def sync_line(r: HostSync) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    inv = load_inventory(args.inventory)
-    hosts = inv.resolve(args.target)
-    results = sync_hosts(hosts, venv=not args.no_venv, max_workers=args.jobs)
+    results = reval.sync(args.target, venv=not args.no_venv, max_workers=args.jobs, inventory=args.inventory)
     con = listing_console()
     for r in results:
         con.print(sync_line(r), highlight=False, markup=False)

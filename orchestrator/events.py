@@ -3,7 +3,7 @@
 The payload writes events.jsonl (one JSON object a line) and eval.log; following a run turns them into
     LogLine(text, offset)         a whole line of eval.log and its byte offset there
     Progress(stage, ...)          an events.jsonl entry: step/steps (the payload's 5 steps), i/n (prompts)
-    StatusChange(state, status)   status.json changed (state in the one vocabulary: runs.verdict)
+    StatusChange(state, status)   status.json changed (state in the one vocabulary: runs.reported_state)
     Note(text)                    the follower's own notes (a dropped connection, a reconnect)
 `EventSink` is a follow sink (follow.py) that hands these to a callback instead of printing them.
 """
@@ -72,8 +72,9 @@ class EventSink:
             self.emit(Progress.from_event(ev))
 
     def status(self, st: dict) -> None:
-        from .runs import verdict
-        self.emit(StatusChange(verdict(st, bool(st.get("alive"))), {k: v for k, v in st.items() if k != "alive"}))
+        from .runs import reported_state
+        self.emit(StatusChange(reported_state(st, bool(st.get("alive"))),
+                               {k: v for k, v in st.items() if k != "alive"}))
 
     def note(self, text: str) -> None:
         self.emit(Note(text))

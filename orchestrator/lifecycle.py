@@ -6,10 +6,10 @@
     Run.events()                typed progress events (events.py), resumable from a byte offset of eval.log
     Run.follow(sink)            the same into a follow sink (the CLI's bar/lines)
     Run.wait()                  follow until it is over, pull it, and say how it ended -> Finished
-    Run.state / Run.kill()      the backend's verdict (queued/running/succeeded/failed/cancelled/lost); cancel
+    Run.state / Run.kill()      the backend's state (queued/running/succeeded/failed/cancelled/lost); cancel
 
 Everything goes through a `Backend` (backends/base.py), so a scheduler backend gets the whole lifecycle.
-One source of truth for a run's state: the backend's probe (`Backend.state`, runs.verdict), also for the
+One source of truth for a run's state: the backend's probe (`Backend.state`, runs.reported_state), also for the
 end of a follow. Nothing here prints: progress is events and return values.
 """
 from __future__ import annotations
@@ -168,7 +168,7 @@ class Run:
 
     @property
     def state(self) -> str:
-        """queued | running | succeeded | failed | cancelled | lost (the backend's verdict, asked now)."""
+        """queued | running | succeeded | failed | cancelled | lost (the backend's state, asked now)."""
         s = self.probe()
         if s is None:
             raise RunNotFound(f"no run {self.name!r} on {self.host}", hint=f"list runs: reval ls {self.host}")
@@ -236,7 +236,7 @@ class Run:
 
     def wait(self, sink=None, *, log_offset: int | None = None, give_up_s: float = 120.0) -> Finished:
         """Follow until the run is over, pull it, and report how it ended; the state is the backend's
-        verdict after the end (the same `status` says: a SIGKILLed group is `lost` here too)."""
+        word after the end (the same `status` says: a SIGKILLed group is `lost` here too)."""
         res = self.follow(sink, log_offset=log_offset, give_up_s=give_up_s)
         pulled = self.pull(finished=True)
         s = self.probe()

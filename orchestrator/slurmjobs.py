@@ -186,41 +186,42 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
 
 
 @dataclass
-class Verdict:
+class SlurmRunState:
+    """A run's state as Slurm's word on its job (and the wrapper's status.json) makes it."""
     state: str                     # queued | running | succeeded | failed | cancelled | lost
     reason: str = ""               # Slurm's pending reason, or the failure (TIMEOUT, OUT_OF_MEMORY, exit 3)
     exit_code: int | None = None
 
 
-def verdict(job: JobInfo | None, status: dict) -> Verdict:
+def slurm_run_state(job: JobInfo | None, status: dict) -> SlurmRunState:
     """The run's state from Slurm's word on its job and the wrapper's status.json (pure). Slurm wins while
     the job is known: a TIMEOUT the wrapper recorded as `cancelled` (it only saw the TERM) is `failed`."""
     st_state = status.get("state")
     st_exit = status.get("exit_code") if isinstance(status.get("exit_code"), int) else None
     if job is None:  # Slurm no longer knows it (purged, no accounting): the wrapper's record is all there is
         if st_state in protocol.TERMINAL_STATES:
-            return Verdict(st_state, str(status.get("reason") or ""), st_exit)
-        return Verdict(protocol.LOST, "Slurm no longer knows the job and the run did not record its end")
+            return SlurmRunState(st_state, str(status.get("reason") or ""), st_exit)
+        return SlurmRunState(protocol.LOST, "Slurm no longer knows the job and the run did not record its end")
     if job.state in QUEUED_STATES:
-        return Verdict(QUEUED, job.reason or job.state.lower())
+        return SlurmRunState(QUEUED, job.reason or job.state.lower())
     if job.state in RUNNING_STATES:
-        return Verdict(protocol.RUNNING, "suspended" if job.state == "SUSPENDED" else "")
+        return SlurmRunState(protocol.RUNNING, "suspended" if job.state == "SUSPENDED" else "")
     code = st_exit if st_exit is not None else job.exit_code
     if job.state == "COMPLETED":
-        return Verdict(protocol.SUCCEEDED, "", 0)
+        return SlurmRunState(protocol.SUCCEEDED, "", 0)
     if job.state == "CANCELLED":
-        return Verdict(protocol.CANCELLED, "", code)
+        return SlurmRunState(protocol.CANCELLED, "", code)
     if job.state in FAILED_STATES:
         if job.state == "FAILED":
             code = job.exit_code if job.exit_code not in (None, 0) else code
-            return Verdict(protocol.FAILED, f"exit {code}" if code is not None else "FAILED", code)
-        return Verdict(protocol.FAILED, job.state, code)
-    return Verdict(protocol.FAILED, job.state or "unknown Slurm state", code)
+            return SlurmRunState(protocol.FAILED, f"exit {code}" if code is not None else "FAILED", code)
+        return SlurmRunState(protocol.FAILED, job.state, code)
+    return SlurmRunState(protocol.FAILED, job.state or "unknown Slurm state", code)
 
 
-def final_status(status: dict, v: Verdict, job: JobInfo) -> dict | None:
-    """The status.json to record once Slurm says the job is over: the wrapper's, with Slurm's state (and its
-    verdict where they differ: a TIMEOUT, a job cancelled while queued or killed before the wrapper could
+def final_status(status: dict, v: SlurmRunState, job: JobInfo) -> dict | None:
+    """The status.json to record once Slurm says the job is over: the wrapper's, with Slurm's state (and the
+    run state it makes where they differ: a TIMEOUT, a job cancelled while queued or killed before the wrapper could
     write); None when that is already recorded."""
     if v.state not in protocol.TERMINAL_STATES:
         return None

@@ -231,7 +231,7 @@ def prompts_needed(sd_diff: float | None, change: float) -> int | None:
     return max(2, math.ceil(((Z_ALPHA + Z_POWER) * sd_diff / change) ** 2))
 
 
-def verdict(p: Paired | None, threshold: float) -> str:
+def classify_change(p: Paired | None, threshold: float) -> str:
     """improved / regressed: the paired 95% interval excludes 0 AND the change is at least `threshold`;
     otherwise 'no clear change' (the interval says how large a change it cannot rule out)."""
     if p is None:

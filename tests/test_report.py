@@ -44,7 +44,7 @@ def test_good_drafter_vs_early_checkpoint_is_a_clear_paired_win(evals):
     early = next(r for r in cmp.runs if r.name == "step-0080")
     tau = cmp.paired(early)["tau"]
     assert tau.n == 10 and tau.delta < 0 and tau.delta_hi < 0 and tau.excludes_zero  # the good one wins
-    assert tau.p_value < 0.01 and stats.verdict(tau, 0.1) == "regressed"
+    assert tau.p_value < 0.01 and stats.classify_change(tau, 0.1) == "regressed"
     est = cmp.estimates(early)["tau"]
     assert est.lo < early.result.metrics.tau < est.hi and est.n == 10 and est.sd > 0
     text = report.render_text([tables.paired_table(cmp)], width=100)

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator import slurmjobs
 from orchestrator.inventory import SlurmSpec
-from orchestrator.slurmjobs import JobInfo, Task, batch_script, parse_scontrol, parse_squeue, verdict
+from orchestrator.slurmjobs import JobInfo, Task, batch_script, parse_scontrol, parse_squeue, slurm_run_state
 from remote_payload.contract import protocol
 from tests.hostsyaml import error_of, parse
 from tests.slurm import wait_state
@@ -153,33 +153,33 @@ def test_submit_script_takes_the_job_id_from_stdout_not_sbatchs_warnings(tmp_pat
             assert not (wd / "runs" / name).exists() and not (wd / "slurm" / token).exists()
 
 
-def test_verdict_table():
+def test_slurm_run_state_table():
     def v(state, reason="", code=None, status=None):
-        return verdict(JobInfo("1", state, reason, code), status or {})
+        return slurm_run_state(JobInfo("1", state, reason, code), status or {})
     assert (v("PENDING", "Priority").state, v("PENDING", "Priority").reason) == (slurmjobs.QUEUED, "Priority")
     assert v("RUNNING").state == protocol.RUNNING
     assert v("COMPLETED", code=0).state == protocol.SUCCEEDED
     assert (v("FAILED", "NonZeroExitCode", 3).state, v("FAILED", "NonZeroExitCode", 3).exit_code) == ("failed", 3)
     # the wrapper saw only a TERM and wrote `cancelled`; Slurm knows it was the time limit
-    t = verdict(parse_scontrol(TIMEOUT_LINE)["3"], {"state": "cancelled", "exit_code": 143})
+    t = slurm_run_state(parse_scontrol(TIMEOUT_LINE)["3"], {"state": "cancelled", "exit_code": 143})
     assert (t.state, t.reason, t.exit_code) == ("failed", "TIMEOUT", 143)
     for s in ("OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED"):
         assert (v(s, code=137).state, v(s, code=137).reason) == ("failed", s)
     assert v("CANCELLED", status={"state": "running"}).state == protocol.CANCELLED
     # Slurm forgot the job: the wrapper's record, and `lost` for a run that never recorded its end
-    assert verdict(None, {"state": "succeeded", "exit_code": 0}).state == "succeeded"
-    assert verdict(None, {"state": "running"}).state == protocol.LOST
-    assert verdict(None, {}).state == protocol.LOST
+    assert slurm_run_state(None, {"state": "succeeded", "exit_code": 0}).state == "succeeded"
+    assert slurm_run_state(None, {"state": "running"}).state == protocol.LOST
+    assert slurm_run_state(None, {}).state == protocol.LOST
 
 
 def test_final_status_records_slurms_word_once():
     job = parse_scontrol(TIMEOUT_LINE)["3"]
     st = {"state": "cancelled", "exit_code": 143, "pid": 5}
-    fixed = slurmjobs.final_status(st, verdict(job, st), job)
+    fixed = slurmjobs.final_status(st, slurm_run_state(job, st), job)
     assert (fixed["state"], fixed["slurm_state"], fixed["reason"], fixed["pid"]) == ("failed", "TIMEOUT",
                                                                                      "TIMEOUT", 5)
-    assert slurmjobs.final_status(fixed, verdict(job, fixed), job) is None  # recorded: nothing more to write
-    assert slurmjobs.final_status({}, verdict(JobInfo("4", "RUNNING"), {}), JobInfo("4", "RUNNING")) is None
+    assert slurmjobs.final_status(fixed, slurm_run_state(job, fixed), job) is None  # recorded: nothing more to write
+    assert slurmjobs.final_status({}, slurm_run_state(JobInfo("4", "RUNNING"), {}), JobInfo("4", "RUNNING")) is None
 
 
 @pytest.mark.slurm
@@ -201,14 +201,15 @@ def test_states_from_the_real_cluster(slurm):
     # the pending tasks of an array show up one per task (squeue -r), with the array's throttle as reason
     sq = parse_squeue(slurm.cmd("squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r|%N").stdout)
     for jobs in (sc, sq):
-        assert verdict(jobs[ok], {}).state == "succeeded"
-        assert verdict(jobs[cancelled], {}).state == "cancelled"
-        assert (verdict(jobs[hold], {}).state, verdict(jobs[hold], {}).reason) == ("queued", "PartitionConfig")
-        assert verdict(jobs[f"{arr}_0"], {}).state == "running" and jobs[f"{arr}_0"].node == "node1"
-        assert verdict(jobs[f"{arr}_2"], {}).state == "queued"
+        assert slurm_run_state(jobs[ok], {}).state == "succeeded"
+        assert slurm_run_state(jobs[cancelled], {}).state == "cancelled"
+        held = slurm_run_state(jobs[hold], {})
+        assert (held.state, held.reason) == ("queued", "PartitionConfig")
+        assert slurm_run_state(jobs[f"{arr}_0"], {}).state == "running" and jobs[f"{arr}_0"].node == "node1"
+        assert slurm_run_state(jobs[f"{arr}_2"], {}).state == "queued"
     assert sq[f"{arr}_1"].reason == "JobArrayTaskLimit"
-    assert (verdict(sc[bad], {}).state, verdict(sc[bad], {}).exit_code, verdict(sc[bad], {}).reason) == (
-        "failed", 3, "exit 3")
+    failed = slurm_run_state(sc[bad], {})
+    assert (failed.state, failed.exit_code, failed.reason) == ("failed", 3, "exit 3")
     # sacct over jobcomp/filetxt (no slurmdbd here): finished jobs with their exit code
     acct = slurmjobs.parse_sacct(slurm.cmd("sacct", "-c", "-n", "-P", "-o", "JobID,State,ExitCode",
                                            "-j", f"{ok},{bad},{cancelled}").stdout)

@@ -139,7 +139,7 @@ def test_a_run_against_itself_is_exactly_zero():
     s = _sample(SEEDS_TAU)
     p = stats.paired(s, s)
     assert (p.delta, p.delta_lo, p.delta_hi) == (0.0, 0.0, 0.0) and p.ratio == 1.0
-    assert p.p_value == 1.0 and not p.excludes_zero and stats.verdict(p, 0.1) == "no clear change"
+    assert p.p_value == 1.0 and not p.excludes_zero and stats.classify_change(p, 0.1) == "no clear change"
 
 
 def test_pairing_is_by_prompt_name_not_position():
@@ -151,13 +151,13 @@ def test_pairing_is_by_prompt_name_not_position():
 
 def test_verdicts_need_an_interval_excluding_zero_and_the_minimum_effect():
     noisy = stats.paired(_sample([8.3, 5.0, 9.9, 11.0, 6.4]), _sample([8.0, 5.3, 9.6, 11.4, 6.1]))
-    assert not noisy.excludes_zero and stats.verdict(noisy, 0.1) == "no clear change"
+    assert not noisy.excludes_zero and stats.classify_change(noisy, 0.1) == "no clear change"
     clear = stats.paired(_sample([x + 0.5 for x in SEEDS_TAU]), _sample([x + 0.01 * i for i, x in
                                                                          enumerate(SEEDS_TAU)]))
-    assert clear.excludes_zero and stats.verdict(clear, 0.1) == "improved"
-    assert stats.verdict(clear, 1.0) == "no clear change"  # real but smaller than --threshold
+    assert clear.excludes_zero and stats.classify_change(clear, 0.1) == "improved"
+    assert stats.classify_change(clear, 1.0) == "no clear change"  # real but smaller than --threshold
     down = stats.paired(_sample(SEEDS_TAU), _sample([x + 0.5 for x in SEEDS_TAU]))
-    assert stats.verdict(down, 0.1) == "regressed"
+    assert stats.classify_change(down, 0.1) == "regressed"
 
 
 def test_detectable_change_and_prompts_needed():

@@ -29,9 +29,9 @@ from ..runs import (
     clean_status,
     is_run_name,
     remote_run_dir,
+    reported_state,
     save_follow_state,
     symlink_refused,
-    verdict,
 )
 from ..transport import Transport, q, resolve_workdir
 from .base import GPUS_SCHEDULER, Backend, JobHandle, Launch, Submission
@@ -217,7 +217,7 @@ def state_from_probe(rec: dict, host: str) -> RunState | None:
     now = float(now) if isinstance(now, (int, float)) and not isinstance(now, bool) and math.isfinite(now) else None
     if "state" not in st:
         return RunState(host, name, "unknown", {}, alive, event, host_now=now)
-    return RunState(host, name, verdict(st, alive), st, alive, event, host_now=now)
+    return RunState(host, name, reported_state(st, alive), st, alive, event, host_now=now)
 
 
 def run_state(transport: Transport, run: str, *, wait_s: float = 0) -> RunState | None:
@@ -260,7 +260,7 @@ def kill_run(transport: Transport, run: str, *, grace_s: float = 10.0, known: Ru
                          "SIGKILL", hint="check the host: the processes may be stuck in the kernel (D state)",
                          exit_code=1)
     st = rec.get("status") if isinstance(rec.get("status"), dict) else state.status
-    return RunState(transport.host.name, run, verdict(st, False), st, False)
+    return RunState(transport.host.name, run, reported_state(st, False), st, False)
 
 
 

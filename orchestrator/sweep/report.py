@@ -41,8 +41,9 @@ SCREEN_ERROR_CHARS = 160
 
 
 def verdict(o: Outcome, threshold: float) -> str:
-    """improved | regressed (the paired 95% CI against the previous checkpoint excludes 0 and |Δ tau| >=
-    threshold) | no clear change | new (nothing earlier to compare) | suspect | failed | ... (pure)."""
+    """A checkpoint's verdict (the one thing called a verdict): improved | regressed (the paired 95% CI
+    against the previous checkpoint excludes 0 and |Δ tau| >= threshold: stats.classify_change) | no clear
+    change | new (nothing earlier to compare) | suspect | failed | ... (pure)."""
     if o.state in (protocol.FAILED, protocol.CANCELLED, protocol.LOST):
         return "failed" if o.state == protocol.FAILED else o.state
     if o.state in (UNREACHABLE, NOT_RUN):
@@ -51,7 +52,7 @@ def verdict(o: Outcome, threshold: float) -> str:
         return "suspect"
     if o.tau is None or o.prev_tau is None:
         return "new"
-    return stats.verdict(o.vs_prev, threshold)
+    return stats.classify_change(o.vs_prev, threshold)
 
 
 def sweep_exit_code(outcomes: list[Outcome], hosts_down: dict[str, str]) -> int:
@@ -152,7 +153,7 @@ def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: comp
             if run is not None and baseline is not None:
                 o.vs_base, note = _paired_tau(run, baseline)
                 o.base_note = note or None
-                o.base_verdict = stats.verdict(o.vs_base, threshold) if o.vs_base else ""
+                o.base_verdict = stats.classify_change(o.vs_base, threshold) if o.vs_base else ""
         o.verdict = verdict(o, threshold)
 
 

@@ -31,6 +31,7 @@ from .environment import EnvInfo, provision
 from .errors import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_EVAL_FAILED, ConfigError, RunNotFound
 from .events import Event, EventSink
 from .follow import FollowResult, follow
+from .gpuspec import normalize_gpus
 from .pull import PullResult
 from .runs import RunState, check_run_name, load_follow_state, local_registry, save_follow_state
 from .sync import SyncResult
@@ -287,7 +288,6 @@ def submit(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = 
            argv: list[str] | None = None) -> Run:
     """Start `spec` on the backend's host (prepare() first). Refuses a used name (RunExists); bad paths on
     the host are refused before anything is created there or here (exit 3, nothing left behind)."""
-    from .backends.ssh import normalize_gpus
     spec.validate()
     name = name or spec.default_name()
     check_run_name(name)

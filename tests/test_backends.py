@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends import get_backend
-from orchestrator.backends.base import GPUS_SCHEDULER, Backend, JobHandle, Submission
+from orchestrator.backends.base import BATCH_STATE, BATCH_SUBMIT, Backend, JobHandle, Submission, Unsupported
+from orchestrator.backends.slurm import SlurmBackend
+from orchestrator.gpuspec import GPUS_SCHEDULER
 from remote_payload.contract import protocol
 from tests.runtools import fake_nvidia_smi, synced_local, wait_status, wrap
 
@@ -83,6 +85,26 @@ def test_ssh_backend_submit_state_cancel_pull_list(tmp_path):
     pulled = be.pull("b1")
     assert set(pulled.files) >= {"run.json", "status.json", "eval.log"}
     assert protocol.read_json(pulled.path / "status.json")["state"] == protocol.CANCELLED
+
+
+def test_optional_abilities_are_asked_for_never_assumed(tmp_path):
+    """Batch submit and batch state are optional abilities (as pyinfra's connectors have them): the SSH backend
+    has neither and says so by name; generic code asks supports() (the sweep's batch worker, its slots)."""
+    host, t, _ = synced_local(tmp_path / "work")
+    be = get_backend(host, t)
+    assert not be.supports(BATCH_SUBMIT) and not be.supports(BATCH_STATE)
+    with pytest.raises(Unsupported, match=f"{host.name} .*ssh.* has no {BATCH_SUBMIT}"):
+        be.submit_many([Submission("x", ["dummy"], sys.executable)])
+    with pytest.raises(Unsupported, match=BATCH_STATE):
+        be.states(None)
+    assert SlurmBackend.abilities >= {BATCH_SUBMIT, BATCH_STATE}
+    # the run slots are the backend's word: one per listed GPU here (asked only when `gpus` is auto)
+    asked: list[int] = []
+    smi = "0, NVIDIA H200, 143771, 5, 0\n1, NVIDIA H200, 143771, 90000, 95\n"
+    host.gpus = "auto"
+    assert be.run_slots(lambda: asked.append(1) or smi) == ["auto", "auto"] and asked == [1]
+    host.gpus = "none"
+    assert be.run_slots(lambda: asked.append(1) or smi) == ["none"] and asked == [1]
 
 
 def test_ssh_backend_stream_command_follows_a_run(tmp_path):

@@ -67,7 +67,7 @@ def test_remote_sweep_over_hostile_names_deletes_nothing(ssh_hosts, tmp_path, mo
     from orchestrator.transport import get_transport
     t = get_transport(inv.get("ssh1"))
     skipped: list[str] = []
-    hasher = sweep.Sweep(opts(f"ssh1:{ck}/*", ["cluster"], tmp_path), inv).remote_hashes  # as a sweep hashes
+    hasher = sweep.HostPool(opts(f"ssh1:{ck}/*", ["cluster"], tmp_path), inv).remote_hashes  # as a sweep hashes
     found = sweep.discover([f"ssh1:{ck}/*"], inv, ledger.Ledger(tmp_path / "fresh-ledger.json"), {"ssh1": t},
                            skipped, hasher)
     assert [c.name for c in found] == ["step-100", "step-200"] and len(skipped) >= len(HOSTILE) - 1

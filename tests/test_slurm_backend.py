@@ -428,34 +428,36 @@ def test_sweep_is_one_job_array_at_most_two_running(hpc, capsys):
     assert len(hpc.slurm.cmd("squeue", "-h", "-r", "-t", "all", "-o", "%i").stdout.split()) == n_jobs
 
 
-def test_a_checkpoint_that_fails_in_a_cluster_sweep_fails_alone(hpc, capsys, monkeypatch):
-    """Bad input while staging one checkpoint, and a bug while recording another's result: each of those runs
-    is reported failed, the others are evaluated, and the sweep says so (as an SSH host's slots do)."""
+def test_a_checkpoint_that_fails_in_a_cluster_sweep_fails_alone(hpc):
+    """Bad input while staging one checkpoint, and a bug while pulling another's result: each of those runs
+    is reported failed, the others are evaluated, and the sweep says so (as an SSH host's slots do). The
+    faults go in through the sweep's HostPool (its seam for every host operation), not by patching a class."""
+    from orchestrator import sweep
     from orchestrator.errors import ConfigError
-    from orchestrator.sweep import schedule, stage
+    from orchestrator.inventory import load_inventory
+
+    class FaultyHosts(sweep.HostPool):
+        def stage_checkpoint(self, hs, ckpt):
+            if ckpt.name == "step-12":
+                raise ConfigError("step-12: cannot be staged (test)")
+            return super().stage_checkpoint(hs, ckpt)
+
+        def pull(self, hs, run):
+            if run.startswith("step-13-"):
+                raise RuntimeError("a bug (test)")
+            return super().pull(hs, run)
     # names of their own: a run name comes from the checkpoint, and the cluster's runs/ is shared by the module
     ck = make_checkpoints(hpc.root / "ckf", [11, 12, 13])
-    real_stage, real_pull = stage.Staging.stage_checkpoint, schedule.Sweep.pull_and_record
-
-    def staged(self, hs, ckpt):
-        if ckpt.name == "step-12":
-            raise ConfigError("step-12: cannot be staged (test)")
-        return real_stage(self, hs, ckpt)
-
-    def pulled(self, hs, job, st):
-        if job.ckpt.name == "step-13":
-            raise RuntimeError("a bug (test)")
-        return real_pull(self, hs, job, st)
-    monkeypatch.setattr(stage.Staging, "stage_checkpoint", staged)
-    monkeypatch.setattr(schedule.Sweep, "pull_and_record", pulled)
-    rc, out, err = reval(capsys, hpc, *sweep_argv(hpc, ck, "hpc", hpc.root / "swf"))
-    assert "Traceback" not in err
-    rep = json.loads(out)
-    got = {o["checkpoint"]: (o["state"], o["error"]) for o in rep["checkpoints"]}
-    assert got["step-11"] == ("succeeded", None)
+    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], payload="dummy", poll_s=0.2, sweep_dir=str(hpc.root / "swf"),
+                           eval_args=["--lines", "6", "--interval-s", "0.2"])
+    inv = load_inventory(hpc.inv)
+    log: list[str] = []
+    rep = sweep.Sweep(o, inv, log=log.append, hosts=FaultyHosts(o, inv, log=log.append)).run()
+    got = {x.checkpoint: (x.state, x.error) for x in rep.outcomes}
+    assert got["step-11"] == ("succeeded", None), log
     assert got["step-12"] == ("failed", "step-12: cannot be staged (test)")
     assert got["step-13"] == ("failed", "internal error: RuntimeError: a bug (test)")
-    assert rc == rep["exit_code"] != 0
+    assert rep.exit_code == 1
 
 
 def test_sweep_over_a_mixed_group_ssh_box_and_cluster(hpc, capsys):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, compare, ledger, stats, sweep
+from orchestrator import cli, compare, gpuspec, ledger, stats, sweep
 from orchestrator.errors import ConfigError, RunNotFound
 from orchestrator.inventory import load_inventory
 from remote_payload.contract import protocol
@@ -102,9 +102,9 @@ def test_ledger_key_and_run_names():
     name = sweep.run_name_for(ck, k1)
     assert name == f"step_4000_final_-{k1[7:15]}" and protocol.validate_run_name(name)
     smi = "0, NVIDIA H200, 143771, 5, 0\n1, NVIDIA H200, 143771, 90000, 95\n2, NVIDIA H200, 143771, 100, 3\n"
-    assert sweep.gpu_slots(smi, "auto") == ["auto"] * 3  # busy ones too: the wrapper picks, a refusal requeues
-    assert sweep.gpu_slots(smi, "0,2") == ["0", "2"]
-    assert sweep.gpu_slots("", "auto") == ["none"] and sweep.gpu_slots(smi, "none") == ["none"]
+    assert gpuspec.gpu_slots(smi, "auto") == ["auto"] * 3  # busy ones too: the wrapper picks, a refusal requeues
+    assert gpuspec.gpu_slots(smi, "0,2") == ["0", "2"]
+    assert gpuspec.gpu_slots("", "auto") == ["none"] and gpuspec.gpu_slots(smi, "none") == ["none"]
 
 
 def test_content_hash_and_listing_agree_with_the_remote_scripts(tmp_path):

@@ -1,5 +1,6 @@
-"""Backends: how runs are started, observed and cancelled on a host (base.py: the interface; ssh.py: a host
-over SSH or the local folder). `get_backend(host)` is the one place that picks one."""
+"""Backends: how runs are started, observed and cancelled on a host (base.py: the interface and its optional
+abilities; ssh.py: a host over SSH or the local folder; slurm.py: a Slurm cluster through its login node).
+`get_backend(host)` is the one place that picks one: everything else asks the backend it was given."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -1,6 +1,7 @@
-"""The backend seam: what differs between "a host over SSH / the local folder" (ssh.py, today) and "a
-cluster scheduler" (a Slurm backend: next), behind one small interface. Everything above it — the run
-lifecycle (lifecycle.py), `reval run/sweep/demo`, the `reval` API — talks to a `Backend` only.
+"""The backend seam: what differs between "a host over SSH / the local folder" (ssh.py) and "a cluster
+scheduler" (slurm.py: a Slurm cluster through its login node), behind one small interface. Everything above
+it — the run lifecycle (lifecycle.py), the sweep, `reval run/sweep/demo`, the `reval` API — talks to a
+`Backend` only, and never asks which one it holds.
 
 A backend knows, for one inventory host:
   - `transport`: how commands and files reach the machine where the run directories live (the host
@@ -16,6 +17,13 @@ A backend knows, for one inventory host:
   - `stream_command(...)`: the remote command whose stdout is the framed live stream of a run's files
     (remote_payload/runtime/stream.py), resumable at byte offsets; `pull(name)`: copy the contract files to
     runs/<host>/<run>/.
+  - `run_slots(list_gpus)`: how many runs the host takes at once, as the `--gpus` of each (a sweep's slots).
+
+Optional abilities, as pyinfra's connectors have them: a backend lists what it can do beyond the above in
+`abilities`; generic code asks `supports(...)` (never `host.slurm`), and the base method of an ability the
+backend lacks raises Unsupported naming the host and the ability.
+  - BATCH_SUBMIT, `submit_many(subs)`: several runs in one submission (Slurm: one job array, at most K running).
+  - BATCH_STATE, `states(names)`: several runs' states in one look (Slurm: two round trips for all of them).
 
 The run directory contract (remote_payload/contract/protocol.py) is the same for every backend: the wrapper owns
 status.json wherever it runs, so following, pulling and the state vocabulary never depend on the backend.
@@ -25,14 +33,29 @@ A scheduler backend runs the wrapper with `--gpus scheduler`: the GPUs the sched
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import ConfigError
+from ..follow import stream_command as follow_stream_command
+from ..gpuspec import gpu_slots, normalize_gpus
 from ..inventory import Host
-from ..runs import RunState
-from ..transport import Transport, resolve_workdir
+from ..pull import PullResult
+from ..pull import pull as pull_run
+from ..runs import RunState, remote_run_dir
+from ..transport import Transport, q, resolve_workdir
 
-# `--gpus` value for the wrapper when a scheduler assigned the GPUs (CUDA_VISIBLE_DEVICES kept as is)
-GPUS_SCHEDULER = "scheduler"
+# optional abilities (Backend.abilities / supports)
+BATCH_SUBMIT = "batch-submit"   # submit_many: several runs in one submission
+BATCH_STATE = "batch-state"     # states: several runs' states in one look
+
+
+class NoFreeGpu(ConfigError):
+    """The host found every GPU busy or locked (nothing was started; try again later or elsewhere)."""
+
+
+class Unsupported(ConfigError):
+    """An optional ability (BATCH_SUBMIT, ...) that the host's backend does not have."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +81,7 @@ class Submission:
     name: str                      # validated run name (protocol.validate_run_name)
     payload_argv: list[str]        # `python -m remote_payload <payload_argv>`, without --run-dir
     python: str                    # the host's interpreter for the payload (environment.provision)
-    gpus: str = "auto"             # auto | none | 0,1 (ssh); a scheduler backend passes GPUS_SCHEDULER
+    gpus: str = "auto"             # auto | none | 0,1 (ssh); a scheduler backend: gpuspec.GPUS_SCHEDULER
     run_json: dict = field(default_factory=dict)  # what was asked (argv, hashes, paths): staged to run.json
     # `python -m remote_payload <preflight>` run on the host before the name is claimed (exit 3: nothing is
     # created, the submit raises ConfigError with its line); None: no check
@@ -82,10 +105,12 @@ class Launch:
 
 
 class Backend(ABC):
-    """One host's way of running runs. Subclasses: ssh.SSHBackend (the host or the local folder)."""
+    """One host's way of running runs. Subclasses: ssh.SSHBackend (the host or the local folder),
+    slurm.SlurmBackend (a cluster through its login node)."""
 
     kind: str = ""
     queues: bool = False  # a scheduler: a submitted run may wait (`queued`, with a reason) before it starts
+    abilities: frozenset[str] = frozenset()  # the optional abilities it has (BATCH_SUBMIT, BATCH_STATE)
 
     def __init__(self, host: Host, transport: Transport):
         self.host = host
@@ -96,8 +121,15 @@ class Backend(ABC):
         return resolve_workdir(self.transport)
 
     def run_dir(self, name: str) -> str:
-        from ..runs import remote_run_dir
         return remote_run_dir(self.workdir(), name)
+
+    def supports(self, ability: str) -> bool:
+        """Whether it has the optional `ability` (BATCH_SUBMIT, BATCH_STATE)."""
+        return ability in self.abilities
+
+    def _unsupported(self, ability: str) -> Unsupported:
+        return Unsupported(f"{self.host.name} ({self.kind or type(self).__name__} backend) has no {ability}",
+                           hint="generic code asks backend.supports(...) first")
 
     @abstractmethod
     def submit(self, sub: Submission) -> Launch:
@@ -117,19 +149,39 @@ class Backend(ABC):
         """Stop the run and record `cancelled`; RunNotFound when there is no such run. `known`: its state as the
         caller just probed it (one probe, not two; the host still proves the job is the run's before a signal)."""
 
+    # -- optional abilities (supports(...) says which; without one these raise Unsupported) --------------
+    def submit_many(self, subs: list[Submission], *, max_running: int | None = None) -> list[Launch]:
+        """BATCH_SUBMIT: start all of `subs` in one submission, at most `max_running` at once (None: the
+        backend's own cap); one Launch each, in order. A used name refuses every one (RunExists)."""
+        raise self._unsupported(BATCH_SUBMIT)
+
+    def states(self, names: list[str] | None) -> list[RunState]:
+        """BATCH_STATE: the states of the named runs (None: every run) in one look; a name the host does not
+        have is left out."""
+        raise self._unsupported(BATCH_STATE)
+
+    def describe_batch(self, launches: list[Launch]) -> str:
+        """How the screen names one submit_many submission (Slurm: `job array 123 (at most 2 at once)`)."""
+        return f"{len(launches)} run(s)"
+
+    # -- the same for every backend, on the run directory contract ---------------------------------------
+    def run_slots(self, list_gpus: Callable[[], str]) -> list[str]:
+        """The `--gpus` of each run the host takes at once (a sweep's slots): "auto" once per GPU that
+        `list_gpus()` (nvidia-smi's CSV; asked only when the host's `gpus` is auto) lists, each index of an
+        explicit `gpus: 0,1`, or ["none"] (no GPU: one run at a time). A scheduler overrides it."""
+        spec = normalize_gpus(self.host.gpus)
+        return gpu_slots(list_gpus() if spec == "auto" else "", spec)
+
     def stream_command(self, name: str, *, python: str, log_offset: int, events_offset: int) -> str:
         """The remote command streaming the run's files (framed; remote_payload/runtime/stream.py)."""
-        from ..follow import stream_command
-        return stream_command(self.workdir(), python, self.run_dir(name), log_offset, events_offset)
+        return follow_stream_command(self.workdir(), python, self.run_dir(name), log_offset, events_offset)
 
-    def pull(self, name: str):
-        """Copy the run's contract files to runs/<host>/<name>/; a pull.PullResult."""
-        from ..pull import pull
-        return pull(self.transport, name, workdir=self.workdir())
+    def pull(self, name: str) -> PullResult:
+        """Copy the run's contract files to runs/<host>/<name>/."""
+        return pull_run(self.transport, name, workdir=self.workdir())
 
     def remove(self, name: str) -> None:
         """Delete the run's directory where it lives (a run that must leave nothing behind: bad input)."""
-        from ..transport import q
         self.transport.run(f"rm -rf -- {q(self.run_dir(name))}", check=False, timeout_s=60)
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from remote_payload.contract import protocol, runstate
 
 from ..errors import ConfigError, HostUnreachable, RevalError, RunExists, RunNotFound
+from ..gpuspec import normalize_gpus
 from ..inventory import Host
 from ..runs import (
     RunState,
@@ -34,24 +35,10 @@ from ..runs import (
     symlink_refused,
 )
 from ..transport import Transport, q, resolve_workdir
-from .base import GPUS_SCHEDULER, Backend, JobHandle, Launch, Submission
+from .base import Backend, JobHandle, Launch, NoFreeGpu, Submission
 
 STARTUP_WAIT_S = 15.0
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class NoFreeGpu(ConfigError):
-    """The wrapper found every GPU busy or locked (nothing was started; try again later or elsewhere)."""
-
-
-def normalize_gpus(spec: str | None) -> str:
-    """auto | none | '0,1' (validated: indices only); `scheduler` (GPUs assigned by a scheduler) as is."""
-    spec = (spec or "auto").strip().lower()
-    if spec in ("auto", "none", "cpu", GPUS_SCHEDULER):
-        return "none" if spec == "cpu" else spec
-    if not re.fullmatch(r"\d+(,\d+)*", spec):
-        raise ConfigError(f"--gpus {spec!r}: use auto, none, or GPU indices like 0 or 0,1")
-    return spec
 
 
 def wrapper_argv(python: str, run_dir: str, locks_dir: str, gpus: str, payload_argv: list[str], *,

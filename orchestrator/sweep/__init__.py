@@ -9,17 +9,23 @@ changed in between). A host that fails or goes away never stops the others: its 
 remaining hosts, a run in flight there is reported `unreachable` (exit 2) and re-attached next time.
 Only transport errors are retried (with backoff); a failed eval is reported, never retried blindly.
 
-GPUs: nvidia-smi only counts a host's slots; each slot launches with `--gpus auto` and the wrapper on the
-host picks a free GPU and flocks it (backends/ssh.py). A launch the wrapper refuses for "no free GPU" is put
-back in the queue and retried with backoff, never recorded as a failure.
+GPUs: a host's backend counts its run slots (Backend.run_slots: nvidia-smi's GPUs on an SSH host, each slot
+launching with `--gpus auto` so that the wrapper there picks a free GPU and flocks it; a scheduler's cap of
+runs at once on a cluster). A launch refused for "no free GPU" is put back in the queue and retried with
+backoff, never recorded as a failure. A host whose backend submits in batches (Backend.supports
+BATCH_SUBMIT and BATCH_STATE: Slurm) gets its share as one submission and one poller (cluster.py); the
+sweep never asks which backend a host has.
 
 The package by stage: discover (checkpoints and their content hashes), plan (the pure step from ledger +
 checkpoints to a queue; the data types and outcome states live there so the parts never import each other
-in a circle), stage (hosts made ready, checkpoints copied), schedule (the Sweep: workers per GPU slot,
-launch/re-attach, follow, pull, record), report (verdicts, exit code, report files).
+in a circle), stage (HostPool: hosts made ready, checkpoints copied, every host operation retried), books
+(JobQueue: the jobs left; SweepRecord: outcomes and ledger entries), schedule (the Sweep wiring those parts
+explicitly, and SlotWorkers: launch/re-attach, follow, pull, record per slot), cluster (BatchWorker), report
+(built from a SweepFacts value: verdicts, exit code, report files).
 """
 from __future__ import annotations
 
+from .books import JobQueue, SweepRecord, failure_line
 from .discover import (
     CHECKPOINT_NAME,
     _local_matches,  # noqa: F401 - used by the tests
@@ -45,6 +51,7 @@ from .plan import (
     select,
 )
 from .report import (
+    SweepFacts,
     SweepReport,
     attach_comparisons,
     build_report,
@@ -55,11 +62,12 @@ from .report import (
     verdict,
     write_report_files,
 )
-from .schedule import Sweep, failure_line, load_baseline
-from .stage import HostSession, gpu_slots, retrying
+from .schedule import SlotWorkers, Sweep, load_baseline
+from .stage import HostPool, HostSession, retrying
 
-__all__ = ["CHECKPOINT_NAME", "NOT_RUN", "SKIPPED", "UNREACHABLE", "Checkpoint", "HostSession", "Job", "Outcome", "Sweep",
-           "SweepOptions", "SweepReport", "attach_comparisons", "build_report", "discover", "failure_line",
-           "gpu_slots", "hash_command", "list_script", "load_baseline", "local_content_hash", "outcome_from_entry",
+__all__ = ["CHECKPOINT_NAME", "NOT_RUN", "SKIPPED", "UNREACHABLE", "Checkpoint", "HostPool", "HostSession", "Job",
+           "JobQueue", "Outcome", "SlotWorkers", "Sweep", "SweepFacts", "SweepOptions", "SweepRecord", "SweepReport",
+           "attach_comparisons", "build_report", "discover", "failure_line",
+           "hash_command", "list_script", "load_baseline", "local_content_hash", "outcome_from_entry",
            "outcome_text", "parse_checkpoint_spec", "parse_hashes", "parse_since", "plan_queue", "report_json", "report_table",
            "retrying", "run_name_for", "select", "sweep_exit_code", "verdict", "write_report_files"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from remote_payload.contract import protocol
 
@@ -18,8 +17,20 @@ from ..ledger import LedgerEntry
 from ..tables import Cell, Column, Row, StepPoint, Table, fmt_ci, fmt_delta, mark_best
 from .plan import NOT_RUN, UNREACHABLE, Checkpoint, Outcome
 
-if TYPE_CHECKING:
-    from .schedule import Sweep
+
+@dataclass
+class SweepFacts:
+    """What a sweep's report is built from, handed over by the sweep once its runs are done (values only:
+    the report never reads the Sweep)."""
+    sweep_id: str
+    sweep_dir: Path
+    outcomes: list[Outcome]              # this sweep's and the earlier ones it skipped, in any order
+    series: list[LedgerEntry]            # the ledger's entries of this configuration (every night's)
+    baseline: str | None                 # --baseline as given
+    baseline_run: compare.RunRecord | None
+    threshold: float
+    hosts_down: dict[str, str]           # host -> why it left the sweep
+    loaded: LoadedRuns | None = None     # the runs the sweep pulled, parsed once
 
 
 @dataclass
@@ -76,15 +87,16 @@ def short(text: str, n: int = SCREEN_ERROR_CHARS) -> str:
     return text if len(text) <= n else text[: n - 1].rstrip() + "…"
 
 
-def build_report(sw: Sweep, chosen: list[Checkpoint]) -> SweepReport:
+def build_report(facts: SweepFacts, chosen: list[Checkpoint]) -> SweepReport:
+    """The report of a sweep's facts, its checkpoints in the order of `chosen` (training order)."""
     order = {c.name: i for i, c in enumerate(chosen)}
-    outcomes = sorted(sw.outcomes.values(), key=lambda o: order.get(o.checkpoint, 1 << 30))
-    series, loaded = sw.ledger.series(sw.config), sw.loaded
-    attach_comparisons(outcomes, series, sw.baseline, sw.opts.threshold, loaded)
-    down = {n: hs.down for n, hs in {**sw.sources, **sw.sessions}.items() if hs.down}
-    rep = SweepReport(sw.sweep_id, sw.dir, outcomes, sw.opts.baseline, down, sw.opts.threshold,
-                      baseline_run=sw.baseline, history=history_points(series, sw.sweep_id, loaded), loaded=loaded)
-    rep.exit_code = sweep_exit_code(outcomes, down)
+    outcomes = sorted(facts.outcomes, key=lambda o: order.get(o.checkpoint, 1 << 30))
+    loaded = facts.loaded or LoadedRuns()
+    attach_comparisons(outcomes, facts.series, facts.baseline_run, facts.threshold, loaded)
+    rep = SweepReport(facts.sweep_id, facts.sweep_dir, outcomes, facts.baseline, dict(facts.hosts_down),
+                      facts.threshold, baseline_run=facts.baseline_run,
+                      history=history_points(facts.series, facts.sweep_id, loaded), loaded=loaded)
+    rep.exit_code = sweep_exit_code(outcomes, rep.hosts_down)
     return rep
 
 

@@ -1,36 +1,34 @@
-"""Sweep scheduling: the queue run one job per free GPU slot over the hosts, each job launched (or
-re-attached), followed, pulled and recorded in the ledger; the sweep directory (sweep.json) for resuming."""
+"""Sweep scheduling: the Sweep (discover -> plan -> run the queue over the hosts -> report) and the slot
+workers of hosts that start runs one at a time: one job per free GPU slot, launched (or re-attached),
+followed, pulled and recorded in the ledger; the sweep directory (sweep.json) for resuming.
+
+The Sweep is composed of parts with explicit inputs, each replaceable (a test's fault goes in through them):
+HostPool (stage.py: the hosts and every operation on them), JobQueue and SweepRecord (books.py: the jobs
+left, what happened), SlotWorkers (here) and BatchWorker (cluster.py: a backend that submits in batches);
+the report is built from a SweepFacts (report.py), never from the Sweep."""
 from __future__ import annotations
 
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 from remote_payload.contract import protocol
 
 from .. import compare, lifecycle, runs
-from ..backends.ssh import NoFreeGpu
+from ..backends.base import NoFreeGpu
 from ..errors import EXIT_BAD_INPUT, ConfigError, HostUnreachable, RevalError, RunExists
 from ..inventory import Inventory
-from ..ledger import LAUNCHED, Ledger, LedgerEntry
+from ..ledger import Ledger
 from ..sync import local_manifest_hash
-from .cluster import ClusterBatches
+from .books import JobQueue, SweepRecord, pull_and_record
+from .cluster import BatchWorker, batches
 from .discover import discover
-from .plan import (
-    NOT_RUN,
-    UNREACHABLE,
-    Checkpoint,
-    Job,
-    Outcome,
-    SweepOptions,
-    parse_since,
-    plan_queue,
-    select,
-)
-from .report import LoadedRuns, SweepReport, build_report
-from .stage import HostSession, Staging
+from .plan import NOT_RUN, UNREACHABLE, Checkpoint, Job, SweepOptions, parse_since, plan_queue, select
+from .report import SweepFacts, SweepReport, build_report
+from .stage import HostPool, HostSession
 
 
 def load_baseline(spec: str | None) -> compare.RunRecord | None:
@@ -50,24 +48,148 @@ def load_baseline(spec: str | None) -> compare.RunRecord | None:
     return rec
 
 
-class Sweep(Staging, ClusterBatches):
+class SlotWorkers:
+    """Hosts whose backend starts runs one at a time (an SSH host, the local folder): a worker per run slot
+    takes a job, launches it with the slot's --gpus (or re-attaches to its run), follows it to its end,
+    pulls and records it, and meanwhile stages its next job. Inputs: the options (retries, backoff_s,
+    poll_s), the hosts, the queue, the record, the log."""
+
+    def __init__(self, opts: SweepOptions, hosts: HostPool, queue: JobQueue, record: SweepRecord,
+                 log: Callable[[str], None]):
+        self.opts, self.hosts, self.queue, self.record, self.log = opts, hosts, queue, record, log
+        self.lock = threading.Lock()
+        self.active = 0  # runs being followed now (all slots)
+
+    def worker(self, hs: HostSession, gpu: str, reattach_only: bool = False) -> None:
+        held: list[Job] = []  # the next job, taken (and staged) while the current run goes on
+        try:
+            self._work(hs, gpu, reattach_only, held)
+        finally:
+            for job in held:
+                job.staged = None
+                self.queue.put_back(job)
+
+    def _work(self, hs: HostSession, gpu: str, reattach_only: bool, held: list[Job]) -> None:
+        refused = 0  # launches in a row the host refused for want of a free GPU
+        while not hs.down:
+            job = held.pop() if held else self.queue.take(hs.host.name, reattach_only)
+            if job is None:
+                return
+            try:
+                self.run_job(hs, job, gpu, held if not reattach_only else None)
+                refused = 0
+            except HostUnreachable:
+                return
+            except NoFreeGpu as e:
+                refused += 1
+                with self.lock:
+                    idle = self.active == 0
+                if refused >= self.opts.retries and idle:  # nothing of ours will free a GPU: give up this round
+                    self.log(f"busy    {hs.host.name}: {str(e).split(': ', 1)[-1]}; slot stops")
+                    return
+                wait_s = min(self.opts.backoff_s * 2 ** (refused - 1), 60.0)
+                self.log(f"busy    {job.ckpt.name}: no free GPU on {hs.host.name}; requeued, retry in {wait_s:.0f}s")
+                time.sleep(wait_s)
+            except Exception as e:  # noqa: BLE001 - bad input or a bug: this job fails, the sweep goes on
+                self.record.failed(hs.host.name, job, e)
+
+    def run_job(self, hs: HostSession, job: Job, gpu: str, held: list[Job] | None = None) -> None:
+        c = job.ckpt
+        ledger = self.record.ledger
+        if job.host is None:  # a fresh launch
+            try:
+                path = job.staged[1] if job.staged and job.staged[0] == hs.host.name else \
+                    self.hosts.stage_checkpoint(hs, c)
+            except HostUnreachable as e:
+                if hs.down:  # this host went away: another one takes the job
+                    self.queue.put_back(job)
+                    raise
+                self.record.not_stageable(job, e)
+                return
+            before = ledger.get(job.key)
+            ledger.put(self.record.launched_entry(hs.host.name, job))  # a killed controller finds it and re-attaches
+            run_json = self.record.run_json(job, path, self.opts.spec(path).payload_argv(job.run))
+            try:
+                spec = self.opts.spec(path, gpu)
+                info = self.hosts.op(hs, "launch", lambda: lifecycle.submit(
+                    hs.backend, spec, python=hs.python, name=job.run, run_json=run_json)).launch
+                self.log(f"launch  {c.name} on {hs.host.name}"
+                         + "".join(f" · GPU {g}" for g in info.gpus) + f" · run {job.run}")
+            except HostUnreachable:
+                # Did it start before the connection broke? The next sweep re-attaches (the ledger says launched).
+                self.record.record(job, hs.host.name, UNREACHABLE, error=hs.down)
+                raise
+            except NoFreeGpu:  # nothing started: not a result; back in the queue (the worker backs off)
+                ledger.restore(job.key, before)
+                self.queue.put_back(job)
+                raise
+            except RunExists:
+                self.log(f"attach  {c.name}: run {job.run} already on {hs.host.name}")
+        else:
+            self.log(f"attach  {c.name}: run {job.run} on {hs.host.name}")
+        if held is not None and not held:
+            self.prefetch(hs, held)
+        self.wait_and_pull(hs, job)
+
+    def wait_and_pull(self, hs: HostSession, job: Job) -> None:
+        with self.lock:
+            self.active += 1
+        try:
+            self._wait_and_pull(hs, job)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def _wait_and_pull(self, hs: HostSession, job: Job) -> None:
+        run = lifecycle.attach(hs.backend, job.run, python=hs.python)  # the same handle `reval run` follows
+        try:
+            wait_s = 0.0
+            while True:
+                # after the first look, a long poll: one SSH command that returns as soon as the run is no longer
+                # running (or after poll_s), so its end is seen within ~0.1 s without a round trip per 0.1 s
+                st = self.hosts.op(hs, "status", lambda w=wait_s: run.probe(wait_s=w), bounded=wait_s == 0)
+                wait_s = self.opts.poll_s
+                if st is None:  # recorded as launched, but the run never started: launch it now
+                    self.log(f"missing {job.ckpt.name}: run {job.run} is not on {hs.host.name}; launching")
+                    job.host = None
+                    return self.run_job(hs, job, "auto" if hs.on_gpu else "none")
+                if st.terminal:
+                    break
+        except HostUnreachable:
+            self.record.record(job, hs.host.name, UNREACHABLE, error=hs.down)
+            raise
+        pull_and_record(self.hosts, self.record, hs, job, st)
+
+    def prefetch(self, hs: HostSession, held: list[Job]) -> None:
+        """Take this slot's next job now and copy its checkpoint while the current run goes on (the copy
+        then costs nothing on the critical path). Trouble here is left to the job itself."""
+        nxt = self.queue.take(hs.host.name)
+        if nxt is None:
+            return
+        held.append(nxt)
+        if nxt.host is None:
+            try:
+                nxt.staged = (hs.host.name, self.hosts.stage_checkpoint(hs, nxt.ckpt))
+            except RevalError:
+                nxt.staged = None
+
+
+class Sweep:
+    """One sweep: `run()` makes the hosts ready, discovers and plans the checkpoints, runs the queue over
+    the hosts (a BatchWorker for a host whose backend submits in batches, SlotWorkers for the others) and
+    returns the report. `hosts`: the HostPool to use (default: one over --hosts; a test's seam)."""
+
     def __init__(self, opts: SweepOptions, inventory: Inventory, *, log=None,
-                 baseline: compare.RunRecord | None = None):
+                 baseline: compare.RunRecord | None = None, hosts: HostPool | None = None):
         self.opts = opts
         self.inventory = inventory
         self.log = log or (lambda line: None)
         self.baseline = baseline or load_baseline(opts.baseline)
         self.root = Path(opts.sweep_dir)
         self.ledger = Ledger(self.root / "ledger.json")
-        self.ssh = threading.BoundedSemaphore(max(1, opts.max_ssh))
-        self.lock = threading.Lock()
-        self.queue: list[Job] = []
-        self.outcomes: dict[str, Outcome] = {}   # key -> outcome
-        self.loaded = LoadedRuns()                   # pulled runs, parsed once for the ledger and the report
-        self.sessions: dict[str, HostSession] = {}
-        self.sources: dict[str, HostSession] = {}  # checkpoint hosts that are not sweep hosts (relay only)
-        self.stage_locks: dict[str, threading.Lock] = {}  # per checkpoint content: staged once at a time
-        self.active = 0                            # runs being followed now (all slots)
+        self.hosts = hosts or HostPool(opts, inventory, log=self.log)
+        self.queue = JobQueue()
+        self.record = SweepRecord(self.ledger, "", log=self.log)  # made again once the sweep has its id
         self.sweep_id = ""
         self.dir = self.root
         self.config = ""
@@ -100,224 +222,57 @@ class Sweep(Staging, ClusterBatches):
             "id": self.sweep_id, "identity": self.opts.identity(), "created_at": protocol.now_iso(),
             "complete": complete, "options": asdict(self.opts)})
 
-    # -- hosts ----------------------------------------------------------------------------------------------
-
     # -- planning -------------------------------------------------------------------------------------------
     def plan(self, checkpoints: list[Checkpoint]) -> None:
-        fp = next(hs.cache_fingerprint for hs in self.sessions.values() if not hs.down)
+        fp = next(hs.cache_fingerprint for hs in self.hosts.up())
         queue, outcomes, self.config, kept = plan_queue(checkpoints, self.ledger, self.sweep_id, fp,
                                                         local_manifest_hash(), self.opts)
-        self.queue += queue
-        self.outcomes.update(outcomes)
+        self.queue.add(queue)
+        self.record.outcomes.update(outcomes)
         if kept:
             self.log(f"resume  {kept} run(s) kept from before a payload/cache change (not run again)")
 
-    # -- workers --------------------------------------------------------------------------------------------
-    def _take(self, hs: HostSession, reattach_only: bool = False) -> Job | None:
-        with self.lock:
-            for i, j in enumerate(self.queue):
-                if j.host == hs.host.name or (j.host is None and not reattach_only):
-                    return self.queue.pop(i)
-        return None
-
-    def worker(self, hs: HostSession, gpu: str, reattach_only: bool = False) -> None:
-        held: list[Job] = []  # the next job, taken (and staged) while the current run goes on
-        try:
-            self._work(hs, gpu, reattach_only, held)
-        finally:
-            for job in held:
-                job.staged = None
-                self._requeue(job)
-
-    def _work(self, hs: HostSession, gpu: str, reattach_only: bool, held: list[Job]) -> None:
-        refused = 0  # launches in a row the host refused for want of a free GPU
-        while not hs.down:
-            job = held.pop() if held else self._take(hs, reattach_only)
-            if job is None:
-                return
-            try:
-                self.run_job(hs, job, gpu, held if not reattach_only else None)
-                refused = 0
-            except HostUnreachable:
-                return
-            except NoFreeGpu as e:
-                refused += 1
-                with self.lock:
-                    idle = self.active == 0
-                if refused >= self.opts.retries and idle:  # nothing of ours will free a GPU: give up this round
-                    self.log(f"busy    {hs.host.name}: {str(e).split(': ', 1)[-1]}; slot stops")
-                    return
-                wait_s = min(self.opts.backoff_s * 2 ** (refused - 1), 60.0)
-                self.log(f"busy    {job.ckpt.name}: no free GPU on {hs.host.name}; requeued, retry in {wait_s:.0f}s")
-                time.sleep(wait_s)
-            except Exception as e:  # noqa: BLE001 - bad input or a bug: this job fails, the sweep goes on
-                self.job_failed(hs, job, e)
-
-    def job_failed(self, hs: HostSession, job: Job, e: Exception) -> None:
-        """A job that raised: bad input for its checkpoint (staging, name, a damaged result) is reported, a bug
-        logged and reported too; neither is retried, and neither drops the job or stops other hosts."""
-        if isinstance(e, RevalError):
-            self._record(job, hs, protocol.FAILED, error=str(e).splitlines()[0])
-        else:
-            self.log(f"error   {job.ckpt.name} on {hs.host.name}: {type(e).__name__}: {e}")
-            self._record(job, hs, protocol.FAILED, error=f"internal error: {type(e).__name__}: {e}")
-
-    def not_stageable(self, job: Job, e: HostUnreachable) -> None:
-        """The checkpoint's own host went away: no host can get it; not run (the next sweep tries again)."""
-        c = job.ckpt
-        self.outcomes[job.key] = Outcome(c.name, c.step, NOT_RUN, c.host, job.run, error=str(e).splitlines()[0])
-        self.log(f"skip    {c.name}: {str(e).splitlines()[0]}")
-
-    def launched_entry(self, hs: HostSession, job: Job) -> LedgerEntry:
-        """The ledger's `launched` record of job on hs (written before the launch: a killed controller finds it)."""
-        c = job.ckpt
-        return LedgerEntry(job.key, c.name, c.location, c.content_hash, c.step, hs.host.name, job.run, LAUNCHED,
-                           self.sweep_id, config=job.config)
-
-    def run_json(self, job: Job, path: str, argv: list[str]) -> dict:
-        """What a sweep's run records in run.json: its sweep, checkpoint and ledger key."""
-        c = job.ckpt
-        return {"sweep": self.sweep_id, "checkpoint": c.location, "checkpoint_hash": c.content_hash,
-                "ledger_key": job.key, "drafter": path, "argv": argv}
-
-    def run_job(self, hs: HostSession, job: Job, gpu: str, held: list[Job] | None = None) -> None:
-        c = job.ckpt
-        entry = self.launched_entry(hs, job)
-        if job.host is None:  # a fresh launch
-            try:
-                path = job.staged[1] if job.staged and job.staged[0] == hs.host.name else \
-                    self.stage_checkpoint(hs, c)
-            except HostUnreachable as e:
-                if hs.down:  # this host went away: another one takes the job
-                    self._requeue(job)
-                    raise
-                self.not_stageable(job, e)
-                return
-            before = self.ledger.get(job.key)
-            self.ledger.put(entry)  # before launching: a killed controller finds it and re-attaches
-            run_json = self.run_json(job, path, self.opts.spec(path).payload_argv(job.run))
-            try:
-                spec = self.opts.spec(path, gpu)
-                info = self._op(hs, "launch", lambda: lifecycle.submit(
-                    hs.backend, spec, python=hs.python, name=job.run, run_json=run_json)).launch
-                self.log(f"launch  {c.name} on {hs.host.name}"
-                         + "".join(f" · GPU {g}" for g in info.gpus) + f" · run {job.run}")
-            except HostUnreachable:
-                # Did it start before the connection broke? The next sweep re-attaches (the ledger says launched).
-                self._record(job, hs, UNREACHABLE, error=hs.down)
-                raise
-            except NoFreeGpu:  # nothing started: not a result; back in the queue (the worker backs off)
-                self.ledger.restore(job.key, before)
-                self._requeue(job)
-                raise
-            except RunExists:
-                self.log(f"attach  {c.name}: run {job.run} already on {hs.host.name}")
-        else:
-            self.log(f"attach  {c.name}: run {job.run} on {hs.host.name}")
-        if held is not None and not held:
-            self.prefetch(hs, held)
-        self.wait_and_pull(hs, job)
-
-    def wait_and_pull(self, hs: HostSession, job: Job) -> None:
-        with self.lock:
-            self.active += 1
-        try:
-            self._wait_and_pull(hs, job)
-        finally:
-            with self.lock:
-                self.active -= 1
-
-    def _wait_and_pull(self, hs: HostSession, job: Job) -> None:
-        run = lifecycle.attach(hs.backend, job.run, python=hs.python)  # the same handle `reval run` follows
-        try:
-            wait_s = 0.0
-            while True:
-                # after the first look, a long poll: one SSH command that returns as soon as the run is no longer
-                # running (or after poll_s), so its end is seen within ~0.1 s without a round trip per 0.1 s
-                st = self._op(hs, "status", lambda w=wait_s: run.probe(wait_s=w), bounded=wait_s == 0)
-                wait_s = self.opts.poll_s
-                if st is None:  # recorded as launched, but the run never started: launch it now
-                    self.log(f"missing {job.ckpt.name}: run {job.run} is not on {hs.host.name}; launching")
-                    job.host = None
-                    return self.run_job(hs, job, "auto" if hs.on_gpu else "none")
-                if st.terminal:
-                    break
-        except HostUnreachable:
-            self._record(job, hs, UNREACHABLE, error=hs.down)
-            raise
-        self.pull_and_record(hs, job, st)
-
-    def pull_and_record(self, hs: HostSession, job: Job, st: runs.RunState) -> None:
-        """A finished run: pull it, record its outcome in the ledger, log it."""
-        try:
-            run = lifecycle.attach(hs.backend, job.run, python=hs.python)
-            res = self._op(hs, "pull", lambda: run.pull(finished=True))
-        except HostUnreachable:
-            self._record(job, hs, UNREACHABLE, error=hs.down)
-            raise
-        run = compare.load_run(res.path)
-        self.loaded.put(res.path, run)
-        if st.state == protocol.SUCCEEDED and run.result is not None:
-            tau = run.result.metrics.tau
-            self._record(job, hs, protocol.SUCCEEDED, tau=tau, suspect=run.suspect, local=res.path)
-            self.log(f"done    {job.ckpt.name} on {hs.host.name} · tau {float('nan') if tau is None else tau:.2f}"
-                     + (" · SUSPECT" if run.suspect else ""))
-        else:
-            err = failure_line(st.status, res.path)
-            self._record(job, hs, st.state if st.state != protocol.SUCCEEDED else protocol.FAILED,
-                         error=err, local=res.path, exit_code=st.status.get("exit_code"))
-            self.log(f"FAILED  {job.ckpt.name} on {hs.host.name} ({err}) — log {res.path}/eval.log")
-
-    def _requeue(self, job: Job) -> None:
-        with self.lock:
-            self.queue.insert(0, job)
-
-    def _record(self, job: Job, hs: HostSession, state: str, *, tau=None, suspect=False, error=None,
-                local=None, exit_code=None) -> None:
-        c = job.ckpt
-        self.outcomes[job.key] = Outcome(c.name, c.step, state, hs.host.name, job.run, tau, suspect, error,
-                                         str(local) if local else None)
-        if state != UNREACHABLE:  # unreachable: the ledger keeps `launched`, the next sweep re-attaches
-            self.ledger.put(LedgerEntry(job.key, c.name, c.location, c.content_hash, c.step, hs.host.name,
-                                        job.run, state, self.sweep_id, exit_code=exit_code, error=error, tau=tau,
-                                        suspect=suspect, local_path=str(local) if local else None,
-                                        config=job.config))
-
+    # -- running --------------------------------------------------------------------------------------------
     def execute(self) -> None:
         """Workers per host slot until the queue is empty or no host is left. Re-attach jobs get a thread of
-        their own (their run already holds its GPU); a CPU host launches new runs only after those end."""
+        their own (their run already holds its GPU); a CPU host launches new runs only after those end. A
+        host whose backend submits in batches gets one BatchWorker for its share."""
+        slots = SlotWorkers(self.opts, self.hosts, self.queue, self.record, self.log)
+        batch = BatchWorker(self.opts, self.hosts, self.queue, self.record, self.log)
         why = "no reachable host left"
         last = None
         while True:
-            with self.lock:
-                for job in [j for j in self.queue if j.host and (j.host not in self.sessions
-                                                                 or self.sessions[j.host].down)]:
-                    self.queue.remove(job)
-                    self.outcomes[job.key] = Outcome(job.ckpt.name, job.ckpt.step, UNREACHABLE, job.host, job.run,
-                                                     error=f"{job.host} is unreachable; re-attached next time")
-            up = [hs for hs in self.sessions.values() if not hs.down]
-            if not self.queue or not up:
+            up = self.hosts.up()
+            names = {hs.host.name for hs in up}
+            for job in self.queue.drop(lambda j, names=names: j.host is not None and j.host not in names):
+                self.record.left(job, UNREACHABLE, f"{job.host} is unreachable; re-attached next time")
+            if not len(self.queue) or not up:
                 break
-            if last == (len(self.outcomes), len(up)):  # a whole round ended nothing: every GPU is busy
+            if last == (len(self.record.outcomes), len(up)):  # a whole round ended nothing: every GPU is busy
                 why = "no free GPU (all busy or locked by other runs); the next sweep tries again"
                 break
-            last = (len(self.outcomes), len(up))
+            last = (len(self.record.outcomes), len(up))
             threads = []
             for hs in up:
-                if hs.host.slurm is not None:  # a cluster: one job array for its share, one poller
-                    threads.append(threading.Thread(target=self.cluster_worker, args=(hs,)))
+                if batches(hs.backend):  # one batch for its share, one poller
+                    threads.append(threading.Thread(target=batch.run, args=(hs,)))
                     continue
-                n_attach = sum(1 for j in self.queue if j.host == hs.host.name)
-                threads += [threading.Thread(target=self.worker, args=(hs, "none", True)) for _ in range(n_attach)]
+                n_attach = self.queue.count(hs.host.name)
+                threads += [threading.Thread(target=slots.worker, args=(hs, "none", True)) for _ in range(n_attach)]
                 if hs.on_gpu or not n_attach:
-                    threads += [threading.Thread(target=self.worker, args=(hs, g)) for g in hs.slots]
+                    threads += [threading.Thread(target=slots.worker, args=(hs, g)) for g in hs.slots]
             for th in threads:
                 th.start()
             for th in threads:
                 th.join()
-        for job in self.queue:  # no host left for these
-            self.outcomes[job.key] = Outcome(job.ckpt.name, job.ckpt.step, NOT_RUN, job.host, job.run, error=why)
-        self.queue.clear()
+        for job in self.queue.drop(lambda j: True):  # no host left for these
+            self.record.left(job, NOT_RUN, why)
+
+    def facts(self) -> SweepFacts:
+        """What the report is built from, as values."""
+        return SweepFacts(self.sweep_id, self.dir, list(self.record.outcomes.values()),
+                          self.ledger.series(self.config), self.opts.baseline, self.baseline, self.opts.threshold,
+                          self.hosts.down(), self.record.loaded)
 
     def run(self) -> SweepReport:
         existed = self.root.exists()
@@ -326,10 +281,11 @@ class Sweep(Staging, ClusterBatches):
         try:
             # hosts and checkpoints first: bad input (an unknown --hosts group, a glob matching nothing) ends
             # the sweep with exit 3 before its sweep.json exists
-            self.prepare_hosts()
-            up = {n: hs.transport for n, hs in self.sessions.items() if not hs.down}
+            self.hosts.prepare()
+            up = {hs.host.name: hs.transport for hs in self.hosts.up()}
             skipped: list[str] = []
-            found = discover(self.opts.checkpoints, self.inventory, self.ledger, up, skipped, self.remote_hashes)
+            found = discover(self.opts.checkpoints, self.inventory, self.ledger, up, skipped,
+                             self.hosts.remote_hashes)
             if skipped:
                 shown = ", ".join(repr(n) for n in skipped[:8]) + (f" and {len(skipped) - 8} more"
                                                                    if len(skipped) > 8 else "")
@@ -337,14 +293,15 @@ class Sweep(Staging, ClusterBatches):
                          f"not starting with - or .): {shown}")
             chosen = select(found, self.opts.latest, parse_since(self.opts.since))
             self.open_sweep_dir()
+            self.record = SweepRecord(self.ledger, self.sweep_id, log=self.log)
             self.plan(chosen)
-            n_skip = sum(1 for o in self.outcomes.values() if o.earlier)
-            free = sum(len(hs.slots) for hs in self.sessions.values() if not hs.down)
-            n_up = sum(1 for hs in self.sessions.values() if not hs.down)
+            n_skip = sum(1 for o in self.record.outcomes.values() if o.earlier)
+            up_now = self.hosts.up()
+            free = sum(len(hs.slots) for hs in up_now)
             self.log(f"{len(chosen)} checkpoints · {n_skip} already evaluated (skipped) · {len(self.queue)} to run "
-                     f"on {n_up} host(s), {free} slot(s)")
+                     f"on {len(up_now)} host(s), {free} slot(s)")
             self.execute()
-            report = build_report(self, chosen)
+            report = build_report(self.facts(), chosen)
             self._write_state(complete=not any(o.state in (UNREACHABLE, NOT_RUN) for o in report.outcomes))
             return report
         except RevalError as e:
@@ -354,16 +311,3 @@ class Sweep(Staging, ClusterBatches):
             self.ledger.unlock()  # deletes ledger.json.lock
             if bad_input and not existed:  # nothing of this invocation is kept (only it wrote there)
                 shutil.rmtree(self.root, ignore_errors=True)
-
-
-def failure_line(status: dict, run_dir: Path) -> str:
-    """'exit 1: CUDA out of memory' — the exit code and the wrapper's error or the log's last line."""
-    last = ""
-    try:
-        lines = (run_dir / protocol.EVAL_LOG).read_text(errors="replace").splitlines()
-        last = next((ln.strip() for ln in reversed(lines) if ln.strip() and not ln.startswith("[reval]")), "")
-    except OSError:
-        pass
-    why = status.get("error") or last  # whole: report.json keeps it, the screen shortens it
-    head = f"exit {status['exit_code']}" if status.get("exit_code") is not None else status.get("state", "?")
-    return f"{head}: {why}" if why else head

@@ -1,6 +1,6 @@
-"""Sweep staging: the hosts made ready (payload synced, interpreter checked, cache fingerprint read, GPU
-slots counted) and the checkpoints copied to the host that runs them (relayed through this machine from
-another host), every SSH operation retried on transport errors."""
+"""Sweep staging: the sweep's hosts (HostPool) made ready (payload synced, interpreter checked, cache
+fingerprint read, run slots counted by their backend) and the checkpoints copied to the host that runs them
+(relayed through this machine from another host), every SSH operation retried on transport errors."""
 from __future__ import annotations
 
 import contextlib
@@ -8,37 +8,34 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from remote_payload.contract import gpus
-
-from .. import hostcheck
+from .. import hostcheck, lifecycle
 from ..backends import get_backend
-from ..backends import ssh as launch
-from ..backends.base import GPUS_SCHEDULER, Backend
+from ..backends.base import Backend
 from ..environment import provision
 from ..errors import ConfigError, HostUnreachable, RevalError
-from ..inventory import Host
+from ..inventory import Host, Inventory
+from ..pull import PullResult
 from ..sync import rsync, sync_payload
 from ..transport import LocalTransport, Transport, get_transport, q, resolve_workdir
 from .discover import hash_command, parse_hashes
-from .plan import Checkpoint, Job
+from .plan import Checkpoint, SweepOptions
 
 
 @dataclass
 class HostSession:
     host: Host
     transport: Transport
-    backend: Backend | None = None  # runs start, are probed and pulled through it (lifecycle.py)
+    backend: Backend               # runs start, are probed and pulled through it (lifecycle.py)
     python: str = ""
     workdir: str = ""
     cache_fingerprint: str = ""
     slots: list[str] = field(default_factory=lambda: ["none"])  # --gpus of each run slot; ["none"]: CPU
     down: str | None = None                          # why it is out of the sweep
     down_unreachable: bool = False
-
-    def __post_init__(self):
-        self.backend = self.backend or get_backend(self.host, self.transport)
 
     @property
     def on_gpu(self) -> bool:
@@ -49,17 +46,6 @@ _FINGERPRINT_PY = ("import sys; from remote_payload.eval.cache import open_cache
                    "print(open_cache(sys.argv[1]).fingerprint)")
 _GPU_LIST_SH = (f"command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi {' '.join(hostcheck.NVIDIA_SMI_QUERY)} "
                 "2>/dev/null; true")
-
-
-def gpu_slots(nvidia_smi_csv: str, spec: str) -> list[str]:
-    """The --gpus each run slot of a host launches with (pure): "auto" once per GPU nvidia-smi lists (the
-    wrapper on the host picks a free, unlocked one), each index of an explicit `gpus: 0,1`, or ["none"]
-    (no GPU: CPU, one run at a time)."""
-    if spec == "none":
-        return ["none"]
-    if spec != "auto":
-        return spec.split(",")
-    return ["auto"] * len(gpus.inventory(nvidia_smi_csv)) or ["none"]
 
 
 def retrying(fn, *, retries: int, backoff_s: float, what: str, on_retry=None):
@@ -79,12 +65,44 @@ def retrying(fn, *, retries: int, backoff_s: float, what: str, on_retry=None):
 # ---------------------------------------------------------------------------------------------------------
 
 
-class Staging:
-    """The host and checkpoint half of a Sweep (schedule.Sweep mixes it in: it owns sessions, lock, log)."""
+class HostPool:
+    """The sweep's hosts (`sessions`, and `sources`: hosts only read checkpoints from): made ready
+    (prepare), staged to (stage_checkpoint), hashed on (remote_hashes), pulled from (pull); every operation on
+    them goes through `op` (retried on transport errors; a host that stays unreachable is taken out, `down`).
+
+    Inputs: the sweep's options (hosts, cache, payload, retries, backoff_s, max_ssh, sweep_dir: relayed
+    checkpoints wait in <sweep_dir>/relay/), the inventory, the log; `backend_for(host, transport)` makes a
+    host's backend (backends.get_backend: the one place that picks one)."""
+
+    def __init__(self, opts: SweepOptions, inventory: Inventory, *, log: Callable[[str], None] | None = None,
+                 backend_for: Callable[[Host, Transport], Backend] = get_backend):
+        self.opts = opts
+        self.inventory = inventory
+        self.log = log or (lambda line: None)
+        self.backend_for = backend_for
+        self.relay_root = Path(opts.sweep_dir) / "relay"
+        self.sessions: dict[str, HostSession] = {}
+        self.sources: dict[str, HostSession] = {}  # checkpoint hosts that are not sweep hosts (relay only)
+        self.ssh = threading.BoundedSemaphore(max(1, opts.max_ssh))
+        self.lock = threading.Lock()
+        self.stage_locks: dict[str, threading.Lock] = {}  # per checkpoint content: staged once at a time
+
+    def session(self, host: Host) -> HostSession:
+        t = get_transport(host)
+        return HostSession(host, t, self.backend_for(host, t))
+
+    def up(self) -> list[HostSession]:
+        """The sweep hosts still in the sweep."""
+        return [hs for hs in self.sessions.values() if not hs.down]
+
+    def down(self) -> dict[str, str]:
+        """Every host that left the sweep (a sweep host or a checkpoint's host) and why."""
+        return {n: hs.down for n, hs in {**self.sources, **self.sessions}.items() if hs.down}
 
     # -- hosts ----------------------------------------------------------------------------------------------
     def prepare_host(self, hs: HostSession) -> None:
-        """Sync the payload and check the interpreter (one round trip), read the cache fingerprint, count GPUs."""
+        """Sync the payload and check the interpreter (one round trip), read the cache fingerprint, count the
+        run slots (the backend's: one per GPU here, a scheduler's cap there)."""
         t, h = hs.transport, hs.host
         r = self.opts.retries
 
@@ -103,17 +121,15 @@ class Staging:
                 tail = (p.stderr.strip().splitlines() or ["?"])[-1]
                 raise ConfigError(f"{h.name}: cannot read the cache {self.opts.cache}: {tail}")
             hs.cache_fingerprint = p.stdout.strip().splitlines()[-1]
-        if h.slurm is not None:  # a cluster: Slurm places the runs; K of them at once (the array's %K)
-            hs.slots = [GPUS_SCHEDULER] * h.slurm.max_running
-            return
-        spec = launch.normalize_gpus(h.gpus)
-        hs.slots = gpu_slots(step("gpus", lambda: t.run(_GPU_LIST_SH)).stdout if spec == "auto" else "", spec)
+        hs.slots = hs.backend.run_slots(lambda: step("gpus", lambda: t.run(_GPU_LIST_SH)).stdout)
 
-    def prepare_hosts(self) -> None:
+    def prepare(self) -> None:
+        """Every host of --hosts made ready at once; none left (ConfigError / HostUnreachable, naming each
+        one's trouble) or a cache that differs between them (ConfigError) ends the sweep here."""
         hosts: list[Host] = []
         for name in self.opts.hosts:
             hosts += [h for h in self.inventory.resolve(name) if h.name not in {x.name for x in hosts}]
-        self.sessions = {h.name: HostSession(h, get_transport(h)) for h in hosts}
+        self.sessions = {h.name: self.session(h) for h in hosts}
         threads = [threading.Thread(target=self._prepare_one, args=(hs,)) for hs in self.sessions.values()]
         for th in threads:
             th.start()
@@ -142,7 +158,7 @@ class Staging:
             hs.down, hs.down_unreachable = why, isinstance(e, HostUnreachable)
             self.log(f"host    {hs.host.name}: left out ({hs.down})")
 
-    def _op(self, hs: HostSession, what: str, fn, bounded: bool = True):
+    def op(self, hs: HostSession, what: str, fn, bounded: bool = True):
         """One SSH operation, retried on transport errors; exhausted retries take the host out. Short
         operations share `max_ssh` slots; the long polls on running runs (one per run) do not."""
         def call():
@@ -160,13 +176,17 @@ class Staging:
                     self.log(f"host    {hs.host.name}: gone ({hs.down}); the other hosts carry on")
             raise
 
-    def _source(self, name: str) -> HostSession:
+    def source(self, name: str) -> HostSession:
         """The session of a checkpoint's host (a sweep host, or one only read from)."""
         with self.lock:
             if name not in self.sessions and name not in self.sources:
-                h = self.inventory.get(name)
-                self.sources[name] = HostSession(h, get_transport(h))
+                self.sources[name] = self.session(self.inventory.get(name))
             return self.sessions.get(name) or self.sources[name]
+
+    def pull(self, hs: HostSession, run: str) -> PullResult:
+        """Pull a run that is over to runs/<host>/<run>/ (its follow state marked finished)."""
+        handle = lifecycle.attach(hs.backend, run, python=hs.python)
+        return self.op(hs, "pull", lambda: handle.pull(finished=True))
 
     def stage_checkpoint(self, hs: HostSession, ckpt: Checkpoint) -> str:
         """The checkpoint's path on hs: as is when it lives there, else copied into
@@ -182,18 +202,18 @@ class Staging:
             dest = f"{hs.workdir}/checkpoints/{h16}/{ckpt.name}"
             marker = f"{dest}.complete"
             probe = f"test -e {q(marker)} && echo @@STAGED; mkdir -p {q(os.path.dirname(dest))}"
-            if "@@STAGED" in self._op(hs, "stage", lambda: hs.transport.run(probe)).stdout:
+            if "@@STAGED" in self.op(hs, "stage", lambda: hs.transport.run(probe)).stdout:
                 return dest
             src, relay = ckpt.path, None
             if ckpt.host is not None:  # relay: the source host -> here -> hs
-                src_hs = self._source(ckpt.host)
+                src_hs = self.source(ckpt.host)
                 gone = f"{ckpt.host} (holding {ckpt.name}) is unreachable"
                 if src_hs.down:
                     raise HostUnreachable(f"{gone}: {src_hs.down}")
-                relay = self.root / "relay" / h16
+                relay = self.relay_root / h16
                 relay.mkdir(parents=True, exist_ok=True)
                 try:
-                    self._op(src_hs, "relay", lambda: self._rsync(src_hs.transport.rsync_rsh(),
+                    self.op(src_hs, "relay", lambda: self._rsync(src_hs.transport.rsync_rsh(),
                                                                   src_hs.transport.rsync_target(ckpt.path),
                                                                   str(relay), ckpt.host))
                 except HostUnreachable as e:
@@ -201,10 +221,10 @@ class Staging:
                         relay.rmdir()
                     raise HostUnreachable(f"{gone}: {str(e).splitlines()[0]}") from e
                 src = str(relay / ckpt.name)
-            self._op(hs, "stage", lambda: self._rsync(hs.transport.rsync_rsh(), src,
+            self.op(hs, "stage", lambda: self._rsync(hs.transport.rsync_rsh(), src,
                                                      hs.transport.rsync_target(os.path.dirname(dest) + "/"),
                                                      hs.host.name))
-            self._op(hs, "stage", lambda: hs.transport.run(f"touch {q(marker)}"))
+            self.op(hs, "stage", lambda: hs.transport.run(f"touch {q(marker)}"))
             if relay is not None:
                 shutil.rmtree(relay, ignore_errors=True)
             return dest
@@ -212,13 +232,13 @@ class Staging:
     def remote_hashes(self, host: str, paths: list[str]) -> dict[str, str]:
         """Content hashes computed on `host` by the payload's `hash` (the scheme results.json records); a
         host that only holds checkpoints gets the payload synced first (the command is stdlib only)."""
-        hs = self._source(host)
+        hs = self.source(host)
         if not hs.python:
-            self._op(hs, "sync", lambda: sync_payload(hs.transport, hs.host))
-            hs.workdir = self._op(hs, "workdir", lambda: resolve_workdir(hs.transport))
+            self.op(hs, "sync", lambda: sync_payload(hs.transport, hs.host))
+            hs.workdir = self.op(hs, "workdir", lambda: resolve_workdir(hs.transport))
             hs.python = hs.host.python
         cmd = hash_command(f"{hs.workdir}/payload", hs.python, paths)
-        p = self._op(hs, "hash", lambda: hs.transport.run(cmd, check=False, timeout_s=3600))
+        p = self.op(hs, "hash", lambda: hs.transport.run(cmd, check=False, timeout_s=3600))
         if p.returncode not in (0, 3):
             raise ConfigError(f"{host}: hashing the checkpoints failed (exit {p.returncode}): "
                               f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -226,16 +246,3 @@ class Staging:
 
     def _rsync(self, rsh, src: str, dest: str, host: str) -> None:
         rsync(rsh, src, dest, host=host, what="copying the checkpoint", options=["-a", "--partial"])
-
-    def prefetch(self, hs: HostSession, held: list[Job]) -> None:
-        """Take this slot's next job now and copy its checkpoint while the current run goes on (the copy
-        then costs nothing on the critical path). Trouble here is left to the job itself."""
-        nxt = self._take(hs)
-        if nxt is None:
-            return
-        held.append(nxt)
-        if nxt.host is None:
-            try:
-                nxt.staged = (hs.host.name, self.stage_checkpoint(hs, nxt.ckpt))
-            except RevalError:
-                nxt.staged = None

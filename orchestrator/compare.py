@@ -1,9 +1,10 @@
 """Load pulled runs and compare them: name resolution, comparability, intervals and paired comparisons.
 
 The API (what `reval.load()` / `reval.compare()` call): `load_result(path) -> Result` and
-`compare(runs, baseline=...) -> Comparison` (its `.rows()` are plain records). Nothing here prints or
-writes; `tables.py` builds the tables, `report.py` renders them (rich, markdown, csv, json), `html.py` writes
-the HTML report and `plots.py` draws the curves. A pulled run lives in `runs/<host>/<run>/`.
+`compare(runs, baseline=...) -> Comparison` (`tables.comparison_json` makes it plain records). Nothing here
+prints or writes; `tables.py` builds the tables (it imports this module, never the other way round),
+`report.py` renders them (rich, markdown, csv, json), `html.py` writes the HTML report and `plots.py` draws
+the curves. A pulled run lives in `runs/<host>/<run>/`.
 """
 from __future__ import annotations
 
@@ -198,11 +199,6 @@ class Comparison:
             self._paired[key] = intervals.compare_paired(run.result, base.result)
         return self._paired[key]
 
-    def rows(self) -> list[dict]:
-        """The comparison as plain records, one per run (what `--format json` prints under "runs")."""
-        from .tables import comparison_json
-        return comparison_json(self)["runs"]
-
 
 def run_labels(runs: list[RunRecord]) -> dict[str, str]:
     """Display labels: the bare name where it is unique among `runs`, else host/name."""
@@ -264,7 +260,7 @@ def _record(x: RunRecord | Result | str | Path) -> RunRecord:
 def compare(runs: list, baseline=None, *, allow_incomparable: bool = False) -> Comparison:
     """The comparison the CLI prints: runs (RunRecords, Results or run directories) in order, the baseline
     first; comparability checked (ConfigError naming what differs unless allow_incomparable); intervals and
-    paired comparisons computed on demand (`Comparison.estimates(run)`, `.paired(run)`, `.rows()`)."""
+    paired comparisons computed on demand (`Comparison.estimates(run)`, `.paired(run)`)."""
     cmp = build_comparison([_record(r) for r in runs], None if baseline is None else _record(baseline))
     if not allow_incomparable:
         require_comparable(cmp)
@@ -357,15 +353,3 @@ def run_marks(cmp: Comparison, run: RunRecord) -> list[str]:
     if cmp.incomparable(run):
         marks.append("INCOMPARABLE")
     return marks
-
-
-# the table builders live in tables.py; these names stay importable from here (lazily: tables imports us)
-_TABLE_NAMES = ("Cell", "Column", "Row", "Table", "comparison_json", "main_table", "mark_best", "paired_table",
-                "per_position_tables", "per_prompt_table")
-
-
-def __getattr__(name: str):
-    if name in _TABLE_NAMES:
-        from . import tables
-        return getattr(tables, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

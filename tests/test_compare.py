@@ -11,7 +11,7 @@ import sys
 import pytest
 from rich.console import Console
 
-from orchestrator import cli, compare, report
+from orchestrator import cli, compare, report, tables
 from orchestrator.errors import ConfigError, RunNotFound
 from tests.resultsgen import make_results, write_run
 
@@ -66,7 +66,7 @@ def test_cli_missing_run_exits_102(runs_dir, capsys):
 
 def test_main_table_values_and_baseline_ratios(runs_dir):
     cmp = _cmp(runs_dir, ["step4000", "pro6000/step5000"], baseline="zlab_full")
-    t = compare.main_table(cmp)
+    t = tables.main_table(cmp)
     assert [r.cells["run"].value for r in t.rows] == ["zlab_full", "step4000", "step5000"]  # baseline first
     assert t.rows[0].marks == ["base"]
     base = cmp.runs[0].results["metrics"]
@@ -90,7 +90,7 @@ def test_main_table_values_and_baseline_ratios(runs_dir):
 
 def test_rendered_table_at_fixed_width(runs_dir):
     cmp = _cmp(runs_dir, ["step4000"], baseline="zlab_full")
-    main, paired = compare.main_table(cmp), compare.paired_table(cmp)
+    main, paired = tables.main_table(cmp), tables.paired_table(cmp)
     text = report.render_text([main, paired], width=100)
     base, s4k = (r.results["metrics"] for r in cmp.runs)
     assert "zlab_full (base)" in text and "step4000" in text
@@ -111,7 +111,7 @@ def test_rendered_table_at_fixed_width(runs_dir):
     assert max(len(line) for line in text.splitlines()) <= 100
     # best values are bold in a terminal
     con = Console(width=220, file=io.StringIO(), force_terminal=True, color_system="standard")
-    report.print_tables([compare.main_table(cmp)], con)
+    report.print_tables([tables.main_table(cmp)], con)
     ansi = con.file.getvalue()
     assert re.search(rf"\x1b\[1m *{base['tau']:.2f}", ansi)
     assert not re.search(rf"\x1b\[1m *{s4k['tau']:.2f}", ansi)
@@ -119,7 +119,7 @@ def test_rendered_table_at_fixed_width(runs_dir):
 
 def test_markdown_bold_best_per_column(runs_dir):
     cmp = _cmp(runs_dir, ["zlab_full", "step4000", "step5000"])
-    md = report.render_markdown([compare.main_table(cmp)])
+    md = report.render_markdown([tables.main_table(cmp)])
     lines = md.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| run |"))
     assert lines[header + 1].startswith("|---|---|")
@@ -162,7 +162,7 @@ def test_metric_definitions_and_prompt_set_differences(runs_dir):
 def test_allow_incomparable_marks_and_does_not_rank(runs_dir, capsys):
     write_run(runs_dir, "ct129", "short", quality=0.99, max_blocks=20)  # the highest tau, but incomparable
     cmp = _cmp(runs_dir, ["zlab_full", "step4000", "short"])
-    t = compare.main_table(cmp)
+    t = tables.main_table(cmp)
     short = t.rows[2]
     assert "INCOMPARABLE" in short.marks and not short.rankable
     assert not any(c.best for c in short.cells.values())
@@ -175,20 +175,20 @@ def test_suspect_runs_marked_never_ranked(runs_dir):
     write_run(runs_dir, "ct129", "gibberish", make_results("gibberish", quality=0.99, suspect=True))
     cmp = _cmp(runs_dir, ["zlab_full", "gibberish"])
     assert not cmp.differences
-    t = compare.main_table(cmp)
+    t = tables.main_table(cmp)
     assert t.rows[1].marks == ["SUSPECT"]
     assert t.rows[1].cells["tau"].value > t.rows[0].cells["tau"].value
     assert not t.rows[1].cells["tau"].best
     text = report.render_text([t], width=220)
     assert "gibberish (SUSPECT)" in text
-    js = compare.comparison_json(cmp)
+    js = tables.comparison_json(cmp)
     assert js["runs"][1]["rankable"] is False and js["runs"][1]["suspect_reasons"] == ["position-1 accuracy 0.000"]
 
 
 def test_failed_run_is_shown_without_metrics(runs_dir):
     write_run(runs_dir, "ct129", "oom", state="failed")
     cmp = _cmp(runs_dir, ["zlab_full", "oom"])
-    t = compare.main_table(cmp)
+    t = tables.main_table(cmp)
     assert t.rows[1].marks == ["FAILED"] and t.rows[1].cells["tau"].value is None
     assert t.rows[1].cells["duration"].text == "2m41s"  # from status.json
     assert "oom (FAILED)" in report.render_text([t], width=220)
@@ -199,7 +199,7 @@ def test_failed_run_is_shown_without_metrics(runs_dir):
 def test_per_position_and_per_prompt_views(runs_dir):
     write_run(runs_dir, "ct129", "gibberish", make_results("gibberish", quality=0.99, suspect=True))
     cmp = _cmp(runs_dir, ["step4000", "gibberish"], baseline="zlab_full")
-    tabs = compare.per_position_tables(cmp)
+    tabs = tables.per_position_tables(cmp)
     assert [t.title.split()[0] for t in tabs] == ["per-position", "per-position", "teacher-forced"]
     unc = tabs[0]
     assert len(unc.rows) == 15 and [c.label for c in unc.columns] == ["k", "zlab_full (base)", "step4000",
@@ -209,7 +209,7 @@ def test_per_position_and_per_prompt_views(runs_dir):
     # best per position among the ranked runs: the suspect run never wins
     assert all(not r.cells["gibberish"].best for r in unc.rows)
     assert unc.rows[0].cells["zlab_full"].best
-    pp = compare.per_prompt_table(cmp)
+    pp = tables.per_prompt_table(cmp)
     assert [r.cells["prompt"].value for r in pp.rows] == [f"prompt-{i}" for i in range(4)]
     assert pp.rows[2].cells["step4000"].value == cmp.runs[1].results["per_prompt"][2]["tau"]
     text = report.render_text([unc, pp], width=160)

@@ -8,9 +8,10 @@
     Run.wait()                  follow until it is over, pull it, and say how it ended -> Finished
     Run.state / Run.kill()      the backend's state (queued/running/succeeded/failed/cancelled/lost); cancel
 
-Everything goes through a `Backend` (backends/base.py), so a scheduler backend gets the whole lifecycle.
-One source of truth for a run's state: the backend's probe (`Backend.state`, runs.reported_state), also for the
-end of a follow. Nothing here prints: progress is events and return values.
+Everything goes through a `Backend` (backends/base.py: SSH or the local folder, a Slurm cluster), so every
+backend gets the whole lifecycle. One source of truth for a run's state: the backend's probe
+(`Backend.state`: runs.reported_state, slurmjobs.slurm_run_state), also for the end of a follow. Nothing here
+prints: progress is events and return values.
 """
 from __future__ import annotations
 

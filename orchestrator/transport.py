@@ -18,7 +18,6 @@ import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import HostKeyError, HostUnreachable, RemoteCommandError
@@ -299,8 +298,3 @@ def resolve_workdir(transport: Transport) -> str:
         path = transport.run(f"printf '%s' {workdir_expr(host)}", timeout_s=60).stdout
     transport.workdir = path
     return path
-
-
-def remote_path(host: Host, *parts: str) -> str:
-    """A path under the host's workdir (no validation here: callers validate names first)."""
-    return str(Path(host.workdir, *parts))

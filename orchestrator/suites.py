@@ -49,6 +49,21 @@ def _reference_keys(runs: list[RunRecord]) -> dict[str, dict]:
     return ref
 
 
+def _speedup(res: Result, name: str):
+    """The suite's projected speedups when the run measured them (--speedup): (projected dict, best method)."""
+    if res.speedup is None or not res.speedup.by_suite:
+        return None, None
+    s = next((x for x in res.speedup.by_suite if x.name == name), None)
+    return (s.projected, s.best_method) if s is not None else (None, None)
+
+
+def _speedup_text(res: Result, name: str) -> str:
+    projected, best = _speedup(res, name)
+    if not projected or best is None or projected.get(best) is None:
+        return ""
+    return f" · {projected[best]:.2f}x {best.replace('ddtree_', '@').replace('block', 'blk')}"
+
+
 def suite_table(cmp: Comparison) -> Table:
     runs = cmp.runs
     names = suite_names(runs)
@@ -69,7 +84,7 @@ def suite_table(cmp: Comparison) -> Table:
             if s is None or s.metrics.tau is None:
                 cells[f"suite:{n}"] = Cell()
                 continue
-            cell = Cell(value=s.metrics.tau, text=f"{s.metrics.tau:.2f}")
+            cell = Cell(value=s.metrics.tau, text=f"{s.metrics.tau:.2f}" + _speedup_text(res, n))
             cell.est = intervals.estimates(suite_view(res, s)).get("tau")
             if s.comparability.key() != ref[n]:
                 cell.text += f" {MISMATCH}"
@@ -79,6 +94,9 @@ def suite_table(cmp: Comparison) -> Table:
         cells["suite_mean"] = Cell() if mean is None else Cell(value=mean, text=f"{mean:.2f}")
         rows.append(Row(cells, [], cmp.rankable(run)))
     notes = [SUITE_NOTE]
+    if any(r.result is not None and r.result.speedup is not None for r in runs):
+        notes.append("· Nx @B = the best projected speedup for that suite and its method (@B: DDTree budget B; blk: "
+                     "the plain block), from the run's measured latencies (--speedup)")
     if mismatched:
         notes.append(f"{MISMATCH} = this suite's cache, prompts, max blocks, metrics or drafter attention differ "
                      "from the first run's: not comparable, not ranked")
@@ -97,8 +115,10 @@ def suite_json(cmp: Comparison) -> dict:
                  "suite_mean": res.suite_mean.to_dict() if res is not None and res.suite_mean else None}
         for s in (res.suites or []) if res else []:
             est = intervals.estimates(suite_view(res, s)).get("tau")
+            projected, best = _speedup(res, s.name)
             entry["suites"][s.name] = {"tau": s.metrics.tau, "num_prompts": s.metrics.num_prompts,
                                        "interval": est.as_dict() if est else None,
-                                       "comparable": s.comparability.key() == ref[s.name]}
+                                       "comparable": s.comparability.key() == ref[s.name],
+                                       "projected_speedup": projected, "best_method_by_speedup": best}
         out["runs"].append(entry)
     return out

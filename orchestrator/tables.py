@@ -139,8 +139,11 @@ def main_table(cmp: Comparison, threshold: float = 0.1) -> Table:
             Column("step", "step", digits=None, headline=False),
             Column("size", "prompts\nx blocks", digits=None)]
     cols += metric_columns(cmp.runs)
-    cols += [Column("best_ddtree_budget", "DDTree\nbest at", digits=None, headline=False),
-             Column("duration", "duration\n(wall)", digits=None)]
+    cols += [Column("best_ddtree_budget", "DDTree\nbest at", digits=None, headline=False)]
+    if any(r.result is not None and r.result.speedup is not None for r in cmp.runs):  # --speedup runs
+        cols += [Column("speedup_block", "speedup\nblock\n(proj.)", ranked=True, headline=False),
+                 Column("speedup_best", "speedup\nbest\n(proj.)", ranked=True, headline=False)]
+    cols += [Column("duration", "duration\n(wall)", digits=None)]
     if cmp.baseline is not None:
         cols += detectable_columns(threshold)
     base_vals = metric_values(cmp.baseline.result) if cmp.baseline and cmp.baseline.result else {}
@@ -169,6 +172,14 @@ def main_table(cmp: Comparison, threshold: float = 0.1) -> Table:
         cells["best_ddtree_budget"] = Cell(best.budget if best else None, str(best.budget) if best else "")
         if cells["ddtree_best"].value is not None and best is not None:
             cells["ddtree_best"].text += f" @{best.budget}"
+        sp = res.speedup if res is not None else None
+        if sp is not None:
+            block, best_x = sp.projected.get("block"), sp.best_speedup
+            cells["speedup_block"] = Cell(block, "" if block is None else f"{block:.2f}x")
+            cells["speedup_best"] = Cell(best_x, "" if best_x is None else
+                                         f"{best_x:.2f}x {(sp.best_method or '').replace('ddtree_', '@')}")
+        elif any(c.key == "speedup_best" for c in cols):
+            cells["speedup_block"], cells["speedup_best"] = Cell(), Cell()
         dur = run_duration_s(run)
         cells["duration"] = Cell(dur, format_duration(dur))
         if cmp.baseline is not None:
@@ -319,6 +330,8 @@ def comparison_json(cmp: Comparison, per_position: bool = False, per_prompt: boo
                  "size": f"{res.options.num_prompts}x{res.options.max_blocks}" if res else None,
                  "ddtree_best_budget": best.budget if best else None,
                  "duration_s": run_duration_s(r), "metrics": vals,
+                 "speedup": res.speedup.to_dict() if res is not None and res.speedup is not None else None,
+                 "online": res.online.to_dict() if res is not None and res.online is not None else None,
                  "intervals": {k: e.as_dict() for k, e in cmp.estimates(r).items()},
                  "suspect_reasons": res.health.reasons if r.suspect else []}
         if base_vals and r is not cmp.baseline and res:

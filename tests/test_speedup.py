@@ -44,6 +44,15 @@ def test_projection_per_method_and_suite_and_the_table_reused(fx, tmp_path, caps
     assert sp["by_suite"][0]["projected"] == sp["projected"]  # both suites are the same cache here
     out = capsys.readouterr().out
     assert "projected speedup" in out and "best by speedup" in out
+    from orchestrator import compare, suites, tables
+    cmp = compare.compare([compare.load_run(tmp_path / "runs" / "a")])
+    best = sp["by_suite"][0]["best_method"]
+    cell = suites.suite_table(cmp).rows[0].cells["suite:x"]
+    assert cell.text.endswith(f"{sp['by_suite'][0]['projected'][best]:.2f}x "
+                              f"{best.replace('ddtree_', '@').replace('block', 'blk')}")
+    main = tables.main_table(cmp)
+    assert main.rows[0].cells["speedup_best"].value == sp["best_speedup"]
+    assert tables.comparison_json(cmp)["runs"][0]["speedup"]["projected"] == sp["projected"]
     again = _eval(tmp_path, "b", fx, f"x={fx['cache']}", f"y={fx['cache']}")
     assert again["speedup"]["reused"] and again["speedup"]["measure_s"] == 0
     assert again["speedup"]["decode_s"] == sp["decode_s"]

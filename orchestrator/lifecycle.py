@@ -34,7 +34,14 @@ from .events import Event, EventSink
 from .follow import FollowResult, follow
 from .gpuspec import normalize_gpus
 from .pull import PullResult
-from .runs import RunState, check_run_name, load_follow_state, local_registry, save_follow_state
+from .runs import (
+    RunState,
+    check_run_name,
+    load_follow_state,
+    local_registry,
+    local_run_dir,
+    save_follow_state,
+)
 from .sync import SyncResult
 
 
@@ -50,6 +57,8 @@ class EvalSpec:
     payload: str = "eval"                             # eval | dummy
     gpus: str | None = None                           # auto | none | 0,1 (None: the host's `gpus`)
     allow_unknown_config: list[str] = field(default_factory=list)  # drafter config keys evaluated uninterpreted
+    speedup: bool = False  # measure the target's latencies on the host and project the speedup per method
+    online: int = 0        # decode the first N prompts online with the whole target (spot check + measured speedup)
 
     def validate(self) -> EvalSpec:
         if self.payload not in ("eval", "dummy"):
@@ -75,6 +84,8 @@ class EvalSpec:
             argv += ["--num-prompts", str(self.num_prompts)]
         if self.max_blocks is not None:
             argv += ["--max-blocks", str(self.max_blocks)]
+        argv += ["--speedup"] if self.speedup else []
+        argv += ["--online", str(self.online)] if self.online else []
         return argv + self._allow_argv() + list(self.extra)
 
     def _allow_argv(self) -> list[str]:
@@ -161,7 +172,6 @@ class Run:
     @property
     def local_dir(self) -> Path:
         """runs/<host>/<name>/ here (where pull puts it)."""
-        from .runs import local_run_dir
         return local_run_dir(self.host, self.name)
 
     def probe(self, *, wait_s: float = 0.0) -> RunState | None:

@@ -65,3 +65,19 @@ def test_a_damaged_latency_table_is_measured_again_not_a_traceback(fx, tmp_path,
     assert res["speedup"]["reused"] is False and res["speedup"]["by_suite"] is None
     assert json.loads((tmp_path / "latency.json").read_text())["entries"]  # replaced by a good table
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_reval_run_passes_speedup_and_online_to_the_host(fx, here, capsys):
+    """The issue's command shape: `reval run HOST ... --speedup --online N`; the pulled results hold both, and the
+    latency table lives in the host's workdir."""
+    from tests.runtools import reval
+    rc, out, err = reval(capsys, "run", "local", "--drafter", str(fx["drafter_good"]), "--target", str(fx["target"]),
+                         "--cache", f"s1={fx['cache']}", "--cache", f"s2={fx['cache']}", "--num-prompts", "2",
+                         "--max-blocks", "4", "--speedup", "--online", "2", "--name", "sp", "--",
+                         "--ddtree-budgets", "16")
+    assert rc == 0, err
+    res = json.loads((here / "runs" / "local" / "sp" / "results.json").read_text())
+    assert res["speedup"]["projected"]["block"] > 0 and [s["name"] for s in res["speedup"]["by_suite"]] == ["s1", "s2"]
+    assert res["online"]["prompts"] == 2 and res["online"]["rounds_agreeing"] == res["online"]["rounds"]
+    assert res["online"]["projected_speedup"] == res["speedup"]["projected"]["block"]
+    assert list((here / ".reval").rglob("latency.json"))  # <workdir>/latency.json on the host

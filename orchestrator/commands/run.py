@@ -12,8 +12,9 @@ import sys
 import reval
 
 from ..argparsing import Parser, option_suggestions, positive_int, seconds
-from ..backends.ssh import describe, normalize_gpus
+from ..backends.ssh import describe
 from ..errors import EXIT_STILL_RUNNING, ConfigError
+from ..gpuspec import normalize_gpus
 from .runs import detached_message, finish_run, make_sink, out
 
 
@@ -35,6 +36,13 @@ def _add_options(p: argparse.ArgumentParser) -> None:
                    help="evaluate although the drafter's config.json has KEY, which reval does not interpret "
                         "(dflash_config.KEY when nested; repeatable; recorded in results.json). Without it "
                         "such a key is refused before the run starts (exit 3)")
+    p.add_argument("--speedup", action="store_true",
+                   help="also load the whole target on the host and measure its latencies (decode, block and "
+                        "DDTree verify, drafter block; CUDA graphs on a GPU): the projected speedup per method "
+                        "and the best DDTree budget by speedup; measured once per host, GPU, target and dtype")
+    p.add_argument("--online", type=positive_int, metavar="N",
+                   help="also decode the first N prompts by real speculative decoding with the whole target: "
+                        "acceptance checked against the offline walk, measured speedup beside the projection")
     p.add_argument("--payload", choices=("eval", "dummy"), default="eval",
                    help="what to run: the eval, or a torch-free stand-in (tests, demos of the plumbing)")
     p.add_argument("--give-up-s", type=seconds, default=120.0, metavar="S",
@@ -85,7 +93,8 @@ def _split_extra(args) -> argparse.Namespace:
 def spec_from_args(args) -> reval.EvalSpec:
     return reval.EvalSpec(drafter=args.drafter, target=args.target, cache=args.cache, num_prompts=args.num_prompts,
                     max_blocks=args.max_blocks, extra=list(args.extra), payload=args.payload, gpus=args.gpus,
-                    allow_unknown_config=list(args.allow_unknown_config or []))
+                    allow_unknown_config=list(args.allow_unknown_config or []),
+                    speedup=bool(getattr(args, "speedup", False)), online=getattr(args, "online", None) or 0)
 
 
 def launch_line(info, gpus: str) -> str:

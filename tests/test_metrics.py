@@ -145,7 +145,7 @@ def test_every_reported_metric_is_defined():
 
 def test_walks_and_aggregates_import_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from remote_payload import metrics as m\n"
+            "from remote_payload.eval import metrics as m\n"
             "import numpy as np\n"
             "acc = m.accept_lengths_vanilla(np.array([[5, 6], [6, 0]]), [4, 5, 6], 0)\n"
             "print(m.summarize([m.walk(acc, 0, 3, 5, 3)], 3)['tau'])")

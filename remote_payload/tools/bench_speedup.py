@@ -1,0 +1,100 @@
+"""`python -m remote_payload.tools.bench_speedup`: what `eval --speedup` costs and the verify-latency curve.
+
+Random weights at the 27B sizes on CUDA (the Qwen3.6-27B-DFlash drafter preset; a 64-layer, H 5120 Qwen3 target),
+bf16; the tiny preset on the CPU. Rows, all from one run:
+  measure (first run)   latency.measure over budgets 16..1024: what `--speedup` adds the first time on a host
+  reuse (later runs)    the latency table lookup that replaces it (the key computed, the JSON read)
+  target hash           the content hash of a target this size, from its file sizes at the hash's measured speed
+  decode / draft / verify(n)  the curve: one decode step, one drafter block, the verify of n = block and B + 1
+The projected speedup at a few taus per method shows where a bigger tree stops paying.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from remote_payload.eval import latency
+from remote_payload.eval.config import DrafterConfig
+from remote_payload.eval.drafter import DFlashDrafter, TargetHead
+from remote_payload.tools.bench import PRESETS
+from remote_payload.tools.bench_decode import QWEN3_27B
+from remote_payload.tools.bench_extract import TINY, random_target
+
+BUDGETS = [16, 32, 64, 128, 256, 512, 1024]
+
+
+def _drafter(preset: str, dev, dtype) -> tuple[DFlashDrafter, TargetHead]:
+    cfg = DrafterConfig.from_dict(PRESETS[preset], source=f"preset {preset}")
+    torch.manual_seed(0)
+    with torch.device(dev):
+        d = DFlashDrafter(cfg).to(dtype).eval()
+        emb = (torch.randn(cfg.vocab_size, cfg.hidden_size) * 0.02).to(dtype)
+        head = TargetHead(embed=emb, lm_head=(torch.randn(cfg.vocab_size, cfg.hidden_size) * 0.02).to(dtype))
+    return d.fuse_projections(), head
+
+
+def hash_rate(dev_dir: Path, nbytes: int = 1 << 30) -> float:
+    """Bytes per second of contenthash over a fresh file of nbytes (page-cache warm, as a target read twice)."""
+    from remote_payload.contract.contenthash import sha256_files
+    f = dev_dir / "blob.bin"
+    with open(f, "wb") as fh:
+        fh.write(torch.randint(0, 255, (nbytes,), dtype=torch.uint8).numpy().tobytes())
+    sha256_files([f])
+    t = time.perf_counter()
+    sha256_files([f])
+    return nbytes / (time.perf_counter() - t)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--context", type=int, default=1024, help="KV-cache length the steps are measured at")
+    args = p.parse_args(argv)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    preset, tcfg = ("27b", {**QWEN3_27B, "vocab_size": 248320}) if dev.type == "cuda" else ("tiny", TINY)
+    drafter, head = _drafter(preset, dev, dtype)
+    target = random_target({**tcfg, "vocab_size": drafter.cfg.vocab_size}, dev, dtype)
+    weight_bytes = sum(x.numel() * x.element_size() for x in target.parameters())
+    budgets = BUDGETS if dev.type == "cuda" else [16, 64]
+    bs = drafter.cfg.block_size
+    with tempfile.TemporaryDirectory() as tmp:
+        rate = hash_rate(Path(tmp))
+        table = latency.LatencyTable(Path(tmp) / "latency.json")
+        t = time.perf_counter()
+        lat = latency.measure(target, drafter, head, context_len=args.context, budgets=budgets, block_size=bs,
+                              target_hash="bench")
+        first_s = time.perf_counter() - t
+        table.put(lat)
+        t = time.perf_counter()
+        key = latency.latency_key(target, drafter, context_len=args.context, budgets=budgets, block_size=bs,
+                                  target_hash="bench")
+        again = table.get(key)
+        reuse_s = time.perf_counter() - t
+    assert again is not None and again.decode_s == lat.decode_s
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    print(f"--speedup at the {preset} sizes on {name} ({str(dtype).removeprefix('torch.')}), context {args.context}, "
+          f"regime {lat.regime}{' (' + lat.note + ')' if lat.note else ''}")
+    print(f"{'row':<44} {'value':>12}")
+    print(f"{'measure (first run on a host)':<44} {first_s:>11.1f}s")
+    print(f"{'reuse (later runs: key + table lookup)':<44} {reuse_s * 1e3:>10.1f}ms")
+    print(f"{'target content hash (' + format(weight_bytes / 1e9, '.0f') + ' GB at ' + format(rate / 1e9, '.1f') + ' GB/s)':<44} "
+          f"{weight_bytes / rate:>11.1f}s")
+    print(f"{'decode step':<44} {lat.decode_s * 1e3:>10.2f}ms")
+    print(f"{'drafter block (one anchor)':<44} {lat.draft_s * 1e3:>10.2f}ms")
+    for n, s in sorted(lat.verify_s.items()):
+        what = "the block" if n == bs else f"DDTree-{n - 1}"
+        print(f"{'verify ' + str(n) + ' tokens (' + what + ')':<44} {s * 1e3:>10.2f}ms")
+    print("projected speedup = tau x t(decode) / (t(draft) + t(verify)) at sample taus:")
+    for tau in (4.0, 6.0, 8.0):
+        row = "  ".join(f"{('blk' if n == bs else 'B' + str(n - 1))} {latency.projected_speedup(tau, lat.decode_s, lat.draft_s, s):.2f}x"
+                        for n, s in sorted(lat.verify_s.items()))
+        print(f"  tau {tau:.0f}: {row}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .runs import reported_state
+
 
 @dataclass(frozen=True)
 class LogLine:
@@ -72,7 +74,6 @@ class EventSink:
             self.emit(Progress.from_event(ev))
 
     def status(self, st: dict) -> None:
-        from .runs import reported_state
         self.emit(StatusChange(reported_state(st, bool(st.get("alive"))),
                                {k: v for k, v in st.items() if k != "alive"}))
 

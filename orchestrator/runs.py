@@ -1,19 +1,17 @@
-"""Runs: where they live (remote run dirs, the local registry `runs/<host>/<run>/`), which host a RUN
-reference means, and the state vocabulary — including `lost` (status.json says running but its process
-group is gone), which is the controller's word (`reported_state`) and never written on the server.
-The probes that ask a host (status / ls / kill) are the SSH backend's: backends/ssh.py."""
+"""Runs: where they live (remote run dirs, the local registry `runs/<host>/<run>/`), their names, and the
+state vocabulary — including `lost` (status.json says running but its process group is gone), which is the
+controller's word (`reported_state`) and never written on the server.
+The probes that ask a host (status / ls / kill) are the backends' (backends/); which host a RUN reference
+means is locate.py's."""
 from __future__ import annotations
 
-import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from remote_payload.contract import protocol
 
-from .errors import ConfigError, HostUnreachable, RunNotFound
-from .inventory import Host
+from .errors import ConfigError
 
 FOLLOW_JSON = ".follow.json"
 
@@ -192,41 +190,6 @@ def local_registry() -> list[tuple[str, str]]:
         return []
     return sorted((h.name, r.name) for h in root.iterdir() if h.is_dir()
                   for r in h.iterdir() if r.is_dir() and is_run_name(r.name) and is_run_name(h.name))
-
-
-# -- which host a RUN reference means ----------------------------------------------------------------------
-def resolve_run(inventory, ref: str, host_opt: str | None = None, *, search_hosts: bool = True) -> tuple[Host, str]:
-    """`host/name` or `name` (+ --host) -> (Host, name). A bare name is looked up in the local registry,
-    then on every inventory host; found on several => an error naming them; nowhere => RunNotFound."""
-    if "/" in ref:
-        host_name, name = ref.split("/", 1)
-    else:
-        host_name, name = host_opt, ref
-    check_run_name(name)
-    if host_name:
-        return inventory.get(host_name), name
-    local = sorted({h for h, r in local_registry() if r == name and h in inventory.hosts})
-    if len(local) == 1:
-        return inventory.get(local[0]), name
-    candidates = local
-    if not candidates and search_hosts:
-        hosts = list(inventory.hosts.values())
-
-        def has(h: Host) -> bool:
-            from .backends import get_backend
-            try:
-                return get_backend(h).state(name) is not None
-            except HostUnreachable:
-                return False
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as ex:
-            candidates = [h.name for h, ok in zip(hosts, ex.map(has, hosts)) if ok]
-    if not candidates:
-        raise RunNotFound(f"no run named {name!r} here (runs/) or on any inventory host",
-                          hint="list runs: reval ls ; or name the host: reval status HOST/NAME")
-    if len(candidates) > 1:
-        raise ConfigError(f"run name {name!r} exists on several hosts: {', '.join(candidates)}",
-                          hint=f"say which: {candidates[0]}/{name} (or --host {candidates[0]})")
-    return inventory.get(candidates[0]), name
 
 
 def progress_text(event: dict) -> str:

@@ -51,6 +51,7 @@ from pathlib import Path
 
 from orchestrator import compare as _compare
 from orchestrator import lifecycle as _lifecycle
+from orchestrator import locate as _locate
 from orchestrator import logs as _logs
 from orchestrator import remove as _remove
 from orchestrator import runs as _runs
@@ -58,7 +59,6 @@ from orchestrator import sweep as _sweep
 from orchestrator import tables as _tables
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Launch
-from orchestrator.backends.ssh import normalize_gpus
 from orchestrator.environment import EnvInfo, provision
 from orchestrator.errors import (
     ConfigError,
@@ -69,6 +69,7 @@ from orchestrator.errors import (
     RunNotFound,
 )
 from orchestrator.events import Event, EventSink, LogLine, Note, Progress, StatusChange
+from orchestrator.gpuspec import normalize_gpus
 from orchestrator.hostcheck import HostCheck
 from orchestrator.hostcheck import check_hosts as _check_hosts
 from orchestrator.inventory import Host, Inventory, load_inventory
@@ -365,7 +366,7 @@ def _host(host: Host | str, inventory: Inventory | str | Path | None) -> Host:
 def find(run: str, *, host: str | None = None, inventory: Inventory | str | Path | None = None) -> Run:
     """The run a RUN reference names: `host/name`, or `name` (with `host`, else looked up in runs/ here, then
     on every inventory host; on several: reval.Error naming them; nowhere: exit_code 102)."""
-    h, name = _runs.resolve_run(_inventory(inventory), run, host)
+    h, name = _locate.resolve_run(_inventory(inventory), run, host)
     return Run(_lifecycle.attach(get_backend(h), name))
 
 
@@ -579,7 +580,7 @@ def plan_rm(runs: list[str] | str, *, host: str | None = None, local_only: bool 
     inv = _inventory(inventory)
     plan = RemovalPlan()
     for ref in [runs] if isinstance(runs, str) else runs:
-        h, name = _runs.resolve_run(inv, ref, host)
+        h, name = _locate.resolve_run(inv, ref, host)
         be = get_backend(h)
         plan._add(be, _remove.plan(be, name, local_only=local_only))
     return plan

@@ -17,8 +17,8 @@ import reval
 
 from .. import report, tables
 from ..argparsing import positive_int
-from ..backends.ssh import normalize_gpus
 from ..errors import EXIT_OK
+from ..gpuspec import normalize_gpus
 from .run import launch_line
 from .runs import finish_run, make_sink
 

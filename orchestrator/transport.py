@@ -14,6 +14,8 @@ import os
 import re
 import shlex
 import shutil
+import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -95,6 +97,7 @@ class LocalTransport(Transport):
 _CONTROL_DIR = None
 _CONTROL_LOCK = threading.Lock()  # the first SSHTransport may be made in worker threads (reval ls GROUP)
 _OPEN: dict[str, SSHTransport] = {}  # control socket -> a transport that may own a master
+STALE_SOCKET_CONNECT_S = 1.0  # a live master accepts at once; a dead one's socket refuses at once
 
 
 def _control_dir() -> str:
@@ -110,9 +113,42 @@ def _control_dir() -> str:
         return _CONTROL_DIR
 
 
+def master_listens(path: str) -> bool:
+    """Whether an ssh master still answers on the control socket `path` (a connect, closed at once). A socket
+    file whose master died uncleanly (SIGKILL, OOM) stays behind and refuses connections: False."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(STALE_SOCKET_CONNECT_S)
+    try:
+        s.connect(path)
+        return True
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True  # a timeout, a permission error: cannot tell, so a master may live on
+    finally:
+        s.close()
+
+
+def _drop_stale_sockets(folder: str) -> None:
+    """Unlink the sockets in a dead controller's folder that no master listens on; anything else stays."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for n in names:
+        path = os.path.join(folder, n)
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode) and not master_listens(path):
+                os.unlink(path)
+        except OSError:
+            pass
+
+
 def remove_stale_control_dirs(root: str) -> list[str]:
-    """Remove the empty `reval-cm-<pid>-*` folders of controllers that are gone (a SIGKILLed one cannot
-    clean up after itself). A folder that still holds a socket (a master living on) is left alone."""
+    """Remove the `reval-cm-<pid>-*` folders of controllers that are gone (a SIGKILLed one cannot clean up
+    after itself), once empty. A socket in one that no master answers on any more (the master died uncleanly
+    too) is removed first; a folder that still holds a live socket (a master living on) or anything that is not
+    a socket is left alone."""
     removed = []
     try:
         names = os.listdir(root)
@@ -129,6 +165,7 @@ def remove_stale_control_dirs(root: str) -> list[str]:
             pass
         except (PermissionError, OverflowError):
             continue
+        _drop_stale_sockets(os.path.join(root, n))
         try:
             os.rmdir(os.path.join(root, n))  # only if empty
             removed.append(n)

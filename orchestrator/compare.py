@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import calendar
 import dataclasses
+import fnmatch
 import os
 import time
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from remote_payload.contract.results import Result, ResultsError
 
 from . import intervals
 from .errors import ConfigError, RunNotFound
-from .runs import symlink_refused
+from .runs import is_run_name, symlink_refused
 from .stats import Estimate, Paired
 
 # comparability_key field -> the words used when telling the user what differs
@@ -140,6 +141,43 @@ def resolve_run(spec: str, runs_root: str | Path | None = None) -> Path:
             raise ConfigError(f"run name {spec!r} is on several hosts: {options}", hint="say which: HOST/NAME")
     raise RunNotFound(f"run {spec!r} not found (looked in {runs_root}/*/{parts[-1]} and as a path)",
                       hint="list runs: reval ls   · pull it: reval compare --pull HOST/NAME")
+
+
+_GLOB_PART = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-*?[]!")
+_RUN_FILES = (protocol.RESULTS_JSON, protocol.STATUS_JSON, protocol.RUN_JSON)
+
+
+def is_run_glob(spec: str) -> bool:
+    """A RUN with `*`, `?` or `[` (never in a run name): a glob over the pulled runs."""
+    return any(c in spec for c in "*?[")
+
+
+def expand_runs(spec: str, runs_root: str | Path | None = None) -> list[Path]:
+    """A glob over the local registry: `step-*` (every host's runs/<host>/step-*), `HOST/step-*` (the host may
+    be a glob too) -> the matching pulled runs, by step where their names carry one (step-N, ckpt-N, ...), then
+    the others by name, then by host. None matching: RunNotFound (exit 102); not NAME or HOST/NAME: exit 3."""
+    runs_root = Path(runs_root or os.environ.get("REVAL_RUNS_DIR", "runs"))
+    parts = spec.strip("/").split("/")
+    if len(parts) > 2 or any(not p or p in (".", "..") or not set(p) <= _GLOB_PART for p in parts):
+        raise ConfigError(f"{spec}: a run glob is NAME or HOST/NAME with * ? [...] among letters, digits, . _ -",
+                          hint="e.g. reval compare 'step-*' or 'ct129/step-*' (quoted, so the shell keeps it)")
+    host_pat, name_pat = parts if len(parts) == 2 else ("*", parts[0])
+    found = []
+    for host in sorted(runs_root.iterdir()) if runs_root.is_dir() else []:
+        if host.name.startswith(".") or not fnmatch.fnmatchcase(host.name, host_pat) or not host.is_dir():
+            continue
+        for d in host.iterdir():
+            if (fnmatch.fnmatchcase(d.name, name_pat) and is_run_name(d.name) and d.is_dir()
+                    and any((d / f).exists() for f in _RUN_FILES)):
+                found.append(d)
+    if not found:
+        raise RunNotFound(f"no pulled run matches {spec!r} (looked in {runs_root}/{host_pat}/{name_pat})",
+                          hint="list runs: reval ls   · pull them first: reval pull HOST/NAME")
+
+    def order(d: Path) -> tuple:
+        step = checkpoint_step(None, d.name)
+        return (step is None, step or 0, d.name, d.parent.name)
+    return sorted(found, key=order)
 
 
 # ---------------------------------------------------------------------------------------------------------

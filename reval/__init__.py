@@ -150,16 +150,30 @@ class Comparison:
 
 def compare(results: list[Result | str | Path], *, baseline: Result | str | Path | None = None,
             allow_incomparable: bool = True, runs_dir: str | Path | None = None) -> Comparison:
-    """Compare results (Results, run directories, or NAME / HOST/NAME as in `reval.load`). Runs that are not
-    comparable are marked, never ranked; with allow_incomparable=False they are refused (reval.Error naming
-    what differs), as `reval compare` does. A baseline without results is refused."""
+    """Compare results (Results, run directories, or NAME / HOST/NAME as in `reval.load`; a glob such as
+    'step-*' or 'ct129/step-*' is every pulled run it matches, by step). Runs that are not comparable are
+    marked, never ranked; with allow_incomparable=False they are refused (reval.Error naming what differs), as
+    `reval compare` does. A baseline without results is refused; a baseline glob must match exactly one run."""
     def where(x):  # every run found before any is read (a wrong name is that line, whatever else is damaged)
-        return x if isinstance(x, _compare.RunRecord | _ResultsFile | Path) else _compare.resolve_run(x, runs_dir)
+        if isinstance(x, str) and _compare.is_run_glob(x):
+            return _compare.expand_runs(x, runs_dir)
+        return [x if isinstance(x, _compare.RunRecord | _ResultsFile | Path) else _compare.resolve_run(x, runs_dir)]
 
     def read(x):
         return _as_result(_compare.load_run(x)) if isinstance(x, Path) else x
-    runs = [read(x) for x in [where(r) for r in results]]
-    base = None if baseline is None else read(where(baseline))
+    found, seen = [], set()
+    for x in (w for r in results for w in where(r)):  # a run named twice (two globs, a glob and its name): once
+        key = x.resolve() if isinstance(x, Path) else id(x)
+        if key not in seen:
+            seen.add(key)
+            found.append(x)
+    bases = None if baseline is None else where(baseline)
+    if bases is not None and len(bases) != 1:
+        names = ", ".join(f"{d.parent.name}/{d.name}" for d in bases[:5]) + (", ..." if len(bases) > 5 else "")
+        raise ConfigError(f"baseline {baseline!r} matches {len(bases)} runs: {names}",
+                          hint="the baseline is one run: give its NAME or HOST/NAME, or a glob that matches one")
+    runs = [read(x) for x in found]
+    base = None if bases is None else read(bases[0])
     if isinstance(base, _compare.RunRecord) and base.result is None:
         what = baseline if isinstance(baseline, str) else str(base.path)
         raise ConfigError(f"baseline {what!r} has no results ({base.state})", hint="pick a finished run as --baseline")

@@ -8,15 +8,17 @@ from pathlib import Path
 
 import reval
 
-from .. import report, suites, tables
+from .. import compare, report, suites, tables
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="compare pulled runs: tau, streak, DDTree, position accuracy",
                        description="Compare pulled runs (runs/<host>/<run>/) side by side. RUN is a name, "
                                    "HOST/NAME or a path. Refuses to rank runs that are not comparable.")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="runs to compare: NAME, HOST/NAME or a run folder")
-    p.add_argument("--baseline", metavar="RUN", help="show every metric also as ratio and delta against RUN")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="runs to compare: NAME, HOST/NAME, a run folder, or a "
+                                                         "quoted glob over the pulled runs ('step-*', by step)")
+    p.add_argument("--baseline", metavar="RUN", help="show every metric also as ratio and delta against RUN "
+                                                     "(a glob must match one run)")
     p.add_argument("--per-position", action="store_true", help="add per-position acceptance/accuracy tables")
     p.add_argument("--per-prompt", action="store_true", help="add a per-prompt tau table")
     p.add_argument("--by", choices=("run", "suite"), default="run",
@@ -78,5 +80,7 @@ def pull_spec(inventory_path: str | None, spec: str) -> str:
     """Pull one RUN (HOST/NAME, or a NAME found on one host) into runs/<host>/<name>/; a path is left as is."""
     if "/" in spec and Path(spec).is_dir():
         return f"{spec} (a local folder: not pulled)"
+    if compare.is_run_glob(spec):
+        return f"{spec} (a glob: the runs pulled here that match it; not pulled)"
     p = reval.find(spec, inventory=inventory_path).pull()
     return f"{p.host}/{p.name} -> {p.path}/"

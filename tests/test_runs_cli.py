@@ -204,35 +204,6 @@ def test_unknown_options_and_missing_paths_are_bad_input(here, capsys):
     assert not (here / ".reval" / "local" / "runs").exists() or not list((here / ".reval/local/runs").iterdir())
 
 
-@pytest.fixture(scope="module")
-def random_eval_inputs(tmp_path_factory):
-    """A tiny random-init Qwen3 target, a 2-prompt cache extracted from it, a random z-lab drafter: the real
-    eval's inputs in seconds (numbers meaningless, every code path real)."""
-    import random
-
-    import torch
-
-    from remote_payload.__main__ import main as payload_main
-    from remote_payload.tools import fixtures
-    from tests.tiny_models import random_drafter, tiny_drafter_config, write_zlab_drafter
-    d = tmp_path_factory.mktemp("eval-inputs")
-    tok = fixtures.train_tokenizer(random.Random(0))
-    torch.manual_seed(0)
-    r = fixtures.Recipe()
-    fixtures.save_target(fixtures.make_target(r, tok.get_vocab_size(), tok.token_to_id("<|eos|>"),
-                                              tok.token_to_id("<|pad|>")), tok, d / "target")
-    (d / "prompts.jsonl").write_text("".join(json.dumps({"name": n, "prompt": p}) + "\n"
-                                             for n, p in fixtures.PROMPTS[:2]))
-    assert payload_main(["extract", "--target", str(d / "target"), "--prompts", str(d / "prompts.jsonl"),
-                         "--out", str(d / "cache"), "--max-new-tokens", "40", "--layers", "1,3",
-                         "--device", "cpu"]) == 0
-    cfg = tiny_drafter_config(hidden_size=r.hidden_size, vocab_size=tok.get_vocab_size(),
-                              num_target_layers=r.target_layers, mask_token_id=tok.token_to_id("<|mask|>"),
-                              target_layer_ids=[1, 3])
-    write_zlab_drafter(d / "drafter", cfg, random_drafter(cfg).state_dict())
-    return d
-
-
 @pytest.mark.slow
 def test_real_eval_through_the_same_path(here, capsys, random_eval_inputs):
     """`python -m remote_payload eval` (the real payload) through run -> launch -> follow -> pull."""

@@ -28,8 +28,13 @@ th{background:#f3f5f9;font-weight:600}td.text,th.text{text-align:left}
 .marks{color:#b3261e;font-size:12px}.note{color:#5b6475;font-size:13px;margin:2px 0}
 figure{margin:8px 0;display:inline-block;vertical-align:top}figure svg{max-width:100%;height:auto}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px}dt{font-family:monospace}dd{margin:0}
-.verdict-improved{color:#0a7d32;font-weight:600}.verdict-regressed{color:#b3261e;font-weight:600}
+.better{color:#0a7d32;font-weight:600}.worse{color:#b3261e;font-weight:600;text-decoration:underline dotted}
+.word{font-size:11px;font-weight:400;text-transform:uppercase;letter-spacing:.04em}
 """
+LEGEND = "▲ better / ▼ worse: a starred Δ, a change the data supports; no arrow: no clear change either way"
+# direction of a supported change: every paired number (tau, DDTree, width-k, position accuracy) is higher-better
+DIRECTION = {True: ("better", "▲"), False: ("worse", "▼")}
+VERDICT_DIRECTION = {"improved": True, "regressed": False}
 SECTIONS = ("comparison", "per-position", "histogram", "ddtree", "per-prompt", "definitions", "provenance")
 SWEEP_SECTIONS = ("sweep", "tau-vs-step")
 
@@ -42,10 +47,14 @@ def _cell_html(cell: Cell, col) -> str:
     text = e(cell.text)
     if cell.best and text:
         text = f"<strong>{text}</strong>"
-    if cell.pair is not None and cell.pair.excludes_zero and text.endswith(" *"):
-        text = f'<span class="sig">{text}</span>'
-    if col.key in ("verdict",) and cell.value:
-        text = f'<span class="verdict-{e(str(cell.value).replace(" ", "-"))}">{text}</span>'
+    if cell.pair is not None and cell.pair.excludes_zero and " *" in cell.text:  # the starred Δ
+        word, arrow = DIRECTION[cell.pair.delta > 0]
+        text = f'<span class="sig {word}">{arrow} {text} <span class="word">{word}</span></span>'
+    if col.key in ("verdict", "base_verdict") and cell.value:
+        verdict = str(cell.value)
+        word, arrow = DIRECTION.get(VERDICT_DIRECTION.get(verdict), ("", ""))
+        text = (f'<span class="verdict-{e(verdict.replace(" ", "-"))}{" " + word if word else ""}">'
+                f'{arrow + " " if arrow else ""}{text}</span>')
     ci = ci_text(cell, col)
     return text + (f'<span class="ci">{e(ci)}</span>' if ci else "")
 
@@ -116,14 +125,14 @@ def render_report(title: str, cmp: Comparison, *, threshold: float = 0.1, sweep_
     parts = []
     if sweep_table is not None:
         parts.append(_section("sweep", "sweep: every checkpoint", table_html(sweep_table)
-                              + "".join(f'<p class="note">{e(n)}</p>' for n in extra_notes)))
+                              + "".join(f'<p class="note">{e(n)}</p>' for n in [LEGEND, *extra_notes])))
         parts.append(_section("tau-vs-step", "tau against training step",
                               _figure(plots.tau_vs_step_svg(steps or [], baseline_point),
                                       "every checkpoint the ledger holds for this cache and these options; "
                                       "filled: this sweep; band: 95% CI; dashed: the baseline")))
     paired = tables.paired_table(cmp, threshold)
     parts.append(_section("comparison", "comparison", table_html(tables.main_table(cmp, threshold))
-                          + (table_html(paired) if paired else "")))
+                          + (table_html(paired) + f'<p class="note">{e(LEGEND)}</p>' if paired else "")))
     if suites.suite_names(cmp.runs):  # runs over several benchmark suites: the papers' layout
         parts.append(_section("suites", "tau by suite", table_html(suites.suite_table(cmp))))
     parts.append(_section("per-position", "per-position acceptance (both conventions)",

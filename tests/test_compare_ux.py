@@ -4,11 +4,16 @@ and report files that follow the umask."""
 from __future__ import annotations
 
 import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 
 import reval
-from orchestrator import cli
+from orchestrator import cli, compare, html, sweep
+from orchestrator.ledger import LedgerEntry
+from tests import browser
 from tests.resultsgen import write_run
 
 
@@ -76,3 +81,105 @@ def test_a_glob_that_leaves_the_registry_is_refused(sweep_runs, capsys):
         rc, out, err = _cli(capsys, bad)
         assert rc == 3 and out == "" and "Traceback" not in err, bad
         assert "a run glob is NAME or HOST/NAME" in err, bad
+
+
+# ---- 14: the HTML report tells better from worse, not by colour alone ---------------------------------------
+
+@pytest.fixture
+def checkpoints(tmp_path, monkeypatch):
+    """12-prompt runs: step-100 < step-200 < the baseline, each clearly apart (paired p < 0.01)."""
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs"
+    for name, q in (("step-100", 0.65), ("step-200", 0.80), ("base", 0.95)):
+        write_run(root, "h", name, quality=q, num_prompts=12, step=int(name[5:]) if name != "base" else None)
+    return root
+
+
+def _sweep_html(root: Path) -> tuple[str, list]:
+    """The sweep's own path: the ledger's series, the pulled runs, verdicts vs the previous checkpoint and the
+    baseline, then the HTML report of them."""
+    series = [LedgerEntry(f"k{s}", f"step-{s}", "x", f"h{s}", s, "h", f"step-{s}", "succeeded", "s1",
+                          tau=compare.load_run(root / "h" / f"step-{s}").result.metrics.tau,
+                          local_path=str(root / "h" / f"step-{s}")) for s in (100, 200)]
+    outs = [sweep.Outcome(e.checkpoint, e.step, "succeeded", "h", e.run, e.tau, local_path=e.local_path)
+            for e in series]
+    base = compare.load_run(root / "h" / "base")
+    sweep.attach_comparisons(outs, series, base, 0.1)
+    rep = sweep.SweepReport("s1", root.parent / "s1", outs, "base", {}, 0.1, baseline_run=base)
+    cmp = compare.build_comparison([compare.load_run(e.local_path) for e in series], base)
+    return html.render_report("sweep s1", cmp, sweep_table=sweep.report_table(rep), steps=[]), outs
+
+
+class _Classes(HTMLParser):
+    """The whole text (textContent) of every element, by each of its classes, in document order."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.open: list[tuple[str, list[list[str]]]] = []  # (tag, its text buffers) of the elements open now
+        self.text: dict[str, list[str]] = {}
+        self._bufs: dict[str, list[list[str]]] = {}
+        self.feed(text)
+        for c, bufs in self._bufs.items():
+            self.text[c] = ["".join(b) for b in bufs]
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("meta", "br", "link", "img", "input", "hr"):
+            return
+        mine = []
+        for c in (dict(attrs).get("class") or "").split():
+            buf: list[str] = []
+            self._bufs.setdefault(c, []).append(buf)
+            mine.append(buf)
+        self.open.append((tag, mine))
+
+    def handle_endtag(self, tag):
+        while self.open and self.open.pop()[0] != tag:
+            pass
+
+    def handle_data(self, data):
+        for _, bufs in self.open:
+            for buf in bufs:
+                buf.append(data)
+
+
+def _spans(text: str, cls: str) -> list[str]:
+    return _Classes(text).text.get(cls, [])
+
+
+def test_html_marks_a_regression_worse_and_an_improvement_better_with_a_symbol_and_a_word(checkpoints):
+    text, outs = _sweep_html(checkpoints)
+    assert [o.verdict for o in outs] == ["new", "improved"]
+    assert [o.base_verdict for o in outs] == ["regressed", "regressed"]
+    # the paired table vs the baseline: both checkpoints clearly worse; the sweep row vs step-100 clearly better
+    starred = _spans(text, "sig")
+    signs = [re.search(r"(?:^▲ |^▼ |Δ )([+-])\d+\.\d+ \[", t).group(1) for t in starred]
+    for t, sign in zip(starred, signs):  # the sign of Δ decides: arrow, word, style
+        assert (t[0], t.rsplit(" ", 1)[1]) == (("▲", "better") if sign == "+" else ("▼", "worse")), t
+    assert "+" in signs and "-" in signs
+    assert any(t.startswith("▲ Δ +") and " vs step-100" in t for t in starred)  # the sweep row vs step-100
+    assert any(t.startswith("▼ 0.") and "x · Δ -" in t for t in starred)  # the sweep row vs the baseline
+    assert re.search(r'<span class="verdict-regressed worse">▼ regressed</span>', text)  # vs the baseline
+    assert re.search(r'<span class="verdict-improved better">▲ improved</span>', text)
+    assert '<span class="sig">' not in text  # no sign-blind style left
+
+
+def test_better_and_worse_look_different_in_a_real_browser(checkpoints, tmp_path):
+    if browser.chromium_path() is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    text, _ = _sweep_html(checkpoints)
+    page = tmp_path / "report.html"
+    page.write_text(text)
+    probe = ("JSON.stringify(Object.fromEntries(['.sig.better', '.sig.worse', '.verdict-improved', "
+             "'.verdict-regressed'].map(q => { const el = document.querySelector(q); const cs = getComputedStyle(el); "
+             "return [q, [cs.color, cs.textDecorationLine, el.textContent]]; })))")
+    rep = browser.open_page(page.as_uri(), probe)
+    assert rep.console_errors == [] and rep.exceptions == []
+    got = json.loads(rep.probe)
+    assert got[".sig.better"][0] != got[".sig.worse"][0]  # colour differs ...
+    assert got[".verdict-improved"][0] == got[".sig.better"][0] and got[".verdict-regressed"][0] == got[".sig.worse"][0]
+    assert got[".verdict-regressed"][0] not in ("rgb(29, 35, 48)", "")  # regressed has its colour, not the text's
+    # ... and so do the symbol and the word (read without colour)
+    assert got[".sig.better"][2].startswith("▲") and got[".sig.better"][2].endswith("better")
+    assert got[".sig.worse"][2].startswith("▼") and got[".sig.worse"][2].endswith("worse")
+    assert got[".verdict-regressed"][2] == "▼ regressed" and got[".verdict-improved"][2] == "▲ improved"
+    assert got[".sig.worse"][1] == "underline" and got[".sig.better"][1] == "none"

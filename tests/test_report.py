@@ -138,7 +138,7 @@ def test_html_report_in_headless_chromium(evals, tmp_path, capsys, monkeypatch):
                          "provenance"]
     assert got["comparison"][1] == 2 and got["per-position"][0] == 2 and got["histogram"][0] == 1
     assert got["ddtree"][0] == 1 and got["per-prompt"][1] == 1 and got["provenance"][1] == 1
-    for needle in ("sha256-64MiB-tree:", "teacher-forced", "paired by prompt vs good", " *</span>"):
+    for needle in ("sha256-64MiB-tree:", "teacher-forced", "paired by prompt vs good", " * <span class=\"word\">"):
         assert needle in text
     _assert_not_blank(rep.screenshot_png)
 

@@ -1,7 +1,10 @@
 """Issue 19: faults of a run's machinery, each with real components (real processes, a real sshd in the private
-netns, a real full filesystem): a SIGKILLed controller whose ssh master died uncleanly too (item 12)."""
+netns, a real full filesystem): the host's runs/ filling up mid-run (item 3), a SIGKILLed controller whose ssh
+master died uncleanly too (item 12)."""
 from __future__ import annotations
 
+import errno
+import json
 import os
 import re
 import shutil
@@ -11,9 +14,91 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from orchestrator import transport
+from remote_payload.contract import protocol
+from remote_payload.runtime import wrapper
+from tests.runtools import reval, wait_lines
+from tests.sshd import _kill, _pids_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def reval_popen(cwd: Path, *argv) -> subprocess.Popen:
+    """`reval ARGV` as the user runs it, in its own process (text output captured)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("REVAL_HOSTS", "REVAL_RUNS_DIR")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.Popen([sys.executable, "-m", "orchestrator", *argv], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+# --- item 3: the host's runs/ fills up mid-run ------------------------------------------------------------------
+@pytest.fixture
+def small_runs(here):
+    """The local host's runs/ (here/.reval/local/runs) on a 2 MiB tmpfs of its own, unmounted afterwards
+    (whatever still runs under `here` is ended first, by pid)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs as the host's runs/")
+    runs = here / ".reval/local/runs"
+    runs.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "reval-test-full", str(runs)], check=True)
+    try:
+        yield runs
+    finally:
+        _kill(_pids_mentioning(str(here) + "/"))
+        subprocess.run(["umount", "-l", str(runs)], check=False)
+
+
+def fill(path: Path, leave_bytes: int = 0) -> None:
+    """Write `path` until its filesystem is full, then give back `leave_bytes` (a file of that size removed)."""
+    gap = path.with_name(path.name + ".gap")
+    if leave_bytes:
+        gap.write_bytes(os.urandom(leave_bytes))
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(os.urandom(1 << 16))
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+    gap.unlink(missing_ok=True)
+
+
+def test_a_disk_that_fills_mid_run_is_said_and_recorded_never_lost(here, small_runs, capsys):
+    p = reval_popen(here, "run", "local", "--payload", "dummy", "--name", "full", "--",
+                    "--lines", "3000", "--interval-s", "0.01")
+    try:
+        wait_lines(small_runs / "full/eval.log", 20)
+        fill(small_runs / "filler")  # another writer takes the rest of the disk: the payload's next write fails
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 1, (out, err[-2000:])
+    assert f"failed  full on local (no space left on local:{small_runs}/full" in err, err[-2000:]
+    assert "lost    full" not in err and "OOM killer" not in err  # what it said before
+    # the wrapper wrote its final status with no free block left: into the blocks it had reserved at the start
+    st = protocol.read_json(small_runs / "full/status.json")
+    assert st["state"] == "failed" and st["no_space"] == str(small_runs / "full") and st["exit_code"] != 0
+    assert "no space left on device" in st["error"] and not (small_runs / "full" / wrapper.RESERVE_NAME).exists()
+    vfs = os.statvfs(small_runs)  # the disk is still full but for the reserve's blocks it gave back
+    assert vfs.f_bavail * vfs.f_frsize <= wrapper.RESERVE_BYTES + vfs.f_frsize
+    rc, o, e = reval(capsys, "status", "full")
+    assert rc == 1 and o.startswith("full on local: failed") and f"no space left on local:{small_runs}/full" in o
+    # the pulled copy says how it ended: never `running` in compare
+    assert protocol.read_json(here / "runs/local/full/status.json")["state"] == "failed"
+    rc, o, e = reval(capsys, "compare", "local/full")
+    assert rc == 0 and "FAILED" in o and "RUNNING" not in o, (o, e)
+    rc, o, e = reval(capsys, "compare", "local/full", "--format", "json")
+    assert rc == 0 and json.loads(o)["runs"][0]["state"] == "failed", o
+
+
+def test_a_run_is_not_started_without_room_to_record_its_end(here, small_runs, capsys):
+    (here / ".reval/local/locks").mkdir(parents=True)
+    fill(small_runs / "filler", leave_bytes=wrapper.RESERVE_BYTES // 4)  # room to start, not for the reserve
+    rc, out, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "tight", "--", "--lines", "3")
+    assert rc == 3 and "local: no space left on device:" in err and f"{small_runs}/tight" in err, (out, err)
+    assert not (small_runs / "tight").exists()  # nothing started, nothing left
 
 
 # --- item 12: a dead controller's control folder whose master died uncleanly ----------------------------------

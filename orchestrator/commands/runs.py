@@ -32,6 +32,14 @@ def state_text(s: RunState) -> str:
 
 
 
+def failure_why(host: str, status: dict) -> str:
+    """Why a run failed, for one line (pure): `no space left on HOST:PATH` when the wrapper found its run
+    directory's filesystem full, else status.json's error, else its exit code."""
+    if isinstance(status.get("no_space"), str):
+        return f"no space left on {host}:{status['no_space']}"
+    return status.get("error") or f"exit {status.get('exit_code')}"
+
+
 def out(text: str = "") -> None:
     output.write(sys.stdout, text + "\n")
 
@@ -84,7 +92,7 @@ def report_final(fin: reval.Finished, say=None) -> int:
         err(f"lost    {name}: status.json on {host} says running but its process group {status.get('pgid')} is "
             f"gone (host rebooted? OOM killer?); no result · {where}")
     else:
-        why = status.get("error") or f"exit {status.get('exit_code')}"
+        why = failure_why(host, status)
         err(f"failed  {name} on {host} ({why}) after {duration_text(status)} · {where}")
     if fin.last_lines:
         err("        last lines of eval.log:")
@@ -234,7 +242,7 @@ def cmd_status(args) -> int:
         s = run.status()
         st = s.status
         extra = f" · exit {st['exit_code']}" if "exit_code" in st else ""
-        extra += f" · {st['error']}" if st.get("error") else ""
+        extra += f" · {failure_why(run.host, st)}" if st.get("error") else ""
         took = f" · {duration_text(st)}" if st.get("finished_at") else (
             f" · since {st.get('started_at')}" if st.get("started_at") else "")
         if s.state == protocol.RUNNING and s.last_event:

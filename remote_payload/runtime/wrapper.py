@@ -9,10 +9,16 @@ The detached-safe parent of one run (stdlib only). The controller starts it with
   4. writes status.json `running` {pid, pgid, leader_start, run_id, started_at, host, gpus, device},
   5. runs CMD with PYTHONUNBUFFERED=1, stdout+stderr appended to eval.log, forwarding TERM/INT,
   6. writes the final state (succeeded | failed | cancelled) with finished_at and exit_code exactly once.
-Its own exit code: the child's, or 103 when cancelled, or 3 when it could not start (no free GPU, bad CMD).
+A full disk cannot keep it from that last write: at the start it fills a reserve file (RESERVE_NAME,
+RESERVE_BYTES of its own blocks) and the final status.json is written into those blocks and renamed into place;
+a run that failed with its run directory's filesystem full (one of our writes got ENOSPC, or less than
+LOW_SPACE_BYTES left) says so in status.json (`no_space`: the run directory, and `error`).
+Its own exit code: the child's, or 103 when cancelled, or 3 when it could not start (no free GPU, bad CMD, no
+room for the reserve).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -29,6 +35,12 @@ from remote_payload.contract import gpus, protocol, runstate
 # A GPU counts as free when our locks don't hold it and it is idle by nvidia-smi's numbers.
 FREE_MEMORY_MIB = 1024
 FREE_UTILIZATION_PCT = 10
+# Room kept for the final status.json (a few KB) whatever fills the disk meanwhile; not a contract file (never
+# pulled). Random bytes: a compressing filesystem would store zeros in nothing.
+RESERVE_NAME = ".status.reserve"
+RESERVE_BYTES = 64 << 10
+LOW_SPACE_BYTES = 1 << 20  # a failed run whose filesystem has less than this left failed for want of space
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 NVIDIA_SMI_ARGV = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total,utilization.gpu",
                    "--format=csv,noheader,nounits"]
 
@@ -140,6 +152,8 @@ class Wrapper:
         self.cancel_signal: int | None = None
         self.base: dict = {}
         self.finished = False
+        self.no_space = False  # one of our writes found the filesystem full
+        self.reserve = make_reserve(run_dir)
 
     def on_signal(self, signum, _frame) -> None:
         # TERM/INT from `reval kill` (sent to the whole group, so the child has it too); forward in case
@@ -155,15 +169,27 @@ class Wrapper:
         protocol.atomic_write_json(self.run_dir / protocol.STATUS_JSON, {**self.base, **fields})
 
     def log(self, line: str) -> None:
-        with open(self.run_dir / protocol.EVAL_LOG, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        """Best effort: a line that cannot be written (a full disk) must not keep the final status from us."""
+        try:
+            with open(self.run_dir / protocol.EVAL_LOG, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError as e:
+            self.no_space = self.no_space or e.errno in NO_SPACE_ERRNOS
 
     def finish(self, state: str, exit_code: int, t0: float, **extra) -> None:
         if self.finished:  # exactly once
             return
         self.finished = True
         self.log(f"[reval] {state} · exit {exit_code} · {time.time() - t0:.1f}s · {protocol.now_iso()}")
-        self.write_status(state=state, finished_at=protocol.now_iso(), exit_code=exit_code, **extra)
+        if state == protocol.FAILED and "error" not in extra:
+            free = free_bytes(self.run_dir)
+            if self.no_space or (free is not None and free < LOW_SPACE_BYTES):
+                where = str(self.run_dir)
+                extra.update(no_space=where, error=f"no space left on device: {where} ({free} bytes free)")
+        final = {**self.base, "state": state, "finished_at": protocol.now_iso(), "exit_code": exit_code, **extra}
+        if not (self.reserve and write_into_reserve(self.run_dir, final)):
+            (self.run_dir / RESERVE_NAME).unlink(missing_ok=True)  # its room is the disk's again
+            protocol.atomic_write_json(self.run_dir / protocol.STATUS_JSON, final)
 
 
 def main(args) -> int:
@@ -188,6 +214,14 @@ def main(args) -> int:
               "leader_start": runstate.start_time(pid), "run_id": secrets.token_hex(16),
               "started_at": protocol.now_iso(), "host": socket.gethostname(), "boot_id": protocol.boot_id(),
               "cmd": cmd}
+
+    if not w.reserve:  # a run that could not record its end would be `lost`: start none
+        where = str(run_dir)
+        msg = (f"no space left on device: {where} ({free_bytes(run_dir)} bytes free; a run keeps {RESERVE_BYTES} "
+               "to record its end)")
+        w.log(f"[reval] could not start: {msg}")
+        w.finish(protocol.FAILED, protocol.EXIT_BAD_INPUT, t0, error=msg, no_space=where)
+        return protocol.EXIT_BAD_INPUT
 
     run_info: dict = {}
     if args.run_json:
@@ -257,6 +291,59 @@ def main(args) -> int:
         extra.update(suspect_fields(w.run_dir))
     w.finish(protocol.SUCCEEDED if rc == 0 else protocol.FAILED, exit_code, t0, **extra)
     return exit_code
+
+
+def make_reserve(run_dir: Path) -> bool:
+    """RESERVE_NAME in the run directory, RESERVE_BYTES written and synced (its blocks are ours); False when
+    there is no room even for that (then the final status is written the ordinary way, and may fail)."""
+    path = run_dir / RESERVE_NAME
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError:
+        return False
+    try:
+        data = os.urandom(RESERVE_BYTES)
+        while data:
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
+        return True
+    except OSError:
+        path.unlink(missing_ok=True)
+        return False
+    finally:
+        os.close(fd)
+
+
+def write_into_reserve(run_dir: Path, status: dict) -> bool:
+    """status.json written over the reserve's own blocks (no new block needed: it works on a full disk), then
+    renamed into place atomically. False when that could not be done (the reserve is then left to the caller)."""
+    body = (json.dumps(status, indent=2, default=str) + "\n").encode()
+    path = run_dir / RESERVE_NAME
+    if len(body) > RESERVE_BYTES:
+        return False
+    try:
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))  # no O_TRUNC: keep the blocks
+        try:
+            view, off = memoryview(body), 0
+            while off < len(body):
+                off += os.pwrite(fd, view[off:], off)
+            os.ftruncate(fd, len(body))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(path, run_dir / protocol.STATUS_JSON)
+        return True
+    except OSError:
+        return False
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged writer can still use on `path`'s filesystem (None: cannot tell)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def suspect_fields(run_dir: Path) -> dict:

@@ -47,7 +47,7 @@ def _cell_html(cell: Cell, col) -> str:
     text = e(cell.text)
     if cell.best and text:
         text = f"<strong>{text}</strong>"
-    if cell.pair is not None and cell.pair.excludes_zero and " *" in cell.text:  # the starred Δ
+    if cell.pair is not None and cell.pair.significant and " *" in cell.text:  # the starred Δ
         word, arrow = DIRECTION[cell.pair.delta > 0]
         text = f'<span class="sig {word}">{arrow} {text} <span class="word">{word}</span></span>'
     if col.key in ("verdict", "base_verdict") and cell.value:

@@ -20,6 +20,7 @@ RESAMPLES = 100_000       # at 10 prompts the ends of a tau interval move by < 0
 MIN_RESAMPLES = 10_000
 SEED = 20261201
 CONFIDENCE = 0.95
+ALPHA = 0.05              # the sign-flip test's level, two-sided: the decision rule needs p < ALPHA
 EXACT_PERMUTATION_MAX_N = 16   # up to 2**16 sign patterns: enumerate them all (an exact p-value)
 PERMUTATIONS = 20_000
 Z_ALPHA = 1.959964        # two-sided 5%
@@ -78,13 +79,27 @@ class Paired:
 
     @property
     def excludes_zero(self) -> bool:
-        """The 95% interval of the difference lies on one side of 0 (a difference the data supports)."""
+        """The 95% interval of the difference lies on one side of 0."""
         return self.delta_lo > 0 or self.delta_hi < 0
+
+    @property
+    def significant(self) -> bool:
+        """The one decision rule (the star, the verdicts, the HTML's better/worse): a difference the data
+        supports when the paired 95% interval excludes 0 AND the sign-flip p < ALPHA. Both, because the
+        percentile bootstrap is too narrow at few prompts (its ends can exclude 0 where the exact test says
+        p 0.06), and the interval gives the direction and size that p alone does not. With 5 prompts or fewer
+        nothing is significant: the smallest two-sided p of n prompts is 2 / 2**n."""
+        return self.excludes_zero and self.p_value < ALPHA
+
+    @property
+    def disagree(self) -> bool:
+        """The interval and the test say different things (one excludes 'no difference', the other does not)."""
+        return self.excludes_zero != (self.p_value < ALPHA)
 
     def as_dict(self) -> dict:
         return {"delta": self.delta, "delta_ci": [self.delta_lo, self.delta_hi], "ratio": self.ratio,
                 "ratio_ci": [self.ratio_lo, self.ratio_hi], "p_value": self.p_value, "sd_diff": self.sd_diff,
-                "n": self.n, "ci_excludes_0": self.excludes_zero}
+                "n": self.n, "ci_excludes_0": self.excludes_zero, "significant": self.significant}
 
 
 def resamples_for(n: int) -> int:
@@ -223,19 +238,19 @@ def detectable_change(sd_diff: float | None, n: int) -> float | None:
 
 
 def prompts_needed(sd_diff: float | None, change: float) -> int | None:
-    """Paired prompts needed to detect `change` (two-sided 5%, 80% power) at this SD of differences."""
-    if sd_diff is None or change <= 0:
+    """Paired prompts needed to detect `change` (two-sided 5%, 80% power) at this SD of differences; None
+    without spread (SD 0: every prompt differs by the same amount, so any change would show)."""
+    if sd_diff is None or change <= 0 or sd_diff == 0:
         return None
-    if sd_diff == 0:
-        return 2
     return max(2, math.ceil(((Z_ALPHA + Z_POWER) * sd_diff / change) ** 2))
 
 
 def classify_change(p: Paired | None, threshold: float) -> str:
-    """improved / regressed: the paired 95% interval excludes 0 AND the change is at least `threshold`;
-    otherwise 'no clear change' (the interval says how large a change it cannot rule out)."""
+    """improved / regressed: significant (the paired 95% interval excludes 0 and the sign-flip p < 0.05:
+    Paired.significant) AND the change is at least `threshold`; otherwise 'no clear change' (the interval says
+    how large a change it cannot rule out)."""
     if p is None:
         return "no clear change"
-    if p.excludes_zero and abs(p.delta) >= threshold:
+    if p.significant and abs(p.delta) >= threshold:
         return "improved" if p.delta > 0 else "regressed"
     return "no clear change"

@@ -21,8 +21,9 @@ from .stats import Estimate, Paired
 
 CI_NOTE = (f"[a, b] = 95% bootstrap CI over prompts (seeded; {stats.RESAMPLES:,} resamples up to 10 prompts, "
            "fewer for more); SD and n in --format csv/json")
-PAIRED_NOTE = ("Δ = run - baseline, paired by prompt, with its 95% paired-bootstrap CI; * = the CI excludes 0; "
-               "ratio = run / baseline; p = two-sided sign-flip permutation test")
+PAIRED_NOTE = ("Δ = run - baseline, paired by prompt, with its 95% paired-bootstrap CI; p = two-sided sign-flip "
+               "permutation test; * = a difference the data supports: the CI excludes 0 and p < 0.05 (both); "
+               "ratio = run / baseline")
 MAIN_NOTE = ("tau = tokens per round incl. the bonus token (macro over prompts); pos-1 acc is teacher-forced; "
              "duration = wall time of the payload run; bold = best per column among ranked runs")
 
@@ -80,9 +81,18 @@ def fmt_ci(lo: float, hi: float, digits: int, sign: bool = False) -> str:
 
 
 def fmt_delta(p: Paired, digits: int) -> str:
-    """'+0.19 [+0.07, +0.31] *' (the star: the interval excludes 0)."""
+    """'+0.19 [+0.07, +0.31] *' (the star: significant, the interval excludes 0 and p < 0.05)."""
     return f"{p.delta:+.{digits}f} {fmt_ci(p.delta_lo, p.delta_hi, digits, sign=True)}" + \
-        (" *" if p.excludes_zero else "")
+        (" *" if p.significant else "")
+
+
+def disagreement(p: Paired) -> str:
+    """Why a Δ is not starred although one of the two says so ('' when they agree): the interval and the test."""
+    if not p.disagree:
+        return ""
+    if p.excludes_zero:
+        return f"the CI excludes 0 but p {fmt_p(p.p_value)} >= {stats.ALPHA:g}: not called"
+    return f"p {fmt_p(p.p_value)} < {stats.ALPHA:g} but the CI includes 0: not called"
 
 
 def fmt_ratio(p: Paired) -> str:
@@ -198,6 +208,8 @@ def detectable_columns(threshold: float, headline: bool = False) -> list[Column]
 def detectable_cells(tau: Paired | None, threshold: float) -> dict[str, Cell]:
     """The smallest tau change these prompts detect, and the prompts that ±threshold needs (from the SD of
     the per-prompt differences against the baseline)."""
+    if tau is not None and tau.sd_diff == 0:  # every prompt moved by the same amount: nothing to size
+        return {"tau_mde": Cell(0.0, "no spread"), "tau_needed": Cell(None, "any change shows")}
     mde = stats.detectable_change(tau.sd_diff, tau.n) if tau else None
     need = stats.prompts_needed(tau.sd_diff, threshold) if tau else None
     return {"tau_mde": Cell(mde, "" if mde is None else f"±{mde:.2f}"),
@@ -230,7 +242,15 @@ def paired_table(cmp: Comparison, threshold: float = 0.1) -> Table | None:
         tau = pairs.get("tau")
         cells.update(detectable_cells(tau, threshold))
         mde, need = cells["tau_mde"].value, cells["tau_needed"].value
-        if mde is not None:
+        if tau is not None and (why := disagreement(tau)):
+            least = 2 / 2 ** tau.n if tau.n <= stats.EXACT_PERMUTATION_MAX_N else 0.0
+            notes.append(f"{label}: Δ tau {fmt_delta(tau, 2)}: {why} (the two disagree: more prompts settle it"
+                         + (f"; {tau.n} prompts cannot give p < {stats.ALPHA:g}, the least is {least:.4g}"
+                            if least >= stats.ALPHA else "") + ")")
+        if tau is not None and tau.sd_diff == 0:
+            notes.append(f"{label}: no spread: the per-prompt differences are all {tau.delta:+.2f} (SD 0), so "
+                         "any change would show")
+        elif mde is not None:
             notes.append(f"{label}: {tau.n} prompts detect a tau change of ±{mde:.2f} (5% two-sided, 80% power, "
                          f"SD of per-prompt differences {tau.sd_diff:.2f}); ±{threshold:g} needs {need} prompts")
         elif not pairs:

@@ -102,11 +102,11 @@ def test_rendered_table_at_fixed_width(runs_dir):
     ci = f"[{est.lo:.2f}, {est.hi:.2f}]"
     end = lines[i].index(f" {value} ") + 1 + len(value)
     assert lines[i + 1][end - len(ci): end] == ci and est.lo <= s4k["tau"] <= est.hi
-    # the paired table: Δ [CI] (* when it excludes 0), ratio [CI], p against the baseline
+    # the paired table: Δ [CI] (* when significant: it excludes 0 and p < 0.05), ratio [CI], p against the baseline
     p = cmp.paired(cmp.runs[1])["tau"]
     row = next(line for line in lines[i + 2:] if line.lstrip().startswith("step4000"))
     assert f"{p.delta:+.2f} [{p.delta_lo:+.2f}, {p.delta_hi:+.2f}]" in row and f"{p.ratio:.2f}x" in row
-    assert p.delta == pytest.approx(s4k["tau"] - base["tau"]) and (" *" in row) == p.excludes_zero
+    assert p.delta == pytest.approx(s4k["tau"] - base["tau"]) and (" *" in row) == p.significant
     assert "comparable: same cache, prompts, max-blocks, metrics, drafter attention" in text
     assert max(len(line) for line in text.splitlines()) <= 100
     # best values are bold in a terminal

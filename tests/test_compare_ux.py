@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
 import reval
-from orchestrator import cli, compare, html, sweep
+from orchestrator import cli, compare, html, stats, sweep, tables
 from orchestrator.ledger import LedgerEntry
+from orchestrator.sweep.report import detection_note
 from tests import browser
 from tests.resultsgen import write_run
 
@@ -95,18 +97,22 @@ def checkpoints(tmp_path, monkeypatch):
     return root
 
 
-def _sweep_html(root: Path) -> tuple[str, list]:
-    """The sweep's own path: the ledger's series, the pulled runs, verdicts vs the previous checkpoint and the
-    baseline, then the HTML report of them."""
+def _sweep(root: Path, steps=(100, 200)):
+    """The sweep's own path: the ledger's series of runs/h/step-N, the pulled runs, verdicts vs the previous
+    checkpoint and vs runs/h/base -> (outcomes, report, comparison)."""
     series = [LedgerEntry(f"k{s}", f"step-{s}", "x", f"h{s}", s, "h", f"step-{s}", "succeeded", "s1",
                           tau=compare.load_run(root / "h" / f"step-{s}").result.metrics.tau,
-                          local_path=str(root / "h" / f"step-{s}")) for s in (100, 200)]
+                          local_path=str(root / "h" / f"step-{s}")) for s in steps]
     outs = [sweep.Outcome(e.checkpoint, e.step, "succeeded", "h", e.run, e.tau, local_path=e.local_path)
             for e in series]
     base = compare.load_run(root / "h" / "base")
     sweep.attach_comparisons(outs, series, base, 0.1)
     rep = sweep.SweepReport("s1", root.parent / "s1", outs, "base", {}, 0.1, baseline_run=base)
-    cmp = compare.build_comparison([compare.load_run(e.local_path) for e in series], base)
+    return outs, rep, compare.build_comparison([compare.load_run(e.local_path) for e in series], base)
+
+
+def _sweep_html(root: Path, steps=(100, 200)) -> tuple[str, list]:
+    outs, rep, cmp = _sweep(root, steps)
     return html.render_report("sweep s1", cmp, sweep_table=sweep.report_table(rep), steps=[]), outs
 
 
@@ -183,3 +189,59 @@ def test_better_and_worse_look_different_in_a_real_browser(checkpoints, tmp_path
     assert got[".sig.worse"][2].startswith("▼") and got[".sig.worse"][2].endswith("worse")
     assert got[".verdict-regressed"][2] == "▼ regressed" and got[".verdict-improved"][2] == "▲ improved"
     assert got[".sig.worse"][1] == "underline" and got[".sig.better"][1] == "none"
+
+
+# ---- 18: one decision rule for the star, the verdict and the p ----------------------------------------------
+
+@pytest.fixture
+def few_prompts(tmp_path, monkeypatch):
+    """5 prompts: step-2 is above step-1 on most prompts, so the paired bootstrap CI excludes 0, while the exact
+    sign-flip test cannot go below p 0.0625 with 5 prompts: the interval and the test disagree."""
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs"
+    for name, q in (("step-1", 0.75), ("step-2", 0.80), ("base", 0.75)):
+        write_run(root, "h", name, quality=q, num_prompts=5)
+    return root
+
+
+def test_an_interval_off_zero_with_p_above_005_is_no_clear_change_everywhere(few_prompts, capsys):
+    pair = compare.compare([few_prompts / "h" / "step-2"], few_prompts / "h" / "step-1").paired(
+        compare.load_run(few_prompts / "h" / "step-2"))["tau"]
+    assert pair.excludes_zero and pair.p_value >= 0.05 and abs(pair.delta) >= 0.1  # the disagreement, set up
+    assert not pair.significant and stats.classify_change(pair, 0.1) == "no clear change"
+    # compare: no star; the note says why (the CI and the test disagree), p beside it
+    rc, out, err = _cli(capsys, "h/step-2", "--baseline", "h/step-1", "--format", "md")
+    assert rc == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("| step-2 ") and "[+" in line)
+    assert tables.fmt_delta(pair, 2) in row and " *" not in row
+    assert f"the CI excludes 0 but p {tables.fmt_p(pair.p_value)} >= 0.05: not called" in out
+    assert "5 prompts cannot give p < 0.05, the least is 0.0625" in out
+    rc, out, err = _cli(capsys, "h/step-2", "--baseline", "h/step-1", "--format", "json")
+    got = json.loads(out)["runs"][1]["vs_baseline"]["tau"]["paired"]
+    assert got["ci_excludes_0"] is True and got["significant"] is False
+    # the sweep: the same rule for the verdict, the p beside the Δ on its line, nothing green in its HTML
+    outs, rep, cmp = _sweep(few_prompts, (1, 2))
+    assert outs[1].verdict == "no clear change" and outs[1].vs_prev.excludes_zero
+    line = sweep.outcome_text(outs[1])
+    assert f"Δ {tables.fmt_delta(outs[1].vs_prev, 2)} (p {tables.fmt_p(outs[1].vs_prev.p_value)}) vs step-1" in line
+    assert " *" not in line and line.endswith("no clear change")
+    text = html.render_report("sweep s1", cmp, sweep_table=sweep.report_table(rep), steps=[])
+    assert _spans(text, "better") == [] and "verdict-improved" not in text
+
+
+def test_identical_runs_say_no_spread_not_a_prompt_count(sweep_runs, capsys):
+    shutil.copytree(sweep_runs / "ct129" / "step-500", sweep_runs / "ct129" / "step-500-again")
+    rc, out, err = _cli(capsys, "step-500-again", "--baseline", "step-500")
+    assert rc == 0, err
+    flat = " ".join(out.split())
+    assert "no spread" in flat and "any change would show" in flat and "any change shows" in flat
+    assert "needs 2 prompts" not in flat and "±0.00" not in flat
+    assert stats.prompts_needed(0.0, 0.1) is None
+    root = sweep_runs
+    for s in (1, 2):
+        shutil.copytree(root / "ct129" / "step-500", root / "h" / f"step-{s}")
+    shutil.copytree(root / "ct129" / "step-500", root / "h" / "base")
+    outs, rep, _ = _sweep(root, (1, 2))
+    note = detection_note(outs, 0.1)
+    assert note.startswith("no spread") and "needs" not in note
+    assert note in sweep.report_table(rep).notes

@@ -70,11 +70,12 @@ def test_checkpoints_closer_than_the_noise_are_no_clear_change_with_the_ci(evals
                       local_path=series[1].local_path)
     sweep.attach_comparisons([o], series, None, 0.1)
     assert o.prev_checkpoint == "step-0320" and o.vs_prev is not None
-    assert not (o.vs_prev.excludes_zero and abs(o.vs_prev.delta) >= 0.1)
+    assert not o.vs_prev.significant  # the one rule: the CI excludes 0 AND p < 0.05 (here p 0.0625)
     assert o.verdict == "no clear change"
     line = sweep.outcome_text(o)
     assert f"Δ {tables.fmt_ci(o.vs_prev.delta_lo, o.vs_prev.delta_hi, 2, sign=True)}" in line.replace(
         f"{o.vs_prev.delta:+.2f} ", "") and "no clear change" in line
+    assert (f"(p {tables.fmt_p(o.vs_prev.p_value)})" in line) == o.vs_prev.disagree  # why a CI off 0 has no star
 
 
 def test_demo_comparison_fits_100_columns(evals):
@@ -90,7 +91,8 @@ def test_demo_comparison_fits_100_columns(evals):
             assert cell.text in text and report.ci_text(cell, next(c for c in ts[0].columns if c.key == col)) in text
     assert "good (base)" in text and "tok/round" in text and "teacher-" in text
     flat = " ".join(text.split())  # the legend wraps at 100 columns
-    assert "[a, b] = 95% bootstrap CI over prompts" in flat and "* = the CI excludes 0" in flat
+    assert "[a, b] = 95% bootstrap CI over prompts" in flat
+    assert "* = a difference the data supports: the CI excludes 0 and p < 0.05" in flat
     assert tables.fmt_ratio(cmp.paired(cmp.runs[1])["tau"]) in text
     wide = report.render_text(ts, width=400, wide=True)
     assert "DDT" in wide and "streak" in wide and max(len(line) for line in wide.splitlines()) > 100

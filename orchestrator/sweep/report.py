@@ -1,6 +1,6 @@
 """Sweep reporting: every checkpoint paired by prompt against the previous checkpoint and the baseline (Δ tau
-with its 95% paired-bootstrap CI; improved / regressed only when the CI excludes 0 and |Δ| >= --threshold,
-else no clear change), the smallest change the prompts can detect, the tau-vs-step history (every checkpoint
+with its 95% paired-bootstrap CI; improved / regressed only when significant, the CI excluding 0 and the
+sign-flip p < 0.05, and |Δ| >= --threshold, else no clear change), the smallest change the prompts can detect, the tau-vs-step history (every checkpoint
 the ledger holds for this cache and these options, across nights), the exit code, and the report files
 (report.md, report.json, report.html, plots.png)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from remote_payload.contract import protocol
 from .. import compare, intervals, stats
 from ..errors import EXIT_EVAL_FAILED, EXIT_OK, EXIT_PARTIAL, RevalError
 from ..ledger import LedgerEntry
-from ..tables import Cell, Column, Row, StepPoint, Table, fmt_ci, fmt_delta, mark_best
+from ..tables import Cell, Column, Row, StepPoint, Table, fmt_ci, fmt_delta, fmt_p, mark_best
 from .plan import NOT_RUN, UNREACHABLE, Checkpoint, Outcome
 
 
@@ -52,8 +52,8 @@ SCREEN_ERROR_CHARS = 160
 
 
 def verdict(o: Outcome, threshold: float) -> str:
-    """A checkpoint's verdict (the one thing called a verdict): improved | regressed (the paired 95% CI
-    against the previous checkpoint excludes 0 and |Δ tau| >= threshold: stats.classify_change) | no clear
+    """A checkpoint's verdict (the one thing called a verdict): improved | regressed (against the previous
+    checkpoint the paired 95% CI excludes 0, p < 0.05 and |Δ tau| >= threshold: stats.classify_change) | no clear
     change | new (nothing earlier to compare) | suspect | failed | ... (pure)."""
     if o.state in (protocol.FAILED, protocol.CANCELLED, protocol.LOST):
         return "failed" if o.state == protocol.FAILED else o.state
@@ -193,6 +193,9 @@ def detection_note(outcomes: list, threshold: float) -> str | None:
         return None
     sd = statistics.median(p.sd_diff for p in pairs)
     n = min(p.n for p in pairs)
+    if sd == 0:  # prompts moved together (or not at all): the formula's 'needs 2 prompts' would mean nothing
+        return (f"no spread: the per-prompt differences do not vary (median SD 0 over {len(pairs)} comparisons), "
+                f"so any change would show")
     mde, need = stats.detectable_change(sd, n), stats.prompts_needed(sd, threshold)
     return (f"{n} prompts detect a tau change of ±{mde:.2f} (5% two-sided, 80% power; median SD of the "
             f"per-prompt differences {sd:.2f} over {len(pairs)} comparisons); detecting ±{threshold:g} tau "
@@ -200,8 +203,8 @@ def detection_note(outcomes: list, threshold: float) -> str | None:
 
 
 def _vs_text(p: stats.Paired | None, point: str, ref: str | None) -> str:
-    if p is not None:
-        return f"Δ {fmt_delta(p, 2)}" + (f" vs {ref}" if ref else "")
+    if p is not None:  # the p where the interval and the test disagree: why a CI off 0 has no star
+        return f"Δ {fmt_delta(p, 2)}" + (f" (p {fmt_p(p.p_value)})" if p.disagree else "") + (f" vs {ref}" if ref else "")
     return point
 
 
@@ -247,9 +250,11 @@ def report_table(rep: SweepReport) -> Table:
                                  + (" (earlier sweep)" if o.earlier else "")),
                  "base_verdict": Cell(o.base_verdict or None, o.base_verdict)}
         rows.append(Row(cells, [], rankable=o.tau is not None and not o.suspect))
-    notes = [(f"improved / regressed: the paired 95% CI of Δ tau excludes 0 and |Δ| >= --threshold "
-              f"{rep.threshold:g}; otherwise no clear change (the CI says what it cannot rule out)"),
-             "Δ paired by prompt; * = the CI excludes 0; tau in tokens per round incl. the bonus token"]
+    notes = [(f"improved / regressed: significant (*) and |Δ| >= --threshold {rep.threshold:g}; otherwise no "
+              "clear change (the CI says what it cannot rule out)"),
+             ("Δ paired by prompt; * = significant: the paired 95% CI excludes 0 and the sign-flip p < 0.05 (both; "
+              "a p shown beside a Δ: the two disagree, so it is not called); tau in tokens per round incl. the "
+              "bonus token")]
     if (note := detection_note(rep.outcomes, rep.threshold)) is not None:
         notes.append(note)
     notes += [f"host {h} left out: {why}" for h, why in rep.hosts_down.items()]

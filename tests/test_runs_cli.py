@@ -47,7 +47,8 @@ def test_crashing_payload_fails_with_log_tail_and_nothing_marked_success(here, c
     rc, out, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "boom", "--", "--lines", "6",
                          "--interval-s", "0", "--crash")
     assert rc == 1
-    assert "failed  boom on local (exit 1)" in err and "last lines of eval.log" in err
+    assert "failed  boom on local (exit 1: RuntimeError: dummy crash at prompt 4 of 6)" in err
+    assert "last lines of eval.log" in err
     assert "RuntimeError: dummy crash at prompt 4 of 6" in err
     pulled = here / "runs" / "local" / "boom"
     st = protocol.read_json(pulled / "status.json")

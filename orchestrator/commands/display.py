@@ -83,6 +83,7 @@ class RichSink(PlainSink):
                                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=console,
                                  transient=True)
         self.task = None
+        self.shown_on_terminal = 0  # log lines printed above the bar (the final line does not repeat them)
         self.label = ""
         self.samples: list[tuple[float, int]] = []
         self.stage = None
@@ -91,6 +92,7 @@ class RichSink(PlainSink):
     def line(self, text: str) -> None:
         from rich.text import Text
         self.progress.console.print(Text(text), highlight=False)
+        self.shown_on_terminal += 1
 
     def event(self, ev: dict) -> None:
         p = Progress.from_event(ev)  # the typed event the API's Run.events() yields too

@@ -32,12 +32,23 @@ def state_text(s: RunState) -> str:
 
 
 
-def failure_why(host: str, status: dict) -> str:
-    """Why a run failed, for one line (pure): `no space left on HOST:PATH` when the wrapper found its run
-    directory's filesystem full, else status.json's error, else its exit code."""
+def failure_cause(host: str, status: dict) -> str | None:
+    """The one-line cause of a failure (pure): `no space left on HOST:PATH` when the wrapper found its run
+    directory's filesystem full, else status.json's error (the wrapper records the payload's error event or
+    its traceback's exception line there: remote_payload/runtime/cause.py), else None."""
     if isinstance(status.get("no_space"), str):
         return f"no space left on {host}:{status['no_space']}"
-    return status.get("error") or f"exit {status.get('exit_code')}"
+    return status.get("error") or None
+
+
+def failure_why(host: str, status: dict) -> str:
+    """Why a run failed, for one line (pure): `exit 1: RuntimeError: CUDA out of memory ...`, `no space left on
+    HOST:PATH`, or the exit code alone when nothing says more."""
+    why = failure_cause(host, status)
+    if why and isinstance(status.get("no_space"), str):
+        return why
+    head = f"exit {status.get('exit_code')}"
+    return f"{head}: {why}" if why else head
 
 
 def out(text: str = "") -> None:
@@ -66,9 +77,10 @@ def duration_text(status: dict) -> str:
     return format_duration(b - a) if a is not None and b is not None else "?"
 
 
-def report_final(fin: reval.Finished, say=None) -> int:
+def report_final(fin: reval.Finished, say=None, shown: int = 0) -> int:
     """Print the end of a run (done / failed / cancelled / lost) and return its exit code. `say`: where the lines
-    that go to stdout go instead (`logs -f --json` keeps stdout for its JSON lines: stderr)."""
+    that go to stdout go instead (`logs -f --json` keeps stdout for its JSON lines: stderr). `shown`: log lines
+    the live display has just put on this terminal (their tail is not repeated under a failure)."""
     say = say or out
     name, host, state, status = fin.name, fin.host, fin.state, fin.status
     where = f"pulled to {fin.path}/"
@@ -88,16 +100,16 @@ def report_final(fin: reval.Finished, say=None) -> int:
     if state == protocol.CANCELLED:
         say(f"cancelled {name} on {host} after {duration_text(status)} · {where}")
         return fin.exit_code
-    if state == protocol.LOST:
+    if fin.last_lines and shown < len(fin.last_lines):  # not just shown live on this terminal: the log's tail
+        err("        last lines of eval.log:")
+        for line in fin.last_lines:
+            err(f"        | {line}")
+    if state == protocol.LOST:  # the last line says how it ended, and why
         err(f"lost    {name}: status.json on {host} says running but its process group {status.get('pgid')} is "
             f"gone (host rebooted? OOM killer?); no result · {where}")
     else:
         why = failure_why(host, status)
         err(f"failed  {name} on {host} ({why}) after {duration_text(status)} · {where}")
-    if fin.last_lines:
-        err("        last lines of eval.log:")
-        for line in fin.last_lines:
-            err(f"        | {line}")
     return fin.exit_code  # the payload's exit 3 (bad input) is ours too
 
 
@@ -123,7 +135,7 @@ def finish_run(run: reval.Run, *, sink, log_offset: int | None = None, tail: int
         fin = run.finish(on_event=shown_on(sink), log_offset=log_offset, tail=tail, give_up_s=give_up_s)
     finally:
         sink.close()
-    rc = report_final(fin, say)
+    rc = report_final(fin, say, shown=getattr(sink, "shown_on_terminal", 0))
     if fin.discarded:
         err(f"        nothing was kept: {fin.host}/{fin.name} removed there and here (the name is free again)")
     return rc
@@ -212,14 +224,15 @@ def states_table(states: list[RunState], unreachable: dict[str, str]):
     """A rich Table of runs (pure)."""
     from rich.table import Table
     table = Table(box=None, pad_edge=False)
-    for col in ("host", "run", "state", "started", "took", "exit", "gpus", "progress"):
+    for col in ("host", "run", "state", "started", "took", "exit", "gpus", "progress / cause"):
         table.add_column(col)
     for s in states:
         st = s.status
+        last = (progress_text(s.last_event) if s.state == protocol.RUNNING
+                else failure_cause(s.host, st) or "" if s.state == protocol.FAILED else "")
         table.add_row(s.host, s.name, state_text(s), st.get("started_at", ""),
                       duration_text(st) if st.get("finished_at") else "", str(st.get("exit_code", "")),
-                      ",".join(map(str, st.get("gpus", []))) or (st.get("device") or ""),
-                      progress_text(s.last_event) if s.state == protocol.RUNNING else "")
+                      ",".join(map(str, st.get("gpus", []))) or (st.get("device") or ""), last)
     for h, why in unreachable.items():
         table.add_row(h, "", "unreachable", why, "", "", "", "")
     return table
@@ -242,7 +255,7 @@ def cmd_status(args) -> int:
         s = run.status()
         st = s.status
         extra = f" · exit {st['exit_code']}" if "exit_code" in st else ""
-        extra += f" · {failure_why(run.host, st)}" if st.get("error") else ""
+        extra += f" · {failure_cause(run.host, st)}" if st.get("error") else ""
         took = f" · {duration_text(st)}" if st.get("finished_at") else (
             f" · since {st.get('started_at')}" if st.get("started_at") else "")
         if s.state == protocol.RUNNING and s.last_event:

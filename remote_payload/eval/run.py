@@ -104,7 +104,8 @@ def main(args: argparse.Namespace) -> int:
         rc = protocol.EXIT_CANCELLED
     except Exception as e:  # noqa: BLE001 — unexpected: keep the traceback, exit 1
         traceback.print_exc()
-        protocol.append_event(run_dir / protocol.EVENTS_JSONL, {"stage": "error", "message": repr(e)})
+        protocol.append_event(run_dir / protocol.EVENTS_JSONL,
+                              {"stage": "error", "message": f"{type(e).__name__}: {e}"})
         rc = protocol.EXIT_FAILED
     if own_status:
         state = {protocol.EXIT_OK: protocol.SUCCEEDED, protocol.EXIT_CANCELLED: protocol.CANCELLED}

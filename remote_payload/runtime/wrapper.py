@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from remote_payload.contract import gpus, protocol, runstate
+from remote_payload.runtime import cause
 
 # A GPU counts as free when our locks don't hold it and it is idle by nvidia-smi's numbers.
 FREE_MEMORY_MIB = 1024
@@ -186,6 +187,10 @@ class Wrapper:
             if self.no_space or (free is not None and free < LOW_SPACE_BYTES):
                 where = str(self.run_dir)
                 extra.update(no_space=where, error=f"no space left on device: {where} ({free} bytes free)")
+            else:  # the payload's own word for it (its error event, its traceback's last line), when it said one
+                why = cause.failure_cause(self.run_dir)
+                if why:
+                    extra["error"] = why
         final = {**self.base, "state": state, "finished_at": protocol.now_iso(), "exit_code": exit_code, **extra}
         if not (self.reserve and write_into_reserve(self.run_dir, final)):
             (self.run_dir / RESERVE_NAME).unlink(missing_ok=True)  # its room is the disk's again

@@ -452,6 +452,31 @@ def _host_path(k: str, v: str | None, h: Host) -> str | None:
     raise ConfigError(f"--{k} {v!r} is relative: give the absolute path on {h.name}", hint=f"e.g. --{k} /data/{v}")
 
 
+def _sweep_paths(options: SweepOptions, inventory: Inventory) -> SweepOptions:
+    """The sweep's --target/--cache under run's path rule (check_spec): a relative path on local hosts means the
+    current directory (made absolute here); with a remote host among --hosts it is refused (exit 3), naming it."""
+    hosts = [h for name in options.hosts for h in inventory.resolve(name)]
+    remote = next((h for h in hosts if not h.is_local), None)
+    here = remote or Host(name="local", local=True)
+
+    def fix(k: str, v: str | None) -> str | None:
+        if v and not os.path.isabs(v) and remote is not None:
+            raise ConfigError(f"reval sweep: --{k} {v!r} is relative; {remote.name} is a remote host: give the "
+                              f"absolute path there", hint=f"e.g. --{k} /data/{v}")
+        return _host_path(k, v, here)
+
+    caches = options.cache
+    if isinstance(caches, list):
+        out = []
+        for c in caches:
+            suite, sep, path = c.partition("=")
+            out.append(f"{suite}={fix('cache', path)}" if sep and path and "/" not in suite else fix("cache", c))
+        caches = out
+    else:
+        caches = fix("cache", caches)
+    return dataclasses.replace(options, target=fix("target", options.target), cache=caches)
+
+
 def submit(host: Host | str, spec: EvalSpec, *, name: str | None = None,
            inventory: Inventory | str | Path | None = None, prepared: Prepared | None = None,
            reattach: bool = False, argv: list[str] | None = None) -> Run:
@@ -733,8 +758,10 @@ def sweep(options: SweepOptions, *, inventory: Inventory | str | Path | None = N
     if options.payload == "eval" and not (options.target and options.cache):
         raise ConfigError("reval sweep needs --target and --cache (paths on the hosts)",
                           hint="e.g. --target /root/models/Qwen3.6-27B --cache /root/eval/cache")
+    inv = _inventory(inventory)
+    options = _sweep_paths(options, inv)
     baseline = _sweep.load_baseline(options.baseline)  # now, not after a night of evals
-    sw = _sweep.Sweep(options, _inventory(inventory), log=on_line, baseline=baseline)
+    sw = _sweep.Sweep(options, inv, log=on_line, baseline=baseline)
     rep = sw.run()
     _sweep.write_report_files(rep)
     return rep

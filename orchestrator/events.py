@@ -4,7 +4,7 @@ The payload writes events.jsonl (one JSON object a line) and eval.log; following
     LogLine(text, offset)         a whole line of eval.log and its byte offset there
     Progress(stage, ...)          an events.jsonl entry: step/steps (the payload's 5 steps), i/n (prompts)
     StatusChange(state, status)   status.json changed (state in the one vocabulary: runs.reported_state)
-    Note(text)                    the follower's own notes (a dropped connection, a reconnect)
+    Note(text)                    the follower's own notes (a dropped connection, a reconnect, no progress)
 `EventSink` is a follow sink (follow.py) that hands these to a callback instead of printing them.
 """
 from __future__ import annotations

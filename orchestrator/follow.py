@@ -27,7 +27,7 @@ from .transport import Transport, q
 @dataclass
 class Frame:
     tag: str                     # L (log) | E (events) | S (status) | H (heartbeat) | D (done) | X (error)
-    #                              | B (status.json damaged)
+    #                              | B (status.json damaged) | N (no progress, and why)
     offset: int = 0
     data: bytes = b""
 
@@ -150,6 +150,8 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
                         res.status = {k: v for k, v in st.items() if k != "alive"}
                         res.state = reported_state(res.status, bool(st.get("alive")))
                         sink.status(st)
+                    elif fr.tag == "N":  # the host says why nothing came for a while; the follow goes on
+                        sink.note(f"{name}: {fr.data.decode(errors='replace')}")
                     elif fr.tag == "D":
                         done = True
                         break

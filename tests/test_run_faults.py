@@ -1,6 +1,6 @@
 """Issue 19: faults of a run's machinery, each with real components (real processes, a real sshd in the private
-netns, a real full filesystem): the host's runs/ filling up mid-run (item 3), a SIGKILLed controller whose ssh
-master died uncleanly too (item 12)."""
+netns, a real full filesystem): the host's runs/ filling up mid-run (item 3), a stopped payload under `logs -f`
+(item 4), a SIGKILLed controller whose ssh master died uncleanly too (item 12)."""
 from __future__ import annotations
 
 import errno
@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,8 +19,8 @@ import pytest
 
 from orchestrator import transport
 from remote_payload.contract import protocol
-from remote_payload.runtime import wrapper
-from tests.runtools import reval, wait_lines
+from remote_payload.runtime import stream, wrapper
+from tests.runtools import group_members, reval, wait_lines
 from tests.sshd import _kill, _pids_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,6 +100,88 @@ def test_a_run_is_not_started_without_room_to_record_its_end(here, small_runs, c
     rc, out, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "tight", "--", "--lines", "3")
     assert rc == 3 and "local: no space left on device:" in err and f"{small_runs}/tight" in err, (out, err)
     assert not (small_runs / "tight").exists()  # nothing started, nothing left
+
+
+# --- item 4: a stopped payload under `logs -f` -----------------------------------------------------------------
+class Lines:
+    """A process's stdout and stderr lines as they come, each with when it came (reader threads)."""
+
+    def __init__(self, p: subprocess.Popen):
+        self.out: list[tuple[float, str]] = []
+        self.err: list[tuple[float, str]] = []
+        for pipe, into in ((p.stdout, self.out), (p.stderr, self.err)):
+            threading.Thread(target=self._read, args=(pipe, into), daemon=True).start()
+
+    @staticmethod
+    def _read(pipe, into) -> None:
+        for line in pipe:
+            into.append((time.monotonic(), line.rstrip("\n")))
+
+    def wait_for(self, into: list, text: str, timeout_s: float) -> tuple[float, str]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            hit = next(((t, ln) for t, ln in list(into) if text in ln), None)
+            if hit:
+                return hit
+            time.sleep(0.05)
+        raise AssertionError(f"no {text!r} within {timeout_s}s: {[ln for _, ln in into][-5:]}")
+
+
+def test_a_stopped_payload_is_said_within_no_progress_s_and_kill_still_works(here, capsys):
+    rc, _, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "stopped", "--detach", "--",
+                       "--lines", "5000", "--interval-s", "0.05")
+    assert rc == 101, err
+    run_dir = here / ".reval/local/runs/stopped"
+    wait_lines(run_dir / "eval.log", 5)
+    st = protocol.read_json(run_dir / "status.json")
+    (payload,) = [pid for pid in group_members(st["pgid"]) if pid != st["pgid"]]  # the wrapper's child
+    follow = reval_popen(here, "logs", "stopped", "-f")
+    try:
+        seen = Lines(follow)
+        seen.wait_for(seen.out, "prompt20:", 60)  # following live
+        os.kill(payload, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        # it used to print nothing at all (heartbeats kept the follow content); now within NO_PROGRESS_S
+        at, note = seen.wait_for(seen.err, "no progress for", stream.NO_PROGRESS_S + 20)
+        assert at - stopped_at <= stream.NO_PROGRESS_S + 5, (at - stopped_at, note)
+        assert note.startswith("stopped: no progress for ") and f"the process is stopped: pid {payload}" in note
+        assert follow.poll() is None  # and it keeps following
+        t0 = time.monotonic()
+        rc, out, err = reval(capsys, "kill", "stopped", "--grace-s", "60")
+        assert rc == 0 and "cancelled stopped on local" in out, (out, err)
+        assert time.monotonic() - t0 < 30  # TERM reached the stopped payload (SIGCONT): no 60 s wait for KILL
+        follow.wait(timeout=60)
+        assert follow.returncode == 103, (seen.out[-3:], seen.err[-5:])
+        seen.wait_for(seen.out, "cancelled stopped on local", 5)
+        assert protocol.read_json(run_dir / "status.json")["state"] == "cancelled"
+    finally:
+        follow.kill()
+        follow.wait()
+        _kill(_pids_mentioning(str(here) + "/"))
+
+
+@pytest.mark.parametrize("payload, said", [("while True: pass", None),
+                                            ("import time; time.sleep(60)", "the process is not scheduled: no CPU")])
+def test_silence_is_explained_only_when_the_payload_gets_no_cpu(payload, said):
+    """A busy payload that prints nothing (a long weights load) gets no note; one that uses no CPU does."""
+    from remote_payload.contract import runstate
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {payload!r}])"
+    leader = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)  # wrapper + its payload
+    try:
+        status = {"pgid": leader.pid, "leader_start": runstate.start_time(leader.pid), "boot_id": runstate.boot_id()}
+        deadline = time.monotonic() + 30
+        while len(group_members(leader.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        quiet = stream.Silence(1.0, time.monotonic())
+        notes = []
+        while time.monotonic() - quiet.since < 1.2:
+            notes.append(quiet.check(status, time.monotonic()))
+            time.sleep(0.02)
+        notes = [n.decode() for n in notes if n]
+        assert (notes == []) if said is None else (len(notes) == 1 and said in notes[0]), notes
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
 
 
 # --- item 12: a dead controller's control folder whose master died uncleanly ----------------------------------

@@ -86,6 +86,11 @@ def start_time(pid: int) -> int | None:
     return st[2] if st else None
 
 
+def group_members(pgid: int) -> list[int]:
+    """The live (non-zombie) pids of process group `pgid`."""
+    return _members(pgid)
+
+
 def _members(pgid: int) -> list[int]:
     out = []
     for name in os.listdir("/proc"):
@@ -233,6 +238,7 @@ def kill(run_dir: str, grace_s: float) -> dict:
     signalled = []
     if _signal(st, signal.SIGTERM):
         signalled.append("TERM")
+        _signal(st, signal.SIGCONT)  # a stopped process (SIGSTOP) gets its TERM now, not only the KILL
         if not _wait_gone(st, grace_s) and _signal(st, signal.SIGKILL):
             signalled.append("KILL")
             _wait_gone(st, 10.0)

@@ -11,6 +11,9 @@ polls the run directory and writes framed bytes to stdout, so the controller can
     X <n>\\n<message>            an error (no such run, or a run folder / eval.log / events.jsonl that is a
                                 symbolic link: never followed); the stream ends
     B <n>\\n<message>            status.json is damaged (not a status object) and stays so; the stream ends
+    N <n>\\n<message>            no new log or events bytes for NO_PROGRESS_S (then each time that silence
+                                doubles) while the payload's processes are stopped or get no CPU time: why
+                                (heartbeats only say the connection lives); the stream goes on
 
 Offsets make resuming exact: the controller reconnects with the offset after the last line it has.
 A trailing partial line is held back until its newline arrives (or the run is over).
@@ -30,7 +33,9 @@ import sys
 import time
 from pathlib import Path
 
-from remote_payload.contract import protocol
+from remote_payload.contract import protocol, runstate
+
+NO_PROGRESS_S = 10.0  # silence (no log or events bytes) after which the stream says why, when it can tell
 
 
 def add_arguments(p) -> None:
@@ -42,6 +47,8 @@ def add_arguments(p) -> None:
     p.add_argument("--alive-cmd", help="a scheduler's liveness probe (sh -c): exit 0 queued/running, 1 over, "
                                        "else unknown; replaces the process-group check")
     p.add_argument("--alive-every-s", type=float, default=2.0)
+    p.add_argument("--no-progress-s", type=float, default=NO_PROGRESS_S,
+                   help="say why after this long without new log or events bytes (an N frame)")
     p.add_argument("--damaged-s", type=float, default=2.0,
                    help="how long status.json may stay damaged (a hand edit in progress) before the stream says so")
 
@@ -65,6 +72,61 @@ class JobProbe:
             if rc in (0, 1):
                 self.alive = rc == 0
         return self.alive
+
+
+def payload_activity(status) -> tuple[list[tuple[int, str]], int] | None:
+    """([(pid, state)], CPU ticks used so far) of the run's payload processes (its proven process group less the
+    wrapper, which only waits), from /proc; None when the group cannot be proven the run's here (gone, or a
+    scheduler's job on another machine)."""
+    pgid = runstate.proven_group(status)
+    if pgid is None:
+        return None
+    procs, ticks = [], 0
+    for pid in runstate.group_members(pgid):
+        if pid == pgid:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read()
+            fields = raw[raw.rfind(b")") + 1:].split()  # field 3 (state) on; utime, stime: fields 14, 15
+            procs.append((pid, fields[0].decode()))
+            ticks += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return procs, ticks
+
+
+class Silence:
+    """No new log or events bytes since `since`: after `after_s`, one N frame saying why when the host can tell
+    (a payload process stopped, or the payload given no CPU time since the half-way sample), then again each
+    time the silence doubles; a busy payload that only prints nothing (a long weights load) gets none."""
+
+    def __init__(self, after_s: float, now: float):
+        self.after_s = after_s
+        self.progress(now)
+
+    def progress(self, now: float) -> None:
+        self.since, self.next_s, self.base = now, self.after_s, None
+
+    def check(self, status, now: float) -> bytes | None:
+        quiet = now - self.since
+        if self.base is None and quiet >= self.after_s / 2:
+            self.base = (now, payload_activity(status))
+        if quiet < self.next_s:
+            return None
+        self.next_s *= 2
+        act = payload_activity(status)
+        if act is None:
+            return None
+        stopped = [str(pid) for pid, state in act[0] if state in ("T", "t")]
+        if stopped:
+            why = f"the process is stopped: pid {', '.join(stopped)}; kill -CONT {' '.join(stopped)} resumes it"
+        elif act[0] and self.base and self.base[1] is not None and act[1] == self.base[1][1]:
+            why = f"the process is not scheduled: no CPU time in {now - self.base[0]:.0f} s"
+        else:
+            return None
+        self.base = (now, act)
+        return f"no progress for {quiet:.0f} s ({why})".encode()
 
 
 def read_status(run_dir: Path, probe=None) -> tuple[dict | None, bool, bytes, str | None]:
@@ -146,6 +208,7 @@ def main(args) -> int:
     probe = JobProbe(args.alive_cmd, args.alive_every_s) if args.alive_cmd else None
     ending = False
     damaged_since = None
+    silence = Silence(args.no_progress_s, time.monotonic())
     try:
         while True:
             status, alive, raw, damaged = read_status(run_dir, (lambda e=ending: probe(e)) if probe else None)
@@ -166,6 +229,10 @@ def main(args) -> int:
             else:
                 over = ending or (state == protocol.RUNNING and not alive)
             frames, log_off, ev_off = new_frames(run_dir, log_off, ev_off, over)
+            if frames:
+                silence.progress(time.monotonic())
+            elif status is not None and not over and (note := silence.check(status, time.monotonic())):
+                frames.append(b"N %d\n" % len(note) + note)
             # re-sent when the group dies too (status.json unchanged): the controller's last word is the truth
             if status is not None and (raw != last_status or alive != last_alive):
                 last_status, last_alive = raw, alive

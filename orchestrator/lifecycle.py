@@ -248,10 +248,18 @@ class Run:
 
     def wait(self, sink=None, *, log_offset: int | None = None, give_up_s: float = 120.0) -> Finished:
         """Follow until the run is over, pull it, and report how it ended; the state is the backend's
-        word after the end (the same `status` says: a SIGKILLed group is `lost` here too)."""
+        word after the end (the same `status` says: a SIGKILLed group is `lost` here too). The probe comes
+        first: it records a scheduler's final word in status.json (a TIMEOUT the wrapper saw as a TERM), so
+        the pulled copy says what `reval status` says; a probe that does not yet see the end is asked again
+        after the pull, and a final word it records then is pulled too."""
         res = self.follow(sink, log_offset=log_offset, give_up_s=give_up_s)
-        pulled = self.pull(finished=True)
         s = self.probe()
+        pulled = self.pull(finished=True)
+        if s is None or not s.terminal:
+            after = self.probe()
+            if after is not None and after.terminal and (s is None or after.status != s.status):
+                pulled = self.pull(finished=True)
+            s = after if after is not None else s
         state, status = (s.state, s.status) if s is not None else (res.state, res.status)
         return Finished(self.host, self.name, state, status, pulled.path, res)
 

@@ -67,3 +67,27 @@ def test_on_a_terminal_the_traceback_is_shown_once_and_the_last_line_says_why(he
     screen = con.export_text() + err
     assert screen.count("Traceback (most recent call last)") == 1 and screen.count(CRASH) == 2  # the log; the cause
     assert err.splitlines()[-1].startswith(f"failed  boom on local (exit 1: {CRASH})"), err
+
+
+# -- 20: a run whose host is not in the inventory in use ------------------------------------------------------
+def test_a_run_of_a_host_of_another_inventory_says_which_host_and_the_inventory(here, capsys, monkeypatch):
+    (here / "other.yaml").write_text("hosts:\n  box: {local: true, workdir: wb, python: current, venv: {mode: python}}\n")
+    argv = ["-i", "other.yaml", "run", "box", "--payload", "dummy", "--name", "far", *FAST]
+    monkeypatch.setattr(sys, "argv", ["reval", *argv])  # the command line run.json records
+    rc, _, err = reval(capsys, *argv)
+    assert rc == 0, err
+    for ref in ("far", "box/far"):  # the default inventory (the built-in local host) has no `box`
+        for cmd in ("status", "logs", "kill"):
+            rc, _, err = reval(capsys, cmd, ref)
+            assert rc == 3, (cmd, ref, err)
+            first, hint = err.splitlines()[:2]
+            assert first == ("error: run 'far' is runs/box/far here, but its host 'box' is not in the built-in "
+                             "inventory"), err
+            assert "-i other.yaml" in hint and "reval -i other.yaml status box/far" in hint, err
+    rc, out, _ = reval(capsys, "-i", "other.yaml", "status", "far")
+    assert rc == 0 and out.startswith("far on box: succeeded")
+    (here / "runs/box/far/run.json").write_text("{}")  # no recorded command line: the hint says FILE
+    rc, _, err = reval(capsys, "status", "far")
+    assert rc == 3 and "-i FILE" in err and "REVAL_HOSTS=FILE" in err
+    rc, _, err = reval(capsys, "status", "nowhere")  # a run that is nowhere is still "not found"
+    assert rc == 102 and "no run named 'nowhere'" in err

@@ -63,8 +63,12 @@ def draw_panel(ax, cmp: Comparison, panel: str) -> None:
 def draw_tau_vs_step(ax, points: list[StepPoint], baseline: tuple[str, float, float | None, float | None] | None
                      ) -> None:
     """tau against training step with its 95% CI band; tonight's checkpoints filled, earlier ones hollow."""
-    pts = sorted(points, key=lambda p: p.step)
+    marked = sorted((p for p in points if p.suspect), key=lambda p: p.step)
+    pts = sorted((p for p in points if not p.suspect), key=lambda p: p.step)
     xs = [p.step for p in pts]
+    if marked:  # off the curve, never dropped
+        ax.scatter([p.step for p in marked], [p.tau for p in marked], marker="x", color="C3", zorder=4, s=40,
+                   label="suspect (not in the curve): " + ", ".join(p.name for p in marked))
     if pts:
         ax.plot(xs, [p.tau for p in pts], color="C0", linewidth=1.5, label="tau (95% CI band)")
         band = [(p.step, p.lo, p.hi) for p in pts if p.lo is not None]
@@ -77,9 +81,11 @@ def draw_tau_vs_step(ax, points: list[StepPoint], baseline: tuple[str, float, fl
                 ax.scatter([p.step for p in sel], [p.tau for p in sel], edgecolors="C0", zorder=3, s=28, **kw)
     if baseline is not None:
         name, tau, lo, hi = baseline
-        ax.axhline(tau, color="C3", linestyle="--", linewidth=1.5, label=f"baseline {name}")
+        off = "NOT COMPARABLE" in name  # drawn, but grey and said: never a silent reference line
+        color = "0.5" if off else "C3"
+        ax.axhline(tau, color=color, linestyle=":" if off else "--", linewidth=1.5, label=f"baseline {name}")
         if lo is not None:
-            ax.axhspan(lo, hi, color="C3", alpha=0.08)
+            ax.axhspan(lo, hi, color=color, alpha=0.08)
     ax.set(title="tau vs training step", xlabel="training step", ylabel="tau (tokens per round incl. bonus)")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:

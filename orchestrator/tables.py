@@ -73,6 +73,8 @@ class StepPoint:
     hi: float | None
     name: str
     tonight: bool
+    suspect: bool = False   # drawn as a marked point off the curve, never dropped
+    suite: str = ""         # a benchmark suite's curve ("": the run's tau; "mean": the mean over suites)
 
 
 def fmt_ci(lo: float, hi: float, digits: int, sign: bool = False) -> str:

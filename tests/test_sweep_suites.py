@@ -12,6 +12,7 @@ import pytest
 import reval
 from orchestrator import sweep
 from orchestrator.inventory import Host, Inventory
+from tests.resultsgen import write_run
 from tests.sweeptools import local_inventory, make_checkpoints, opts
 
 
@@ -38,3 +39,29 @@ def test_relative_cache_with_a_remote_host_is_refused_in_one_clear_line(tmp_path
     assert e.value.exit_code == 3 and "--cache 'eval/cache' is relative" in msg and "far" in msg
     assert "local: local:" not in msg and "Error" not in msg.split(":")[0]
     assert not (tmp_path / "sweeps").exists()  # nothing launched, nothing kept
+
+
+def test_an_incomparable_baseline_is_refused_before_anything_is_launched(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ck = make_checkpoints(tmp_path, [100])
+    write_run(tmp_path / "runs", "ref", "zlab_full", max_blocks=12)
+    with pytest.raises(reval.Error) as e:
+        reval.sweep(opts(f"{ck}/step-*", ["locs"], tmp_path, baseline="zlab_full", max_blocks=20),
+                    inventory=local_inventory(tmp_path, 1))
+    assert e.value.exit_code == 3
+    assert "not comparable" in str(e.value) and "max_blocks 12 there, 20 here" in str(e.value)
+    assert not (tmp_path / "sweeps").exists() and not list((tmp_path / "loc1").glob("runs/*"))
+
+
+def test_a_suspect_checkpoint_and_an_incomparable_baseline_are_marked_on_the_plot_not_hidden(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ck = make_checkpoints(tmp_path, [100, 200])
+    write_run(tmp_path / "runs", "ref", "zlab_full")  # another cache than the dummy's: known only after
+    o = opts(f"{ck}/step-*", ["locs"], tmp_path, baseline="zlab_full")
+    o.eval_args = [*o.eval_args, "--suspect"]
+    rep = sweep.Sweep(o, local_inventory(tmp_path, 1), log=lambda line: None).run()
+    sweep.write_report_files(rep)
+    assert [(p.name, p.suspect) for p in rep.history] == [("step-100", True), ("step-200", True)]
+    page = (rep.sweep_dir / "report.html").read_text()
+    assert "suspect (not in the curve): step-100, step-200" in page
+    assert "NOT COMPARABLE" in page

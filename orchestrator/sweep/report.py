@@ -170,17 +170,18 @@ def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: comp
 
 
 def history_points(series: list[LedgerEntry], sweep_id: str, loaded: LoadedRuns | None = None) -> list[StepPoint]:
-    """Every finished, non-suspect checkpoint of this configuration with a step (the training run's history
-    across nights), with its tau CI when its pulled results are still there; this sweep's marked."""
+    """Every finished checkpoint of this configuration with a step (the training run's history across nights),
+    with its tau CI when its pulled results are still there; this sweep's marked, a suspect one marked suspect
+    (the plot shows it off the curve, never drops it)."""
     loaded = loaded or LoadedRuns()
     out = []
     for e in series:
-        if e.state != protocol.SUCCEEDED or e.tau is None or e.suspect or e.step is None:
+        if e.state != protocol.SUCCEEDED or e.tau is None or e.step is None:
             continue
         run = loaded.get(e.local_path)
         est = intervals.estimates(run.result, keys={"tau"}).get("tau") if run is not None else None
         out.append(StepPoint(e.step, e.tau, est.lo if est else None, est.hi if est else None, e.checkpoint,
-                             e.sweep == sweep_id))
+                             e.sweep == sweep_id, suspect=e.suspect))
     return out
 
 
@@ -275,8 +276,9 @@ def write_report_files(rep: SweepReport) -> None:
     base_pt = None
     if rep.baseline_run is not None and rep.baseline_run.result is not None:
         est = cmp.estimates(rep.baseline_run).get("tau")
-        base_pt = (cmp.label(rep.baseline_run), rep.baseline_run.result.metrics.tau, est.lo if est else None,
-                   est.hi if est else None)
+        why = sorted({o.base_note for o in rep.outcomes if o.base_note and o.base_note.startswith("not comparable")})
+        base_pt = (cmp.label(rep.baseline_run) + (f" — {why[0].upper()}" if why else ""),
+                   rep.baseline_run.result.metrics.tau, est.lo if est else None, est.hi if est else None)
     if recs:
         rep.files["plot"] = str(plots.save_comparison_plot(cmp, rep.sweep_dir / "plots.png", rep.history, base_pt))
     text = html.render_report(f"reval sweep {rep.sweep_id}", cmp, threshold=rep.threshold,

@@ -48,6 +48,29 @@ def load_baseline(spec: str | None) -> compare.RunRecord | None:
     return rec
 
 
+PAYLOAD_MAX_BLOCKS = 30  # the eval payload's --max-blocks default (remote_payload/eval/evalopts.py)
+
+
+def baseline_differences(opts: SweepOptions, baseline: compare.RunRecord | None, cache_fingerprint: str) -> list[str]:
+    """What the sweep's evals will certainly differ in from the --baseline run (known before anything runs:
+    max blocks, prompts asked for, the cache's fingerprint), as 'max_blocks 30 there, 20 here' (pure)."""
+    if baseline is None or baseline.result is None:
+        return []
+    c, res = baseline.result.comparability, baseline.result
+    eval_payload = opts.payload == "eval"
+    blocks = opts.max_blocks if opts.max_blocks is not None else (PAYLOAD_MAX_BLOCKS if eval_payload else None)
+    out = []
+    if blocks is not None and c.max_blocks != blocks:
+        out.append(f"{compare.FIELD_WORDS['max_blocks']} {c.max_blocks} there, {blocks} here")
+    total = res.cache.num_prompts_total if res.cache is not None else None
+    if opts.num_prompts is not None and c.num_prompts != opts.num_prompts and not (
+            c.num_prompts < opts.num_prompts and c.num_prompts == total):  # both ran the whole (smaller) cache
+        out.append(f"{compare.FIELD_WORDS['num_prompts']} {c.num_prompts} there, {opts.num_prompts} here")
+    if eval_payload and cache_fingerprint and c.cache_fingerprint != cache_fingerprint:
+        out.append(f"cache {c.cache_fingerprint[:19]} there, {cache_fingerprint[:19]} here")
+    return out
+
+
 class SlotWorkers:
     """Hosts whose backend starts runs one at a time (an SSH host, the local folder): a worker per run slot
     takes a job, launches it with the slot's --gpus (or re-attaches to its run), follows it to its end,
@@ -282,6 +305,12 @@ class Sweep:
             # hosts and checkpoints first: bad input (an unknown --hosts group, a glob matching nothing) ends
             # the sweep with exit 3 before its sweep.json exists
             self.hosts.prepare()
+            fp = next(hs.cache_fingerprint for hs in self.hosts.up())
+            if diff := baseline_differences(self.opts, self.baseline, fp):
+                raise ConfigError(f"--baseline {self.opts.baseline} is not comparable with this sweep: "
+                                  + "; ".join(diff) + " (nothing launched)",
+                                  hint="pick a baseline evaluated with the same cache, --max-blocks and "
+                                       "--num-prompts, or sweep with the baseline's")
             up = {hs.host.name: hs.transport for hs in self.hosts.up()}
             skipped: list[str] = []
             found = discover(self.opts.checkpoints, self.inventory, self.ledger, up, skipped,

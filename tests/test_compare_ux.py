@@ -4,8 +4,10 @@ and report files that follow the umask."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import stat
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from orchestrator.ledger import LedgerEntry
 from orchestrator.sweep.report import detection_note
 from tests import browser
 from tests.resultsgen import write_run
+from tests.sweeptools import local_inventory, make_checkpoints, opts
 
 
 @pytest.fixture
@@ -245,3 +248,37 @@ def test_identical_runs_say_no_spread_not_a_prompt_count(sweep_runs, capsys):
     note = detection_note(outs, 0.1)
     assert note.startswith("no spread") and "needs" not in note
     assert note in sweep.report_table(rep).notes
+
+
+# ---- 24: report files follow the umask, as the plots do -----------------------------------------------------
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _modes(d: Path, names) -> dict[str, int]:
+    return {n: stat.S_IMODE((d / n).stat().st_mode) for n in names}
+
+
+def test_compare_report_files_follow_the_umask(sweep_runs, tmp_path, capsys, umask_022):
+    rc, _, err = _cli(capsys, "step-500", "--baseline", "zlab_full", "--html", str(tmp_path / "report.html"),
+                      "--plot", str(tmp_path / "curves.png"))
+    assert rc == 0, err
+    assert _modes(tmp_path, ["report.html", "curves.png"]) == {"report.html": 0o644, "curves.png": 0o644}
+    os.umask(0o027)  # a stricter umask is followed too, not widened
+    rc, _, err = _cli(capsys, "step-500", "--html", str(tmp_path / "private.html"))
+    assert rc == 0, err
+    assert _modes(tmp_path, ["private.html"]) == {"private.html": 0o640}
+
+
+def test_sweep_report_files_follow_the_umask(tmp_path, monkeypatch, umask_022):
+    monkeypatch.chdir(tmp_path)
+    ck = make_checkpoints(tmp_path, [100, 200])
+    rep = sweep.Sweep(opts(f"{ck}/step-*", ["locs"], tmp_path), local_inventory(tmp_path, 1), log=print).run()
+    sweep.write_report_files(rep)
+    names = ["report.md", "report.json", "report.html", "plots.png", "sweep.json"]
+    assert _modes(rep.sweep_dir, names) == dict.fromkeys(names, 0o644)
+    assert not list(rep.sweep_dir.glob(".*.tmp"))  # no temp file left behind

@@ -121,12 +121,29 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def umask() -> int:
+    """This process's umask, read without setting it (/proc/self/status; os.umask would change it for a moment
+    under other threads creating files); elsewhere set and put back."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write via a temp file in the same directory + fsync + os.replace: readers see old or new, never half."""
+    """Write via a temp file in the same directory + fsync + os.replace: readers see old or new, never half.
+    The file gets the mode open() would give it (0666 less the umask), not mkstemp's private 0600."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o666 & ~umask())
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -15,6 +15,11 @@ from .errors import ConfigError
 
 FOLLOW_JSON = ".follow.json"
 
+# a scheduler's verdict: it cannot answer now (its controller unreachable, a command that fails): not an end,
+# never `lost`; the run is waited for until the scheduler answers again
+UNKNOWN = "unknown"
+
+
 @dataclass
 class RunState:
     host: str
@@ -30,7 +35,7 @@ class RunState:
 
     @property
     def terminal(self) -> bool:
-        return self.state not in (protocol.RUNNING, protocol.QUEUED)
+        return self.state not in (protocol.RUNNING, protocol.QUEUED, UNKNOWN)
 
     @property
     def suspect(self) -> bool:

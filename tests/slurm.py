@@ -130,6 +130,18 @@ class SlurmCluster:
             return r.returncode == 0 and r.stdout.strip() == "idle"
         self._wait("the node to register idle", node_idle)
 
+    def stop_controller(self) -> None:
+        """End slurmctld (its state saved; jobs go on under slurmd): client commands fail until it is back."""
+        p = self.procs.pop("slurmctld")
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+
+    def start_controller(self) -> None:
+        """slurmctld again, from its saved state (the jobs it had, and what slurmd reports since)."""
+        self._start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)])
+        self._wait("slurmctld to answer",
+                   lambda: self.cmd("squeue", "-h", check=False, timeout_s=10).returncode == 0, timeout_s=60)
+
     def job_pids(self) -> list[int]:
         """Live processes (job steps, slurmstepd) whose environment names this cluster's slurm.conf."""
         marker = f"SLURM_CONF={self.conf}".encode()

@@ -2,11 +2,16 @@
 reached through a loopback sshd login node (the same Cluster as test_slurm_backend.py):
 
 - a run over its time limit, followed to its end with `reval run`: the pulled status.json says
-  `failed (TIMEOUT)`, as `reval status` does (Slurm's word is recorded before the pull).
-"""
+  `failed (TIMEOUT)`, as `reval status` does (Slurm's word is recorded before the pull);
+- slurmctld gone for a while during a sweep: "Slurm cannot answer" is its own state (`unknown`, said once),
+  never `lost`; the ledger records the run's end once Slurm answers again."""
 from __future__ import annotations
 
+import json
 import os
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -52,4 +57,69 @@ def test_a_followed_timeout_run_is_pulled_as_failed_timeout(hpc, capsys):
     rc, out, _ = reval(capsys, hpc, "status", "hpc1min/overtime")
     assert rc == 1 and "failed (TIMEOUT)" in out, out
     assert protocol.read_json(hpc.run_dir("overtime") / "status.json") == pulled
+
+
+# --- 12b: Slurm that cannot answer is not a run that is gone ------------------------------------------------
+def _ledger(sweep_dir: Path) -> list[dict]:
+    try:
+        return list(json.loads((sweep_dir / "ledger.json").read_text())["entries"].values())
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def _wait(what: str, ready, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_slurmctld_gone_mid_sweep_is_waited_for_never_lost(hpc):
+    """slurmctld stops while a sweep's job runs (the run ends meanwhile, under slurmd alone): the sweep says
+    Slurm cannot answer and waits; nothing is recorded `lost`; once slurmctld is back its COMPLETED is the
+    run's end in the ledger and the report, and a second sweep evaluates nothing again."""
+    from orchestrator import sweep
+    from orchestrator.inventory import load_inventory
+    from tests.sweeptools import make_checkpoints
+
+    ck = make_checkpoints(hpc.root / "ckq", [21])
+    sw = hpc.root / "swq"
+    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], payload="dummy", poll_s=0.2, sweep_dir=str(sw),
+                           eval_args=["--lines", "40", "--interval-s", "0.2"])
+    inv = load_inventory(hpc.inv)
+    log: list[str] = []
+    got: list = []
+    th = threading.Thread(target=lambda: got.append(sweep.Sweep(o, inv, log=log.append).run()))
+    th.start()
+    try:
+        def status() -> dict:
+            runs = [e["run"] for e in _ledger(sw)]
+            try:
+                return protocol.read_json(hpc.run_dir(runs[0]) / "status.json") if runs else {}
+            except (OSError, ValueError):
+                return {}
+        _wait("the run to start", lambda: status().get("state") == "running")
+        hpc.slurm.stop_controller()
+        try:
+            _wait("the run to end under slurmd", lambda: status().get("state") == "succeeded")
+            _wait("the sweep to say Slurm cannot answer", lambda: any("Slurm cannot answer" in x for x in log))
+            time.sleep(3)  # polls while Slurm cannot answer and the run's own record says it ended
+            assert [e["state"] for e in _ledger(sw)] == ["launched"], log
+            assert th.is_alive() and not got, log
+        finally:
+            hpc.slurm.start_controller()
+        th.join(timeout=180)
+        assert not th.is_alive(), log
+    finally:
+        th.join(timeout=180)
+    rep = got[0]
+    assert [(x.checkpoint, x.state) for x in rep.outcomes] == [("step-21", "succeeded")], log
+    assert [e["state"] for e in _ledger(sw)] == ["succeeded"]
+    run = _ledger(sw)[0]["run"]
+    assert protocol.read_json(hpc.run_dir(run) / "status.json")["slurm_state"] == "COMPLETED"
+    said = [x for x in log if "Slurm cannot answer" in x]
+    assert len(said) == 1 and said[0].startswith(f"waiting step-21: run {run} on hpc: "), log
+    assert not any("lost" in x for x in log), log
+    again = sweep.Sweep(o, inv, log=log.append).run()
+    assert [x.state for x in again.outcomes] == ["skipped"], log
 

@@ -24,6 +24,7 @@ from .. import slurmjobs
 from ..errors import ConfigError, RevalError, RunNotFound
 from ..gpuspec import GPUS_SCHEDULER
 from ..runs import (
+    UNKNOWN,
     RunState,
     check_local_runs_root,
     check_run_name,
@@ -219,35 +220,51 @@ class SlurmBackend(Backend):
                             "NOW": now}
         return parsed
 
-    def _query_jobs(self, job_ids: list[str]) -> dict[str, slurmjobs.JobInfo]:
-        """Slurm's word on these jobs: scontrol while slurmctld has them, else sacct (accounting, or -c)."""
+    def _query_jobs(self, job_ids: list[str]) -> tuple[dict[str, slurmjobs.JobInfo], dict[str, str]]:
+        """Slurm's word on these jobs: scontrol while slurmctld has them, else sacct (accounting, or -c);
+        and the jobs Slurm could not answer for ({job id: scontrol's error}: slurmctld unreachable, not
+        "no such job") and sacct does not know either: their state is unknown, not gone."""
         ids = [j for j in dict.fromkeys(job_ids) if slurmjobs.is_job_id(j)]
         if not ids:
-            return {}
-        script = ("for j in " + " ".join(ids) + "; do scontrol -o show job \"$j\" 2>/dev/null; done\n"
+            return {}, {}
+        m = f"@@{secrets.token_hex(6)}"
+        script = ("for j in " + " ".join(ids) + "; do o=$(scontrol -o show job \"$j\" 2>&1); "
+                  'if [ $? -eq 0 ]; then printf "%s\\n" "$o"; else case "$o" in *"nvalid job id"*) ;; '
+                  f'*) echo "{m} NOANSWER $j $(printf "%s" "$o" | head -n 1)";; esac; fi; done\n'
                   "echo @@SACCT\n"
                   "sacct -n -P -X -o JobID,State,ExitCode -j " + ",".join(ids) + " 2>/dev/null || "
                   "sacct -c -n -P -o JobID,State,ExitCode -j " + ",".join(i.split("_")[0] for i in ids)
                   + " 2>/dev/null\n")
-        text = self.transport.run(script, timeout_s=120, check=False).stdout
-        live, _, acct = text.partition("@@SACCT")
+        r = self.transport.run(script, timeout_s=120, check=False)
+        if r.returncode != 0 and "@@SACCT" not in r.stdout:  # the script itself did not run to its end
+            return {}, {j: f"no answer from the login node (exit {r.returncode})" for j in ids}
+        live, _, acct = r.stdout.partition("@@SACCT")
+        unanswered = {}
+        for line in live.splitlines():
+            if line.startswith(f"{m} NOANSWER "):
+                jid, _, why = line[len(m) + 10:].partition(" ")
+                unanswered[jid] = why.strip() or "scontrol failed"
         jobs = {j: i for j, i in slurmjobs.parse_scontrol(live).items() if j in ids}
         for j, info in slurmjobs.parse_sacct(acct).items():
             if j in ids and j not in jobs:
                 jobs[j] = info
-        return jobs
+        return jobs, {j: why for j, why in unanswered.items() if j in ids and j not in jobs}
 
     def states(self, names: list[str] | None) -> list[RunState]:
         """The states of the named runs (None: every run), two round trips for all of them."""
         runs = self._read_runs(names)
         want = {n: _job_id(r) for n, r in runs.items()}
         # a run whose end is already recorded with Slurm's word needs no query
-        jobs = self._query_jobs([j for n, j in want.items() if j and not runs[n]["STATUS"].get("slurm_state")])
+        jobs, unanswered = self._query_jobs([j for n, j in want.items()
+                                             if j and not runs[n]["STATUS"].get("slurm_state")])
         out, fixes = [], {}
         for name, r in runs.items():
             st = r["STATUS"]
             job = jobs.get(want[name]) if want[name] else None
-            if (st.get("slurm_state") and st.get("state") in protocol.TERMINAL_STATES) or (job is None and st
+            if want[name] in unanswered and not (st.get("slurm_state") and st.get("state") in protocol.TERMINAL_STATES):
+                # Slurm cannot say now: not an end (status.json's `cancelled` may be Slurm's TIMEOUT), never lost
+                v = slurmjobs.SlurmRunState(UNKNOWN, f"Slurm cannot answer: {unanswered[want[name]]}")
+            elif (st.get("slurm_state") and st.get("state") in protocol.TERMINAL_STATES) or (job is None and st
                                                                                           and not want[name]):
                 v = slurmjobs.slurm_run_state(None, st)  # the recorded end (Slurm's word already in it), or lost
             elif job is None and not want[name]:

@@ -18,6 +18,7 @@ from remote_payload.contract import protocol
 
 from ..backends.base import BATCH_STATE, BATCH_SUBMIT, Backend, Submission
 from ..errors import HostUnreachable, RevalError
+from ..runs import UNKNOWN
 from .books import JobQueue, SweepRecord, pull_and_record
 from .plan import UNREACHABLE, Job, SweepOptions
 from .stage import HostPool, HostSession
@@ -95,10 +96,20 @@ class BatchWorker:
         self.log(f"submit  {len(subs)} checkpoint(s) on {hs.host.name} · {hs.backend.describe_batch(launches)}")
 
     def _poll(self, hs: HostSession, pending: dict[str, Job]) -> None:
+        silent: dict[str, str] = {}  # runs the scheduler cannot answer for now: said once, waited for
         while pending and not hs.down:
             states = {s.name: s for s in self.hosts.op(hs, "status", lambda: hs.backend.states(list(pending)))}
             for name, job in list(pending.items()):
                 st = states.get(name)
+                if st is not None and st.state == UNKNOWN:  # not an end (never `lost`): keep waiting, say so
+                    if name not in silent:
+                        self.log(f"waiting {job.ckpt.name}: run {name} on {hs.host.name}: {st.reason}; "
+                                 "its end is recorded once the scheduler answers")
+                    silent[name] = st.reason
+                    continue
+                if name in silent:
+                    del silent[name]
+                    self.log(f"answer  {job.ckpt.name}: run {name} on {hs.host.name} is {st.state if st else 'gone'}")
                 if st is None:  # recorded as launched, never submitted (a killed controller): submit it now
                     self.log(f"missing {job.ckpt.name}: run {name} is not on {hs.host.name}; submitting")
                     del pending[name]

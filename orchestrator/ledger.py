@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import threading
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from remote_payload.contract import protocol
@@ -52,6 +52,7 @@ class LedgerEntry:
     suspect: bool = False
     local_path: str | None = None  # the pulled run directory
     config: str = ""             # ledger_key without the checkpoint: runs with the same config are a series
+    also: list[str] = field(default_factory=list)  # the other names of the same content (evaluated once, as this)
 
 
 def _parse(data, path: Path) -> tuple[dict[str, LedgerEntry], dict[str, dict]]:
@@ -66,6 +67,8 @@ def _parse(data, path: Path) -> tuple[dict[str, LedgerEntry], dict[str, dict]]:
     for k, e in entries.items():
         try:
             out[k] = LedgerEntry(**{n: v for n, v in e.items() if n in names})
+            if not (isinstance(out[k].also, list) and all(isinstance(x, str) for x in out[k].also)):
+                out[k].also = []
         except (AttributeError, TypeError):
             raise ConfigError(f"ledger {path}: entry {k[:24]!r} is damaged (not an entry with all its fields)",
                               hint=hint) from None

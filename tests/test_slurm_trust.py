@@ -4,7 +4,8 @@ reached through a loopback sshd login node (the same Cluster as test_slurm_backe
 - a run over its time limit, followed to its end with `reval run`: the pulled status.json says
   `failed (TIMEOUT)`, as `reval status` does (Slurm's word is recorded before the pull);
 - slurmctld gone for a while during a sweep: "Slurm cannot answer" is its own state (`unknown`, said once),
-  never `lost`; the ledger records the run's end once Slurm answers again."""
+  never `lost`; the ledger records the run's end once Slurm answers again;
+- byte-identical checkpoints under different names: one evaluation, every name listed."""
 from __future__ import annotations
 
 import json
@@ -123,3 +124,38 @@ def test_slurmctld_gone_mid_sweep_is_waited_for_never_lost(hpc):
     again = sweep.Sweep(o, inv, log=log.append).run()
     assert [x.state for x in again.outcomes] == ["skipped"], log
 
+
+# --- 12c: one content, one evaluation, every name --------------------------------------------------------------
+def test_byte_identical_checkpoints_are_evaluated_once_and_all_named(hpc):
+    """step-31, step-32 and step-33 hold the same bytes: one job, one run; the report and the ledger entry name
+    all three; a second sweep evaluates nothing."""
+    import shutil
+
+    from orchestrator import sweep
+    from orchestrator.inventory import load_inventory
+    from tests.sweeptools import make_checkpoints
+
+    ck = make_checkpoints(hpc.root / "ckd", [31])
+    for n in ("step-32", "step-33"):
+        shutil.copytree(ck / "step-31", ck / n)
+    sw = hpc.root / "swd"
+    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], payload="dummy", poll_s=0.2, sweep_dir=str(sw),
+                           eval_args=["--lines", "4", "--interval-s", "0.1"])
+    inv = load_inventory(hpc.inv)
+    log: list[str] = []
+    rep = sweep.Sweep(o, inv, log=log.append).run()
+    assert [(x.checkpoint, x.state, x.also) for x in rep.outcomes] == [("step-31", "succeeded",
+                                                                         ["step-32", "step-33"])], log
+    assert any(x.startswith("submit  1 checkpoint(s) on hpc") for x in log), log
+    runs = sorted(p.name for p in (hpc.shared / "runs").iterdir() if p.name.startswith("step-3"))
+    assert len(runs) == 1, runs
+    entries = _ledger(sw)
+    assert [(e["checkpoint"], e["also"], e["state"]) for e in entries] == [("step-31", ["step-32", "step-33"],
+                                                                             "succeeded")]
+    from orchestrator.sweep.report import outcome_text, write_report_files
+    assert outcome_text(rep.outcomes[0]).startswith("step-31 (= step-32, step-33)  tau ")
+    write_report_files(rep)
+    assert "step-31 (= step-32, step-33)" in Path(rep.files["markdown"]).read_text()
+    again = sweep.Sweep(o, inv, log=log.append).run()
+    assert [(x.checkpoint, x.state, x.also) for x in again.outcomes] == [("step-31", "skipped",
+                                                                           ["step-32", "step-33"])], log

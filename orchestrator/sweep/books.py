@@ -86,7 +86,7 @@ class SweepRecord:
         """The ledger's `launched` record of job on host (written before the launch: a killed controller finds it)."""
         c = job.ckpt
         return LedgerEntry(job.key, c.name, c.location, c.content_hash, c.step, host, job.run, LAUNCHED,
-                           self.sweep_id, config=job.config)
+                           self.sweep_id, config=job.config, also=list(job.also))
 
     def run_json(self, job: Job, path: str, argv: list[str]) -> dict:
         """What a sweep's run records in run.json: its sweep, checkpoint and ledger key."""
@@ -100,20 +100,23 @@ class SweepRecord:
         sweep re-attaches)."""
         c = job.ckpt
         self.outcomes[job.key] = Outcome(c.name, c.step, state, host, job.run, tau, suspect, error,
-                                         str(local) if local else None)
+                                         str(local) if local else None, also=list(job.also))
         if state != UNREACHABLE:
             self.ledger.put(LedgerEntry(job.key, c.name, c.location, c.content_hash, c.step, host, job.run, state,
                                         self.sweep_id, exit_code=exit_code, error=error, tau=tau, suspect=suspect,
-                                        local_path=str(local) if local else None, config=job.config))
+                                        local_path=str(local) if local else None, config=job.config,
+                                        also=list(job.also)))
 
     def left(self, job: Job, state: str, error: str) -> None:
         """A job no host ran in this sweep (unreachable: its host went away; not-run): reported, not recorded."""
-        self.outcomes[job.key] = Outcome(job.ckpt.name, job.ckpt.step, state, job.host, job.run, error=error)
+        self.outcomes[job.key] = Outcome(job.ckpt.name, job.ckpt.step, state, job.host, job.run, error=error,
+                                         also=list(job.also))
 
     def not_stageable(self, job: Job, e: HostUnreachable) -> None:
         """The checkpoint's own host went away: no host can get it; not run (the next sweep tries again)."""
         c = job.ckpt
-        self.outcomes[job.key] = Outcome(c.name, c.step, NOT_RUN, c.host, job.run, error=str(e).splitlines()[0])
+        self.outcomes[job.key] = Outcome(c.name, c.step, NOT_RUN, c.host, job.run, error=str(e).splitlines()[0],
+                                         also=list(job.also))
         self.log(f"skip    {c.name}: {str(e).splitlines()[0]}")
 
     def failed(self, host: str, job: Job, e: Exception) -> None:

@@ -72,7 +72,7 @@ class SweepOptions:
     checkpoints: list[str]
     hosts: list[str]
     target: str | None = None
-    cache: str | None = None
+    cache: str | list[str] | None = None  # one cache, or [NAME=PATH, ...]: benchmark suites in one eval
     num_prompts: int | None = None
     max_blocks: int | None = None
     eval_args: list[str] = field(default_factory=list)
@@ -113,6 +113,7 @@ class Job:
     run: str
     host: str | None = None   # affinity: a re-attach job must run where its run is
     staged: tuple[str, str] | None = None  # (host, path) once its checkpoint was copied there ahead of time
+    also: list[str] = field(default_factory=list)  # other checkpoints with the same content: evaluated once
 
 
 @dataclass
@@ -137,7 +138,9 @@ class Outcome:
     vs_prev: Paired | None = None          # tau paired by prompt against prev_checkpoint
     prev_note: str | None = None           # why it was not paired
     vs_base: Paired | None = None          # tau paired by prompt against the baseline
+    suites: dict | None = None             # benchmark suites: name (and "mean") -> {"tau", "ci"} (report)
     base_verdict: str = ""
+    also: list[str] = field(default_factory=list)  # other names of the same content (evaluated once, as this)
 
 
 def run_name_for(ckpt: Checkpoint, key: str, suffix: str = "") -> str:
@@ -148,7 +151,8 @@ def run_name_for(ckpt: Checkpoint, key: str, suffix: str = "") -> str:
 
 
 def outcome_from_entry(e: LedgerEntry, earlier: bool) -> Outcome:
-    return Outcome(e.checkpoint, e.step, e.state, e.host, e.run, e.tau, e.suspect, e.error, e.local_path, earlier)
+    return Outcome(e.checkpoint, e.step, e.state, e.host, e.run, e.tau, e.suspect, e.error, e.local_path, earlier,
+                   also=list(e.also))
 
 
 def plan_queue(checkpoints: list[Checkpoint], ledger: Ledger, sweep_id: str, cache_fingerprint: str,
@@ -161,21 +165,28 @@ def plan_queue(checkpoints: list[Checkpoint], ledger: Ledger, sweep_id: str, cac
     config = ledger_key("", fp, version, opts.eval_options())
     ours = ledger.of_sweep(sweep_id)  # what this sweep launched before it was killed
     kept = 0
+    same: dict[str, list[Checkpoint]] = {}  # byte-identical checkpoints (one key): evaluated once, all named
+    for c in checkpoints:
+        same.setdefault(ledger_key(c.content_hash, fp, version, opts.eval_options()), []).append(c)
     for c in checkpoints:
         key = ledger_key(c.content_hash, fp, version, opts.eval_options())
+        if same[key][0] is not c:
+            continue
+        also = list(dict.fromkeys(x.name for x in same[key][1:] if x.name != c.name))
         # this sweep's own run of the checkpoint first, whatever its key: the payload (or the cache) may
         # have changed since it was launched, and a resumed sweep must not launch it a second time
         e = ours.get((c.location, c.content_hash)) or ledger.get(key)
         mine = e is not None and e.sweep == sweep_id
         if e is not None and e.state == LAUNCHED:
             kept += e.key != key
-            queue.append(Job(c, e.key, e.config or config, e.run, host=e.host))  # re-attach
+            queue.append(Job(c, e.key, e.config or config, e.run, host=e.host, also=also))  # re-attach
         elif e is not None and e.state != protocol.LOST and (mine or not opts.force):
             kept += mine and e.key != key
             outcomes[e.key] = outcome_from_entry(e, earlier=not mine)
             if not mine:
                 outcomes[e.key].state = SKIPPED if e.state == protocol.SUCCEEDED else e.state
+            outcomes[e.key].also = sorted(set(outcomes[e.key].also) | set(also) - {outcomes[e.key].checkpoint})
         else:
             suffix = "" if e is None else time.strftime("-%m%dT%H%M%S", time.gmtime())
-            queue.append(Job(c, key, config, run_name_for(c, key, suffix)))
+            queue.append(Job(c, key, config, run_name_for(c, key, suffix), also=also))
     return queue, outcomes, config, kept

@@ -209,11 +209,16 @@ def _vs_text(p: stats.Paired | None, point: str, ref: str | None) -> str:
     return point
 
 
+def named(o: Outcome) -> str:
+    """'step-100 (= step-200, step-300)': the checkpoint and the other names of the same content (pure)."""
+    return o.checkpoint + (f" (= {', '.join(o.also)})" if o.also else "")
+
+
 def outcome_text(o: Outcome) -> str:
     """'step-5000  tau 5.02 [4.61, 5.40] · Δ +0.69 [+0.41, +0.98] * vs step-4000 · 0.60x baseline   improved'."""
     if o.tau is None:
         where = f" on {o.host}" if o.host else ""
-        return f"{o.checkpoint}  {o.state.upper()}{where}" + (f" ({short(o.error)})" if o.error else "")
+        return f"{named(o)}  {o.state.upper()}{where}" + (f" ({short(o.error)})" if o.error else "")
     head = f"tau {o.tau:.2f}" + (f" {fmt_ci(*o.tau_ci, 2)}" if o.tau_ci else "")
     parts = [head]
     if o.prev_tau is not None:
@@ -221,7 +226,7 @@ def outcome_text(o: Outcome) -> str:
                               + (f" ({o.prev_note})" if o.prev_note else ""), o.prev_checkpoint))
     if o.base_ratio is not None:
         parts.append(f"{o.base_ratio:.2f}x baseline" + (f" ({o.base_note})" if o.base_note else ""))
-    return f"{o.checkpoint}  " + " · ".join(parts) + f"   {o.verdict}" + (" (earlier sweep)" if o.earlier else "")
+    return f"{named(o)}  " + " · ".join(parts) + f"   {o.verdict}" + (" (earlier sweep)" if o.earlier else "")
 
 
 def report_table(rep: SweepReport) -> Table:
@@ -242,7 +247,7 @@ def report_table(rep: SweepReport) -> Table:
         tau = Cell(o.tau, "" if o.tau is None else f"{o.tau:.2f}")
         if o.tau_ci:
             tau.est = stats.Estimate(o.tau, o.tau_ci[0], o.tau_ci[1], None, 2)
-        cells = {"checkpoint": Cell(o.checkpoint, o.checkpoint), "step": Cell(o.step, "" if o.step is None
+        cells = {"checkpoint": Cell(o.checkpoint, named(o)), "step": Cell(o.step, "" if o.step is None
                                                                                else str(o.step)),
                  "host": Cell(o.host, o.host or ""), "tau": tau,
                  "vs_prev": Cell(o.vs_prev.delta if o.vs_prev else None, prev, pair=o.vs_prev),

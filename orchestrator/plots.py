@@ -63,6 +63,14 @@ def draw_panel(ax, cmp: Comparison, panel: str) -> None:
 def draw_tau_vs_step(ax, points: list[StepPoint], baseline: tuple[str, float, float | None, float | None] | None
                      ) -> None:
     """tau against training step with its 95% CI band; tonight's checkpoints filled, earlier ones hollow."""
+    suites = list(dict.fromkeys(p.suite for p in points if p.suite))
+    for i, name in enumerate(suites):  # a suite sweep: one curve per suite, and the mean (markers below)
+        if name == "mean":
+            continue
+        _curve(ax, [p for p in points if p.suite == name and not p.suspect], f"C{i + 4}", f"{name} (95% CI band)",
+               1.0)
+    if suites:
+        points = [p for p in points if p.suite == "mean"]
     marked = sorted((p for p in points if p.suspect), key=lambda p: p.step)
     pts = sorted((p for p in points if not p.suspect), key=lambda p: p.step)
     xs = [p.step for p in pts]
@@ -70,7 +78,8 @@ def draw_tau_vs_step(ax, points: list[StepPoint], baseline: tuple[str, float, fl
         ax.scatter([p.step for p in marked], [p.tau for p in marked], marker="x", color="C3", zorder=4, s=40,
                    label="suspect (not in the curve): " + ", ".join(p.name for p in marked))
     if pts:
-        ax.plot(xs, [p.tau for p in pts], color="C0", linewidth=1.5, label="tau (95% CI band)")
+        ax.plot(xs, [p.tau for p in pts], color="C0", linewidth=2.0 if suites else 1.5,
+                label="mean over suites (95% CI band)" if suites else "tau (95% CI band)")
         band = [(p.step, p.lo, p.hi) for p in pts if p.lo is not None]
         if band:
             ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band], color="C0", alpha=0.2)
@@ -90,6 +99,16 @@ def draw_tau_vs_step(ax, points: list[StepPoint], baseline: tuple[str, float, fl
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
+
+
+def _curve(ax, pts: list[StepPoint], color: str, label: str, width: float) -> None:
+    pts = sorted(pts, key=lambda p: p.step)
+    if not pts:
+        return
+    ax.plot([p.step for p in pts], [p.tau for p in pts], color=color, linewidth=width, marker=".", label=label)
+    band = [(p.step, p.lo, p.hi) for p in pts if p.lo is not None]
+    if band:
+        ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band], color=color, alpha=0.12)
 
 
 def _figure(width: float, height: float) -> Figure:

@@ -65,3 +65,35 @@ def test_a_suspect_checkpoint_and_an_incomparable_baseline_are_marked_on_the_plo
     page = (rep.sweep_dir / "report.html").read_text()
     assert "suspect (not in the curve): step-100, step-200" in page
     assert "NOT COMPARABLE" in page
+
+
+def test_a_sweep_over_suites_reports_tau_per_suite_per_checkpoint_and_draws_a_curve_each(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ck = make_checkpoints(tmp_path, [100, 200])
+    o = opts(f"{ck}/step-*", ["locs"], tmp_path, cache=["gsm=/e/gsm", "mt=/e/mt"])
+    o.eval_args = [*o.eval_args, "--suite", "gsm", "--suite", "mt"]  # the dummy's stand-in for the suites' caches
+    rep = reval.sweep(o, inventory=local_inventory(tmp_path, 1))
+    assert rep.exit_code == 0
+    for out in rep.outcomes:
+        assert list(out.suites) == ["gsm", "mt", "mean"]
+        assert all(v["ci"] and v["ci"][0] <= v["tau"] <= v["ci"][1] for v in out.suites.values())
+        assert "gsm " in sweep.outcome_text(out) and "mt " in sweep.outcome_text(out)
+    table = sweep.report_table(rep)
+    assert {"suite:gsm", "suite:mt", "suite:mean"} <= {c.key for c in table.columns}
+    js = json.loads((rep.sweep_dir / "report.json").read_text())
+    assert set(js["checkpoints"][0]["suites"]) == {"gsm", "mt", "mean"}
+    assert "tau · gsm" in (rep.sweep_dir / "report.md").read_text()
+    assert {p.suite for p in rep.history} == {"", "gsm", "mt", "mean"}
+    page = (rep.sweep_dir / "report.html").read_text()
+    assert "gsm (95% CI band)" in page and "mt (95% CI band)" in page and "mean over suites (95% CI band)" in page
+
+
+def test_the_ledger_key_covers_every_suites_cache_as_results_json_does():
+    from orchestrator.sweep.stage import joined_fingerprint, suite_caches
+    assert suite_caches("/e/one") == [] and suite_caches(["/e/one"]) == []  # one cache: unchanged
+    s = suite_caches(["gsm=/e/gsm", "/e/mtbench/"])
+    assert s == [("gsm", "/e/gsm"), ("mtbench", "/e/mtbench/")]
+    a = joined_fingerprint(s, ["sha256:1", "sha256:2"])
+    assert a != joined_fingerprint(s, ["sha256:1", "sha256:3"])  # any suite's cache moves the key
+    import hashlib
+    assert a == "sha256:" + hashlib.sha256(b"gsm\0sha256:1\nmtbench\0sha256:2\n").hexdigest()  # run.py's formula

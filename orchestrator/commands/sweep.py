@@ -30,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hosts", action="append", required=True, metavar="GROUP|HOST", help="where to run; repeatable. A Slurm cluster (slurm: in hosts.yaml) takes its share "
                         "as one job array, at most slurm.max_running tasks at once")
     p.add_argument("--target", help="target model folder on the hosts")
-    p.add_argument("--cache", help="hidden-state cache on the hosts")
+    p.add_argument("--cache", action="append", metavar="[NAME=]PATH",
+                   help="hidden-state cache on the hosts; repeated (NAME=PATH each): benchmark suites in one eval, "
+                        "reported per suite")
     p.add_argument("--num-prompts", type=positive_int, metavar="N", help="evaluate the first N prompts of the cache")
     p.add_argument("--max-blocks", type=positive_int, metavar="M", help="at most M draft rounds per prompt")
     p.add_argument("--latest", type=positive_int, metavar="N", help="only the N newest checkpoints (by step, then mtime)")
@@ -55,7 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     opts = reval.SweepOptions(
-        checkpoints=args.checkpoints, hosts=args.hosts, target=args.target, cache=args.cache,
+        checkpoints=args.checkpoints, hosts=args.hosts, target=args.target,
+        cache=args.cache[0] if args.cache and len(args.cache) == 1 else args.cache,  # one cache: as before
         num_prompts=args.num_prompts, max_blocks=args.max_blocks, eval_args=list(args.eval_args),
         latest=args.latest, since=args.since, baseline=args.baseline, threshold=args.threshold, force=args.force,
         sweep_dir=args.sweep_dir, max_ssh=args.max_ssh, poll_s=args.poll_s, retries=max(1, args.retries),

@@ -155,6 +155,8 @@ def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: comp
         run = loaded.get(o.local_path) if o.tau is not None else None
         if run is not None and (tau := intervals.estimates(run.result, keys={"tau"}).get("tau")) is not None:
             o.tau_ci = [tau.lo, tau.hi]
+        if run is not None and run.result.suites:
+            o.suites = suite_taus(run.result)
         if earlier:
             prev = max(earlier, key=lambda e: checkpoint_order(e.step, e.checkpoint))
             o.prev_checkpoint, o.prev_tau = prev.checkpoint, prev.tau
@@ -167,6 +169,36 @@ def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: comp
                 o.base_note = note or None
                 o.base_verdict = stats.classify_change(o.vs_base, threshold) if o.vs_base else ""
         o.verdict = verdict(o, threshold)
+
+
+def suite_taus(result) -> dict[str, dict]:
+    """Per benchmark suite its tau with the 95% bootstrap CI over its prompts (as `compare --by suite`), and
+    "mean": the unweighted mean over suites (results.json suite_mean) with a CI resampling prompts within each
+    suite (pure, seeded)."""
+    import numpy as np
+
+    from ..suites import suite_view
+    out, per = {}, []
+    for s in result.suites:
+        est = intervals.estimates(suite_view(result, s), keys={"tau"}).get("tau")
+        out[s.name] = {"tau": s.metrics.tau, "ci": [est.lo, est.hi] if est else None}
+        a, b = s.prompt_range
+        per.append(np.array([p.tau for p in result.per_prompt[a:b] if p.tau is not None], dtype=float))
+    mean = result.suite_mean.tau if result.suite_mean is not None else None
+    ci = None
+    if mean is not None and per and all(len(x) for x in per):
+        rng = np.random.default_rng(0)
+        boot = np.mean([x[rng.integers(0, len(x), (2000, len(x)))].mean(axis=1) for x in per], axis=0)
+        ci = [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]
+    out["mean"] = {"tau": mean, "ci": ci}
+    return out
+
+
+def suite_points(e: LedgerEntry, run, sweep_id: str) -> list[StepPoint]:
+    """A suite run's points on the tau-vs-step plot: one per suite and the mean over suites."""
+    return [StepPoint(e.step, v["tau"], *(v["ci"] or (None, None)), e.checkpoint, e.sweep == sweep_id,
+                      suspect=e.suspect, suite=name)
+            for name, v in suite_taus(run.result).items() if v["tau"] is not None]
 
 
 def history_points(series: list[LedgerEntry], sweep_id: str, loaded: LoadedRuns | None = None) -> list[StepPoint]:
@@ -182,6 +214,8 @@ def history_points(series: list[LedgerEntry], sweep_id: str, loaded: LoadedRuns 
         est = intervals.estimates(run.result, keys={"tau"}).get("tau") if run is not None else None
         out.append(StepPoint(e.step, e.tau, est.lo if est else None, est.hi if est else None, e.checkpoint,
                              e.sweep == sweep_id, suspect=e.suspect))
+        if run is not None and run.result.suites:
+            out += suite_points(e, run, sweep_id)
     return out
 
 
@@ -214,13 +248,19 @@ def named(o: Outcome) -> str:
     return o.checkpoint + (f" (= {', '.join(o.also)})" if o.also else "")
 
 
+def _suite_text(name: str, v: dict) -> str:
+    """'gsm8k 4.10 [3.90, 4.31]' (a benchmark suite's tau with its CI)."""
+    tau = "-" if v.get("tau") is None else f"{v['tau']:.2f}"
+    return f"{name} {tau}" + (f" {fmt_ci(*v['ci'], 2)}" if v.get("ci") else "")
+
+
 def outcome_text(o: Outcome) -> str:
     """'step-5000  tau 5.02 [4.61, 5.40] · Δ +0.69 [+0.41, +0.98] * vs step-4000 · 0.60x baseline   improved'."""
     if o.tau is None:
         where = f" on {o.host}" if o.host else ""
         return f"{named(o)}  {o.state.upper()}{where}" + (f" ({short(o.error)})" if o.error else "")
     head = f"tau {o.tau:.2f}" + (f" {fmt_ci(*o.tau_ci, 2)}" if o.tau_ci else "")
-    parts = [head]
+    parts = [head] + [_suite_text(name, v) for name, v in (o.suites or {}).items()]
     if o.prev_tau is not None:
         parts.append(_vs_text(o.vs_prev, f"{o.tau - o.prev_tau:+.2f} vs {o.prev_checkpoint}"
                               + (f" ({o.prev_note})" if o.prev_note else ""), o.prev_checkpoint))
@@ -229,11 +269,24 @@ def outcome_text(o: Outcome) -> str:
     return f"{named(o)}  " + " · ".join(parts) + f"   {o.verdict}" + (" (earlier sweep)" if o.earlier else "")
 
 
+def _suite_cell(v: dict | None) -> Cell:
+    if not v or v.get("tau") is None:
+        return Cell()
+    cell = Cell(v["tau"], f"{v['tau']:.2f}")
+    if v.get("ci"):
+        cell.est = stats.Estimate(v["tau"], v["ci"][0], v["ci"][1], None, 2)
+    return cell
+
+
 def report_table(rep: SweepReport) -> Table:
     """One row per checkpoint: tau [CI], paired Δ vs the previous checkpoint and vs the baseline, verdicts."""
     base = rep.baseline or "baseline"
     cols = [Column("checkpoint", "checkpoint", digits=None), Column("step", "step", digits=None),
-            Column("host", "host", digits=None), Column("tau", "tau", ranked=True),
+            Column("host", "host", digits=None), Column("tau", "tau", ranked=True)]
+    suite_names = list(dict.fromkeys(n for o in rep.outcomes for n in (o.suites or {})))
+    cols += [Column(f"suite:{n}", "tau · mean over suites" if n == "mean" else f"tau · {n}", ranked=True)
+             for n in suite_names]
+    cols += [
             Column("vs_prev", "vs previous\nΔ tau [95% CI]", digits=None),
             Column("vs_base", f"vs {base}\nratio · Δ tau [95% CI]", digits=None),
             Column("verdict", "verdict\n(vs previous)", digits=None),
@@ -250,6 +303,7 @@ def report_table(rep: SweepReport) -> Table:
         cells = {"checkpoint": Cell(o.checkpoint, named(o)), "step": Cell(o.step, "" if o.step is None
                                                                                else str(o.step)),
                  "host": Cell(o.host, o.host or ""), "tau": tau,
+                 **{f"suite:{n}": _suite_cell((o.suites or {}).get(n)) for n in suite_names},
                  "vs_prev": Cell(o.vs_prev.delta if o.vs_prev else None, prev, pair=o.vs_prev),
                  "vs_base": Cell(o.base_ratio, vs_base, pair=o.vs_base),
                  "verdict": Cell(o.verdict, o.verdict + (f": {short(o.error)}" if o.error else "")

@@ -4,6 +4,7 @@ fingerprint read, run slots counted by their backend) and the checkpoints copied
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import threading
@@ -43,7 +44,27 @@ class HostSession:
 
 
 _FINGERPRINT_PY = ("import sys; from remote_payload.eval.cache import open_cache; "
-                   "print(open_cache(sys.argv[1]).fingerprint)")
+                   "[print(open_cache(a).fingerprint) for a in sys.argv[1:]]")
+
+
+def suite_caches(cache: str | list[str] | None) -> list[tuple[str, str]]:
+    """[(suite, path)] of --cache NAME=PATH repeated (a bare PATH among several is named by its folder, as the
+    payload names it); [] for one cache (pure)."""
+    if not isinstance(cache, list) or (len(cache) == 1 and "=" not in cache[0]):
+        return []
+    out = []
+    for c in cache:
+        name, sep, path = c.partition("=")
+        named = sep and path and "/" not in name
+        out.append((name, path) if named else (os.path.basename(c.rstrip("/")), c))
+    return out
+
+
+def joined_fingerprint(suites: list[tuple[str, str]], fingerprints: list[str]) -> str:
+    """The suites' caches as one fingerprint, exactly as the payload writes it in results.json (run.py: sha256
+    over 'name\\0fingerprint\\n' per suite), so the ledger key covers every suite's cache (pure)."""
+    blob = "".join(f"{name}\0{fp}\n" for (name, _), fp in zip(suites, fingerprints))
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 _GPU_LIST_SH = (f"command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi {' '.join(hostcheck.NVIDIA_SMI_QUERY)} "
                 "2>/dev/null; true")
 
@@ -115,12 +136,17 @@ class HostPool:
         if self.opts.payload == "dummy":
             hs.cache_fingerprint = "dummy"
         else:
-            cmd = f"cd {q(hs.workdir + '/payload')} && {q(hs.python)} -c {q(_FINGERPRINT_PY)} {q(self.opts.cache)}"
+            suites = suite_caches(self.opts.cache)
+            paths = [p for _, p in suites] or [self.opts.cache if isinstance(self.opts.cache, str)
+                                                else self.opts.cache[0]]
+            cmd = (f"cd {q(hs.workdir + '/payload')} && {q(hs.python)} -c {q(_FINGERPRINT_PY)} "
+                   + " ".join(q(x) for x in paths))
             p = step("cache", lambda: t.run(cmd, check=False, timeout_s=600))
             if p.returncode != 0:
                 tail = (p.stderr.strip().splitlines() or ["?"])[-1]
-                raise ConfigError(f"{h.name}: cannot read the cache {self.opts.cache}: {tail}")
-            hs.cache_fingerprint = p.stdout.strip().splitlines()[-1]
+                raise ConfigError(f"{h.name}: cannot read the cache {' '.join(paths)}: {tail}")
+            fps = p.stdout.strip().splitlines()[-len(paths):]
+            hs.cache_fingerprint = joined_fingerprint(suites, fps) if suites else fps[-1]
         hs.slots = hs.backend.run_slots(lambda: step("gpus", lambda: t.run(_GPU_LIST_SH)).stdout)
 
     def prepare(self) -> None:

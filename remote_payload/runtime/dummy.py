@@ -23,6 +23,8 @@ def add_arguments(p) -> None:
     p.add_argument("--exit-code", type=int, default=0, help="exit with this code at the end (no results.json)")
     p.add_argument("--crash", action="store_true", help="raise an exception halfway (a crashing payload)")
     p.add_argument("--suspect", action="store_true", help="results flagged suspect (what a broken load looks like)")
+    p.add_argument("--suite", action="append", default=[], metavar="NAME",
+                   help="split the prompts into benchmark suites (results.json `suites` + `suite_mean`); repeatable")
 
 
 SUSPECT_REASON = "position-1 accuracy 0.000 over 30 blocks (dummy)"
@@ -69,6 +71,29 @@ def fake_results(run: str, n: int, suspect: bool = False) -> dict:
     }).to_dict()
 
 
+def with_suites(res: dict, names: list[str]) -> dict:
+    """The results split into suites: consecutive prompt ranges, each suite's tau over its own prompts."""
+    pp, k = res["per_prompt"], len(names)
+    bounds = [len(pp) * i // k for i in range(k + 1)]
+    suites = []
+    for i, name in enumerate(names):
+        a, b = bounds[i], bounds[i + 1]
+        for p in pp[a:b]:
+            p["name"] = f"{name}/{p['name']}"
+        tau = sum(p["tau"] for p in pp[a:b]) / max(b - a, 1)
+        metrics = {**res["metrics"], "tau": tau, "streak": tau - 1, "num_prompts": b - a}
+        suites.append({"name": name, "cache": {**res["cache"], "path": f"dummy/{name}"},
+                       "comparability": {**res["comparability"], "num_prompts": b - a}, "metrics": metrics,
+                       "prompt_range": [a, b]})
+    taus = [s["metrics"]["tau"] for s in suites]
+    mean = sum(taus) / len(taus)
+    res["suites"] = suites
+    res["suite_mean"] = {"num_suites": k, "tau": mean, "streak": mean - 1,
+                         "position_1_accuracy": res["metrics"]["position_1_accuracy"],
+                         "ddtree_tau": dict(res["metrics"]["ddtree_tau"])}
+    return Result.from_dict(res).to_dict()
+
+
 def main(args) -> int:
     run_dir = Path(args.run_dir)
     events = run_dir / protocol.EVENTS_JSONL
@@ -88,7 +113,10 @@ def main(args) -> int:
         return args.exit_code
     if args.suspect:
         print(f"warning: SUSPECT RESULT — {SUSPECT_REASON}", file=sys.stderr)
-    protocol.atomic_write_json(run_dir / protocol.RESULTS_JSON, fake_results(run_dir.name, n, args.suspect))
+    res = fake_results(run_dir.name, n, args.suspect)
+    if args.suite:
+        res = with_suites(res, args.suite)
+    protocol.atomic_write_json(run_dir / protocol.RESULTS_JSON, res)
     protocol.append_event(events, {"stage": "done", "i": n, "n": n, "message": "results.json written"})
     print(f"done: tau {fake_results(run_dir.name, n)['metrics']['tau']:.2f}")
     return 0

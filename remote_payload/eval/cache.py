@@ -6,8 +6,13 @@ reval layout (written by `extract` and `import-cache`):
                                "layer_ids": [1, 16, ...],   # hs[l+1] = output of decoder block l
                                "hidden_size": H, "dtype": "bfloat16", "tokenizer": path | null,
                                "prompts": [{"name", "prompt_len", "seq_len", "file"}], "created_at",
-                               "prompt_format": {...}}   # optional: how `extract` formed the prompts
+                               "prompt_format": {...},   # optional: how `extract` formed the prompts
                                                           # (source, shape, chat_template, enable_thinking)
+                               "generation": {...},      # optional: how `extract` generated the completions
+                                                          # (generator, batch size, dtype, attention, versions)
+                               "argmax_agreement": {"fraction", "matches", "positions"}}  # optional: exactness
+                              # (the target's argmax over its own prefill = the cached next token, over every
+                              # completion position; per prompt "argmax_agree": [matches, positions])
     CACHE/p0000.safetensors   ids int64 [T]; features [T, n_layers, H] (dtype as written)
 
 Seeds layout (the team's older caches, read directly or converted with `import-cache`):
@@ -106,6 +111,14 @@ def _check_prompt(p: CachePrompt, where: str) -> None:
 
 class Cache:
     """A cache directory opened for reading (either layout). Features stay on disk until `load`."""
+
+    @property
+    def argmax_agreement(self) -> float | None:
+        """The fraction of completion positions where the target's argmax over its own prefill is the cached next
+        token, as `extract` recorded it (1.0: tokens and hidden states agree exactly); None: not recorded."""
+        rec = self.meta.get("argmax_agreement") if isinstance(self.meta, dict) else None
+        f = rec.get("fraction") if isinstance(rec, dict) else None
+        return float(f) if isinstance(f, (int, float)) and not isinstance(f, bool) and 0 <= f <= 1 else None
 
     def __init__(self, path: Path, layout: str, layer_ids: list[int], hidden_size: int,
                  prompts: list[CachePrompt], meta: dict):
@@ -268,6 +281,30 @@ def _open_seeds(path: Path, layer_ids: list[int] | None) -> Cache:
 
 
 PARTIAL_JSON = "partial.json"
+_PROMPT_FIELDS = ("name", "prompt_len", "seq_len", "file")
+
+
+def write_prompt(directory: str | os.PathLike, index: int, name: str, prompt_len: int, ids: torch.Tensor,
+                 features: torch.Tensor, *, num_layers: int, hidden_size: int, info: dict | None = None,
+                 where: str | None = None) -> dict:
+    """Prompt `index`'s file p{index:04d}.safetensors in `directory` (under a temporary name, then renamed), as
+    `CacheWriter.add` writes it; returns the entry for `CacheWriter.record`. Also what an `extract` worker process
+    runs, writing into the writer's work dir while the writer's process keeps the books. `info`: per-prompt
+    fields (JSON values) that cache.json lists beside name, prompt_len, seq_len and file."""
+    directory = Path(directory)
+    p = CachePrompt(name, int(prompt_len), int(ids.shape[0]), f"p{int(index):04d}.safetensors")
+    _check_prompt(p, where or f"cache {directory}")
+    if features.shape != (p.seq_len, num_layers, hidden_size):
+        raise ValueError(f"features {tuple(features.shape)} != {(p.seq_len, num_layers, hidden_size)}")
+    if info and set(info) & set(_PROMPT_FIELDS):
+        raise ValueError(f"info may not replace a prompt's own fields {sorted(set(info) & set(_PROMPT_FIELDS))}")
+    part = directory / f"{p.file}.part"
+    save_file({"ids": ids.detach().to("cpu", torch.long).contiguous(),
+               "features": features.detach().to("cpu").contiguous()}, str(part))
+    os.replace(part, directory / p.file)
+    entry = {**vars(p), "index": int(index), "bytes": (directory / p.file).stat().st_size,
+             "dtype": str(features.dtype).removeprefix("torch.")}
+    return {**entry, "info": dict(info)} if info else entry
 
 
 class CacheWriter:
@@ -283,7 +320,10 @@ class CacheWriter:
     keeps that dir; a new writer with the same key continues it (`done`: the finished prompt indices), one with
     another key refuses. Without a key the work dir is a fresh temp dir, removed on any error.
     `metadata`: extra top-level fields for cache.json (e.g. {"prompt_format": {...}}); readers ignore them, and
-    they may not replace the format's own fields. Put what they describe into `resume_key` too.
+    they may not replace the format's own fields. Put what they describe into `resume_key` too. Fields added to
+    `meta` later are extra fields as well; partial.json keeps them all, and a resuming writer finds the
+    interrupted one's in `resumed_metadata`.
+    `add` = `write_prompt` (the file) + `record` (the books): another process may write the file into `tmp`.
     """
 
     def __init__(self, out: str | os.PathLike, *, layer_ids: list[int], hidden_size: int,
@@ -302,8 +342,10 @@ class CacheWriter:
         if clash:
             raise ValueError(f"metadata may not replace the cache format's fields {clash}")
         self.meta.update(metadata or {})
+        self._own_fields = set(self.meta) - set(metadata or {})
         self.resume_key = resume_key
         self.partial = self.out.parent / f".{self.out.name}.partial"
+        self.resumed_metadata: dict = {}
         self.done: dict[int, dict] = self._read_partial() if resume_key else {}
         self.tmp: Path | None = None
 
@@ -326,8 +368,12 @@ class CacheWriter:
                 if entry["file"] != f"p{entry['index']:04d}.safetensors" or not f.is_file() \
                         or f.stat().st_size != entry["bytes"]:
                     continue  # not what we wrote: done again
+                if isinstance(e.get("info"), dict):
+                    entry["info"] = {str(k): v for k, v in e["info"].items() if k not in entry}
                 done[entry["index"]] = entry
             self.meta["dtype"] = state.get("dtype") if isinstance(state.get("dtype"), str) else None
+            if isinstance(state.get("metadata"), dict):
+                self.resumed_metadata = state["metadata"]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise PayloadError(f"{where}: {state_path} is unreadable ({e}); remove {self.partial} to start "
                                "over") from e
@@ -354,22 +400,21 @@ class CacheWriter:
         return self
 
     def add(self, name: str, prompt_len: int, ids: torch.Tensor, features: torch.Tensor,
-            index: int | None = None) -> None:
+            index: int | None = None, info: dict | None = None) -> None:
         """One prompt (ids [T] int; features [T, n_layers, H]); `index` = its place in the cache (default:
-        after the last one added)."""
+        after the last one added); `info`: per-prompt fields for cache.json (write_prompt)."""
         n = (max(self.done) + 1 if self.done else 0) if index is None else int(index)
-        p = CachePrompt(name, int(prompt_len), int(ids.shape[0]), f"p{n:04d}.safetensors")
-        _check_prompt(p, f"cache {self.out}")
-        if features.shape != (p.seq_len, len(self.layer_ids), self.hidden_size):
-            raise ValueError(f"features {tuple(features.shape)} != {(p.seq_len, len(self.layer_ids), self.hidden_size)}")
-        part = self.tmp / f"{p.file}.part"
-        save_file({"ids": ids.detach().to("cpu", torch.long).contiguous(),
-                   "features": features.detach().to("cpu").contiguous()}, str(part))
-        os.replace(part, self.tmp / p.file)
-        self.meta["dtype"] = str(features.dtype).removeprefix("torch.")
-        self.done[n] = {**vars(p), "index": n, "bytes": (self.tmp / p.file).stat().st_size}
+        self.record(write_prompt(self.tmp, n, name, prompt_len, ids, features, num_layers=len(self.layer_ids),
+                                 hidden_size=self.hidden_size, info=info, where=f"cache {self.out}"))
+
+    def record(self, entry: dict) -> None:
+        """The books for a prompt file `write_prompt` wrote into `tmp` (in this process or another)."""
+        entry = dict(entry)
+        self.meta["dtype"] = entry.pop("dtype")
+        self.done[entry["index"]] = entry
         if self.resume_key:
             state = {"key": self.resume_key, "dtype": self.meta["dtype"],
+                     "metadata": {k: v for k, v in self.meta.items() if k not in self._own_fields},
                      "prompts": [self.done[i] for i in sorted(self.done)]}
             (self.tmp / f"{PARTIAL_JSON}.part").write_text(json.dumps(state))
             os.replace(self.tmp / f"{PARTIAL_JSON}.part", self.tmp / PARTIAL_JSON)
@@ -382,7 +427,7 @@ class CacheWriter:
         if not self.done:
             shutil.rmtree(self.tmp, ignore_errors=True)
             raise PayloadError(f"cache {self.out}: no prompts were written; nothing was created")
-        self.meta["prompts"] = [{k: self.done[i][k] for k in ("name", "prompt_len", "seq_len", "file")}
+        self.meta["prompts"] = [{**{k: self.done[i][k] for k in _PROMPT_FIELDS}, **self.done[i].get("info", {})}
                                 for i in sorted(self.done)]
         self.meta["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         (self.tmp / CACHE_JSON).write_text(json.dumps(self.meta, indent=1) + "\n")

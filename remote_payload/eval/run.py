@@ -422,7 +422,8 @@ def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: d
                         lm_head_key=None if hinfo.tied else hinfo.lm_head_key, tied=hinfo.tied,
                         config_matches_cache=mod.target_matches),
         cache=R.CacheInfo(path=str(opts.cache), fingerprint=fingerprint, layer_ids=list(cache.layer_ids),
-                          num_prompts_total=len(cache.prompts)),
+                          num_prompts_total=len(cache.prompts),
+                          argmax_agreement=getattr(cache, "argmax_agreement", None)),
         options=R.Options(num_prompts=len(prompts), max_blocks=opts.max_blocks, block_size=bs,
                           ddtree_budgets=budgets, tree_widths=widths, device=str(device), dtype=dtype_name(dtype),
                           batch_size=ev.batch_size, strict=opts.strict,
@@ -470,12 +471,38 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     ev = eval_prompts(opts, inp, mod, device, dtype, rep)
     m = metrics.aggregate(ev.per_prompt, mod.drafter.cfg.block_size)
     health = assess_health(m, ev.drafts, ev.targets, inp.tok, rep)
+    cache_exactness(inp.cache, health, rep)
     health.update(feature_stats=inp.feature_stats, weight_stats=mod.info.weight_stats, embed_stats=mod.embed_stats)
     results = build_results(opts, inp, mod, ev, m, health, device, dtype, time.perf_counter() - t0)
     target_checks(opts, results, mod, inp, device, dtype, rep)
     print_summary(results)
     rep.event(stage="done", step=STEPS, steps=STEPS, metrics=headline(results))
     return results
+
+
+MIN_ARGMAX_AGREEMENT = 0.99
+
+
+def cache_exactness(cache, health: dict, rep: Reporter, suite: str | None = None) -> None:
+    """The cache's exactness as `extract` recorded it (the target's argmax over its own prefill vs the cached next
+    tokens): a log line; below MIN_ARGMAX_AGREEMENT a health reason (the run is marked suspect)."""
+    what = f"cache {suite}" if suite else "cache"
+    a, gen = cache.argmax_agreement, (cache.meta or {}).get("generation") or {}
+    if a is None:
+        rep.line(f"  {what}: argmax agreement not recorded (extracted before `extract` recorded it)")
+        return
+    how = f" (completions by {gen['generator']}, {gen.get('dtype')})" if gen.get("generator") else ""
+    rep.line(f"  {what}: argmax agreement {a:.4f}: the target's argmax is the cached next token at that fraction of "
+             f"the completion positions{how}", stage="cache_exactness", argmax_agreement=a)
+    if a < MIN_ARGMAX_AGREEMENT:
+        reason = (f"{what} argmax agreement {a:.4f} < {MIN_ARGMAX_AGREEMENT}: its tokens are not what its hidden "
+                  "states predict")
+        health["suspect"] = True
+        health["reasons"].append(reason)
+        health["hints"].append("re-extract the cache with this target (`python -m remote_payload extract`; its "
+                               "cache.json generation says how this one was made)")
+        rep.line(f"\nwarning: SUSPECT RESULT — {reason}.\n         {health['hints'][-1]}. results.json marked "
+                 "suspect.", stage="suspect")
 
 
 def check_online_target(opts: EvalOptions) -> None:
@@ -645,6 +672,8 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
                      sum(d[3].num_anchors for d in done), sum(d[3].eval_s for d in done), done[0][3].batch_size)
     m = metrics.aggregate(per_prompt, bs)
     health = assess_health(m, ev_all.drafts, ev_all.targets, first.tok, rep)
+    for name, _so, inp_s, _ev in done:
+        cache_exactness(inp_s.cache, health, rep, suite=name)
     health.update(feature_stats=feature_stats, weight_stats=mod.info.weight_stats, embed_stats=mod.embed_stats)
     fp = hashlib.sha256("".join(f"{s.name}\0{s.cache.fingerprint}\n" for s in suites).encode()).hexdigest()
     joined = _JoinedCache(fingerprint="sha256:" + fp, layer_ids=list(first.cache.layer_ids),

@@ -459,15 +459,7 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     if opts.suites:
         return evaluate_suites(opts, rep, device, dtype, t0)
     tok, cache, prompts = open_inputs(opts, rep)
-    # the weights load (and the kernels warm up) on a thread while this one validates the features (step 3)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-weights") as ex:
-        weights = ex.submit(read_weights, opts, prompts[0], device, dtype)
-        try:
-            inp = Inputs(tok, cache, prompts, feature_pass(opts, cache, prompts, rep))
-        except BaseException:
-            weights.cancel()
-            raise
-        mod = load_model(opts, inp, device, dtype, rep, weights)
+    inp, mod = load_beside_features(opts, tok, cache, prompts, device, dtype, rep)
     ev = eval_prompts(opts, inp, mod, device, dtype, rep)
     m = metrics.aggregate(ev.per_prompt, mod.drafter.cfg.block_size)
     health = assess_health(m, ev.drafts, ev.targets, inp.tok, rep)
@@ -503,6 +495,19 @@ def cache_exactness(cache, health: dict, rep: Reporter, suite: str | None = None
                                "cache.json generation says how this one was made)")
         rep.line(f"\nwarning: SUSPECT RESULT — {reason}.\n         {health['hints'][-1]}. results.json marked "
                  "suspect.", stage="suspect")
+
+
+def load_beside_features(opts: EvalOptions, tok, cache, prompts: list, device: torch.device, dtype: torch.dtype,
+                         rep: Reporter) -> tuple[Inputs, Loaded]:
+    """Steps 3-4: the weights load (and the kernels warm up) on a thread while this one validates the features."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-weights") as ex:
+        weights = ex.submit(read_weights, opts, prompts[0], device, dtype)
+        try:
+            inp = Inputs(tok, cache, prompts, feature_pass(opts, cache, prompts, rep))
+        except BaseException:
+            weights.cancel()
+            raise
+        return inp, load_model(opts, inp, device, dtype, rep, weights)
 
 
 def check_online_target(opts: EvalOptions) -> None:
@@ -642,14 +647,7 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
                  n=len(names))
         tok, cache, prompts = open_inputs(so, rep)
         if mod is None:
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-weights") as ex:
-                weights = ex.submit(read_weights, so, prompts[0], device, dtype)
-                try:
-                    inp = Inputs(tok, cache, prompts, feature_pass(so, cache, prompts, rep))
-                except BaseException:
-                    weights.cancel()
-                    raise
-                mod = load_model(so, inp, device, dtype, rep, weights)
+            inp, mod = load_beside_features(so, tok, cache, prompts, device, dtype, rep)
         else:
             check_features(mod.drafter.cfg, cache.layer_ids, cache.hidden_size)
             inp = Inputs(tok, cache, prompts, feature_pass(so, cache, prompts, rep))

@@ -73,7 +73,8 @@ def visible_columns(table: Table, wide: bool) -> list[Column]:
     return [c for c in table.columns if wide or c.headline]
 
 
-def rich_table(table: Table, wide: bool = False) -> RichTable:
+def rich_table(table: Table, wide: bool = False, whole_names: bool = False) -> RichTable:
+    """`whole_names`: run names whole (a pipe), else shortened in the middle unless `wide`."""
     t = RichTable(title=escape(table.title), title_justify="left", caption=escape("\n".join(table.notes)) or None,
                   caption_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
                   show_lines=any(c.est is not None and c.est.n > 1 for r in table.rows for c in r.cells.values()))
@@ -84,7 +85,7 @@ def rich_table(table: Table, wide: bool = False) -> RichTable:
         cells = []
         for col in visible_columns(table, wide):
             c = row.cells.get(col.key, Cell())
-            cells.append(Text(cell_lines(c, col, wide), style="bold" if c.best else ""))
+            cells.append(Text(cell_lines(c, col, wide or whole_names), style="bold" if c.best else ""))
         t.add_row(*cells)
     return t
 
@@ -106,21 +107,22 @@ def listing_console(**kw) -> Console:
     return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH, **kw)
 
 
-def natural_width(tables: list[Table], wide: bool = False) -> int:
+def natural_width(tables: list[Table], wide: bool = False, whole_names: bool = False) -> int:
     probe = Console(width=1000)
-    return max((probe.measure(rich_table(t, wide)).maximum for t in tables), default=80)
+    return max((probe.measure(rich_table(t, wide, whole_names)).maximum for t in tables), default=80)
 
 
 def print_tables(tables: list[Table], console: Console | None = None, wide: bool = False) -> None:
     """In a terminal: the terminal's width (the default columns fit 100; --wide may need more: then the
-    tables' natural width, never squeezed). In a pipe: the tables' natural width, not 80."""
+    tables' natural width, never squeezed). In a pipe: the tables' natural width, not 80, run names whole."""
     own = console is None
     console = console or Console()
+    whole = not console.is_terminal
     if own:
-        natural = min(natural_width(tables, wide), 1000)
+        natural = min(natural_width(tables, wide, whole), 1000)
         console.width = max(console.width, natural) if console.is_terminal else natural
     for t in tables:
-        console.print(rich_table(t, wide))
+        console.print(rich_table(t, wide, whole_names=whole))
 
 
 def _md_escape(s: str) -> str:

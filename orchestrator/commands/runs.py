@@ -222,11 +222,12 @@ def cmd_logs(args) -> int:
 
 
 def states_table(states: list[RunState], unreachable: dict[str, str]):
-    """A rich Table of runs (pure)."""
+    """A rich Table of runs (pure). Narrower than the table: the timestamp (what tells runs apart) and the short
+    columns stay whole on one line; host, run and cause fold onto more lines, never cut."""
     from rich.table import Table
     table = Table(box=None, pad_edge=False)
     for col in ("host", "run", "state", "started", "took", "exit", "gpus", "progress / cause"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col in ("state", "started", "took", "exit", "gpus"), overflow="fold")
     for s in states:
         st = s.status
         last = (progress_text(s.last_event) if s.state == protocol.RUNNING
@@ -235,7 +236,7 @@ def states_table(states: list[RunState], unreachable: dict[str, str]):
                       duration_text(st) if st.get("finished_at") else "", str(st.get("exit_code", "")),
                       ",".join(map(str, st.get("gpus", []))) or (st.get("device") or ""), last)
     for h, why in unreachable.items():
-        table.add_row(h, "", "unreachable", why, "", "", "", "")
+        table.add_row(h, "", "unreachable", "", "", "", "", why)  # the why in the cause column
     return table
 
 

@@ -68,10 +68,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(sweep.report_json(rep), indent=2, default=str) + "\n")
     else:
-        out = report.listing_console(highlight=False)
-        report.print_tables([sweep.report_table(rep)], out)
-        for o in rep.outcomes:
-            out.print(sweep.outcome_text(o), markup=False)
+        sweep.print_report(rep, report.listing_console(highlight=False))  # folds a table too wide to lines
     words = {0: "ok", 1: "an eval failed", 2: "partial: not every checkpoint was evaluated"}
     err.print(f"report  {rep.files.get('html')} · {rep.files.get('markdown')}"
               + (f" · plots {rep.files['plot']}" if "plot" in rep.files else ""), markup=False)

@@ -321,6 +321,27 @@ def report_table(rep: SweepReport) -> Table:
     return mark_best(Table(f"sweep {rep.sweep_id}", cols, rows, notes=notes))
 
 
+PIPE_TABLE_WIDTH = 100  # a pipe (a log, cron mail) gets the table only when it fits this; else the lines
+
+
+def print_report(rep: SweepReport, console) -> None:
+    """The terminal report: the table and one line per checkpoint under it when the table fits the console's
+    width (in a pipe: PIPE_TABLE_WIDTH); else only the title, one line per checkpoint and the table's notes,
+    never a table squashed into '…' cells."""
+    from .. import report
+    table = report_table(rep)
+    fits = report.natural_width([table]) <= (console.width if console.is_terminal else PIPE_TABLE_WIDTH)
+    if fits:
+        report.print_tables([table], console)
+    else:
+        console.print(table.title, markup=False, highlight=False)
+    for o in rep.outcomes:
+        console.print(outcome_text(o), markup=False)
+    if not fits:
+        for note in table.notes:
+            console.print(note, markup=False, style="dim")
+
+
 def write_report_files(rep: SweepReport) -> None:
     """report.md, report.json, plots.png (with the tau-vs-step curve) and report.html in the sweep dir."""
     from .. import html, plots, report

@@ -29,7 +29,15 @@ from remote_payload.contract import protocol
 from . import __version__
 from .backends.base import Backend, Launch, Submission
 from .environment import EnvInfo, provision
-from .errors import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_EVAL_FAILED, ConfigError, RunNotFound
+from .errors import (
+    EXIT_BAD_INPUT,
+    EXIT_CANCELLED,
+    EXIT_EVAL_FAILED,
+    ConfigError,
+    RevalError,
+    RunExists,
+    RunNotFound,
+)
 from .events import Event, EventSink
 from .follow import FollowResult, follow
 from .gpuspec import normalize_gpus
@@ -317,9 +325,37 @@ def submit(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = 
             "created_at": protocol.now_iso(), "controller_version": __version__, "identity": ident,
             **(run_json or {})}
     # the backend wrote the follow state (identity, job id) the moment the run existed: nothing to add here
-    launched = backend.submit(Submission(name, spec.payload_argv(name), python, gpus=gpus, run_json=info,
-                                         preflight=spec.preflight_argv()))
+    try:
+        launched = backend.submit(Submission(name, spec.payload_argv(name), python, gpus=gpus, run_json=info,
+                                             preflight=spec.preflight_argv()))
+    except RunExists as e:
+        raise name_taken(backend, name, e) from None
     return Run(backend, name, python=python, launch=launched)
+
+
+def name_taken(backend: Backend, name: str, refused: RunExists) -> RunExists:
+    """The refusal of a used run name, saying what holds it (that run's state, asked from its host) and how to
+    free the name (`reval rm HOST/NAME`) or follow it; `refused` as it was when the host cannot tell."""
+    try:
+        st = backend.state(name)
+    except RevalError:
+        st = None
+    if st is None:
+        return refused
+    host, ref, other = backend.host.name, f"{backend.host.name}/{name}", f"--name {name}-2"
+    if st.state in (protocol.RUNNING, protocol.QUEUED):
+        return RunExists(f"run name {name!r} is already used on {host}: that run is {st.state}",
+                         hint=f"follow it: reval logs {ref} -f ; or pick another name ({other})")
+    free = f"reval rm {ref} (removes it there and here), or pick another name ({other})"
+    if st.state == protocol.SUCCEEDED:
+        when = f" at {st.status['finished_at']}" if st.status.get("finished_at") else ""
+        return RunExists(f"run name {name!r} is already used on {host}: that run succeeded{when}"
+                         + (" (SUSPECT result)" if st.suspect else ""),
+                         hint=f"its result: reval compare {ref} ; to run it again under this name: {free}")
+    why = ": ".join(str(x) for x in (f"exit {st.status['exit_code']}" if "exit_code" in st.status else "",
+                                     st.status.get("error")) if x)
+    return RunExists(f"run name {name!r} is already used on {host}: that run {st.state}" + (f" ({why})" if why else ""),
+                     hint=f"free the name: {free}; its log: reval logs {ref}")
 
 
 __all__ = [

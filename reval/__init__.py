@@ -73,6 +73,7 @@ from orchestrator.gpuspec import normalize_gpus
 from orchestrator.hostcheck import HostCheck
 from orchestrator.hostcheck import check_hosts as _check_hosts
 from orchestrator.inventory import Host, Inventory, load_inventory
+from orchestrator.ledger import LAUNCHED
 from orchestrator.lifecycle import EvalSpec
 from orchestrator.remove import Removal
 from orchestrator.runs import RunState
@@ -86,10 +87,10 @@ Error = RevalError
 
 __all__ = ["Comparison", "Error", "EvalSpec", "Event", "Finished", "Fixtures", "Host", "HostCheck", "HostSync",
            "Inventory", "Killed", "Listing", "Log", "LogLine", "Note", "Prepared", "Progress", "Pulled",
-           "PulledAll", "Removal", "RemovalPlan", "Result", "Run", "RunState", "StatusChange", "SweepOptions",
-           "SweepReport", "attach", "build_fixtures", "check_hosts", "check_spec", "compare", "find", "kill",
-           "load", "logs", "ls", "plan_prune", "plan_rm", "prepare", "prune", "pull", "pull_all", "rm", "status",
-           "submit", "sweep", "sync"]
+           "PulledAll", "Removal", "RemovalPlan", "Result", "Run", "RunState", "StatusChange", "SweepInterrupted",
+           "SweepOptions", "SweepReport", "attach", "build_fixtures", "check_hosts", "check_spec", "compare", "find",
+           "kill", "load", "logs", "ls", "plan_prune", "plan_rm", "prepare", "prune", "pull", "pull_all", "rm",
+           "status", "submit", "sweep", "sync", "unfinished"]
 
 LAST_LINES = 15  # eval.log lines a Finished keeps when the run did not succeed (what the CLI shows)
 
@@ -387,6 +388,16 @@ def find(run: str, *, host: str | None = None, inventory: Inventory | str | Path
 def attach(host: Host | str, name: str, *, inventory: Inventory | str | Path | None = None) -> Run:
     """A handle on a run that already exists on `host` (started by the CLI, the API or a sweep)."""
     return Run(_lifecycle.attach(get_backend(_host(host, inventory)), name))
+
+
+def unfinished(host: Host | str, spec: EvalSpec, *, name: str | None = None,
+               inventory: Inventory | str | Path | None = None) -> Run | None:
+    """The run this folder started on `host` with the same spec (and `name`, when given) whose end it did not
+    see (its controller was stopped: Ctrl-C in `reval demo`, a killed terminal): a Run to finish() instead of
+    starting the same eval again (`reattached`); None when there is none."""
+    h = _host(host, inventory)
+    again = _lifecycle.unfinished(h.name, spec.identity(h.name), name=name)
+    return Run(_lifecycle.attach(get_backend(h), again), reattached=True) if again else None
 
 
 @dataclass
@@ -762,6 +773,22 @@ def sweep(options: SweepOptions, *, inventory: Inventory | str | Path | None = N
     options = _sweep_paths(options, inv)
     baseline = _sweep.load_baseline(options.baseline)  # now, not after a night of evals
     sw = _sweep.Sweep(options, inv, log=on_line, baseline=baseline)
-    rep = sw.run()
+    try:
+        rep = sw.run()
+    except KeyboardInterrupt:  # the runs it launched go on on their hosts; the same sweep() resumes it
+        mine = sw.ledger.of_sweep(sw.sweep_id).values() if sw.sweep_id else []
+        launched = sorted({(e.host, e.run) for e in mine if e.state == LAUNCHED and e.host and e.run})
+        raise SweepInterrupted(sw.sweep_id or None, launched) from None
     _sweep.write_report_files(rep)
     return rep
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C (KeyboardInterrupt) during reval.sweep: `launched` lists the (host, run) pairs it had started that
+    go on on their hosts (detached: the controller's end does not stop them); `sweep_id` is the sweep (None
+    when it had not begun). The same sweep() again resumes it: it re-attaches to those runs, pulls what
+    finished and launches only what is missing."""
+
+    def __init__(self, sweep_id: str | None, launched: list[tuple[str, str]]):
+        super().__init__()
+        self.sweep_id, self.launched = sweep_id, launched

@@ -84,7 +84,7 @@ def test_run_again_after_a_sigkilled_controller_reattaches(here, capsys, named):
     # seen to its end now: the same command again is a new run (or, named, a clear refusal)
     rc, out, err = reval(capsys, *argv)
     if named:
-        assert rc == 3 and "already used" in err and "reval logs again -f" in err
+        assert rc == 3 and "already used" in err and "that run succeeded" in err and "reval rm local/again" in err
     else:
         assert rc == 0 and len(remote_runs(here)) == 2
 

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 from rich.console import Console
 
+from orchestrator.commands import demo as demo_cmd
 from orchestrator.commands import display
 from orchestrator.commands import run as run_cmd
 from remote_payload.contract import protocol
-from tests.runtools import reval, wrap
+from tests.runtools import reval, wait_lines, wrap
+from tests.sweeptools import make_checkpoints
 
 FAST = ["--", "--lines", "3", "--interval-s", "0"]
 CRASH = "RuntimeError: dummy crash at prompt 4 of 6"
@@ -91,3 +99,101 @@ def test_a_run_of_a_host_of_another_inventory_says_which_host_and_the_inventory(
     assert rc == 3 and "-i FILE" in err and "REVAL_HOSTS=FILE" in err
     rc, _, err = reval(capsys, "status", "nowhere")  # a run that is nowhere is still "not found"
     assert rc == 102 and "no run named 'nowhere'" in err
+
+
+# -- 21: Ctrl-C says what goes on and how to resume; a used name says what holds it ------------------------------
+def test_ctrl_c_in_a_sweep_says_what_keeps_running_and_the_same_command_resumes(tmp_path):
+    ck = make_checkpoints(tmp_path, [1, 2])
+    (tmp_path / "hosts.yaml").write_text(f"hosts:\n  loc1: {{local: true, workdir: {tmp_path / 'loc1'}, python: "
+                                         f"{sys.executable}, venv: {{mode: python}}, gpus: none}}\n")
+    argv = [sys.executable, "-m", "orchestrator", "sweep", "--checkpoints", f"{ck}/step-*", "--hosts", "loc1",
+            "--payload", "dummy", "--sweep-dir", "sweeps", "--poll-s", "0.2", "--", "--lines", "30",
+            "--interval-s", "0.1"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    try:
+        while not list((tmp_path / "loc1" / "runs").glob("step-1-*/status.json")):  # launched: a run is going
+            assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)  # Ctrl-C
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    (run,) = [d.name for d in (tmp_path / "loc1" / "runs").iterdir()]
+    last = err.strip().splitlines()[-1]
+    assert p.returncode == 101, err
+    assert last.startswith("interrupted: sweep ") and f"1 run(s) it launched keep running on their hosts (loc1/{run})" in last
+    assert "Resume: run the same command again" in last and "Traceback" not in err
+    started = protocol.read_json(tmp_path / "loc1" / "runs" / run / "status.json")["started_at"]
+    r = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "resume  sweep" in r.stderr and f"attach  step-1: run {run} on loc1" in r.stderr
+    assert protocol.read_json(tmp_path / "loc1" / "runs" / run / "status.json")["started_at"] == started
+
+
+def test_sweep_interrupted_before_any_launch_says_nothing_runs():
+    import reval
+    from orchestrator.commands.sweep import interrupted_text
+    text = interrupted_text(reval.SweepInterrupted(None, []))
+    assert text.startswith("interrupted: the sweep stopped here; no run of it is running. Resume: run the same command")
+
+
+class InterruptAfter(display.PlainSink):
+    """A display on which the user presses Ctrl-C after `n` log lines."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def line(self, text: str) -> None:
+        super().line(text)
+        self.n -= 1
+        if self.n == 0:
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_in_the_demo_says_the_eval_goes_on_and_the_same_command_reattaches(here, capsys, monkeypatch,
+                                                                                    trained_fixtures):
+    shutil.copytree(trained_fixtures, here / ".reval/local/fixtures")  # built before: the demo reuses them
+    monkeypatch.setattr(demo_cmd, "make_sink", lambda: InterruptAfter(3))
+    rc, out, err = reval(capsys, "demo", "--max-blocks", "5")
+    assert rc == 101, err
+    (early,) = os.listdir(here / ".reval/local/runs")
+    assert early.startswith("demo-early-")
+    assert err.strip().splitlines()[-1] == (f"interrupted: {early} keeps running on local (follow it: reval logs "
+                                            f"local/{early} -f). Resume: reval demo (the same command re-attaches "
+                                            "to it, then runs what is left)")
+    monkeypatch.setattr(demo_cmd, "make_sink", display.PlainSink)
+    rc, out, err = reval(capsys, "demo", "--max-blocks", "5")
+    assert rc == 0, err
+    assert f"{early} from before (its controller stopped)" in out and "following it, not starting another" in out
+    runs = sorted(os.listdir(here / ".reval/local/runs"))
+    assert len(runs) == 2 and runs[0] == early and runs[1].startswith("demo-final-")  # the early eval ran once
+    assert f"done    {early} succeeded" in out and "demo    done in" in out
+
+
+def test_a_used_name_says_what_holds_it_and_how_to_free_it(here, capsys):
+    assert reval(capsys, "run", "local", "--payload", "dummy", "--name", "ok", *FAST)[0] == 0
+    rc, _, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "ok", *FAST)  # the same command
+    first, hint = err.splitlines()[:2]
+    assert rc == 3 and first.startswith("error: run name 'ok' is already used on local: that run succeeded at 20"), err
+    assert "reval rm local/ok" in hint and "--name ok-2" in hint and "reval compare local/ok" in hint
+    reval(capsys, "run", "local", "--payload", "dummy", "--name", "bad", "--", "--lines", "6", "--interval-s", "0",
+          "--crash")
+    rc, _, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "bad", *FAST)
+    assert rc == 3 and err.splitlines()[0] == f"error: run name 'bad' is already used on local: that run failed (exit 1: {CRASH})"
+    assert "free the name: reval rm local/bad" in err
+    rc, _, _ = reval(capsys, "run", "local", "--payload", "dummy", "--name", "busy", "--detach", "--", "--lines",
+                     "1000", "--interval-s", "0.05")
+    assert rc == 101
+    try:
+        wait_lines(here / ".reval/local/runs/busy/eval.log", 3)
+        rc, _, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "busy", *FAST)
+        assert rc == 3 and "that run is running" in err and "follow it: reval logs local/busy -f" in err
+    finally:
+        assert reval(capsys, "kill", "busy", "--grace-s", "2")[0] == 0
+    rc, _, _ = reval(capsys, "rm", "local/ok", "--yes")  # what the hint says frees the name
+    assert rc == 0 and reval(capsys, "run", "local", "--payload", "dummy", "--name", "ok", *FAST)[0] == 0

@@ -17,7 +17,7 @@ import reval
 
 from .. import report, tables
 from ..argparsing import positive_int
-from ..errors import EXIT_OK
+from ..errors import EXIT_CANCELLED, EXIT_OK, EXIT_STILL_RUNNING
 from ..gpuspec import normalize_gpus
 from .run import launch_line
 from .runs import finish_run, make_sink
@@ -36,13 +36,38 @@ def register(sub) -> None:
 
 def cmd_demo(args) -> int:
     """A thin layer over the `reval` API: prepare (once), build_fixtures, submit / finish, compare; the CLI's
-    display on top."""
+    display on top. Ctrl-C says what goes on (an eval keeps running on its host) and how to resume: the same
+    command re-attaches to that eval (reval.unfinished) and reuses the fixtures."""
     inv = reval.Inventory.load(args.inventory)
     host = inv[args.host]
+    doing: list = ["prepare"]  # what Ctrl-C interrupts: prepare | fixtures | the Run being followed | compare
+    try:
+        return _demo(args, host, doing)
+    except KeyboardInterrupt:
+        print(interrupted_text(host.name, doing[0]), file=sys.stderr)
+        return EXIT_STILL_RUNNING if isinstance(doing[0], reval.Run) else EXIT_CANCELLED
+
+
+def interrupted_text(host: str, doing) -> str:
+    """What Ctrl-C in `reval demo` left behind and how to go on, in one line (pure)."""
+    again = "Resume: reval demo (the same command"
+    if isinstance(doing, reval.Run):
+        return (f"interrupted: {doing.name} keeps running on {host} (follow it: reval logs {doing.ref} -f). "
+                f"{again} re-attaches to it, then runs what is left)")
+    if doing == "fixtures":
+        return (f"interrupted: building the tiny fixtures on {host} was cut short; nothing was evaluated. "
+                f"{again}: it builds them again; a finished build is reused)")
+    if doing == "compare":
+        return "interrupted while comparing: both evals are done and pulled (reval ls); nothing is running"
+    return f"interrupted: nothing was started on {host}. {again})"
+
+
+def _demo(args, host, doing: list) -> int:
     t0 = time.monotonic()
     prep = reval.prepare(host)  # the payload and its venv, once for the fixtures and both evals
     fixtures = f"{prep.workdir}/fixtures"
     print(f"demo    building the tiny fixtures on {host.name} (cached after the first time): {fixtures}")
+    doing[0] = "fixtures"
     try:
         fx = reval.build_fixtures(host, out=fixtures, prepared=prep, on_line=lambda line: print("  " + line, flush=True))
     except reval.Error as e:
@@ -52,11 +77,19 @@ def cmd_demo(args) -> int:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     results, refs = [], []
     for label, drafter in (("early", early), ("final", fx.drafter_good)):
-        name = f"demo-{label}-{stamp}"
-        print(f"\ndemo    eval {label} drafter {drafter} as {name}")
-        run = reval.submit(host, fx.spec(drafter, max_blocks=args.max_blocks), name=name, prepared=prep)
-        print(f"launch  {launch_line(run.launch, normalize_gpus(host.gpus))}", flush=True)
+        spec = fx.spec(drafter, max_blocks=args.max_blocks)
+        run = reval.unfinished(host, spec)  # this eval, started by a demo that was interrupted: follow that one
+        if run is not None:
+            print(f"\ndemo    eval {label} drafter {drafter}: {run.name} from before (its controller stopped) "
+                  f"is {run.state}; following it, not starting another")
+        else:
+            name = f"demo-{label}-{stamp}"
+            print(f"\ndemo    eval {label} drafter {drafter} as {name}")
+            run = reval.submit(host, spec, name=name, prepared=prep)
+            print(f"launch  {launch_line(run.launch, normalize_gpus(host.gpus))}", flush=True)
+        doing[0] = run
         rc = finish_run(run, sink=make_sink())  # the same follow/pull/final line as `reval run`
+        doing[0] = "compare"
         if rc != EXIT_OK:
             return rc
         results.append(reval.load(run.ref))

@@ -11,6 +11,7 @@ import reval
 
 from .. import report, sweep
 from ..argparsing import positive_int, seconds
+from ..errors import EXIT_CANCELLED, EXIT_STILL_RUNNING
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "them by removing <workdir>/checkpoints on the host while no sweep runs. "
                     "Exit 0 ok, 1 an eval failed, 2 partial (a host failed or was unreachable, or no GPU was "
                     "free: the next sweep runs what is left), 3 bad input or config, 4 no host reachable, "
+                    "101 interrupted (Ctrl-C) with runs going on, 103 interrupted with none, "
                     "102 --baseline run not found.")
     p.add_argument("--checkpoints", action="append", required=True, metavar="SPEC",
                    help="'HOST:/root/ckpt/step-*' or a local './ckpt/step-*' (synced to the hosts); repeatable")
@@ -55,6 +57,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
+def interrupted_text(e: reval.SweepInterrupted) -> str:
+    """What Ctrl-C left behind and how to go on, in one line (pure)."""
+    if e.launched:
+        shown = ", ".join(f"{host}/{run}" for host, run in e.launched[:4]) + (
+            f" and {len(e.launched) - 4} more" if len(e.launched) > 4 else "")
+        going = f"the {len(e.launched)} run(s) it launched keep running on their hosts ({shown})"
+    else:
+        going = "no run of it is running"
+    what = f"sweep {e.sweep_id}" if e.sweep_id else "the sweep"
+    return (f"interrupted: {what} stopped here; {going}. Resume: run the same command again (it re-attaches to "
+            "running runs, pulls those that finished and launches only what is missing)")
+
+
 def main(args: argparse.Namespace) -> int:
     opts = reval.SweepOptions(
         checkpoints=args.checkpoints, hosts=args.hosts, target=args.target,
@@ -64,7 +79,11 @@ def main(args: argparse.Namespace) -> int:
         sweep_dir=args.sweep_dir, max_ssh=args.max_ssh, poll_s=args.poll_s, retries=max(1, args.retries),
         payload=args.payload)
     err = Console(stderr=True, highlight=False)
-    rep = reval.sweep(opts, inventory=args.inventory, on_line=lambda line: err.print(line, markup=False))
+    try:
+        rep = reval.sweep(opts, inventory=args.inventory, on_line=lambda line: err.print(line, markup=False))
+    except reval.SweepInterrupted as e:
+        err.print(interrupted_text(e), markup=False, soft_wrap=True)
+        return EXIT_STILL_RUNNING if e.launched else EXIT_CANCELLED
     if args.json:
         sys.stdout.write(json.dumps(sweep.report_json(rep), indent=2, default=str) + "\n")
     else:

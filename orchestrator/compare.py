@@ -11,6 +11,7 @@ from __future__ import annotations
 import calendar
 import dataclasses
 import fnmatch
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -354,7 +355,7 @@ def checkpoint_step(result: Result | None, name: str = "") -> int | None:
 
 
 def format_duration(seconds: float | None) -> str:
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):  # NaN / Infinity: no duration
         return ""
     s = round(seconds)
     if s < 60:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import sys
 
 from rich import box
@@ -198,5 +199,16 @@ def render_csv(tables: list[Table]) -> str:
     return buf.getvalue()
 
 
+def _finite(v):
+    """NaN / Infinity (bare NaN is no JSON) as null, all the way down."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
 def render_json(obj: dict) -> str:
-    return json.dumps(obj, indent=2, default=str) + "\n"
+    return json.dumps(_finite(obj), indent=2, default=str, allow_nan=False) + "\n"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import re
 import types
 import typing
@@ -425,7 +426,8 @@ def _bad(where: str, tp: Any, v: Any) -> ResultsError:
     return ResultsError(f"field {where}: expected {_type_name(tp)}, got {shown[:40]}")
 
 
-_SCALARS = {float: lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
+# a number is finite: NaN / Infinity (json.loads reads them) are no number; where null is allowed they read as null
+_SCALARS = {float: lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x),
             int: lambda x: isinstance(x, int) and not isinstance(x, bool),
             bool: lambda x: isinstance(x, bool), str: lambda x: isinstance(x, str)}
 
@@ -438,6 +440,8 @@ def _convert(tp: Any, v: Any, where: str) -> Any:
         args = typing.get_args(tp)
         if v is None and type(None) in args:
             return None
+        if type(None) in args and isinstance(v, float) and not math.isfinite(v):
+            return None  # NaN / Infinity: missing (never in a table, a CI or --format json)
         inner = [a for a in args if a is not type(None)]
         if len(inner) != 1:
             raise TypeError(f"unsupported schema type {tp}")

@@ -80,18 +80,14 @@ def trusted_samples(result: Result) -> dict[str, stats.Sample]:
 def estimates(result: Result, *, seed: int | None = None, keys=None) -> dict[str, stats.Estimate]:
     """Bootstrap 95% intervals (SD, n) of every headline number (or those in `keys`) that its per-prompt data
     rebuilds; none where the interval is not finite."""
-    out = {}
-    for k, s in trusted_samples(result).items():
-        if keys is None or k in keys:
-            e = stats.bootstrap(s, seed=seed)
-            if math.isfinite(e.lo) and math.isfinite(e.hi):
-                out[k] = e
-    return out
+    wanted = {k: s for k, s in trusted_samples(result).items() if keys is None or k in keys}
+    return {k: e for k, e in stats.bootstrap_many(wanted, seed=seed).items()
+            if math.isfinite(e.lo) and math.isfinite(e.hi)}
 
 
 def compare_paired(result: Result, reference: Result, *, seed: int | None = None, keys=None) -> dict[str, stats.Paired]:
     """`result` against `reference`, paired by prompt, for every headline number (or those in `keys`) both
     rebuild."""
     a, b = trusted_samples(result), trusted_samples(reference)
-    return {k: stats.paired(a[k], b[k], seed=seed) for k in a
-            if k in b and (keys is None or k in keys) and stats.align(a[k], b[k])[0].n}
+    return stats.paired_many({k: (a[k], b[k]) for k in a
+                              if k in b and (keys is None or k in keys) and stats.align(a[k], b[k])[0].n}, seed=seed)

@@ -6,7 +6,10 @@ Every headline number of a run is a ratio of sums over its prompts, `sum(num) / 
   - pooled numbers (tau pooled, position-1 accuracy): num/den = the prompt's counts (lengths/rounds,
     hits/anchors).
 So one vectorised resampler serves all of them: draw prompts with replacement (the same draws for both runs
-of a paired comparison), recompute the statistic, take the 2.5th and 97.5th percentiles.
+of a paired comparison, and for every number of a run), recompute the statistic, take the 2.5th and 97.5th
+percentiles. Memory is bounded whatever the number of prompts: the draws are made and used in chunks of at
+most CHUNK_ELEMENTS; they come from one generator stream and each resample's sum is its own (never a sum
+across a chunk), so the chunking never changes a result.
 """
 from __future__ import annotations
 
@@ -25,8 +28,10 @@ EXACT_PERMUTATION_MAX_N = 16   # up to 2**16 sign patterns: enumerate them all (
 PERMUTATIONS = 20_000
 Z_ALPHA = 1.959964        # two-sided 5%
 Z_POWER = 0.841621        # 80% power
-_CHUNK = 10_000           # resamples drawn per step
-CACHE_MAX_ELEMENTS = 4_000_000  # resample counts kept for reuse up to this size (32 MB of float64 each)
+_CHUNK = 10_000           # resamples drawn per step, at most ...
+CHUNK_ELEMENTS = 1_000_000  # ... and at most this many prompt draws (~24 MB of working arrays, whatever n):
+                            # 20,000 prompts x 10,000 resamples at once was 1.5 GB
+CACHE_MAX_ELEMENTS = 4_000_000  # draws kept for reuse up to this size (32 MB of int64 each)
 
 
 @dataclass
@@ -111,38 +116,39 @@ def resamples_for(n: int) -> int:
 def resample_indices(n: int, resamples: int = RESAMPLES, seed: int | None = None):
     """The draws: chunks of [k, n] prompt indices, with replacement (the sampling scheme, seeded)."""
     rng = np.random.default_rng(SEED if seed is None else seed)
-    for s in range(0, resamples, _CHUNK):
-        yield rng.integers(0, n, size=(min(_CHUNK, resamples - s), n))
+    step = _rows(n)
+    for s in range(0, resamples, step):
+        yield rng.integers(0, n, size=(min(step, resamples - s), n))
 
 
-def _weight_chunk(idx: np.ndarray, n: int) -> np.ndarray:
-    """[k, n] indices -> [k, n] counts: how often each prompt was drawn in each resample (one bincount)."""
-    k = len(idx)
-    flat = (idx + (np.arange(k) * n)[:, None]).ravel()
-    return np.bincount(flat, minlength=k * n).reshape(k, n).astype(np.float64)
+def _rows(n: int) -> int:
+    """Resamples (or sign patterns) per chunk for n prompts: bounded by memory (CHUNK_ELEMENTS), not by count."""
+    return max(1, min(_CHUNK, CHUNK_ELEMENTS // max(n, 1)))
 
 
 @functools.lru_cache(maxsize=4)
-def _weights(n: int, resamples: int, seed: int | None) -> np.ndarray:
-    """[resamples, n] counts, kept for reuse while small (CACHE_MAX_ELEMENTS): every number of a run and
-    both runs of a paired comparison share the same draws."""
-    out = np.concatenate([_weight_chunk(idx, n) for idx in resample_indices(n, resamples, seed)])
+def _indices(n: int, resamples: int, seed: int | None) -> np.ndarray:
+    """[resamples, n] draws, kept for reuse while small (CACHE_MAX_ELEMENTS)."""
+    out = np.concatenate(list(resample_indices(n, resamples, seed)))
     out.setflags(write=False)
     return out
 
 
 def resampled(samples: tuple[Sample, ...], resamples: int, seed: int | None) -> list[np.ndarray]:
-    """Per sample, sum(num)/sum(den) over every resample, from the same draws: (W @ num) / (W @ den), one
-    matrix product per chunk of resamples. Many prompts: the counts are made chunk by chunk, never all."""
+    """Per sample (all of the same n), sum(num)/sum(den) over every resample, from the same draws: each
+    resample's drawn values summed on their own (a row of a chunk), so a chunk's size never changes a result.
+    Many prompts: the draws are made chunk by chunk (at most CHUNK_ELEMENTS), never all at once."""
     n = samples[0].n
+    assert all(s.n == n for s in samples)
     if n * resamples <= CACHE_MAX_ELEMENTS:
-        chunks = [_weights(n, resamples, seed)]
+        chunks = [_indices(n, resamples, seed)]
     else:
-        chunks = (_weight_chunk(idx, n) for idx in resample_indices(n, resamples, seed))
+        chunks = resample_indices(n, resamples, seed)
+    ones = [bool(np.all(s.den == 1)) for s in samples]  # macro numbers: every resample's den is exactly n
     parts: list[list[np.ndarray]] = [[] for _ in samples]
-    for w in chunks:
-        for out, s in zip(parts, samples):
-            out.append((w @ s.num) / (w @ s.den))
+    for idx in chunks:
+        for out, s, one in zip(parts, samples, ones):
+            out.append(s.num[idx].sum(axis=1) / (float(n) if one else s.den[idx].sum(axis=1)))
     return [np.concatenate(p) for p in parts]
 
 
@@ -159,9 +165,23 @@ def _sd(x: np.ndarray) -> float | None:
 def bootstrap(sample: Sample, *, resamples: int | None = None, seed: int | None = None,
               confidence: float = CONFIDENCE) -> Estimate:
     """Percentile bootstrap over prompts of sum(num)/sum(den)."""
-    (values,) = resampled((sample,), resamples or resamples_for(sample.n), seed)
-    lo, hi = _percentiles(values, confidence)
-    return Estimate(sample.value, lo, hi, _sd(sample.per_prompt), sample.n)
+    return bootstrap_many({"": sample}, resamples=resamples, seed=seed, confidence=confidence)[""]
+
+
+def bootstrap_many(samples: dict, *, resamples: int | None = None, seed: int | None = None,
+                   confidence: float = CONFIDENCE) -> dict:
+    """bootstrap() of each sample (the same numbers), the samples of one n sharing one pass over the draws
+    (every number of a run: 20,000 prompts once instead of once per number)."""
+    by_n: dict[int, list] = {}
+    for k, s in samples.items():
+        by_n.setdefault(s.n, []).append(k)
+    out = {}
+    for n, keys in by_n.items():
+        values = resampled(tuple(samples[k] for k in keys), resamples or resamples_for(n), seed)
+        for k, v in zip(keys, values):
+            lo, hi = _percentiles(v, confidence)
+            out[k] = Estimate(samples[k].value, lo, hi, _sd(samples[k].per_prompt), n)
+    return {k: out[k] for k in samples}
 
 
 def align(a: Sample, b: Sample) -> tuple[Sample, Sample]:
@@ -177,10 +197,29 @@ def paired(a: Sample, b: Sample, *, resamples: int | None = None, seed: int | No
            confidence: float = CONFIDENCE) -> Paired:
     """a against b, paired by prompt name: Δ = stat(a) - stat(b) and stat(a)/stat(b), both from the same
     resampled prompts; p-value: sign flips (a and b swapped per prompt) under 'no difference'."""
-    a, b = align(a, b)
-    if a.n == 0:
-        raise ValueError("no prompt in common: a paired comparison needs the same prompts")
-    sa, sb = resampled((a, b), resamples or resamples_for(a.n), seed)
+    return paired_many({"": (a, b)}, resamples=resamples, seed=seed, confidence=confidence)[""]
+
+
+def paired_many(pairs: dict, *, resamples: int | None = None, seed: int | None = None,
+                confidence: float = CONFIDENCE) -> dict:
+    """paired() of each (a, b) (the same numbers), the pairs of one n sharing one pass over the draws and one
+    over the sign patterns (every number of two runs: 20,000 prompts once instead of once per number)."""
+    aligned = {k: align(a, b) for k, (a, b) in pairs.items()}
+    by_n: dict[int, list] = {}
+    for k, (a, _) in aligned.items():
+        if a.n == 0:
+            raise ValueError("no prompt in common: a paired comparison needs the same prompts")
+        by_n.setdefault(a.n, []).append(k)
+    out = {}
+    for n, keys in by_n.items():
+        values = resampled(tuple(s for k in keys for s in aligned[k]), resamples or resamples_for(n), seed)
+        p_values = _sign_flips([aligned[k] for k in keys], PERMUTATIONS, seed)
+        for i, k in enumerate(keys):
+            out[k] = _paired(*aligned[k], values[2 * i], values[2 * i + 1], p_values[i], confidence)
+    return {k: out[k] for k in pairs}
+
+
+def _paired(a: Sample, b: Sample, sa: np.ndarray, sb: np.ndarray, p_value: float, confidence: float) -> Paired:
     d_lo, d_hi = _percentiles(sa - sb, confidence)
     delta = a.value - b.value
     if b.value != 0:
@@ -192,26 +231,32 @@ def paired(a: Sample, b: Sample, *, resamples: int | None = None, seed: int | No
         ratio = r_lo = r_hi = None
     if delta == 0 and np.array_equal(a.per_prompt, b.per_prompt):
         d_lo = d_hi = 0.0   # identical per prompt: every resample agrees exactly
-    return Paired(delta, d_lo, d_hi, ratio, r_lo, r_hi, sign_flip_p(a, b, seed=seed),
-                  _sd(a.per_prompt - b.per_prompt), a.n)
+    return Paired(delta, d_lo, d_hi, ratio, r_lo, r_hi, p_value, _sd(a.per_prompt - b.per_prompt), a.n)
 
 
 def sign_flip_p(a: Sample, b: Sample, *, permutations: int = PERMUTATIONS, seed: int | None = None) -> float:
     """Two-sided permutation p-value of |stat(a) - stat(b)|, swapping a and b within prompts (aligned samples).
     Exact (every one of the 2**n swap patterns) up to EXACT_PERMUTATION_MAX_N prompts, else Monte Carlo with
     the +1 correction (never 0)."""
-    n = a.n
-    observed = abs(a.value - b.value)
+    return _sign_flips([(a, b)], permutations, seed)[0]
+
+
+def _sign_flips(pairs: list, permutations: int, seed: int | None) -> list[float]:
+    """sign_flip_p of each aligned pair (all of one n), every pair judged on the same swap patterns, drawn
+    in chunks of bounded memory (one stream: the chunking never changes them)."""
+    n = pairs[0][0].n
+    observed = [abs(a.value - b.value) for a, b in pairs]
     if n <= EXACT_PERMUTATION_MAX_N:
         flips = _all_flips(n)
-        extreme = _extreme(a, b, flips, observed)
-        return float(extreme.sum() / len(flips))
+        return [float(_extreme(a, b, flips, o).sum() / len(flips)) for (a, b), o in zip(pairs, observed)]
     rng = np.random.default_rng(SEED if seed is None else seed)
-    count = 0
-    for s in range(0, permutations, _CHUNK):
-        flips = rng.random((min(_CHUNK, permutations - s), n)) < 0.5
-        count += int(_extreme(a, b, flips, observed).sum())
-    return (count + 1) / (permutations + 1)
+    counts = [0] * len(pairs)
+    step = _rows(n)
+    for s in range(0, permutations, step):
+        flips = rng.random((min(step, permutations - s), n)) < 0.5
+        for i, ((a, b), o) in enumerate(zip(pairs, observed)):
+            counts[i] += int(_extreme(a, b, flips, o).sum())
+    return [(c + 1) / (permutations + 1) for c in counts]
 
 
 @functools.lru_cache(maxsize=EXACT_PERMUTATION_MAX_N + 1)
@@ -223,8 +268,12 @@ def _all_flips(n: int) -> np.ndarray:
 
 
 def _extreme(a: Sample, b: Sample, flips: np.ndarray, observed: float) -> np.ndarray:
-    an = np.where(flips, b.num, a.num).sum(1) / np.where(flips, b.den, a.den).sum(1)
-    bn = np.where(flips, a.num, b.num).sum(1) / np.where(flips, a.den, b.den).sum(1)
+    if np.all(a.den == 1) and np.all(b.den == 1):  # macro numbers: every pattern's den is exactly n
+        an = np.where(flips, b.num, a.num).sum(1) / float(a.n)
+        bn = np.where(flips, a.num, b.num).sum(1) / float(a.n)
+    else:
+        an = np.where(flips, b.num, a.num).sum(1) / np.where(flips, b.den, a.den).sum(1)
+        bn = np.where(flips, a.num, b.num).sum(1) / np.where(flips, a.den, b.den).sum(1)
     # relative tolerance: the observed pattern itself (no flip) must count as at least as extreme
     return np.abs(an - bn) >= observed - 1e-12 * max(1.0, observed)
 

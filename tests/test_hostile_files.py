@@ -214,3 +214,63 @@ def test_nan_and_infinity_in_results_json_show_as_missing_and_json_stays_json(tm
         assert "nan" not in first.lower() and "inf" not in first.lower(), first
     finally:
         (bad / "results.json").unlink()  # damaged on purpose: the session's round-trip check is for real outputs
+
+
+# --- 8. 20,000 prompts -------------------------------------------------------------------------------------
+def many_prompts(run: str, n: int, quality: float = 0.8) -> dict:
+    """A results.json of n prompts, fast: a 4-prompt run's prompts repeated under new names (its headline
+    numbers stay those of the per-prompt data: a mean of repeated values is their mean)."""
+    from tests.resultsgen import make_results
+    res = make_results(run, quality=quality, num_prompts=4, max_blocks=6)
+    base = res["per_prompt"]
+    res["per_prompt"] = [{**base[i % 4], "name": f"prompt-{i}"} for i in range(n)]
+    res["options"]["num_prompts"] = res["comparability"]["num_prompts"] = res["metrics"]["num_prompts"] = n
+    res["cache"]["num_prompts_total"] = n
+    return res
+
+
+def test_the_intervals_of_many_prompts_are_the_same_whatever_the_chunking(monkeypatch):
+    """Chunked by memory (a few resamples at a time), the seeded intervals and p-values are exactly those of
+    all draws at once."""
+    import numpy as np
+
+    from orchestrator import stats
+    rng = np.random.default_rng(5)
+    n = 300
+    names = [f"p{i}" for i in range(n)]
+    a = stats.Sample(names, rng.random(n) * 6 + 1, np.ones(n))
+    b = stats.Sample(names, a.num + rng.normal(0.05, 0.4, n), np.ones(n))
+    c = stats.Sample(names, rng.integers(0, 40, n).astype(float), rng.integers(40, 60, n).astype(float))
+    d = stats.Sample(names, np.minimum(c.den, c.num + rng.integers(0, 3, n)), c.den)
+
+    def everything():
+        stats._indices.cache_clear()
+        return (stats.bootstrap(a), stats.bootstrap_many({"a": a, "c": c}), stats.paired(a, b),
+                stats.paired_many({"ab": (a, b), "cd": (c, d)}), stats.sign_flip_p(c, d))
+    monkeypatch.setattr(stats, "CHUNK_ELEMENTS", 10 ** 12)  # all draws at once, as before the chunking
+    whole = everything()
+    monkeypatch.setattr(stats, "CACHE_MAX_ELEMENTS", 0)
+    for elements in (n * 10_000, 12_345, 999, 1):  # 10,000 resamples a chunk ... one resample a chunk
+        monkeypatch.setattr(stats, "CHUNK_ELEMENTS", elements)
+        assert everything() == whole, elements
+    est, many, pair, pairs, p = whole
+    assert many["a"] == est and pairs["ab"] == pair and pairs["cd"].p_value == p  # one pass, the same numbers
+    assert est.lo < est.value < est.hi and pair.delta_lo < pair.delta < pair.delta_hi
+
+
+def test_compare_of_20000_prompts_stays_within_its_memory(tmp_path):
+    """10,000 resamples x 20,000 prompts at once was 1.49 GiB: under a 1 GiB address space the old code died
+    with a MemoryError; chunked by memory it is done in bounded time."""
+    from remote_payload.contract import protocol
+    run = tmp_path / "h" / "big"
+    run.mkdir(parents=True)
+    protocol.atomic_write_json(run / "results.json", many_prompts("big", 20_000))
+    try:
+        p = bounded(tmp_path, "compare", str(run), "--format", "json", mem_mb=1024, timeout=300)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+        row = strict_json(p.stdout)["runs"][0]
+        assert row["num_prompts"] == 20_000 and row["intervals"]["tau"]["n"] == 20_000
+        lo, hi = row["intervals"]["tau"]["ci"]
+        assert lo < row["metrics"]["tau"] < hi
+    finally:
+        (run / "results.json").unlink()  # 30 MB: no need for the session's round-trip check to read it

@@ -36,13 +36,12 @@ MAX_STATUS_BYTES = 1 << 20  # a status.json is a few KB
 
 def json_too_deep(obj, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether a parsed value nests lists/objects more than `limit` levels (iterative: never recurses)."""
-    stack = [(obj, 1)]
-    while stack:
+    stack = [(obj, 1)] if type(obj) in (dict, list) else []
+    while stack:  # containers only (json's own types): a 30 MB results.json in a fraction of a second
         o, d = stack.pop()
-        if isinstance(o, (dict, list)):
-            if d > limit:
-                return True
-            stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
+        if d > limit:
+            return True
+        stack.extend((v, d + 1) for v in (o.values() if type(o) is dict else o) if type(v) in (dict, list))
     return False
 
 

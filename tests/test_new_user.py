@@ -197,3 +197,44 @@ def test_a_used_name_says_what_holds_it_and_how_to_free_it(here, capsys):
         assert reval(capsys, "kill", "busy", "--grace-s", "2")[0] == 0
     rc, _, _ = reval(capsys, "rm", "local/ok", "--yes")  # what the hint says frees the name
     assert rc == 0 and reval(capsys, "run", "local", "--payload", "dummy", "--name", "ok", *FAST)[0] == 0
+
+
+# -- 22: the live display in a terminal of 100 columns -------------------------------------------------------------
+def bar_text(sink: display.RichSink) -> str:
+    """The progress bar as the terminal shows it now."""
+    con = terminal()
+    con.print(sink.progress.get_renderable())
+    return con.export_text()
+
+
+def test_the_live_display_fits_100_columns_and_counts_what_it_shows(here, capsys, monkeypatch, trained_fixtures):
+    con = terminal(100)
+    monkeypatch.setattr(run_cmd, "make_sink", lambda: display.RichSink(con))
+    paths = json.loads((trained_fixtures / "fixtures.json").read_text())["paths"]
+    rc, out, err = reval(capsys, "run", "local", "--drafter", str(trained_fixtures / paths["drafter_good"]),
+                         "--target", str(trained_fixtures / paths["target"]), "--cache",
+                         str(trained_fixtures / paths["cache"]), "--name", "live", "--max-blocks", "10")
+    assert rc == 0, err
+    screen = con.export_text().splitlines()
+    log = (here / "runs/local/live/eval.log").read_text().splitlines()
+    (at,) = [k for k, line in enumerate(screen) if line.startswith("[reval] live started")]
+    assert len(log[0]) > 100 and screen[at].endswith("…") and len(screen[at]) <= 100  # one line, not five
+    assert screen[at + 1] == log[1]  # the next line on the screen is the log's next line
+    summary = out[out.index("done    live succeeded"):].splitlines()[1:]
+    assert len(summary) > 1 and all(len(line) <= 100 for line in summary), summary
+    assert all(line.count("[") == line.count("]") for line in summary), summary  # no interval cut in two
+    assert " · ".join(line.strip() for line in summary).startswith("tau ")
+    # the bar, event by event, as the run showed it
+    sink = display.RichSink(terminal())
+    loading = counting = None
+    try:
+        for ev in protocol.read_events(here / "runs/local/live/events.jsonl"):
+            sink.event(ev)
+            if ev.get("stage") == "load_drafter" and "i" not in ev and loading is None:
+                loading = bar_text(sink)
+            if ev.get("stage") == "eval_prompt" and ev.get("i") == 5:
+                counting = bar_text(sink)
+    finally:
+        sink.close()
+    assert "[4/5] Loading drafter" in loading and "/10" not in loading, loading  # not step 3's 10/10
+    assert "[5/5] Evaluating" in counting and "5/10" in counting and " · ETA 0:" in counting, counting

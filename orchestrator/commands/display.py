@@ -71,52 +71,72 @@ def rate_text(rate: float | None, eta_s: float | None) -> str:
 class RichSink(PlainSink):
     """TTY output: a progress bar from events.jsonl, the log lines printed above it. The label is the
     payload's current step (`[3/5] Loading cached hidden states`, from events with step/steps), else the
-    stage; the bar is i/n of the latest event that has them, with the rate and ETA by the events' times."""
+    stage; the bar is i/n of the latest event that has them, with the rate and ETA by the events' times; a step
+    that does not count (the weight load) is a bar without a count, never the last step's. The wrapper's own
+    `[reval] ...` lines are one line each here (their whole text is in eval.log)."""
 
-    WINDOW = 20  # events of the current stage the rate is measured over
+    WINDOW = 20  # events of the current count the rate is measured over
 
     def __init__(self, console):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.table import Column
+        from rich.text import Text
+
+        class Count(MofNCompleteColumn):  # `3/10`; nothing for a step that does not count
+            def render(self, task):
+                return Text("") if task.total is None else super().render(task)
 
         self.console = console
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        label = Column(no_wrap=True, overflow="ellipsis", max_width=max(24, console.width * 2 // 5))  # the bar stays
+        self.progress = Progress(TextColumn("{task.description}", table_column=label), BarColumn(), Count(),
                                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=console,
                                  transient=True)
         self.task = None
         self.shown_on_terminal = 0  # log lines printed above the bar (the final line does not repeat them)
         self.label = ""
+        self.step = None
         self.samples: list[tuple[float, int]] = []
-        self.stage = None
+        self.count = None
         self.progress.start()
+
+    @property
+    def width(self) -> int:
+        """The terminal's columns (the final summary is fitted to them)."""
+        return self.console.width
 
     def line(self, text: str) -> None:
         from rich.text import Text
-        self.progress.console.print(Text(text), highlight=False)
+        one = text.startswith("[reval] ")  # `[reval] NAME started ... · CMD`: one line, not five
+        self.progress.console.print(Text(text), highlight=False, no_wrap=one or None,
+                                    overflow="ellipsis" if one else None)
         self.shown_on_terminal += 1
 
     def event(self, ev: dict) -> None:
         p = Progress.from_event(ev)  # the typed event the API's Run.events() yields too
-        fields = {}
-        if p.step is not None and p.steps is not None and p.message and p.i is None:
-            self.label = f"[{p.step}/{p.steps}] {p.message}"
-            fields = {"completed": 0, "total": None}  # a new step: indeterminate until it counts
-        if p.n is not None and p.i is not None:
-            fields = {"completed": p.i, "total": max(p.n, 1)}
-            key = (p.stage, self.label, p.n)
-            if key != self.stage:  # a new counting stage: its own rate
-                self.stage, self.samples = key, []
-            t = ev.get("t")
-            if isinstance(t, (int, float)) and not isinstance(t, bool):
-                self.samples = (self.samples + [(float(t), p.i)])[-self.WINDOW:]
-            fields["rate"] = rate_text(*rate_eta(self.samples, p.n))
-        if not fields:
+        if p.step is not None and p.steps is not None and p.message and p.i is None and p.step != self.step:
+            self.step, self.label = p.step, f"[{p.step}/{p.steps}] {p.message}"
+            self._show(p, total=None)  # a new step: no count until it counts (not the last step's 10/10)
             return
-        fields.setdefault("rate", "")
-        fields["description"] = escape(self.label or p.stage)
+        if p.n is None or p.i is None:
+            return
+        count = (self.label, p.n)  # one count, whichever events of the step carry it (eval and eval_prompt)
+        if count != self.count or (self.samples and p.i < self.samples[-1][1]):
+            self.count, self.samples = count, []  # a new count: its own rate
+        t = ev.get("t")
+        if (isinstance(t, (int, float)) and not isinstance(t, bool)
+                and (not self.samples or p.i > self.samples[-1][1])):  # the time each i was first reached
+            self.samples = (self.samples + [(float(t), p.i)])[-self.WINDOW:]
+        self._show(p, total=max(p.n, 1), completed=p.i, rate=rate_text(*rate_eta(self.samples, p.n)))
+
+    def _show(self, p: Progress, *, total: int | None, completed: int = 0, rate: str = "") -> None:
+        description = escape(self.label or p.stage or "")
+        if self.task is not None and total is None:  # rich keeps a total once set: a new task has none
+            self.progress.remove_task(self.task)
+            self.task = None
         if self.task is None:
-            self.task = self.progress.add_task(**fields)
+            self.task = self.progress.add_task(description, total=total, completed=completed, rate=rate)
         else:
-            self.progress.update(self.task, **fields)
+            self.progress.update(self.task, description=description, total=total, completed=completed, rate=rate)
 
     def note(self, text: str) -> None:
         self.progress.console.print(f"[dim]{escape(text)}[/dim]")

@@ -78,10 +78,25 @@ def duration_text(status: dict) -> str:
     return format_duration(b - a) if a is not None and b is not None else "?"
 
 
-def report_final(fin: reval.Finished, say=None, shown: int = 0) -> int:
+def fitted(text: str, width: int | None, indent: str = "        ") -> list[str]:
+    """`text` (parts joined by " · ") as lines of at most `width` columns after `indent`, broken only between
+    parts, so that no interval `[a, b]` is cut by the terminal; one line when width is None (a pipe) (pure)."""
+    if width is None:
+        return [indent + text]
+    lines: list[str] = []
+    for part in text.split(" · "):
+        if lines and len(lines[-1]) + 3 + len(part) <= width:
+            lines[-1] += " · " + part
+        else:
+            lines.append(indent + part)
+    return lines
+
+
+def report_final(fin: reval.Finished, say=None, shown: int = 0, width: int | None = None) -> int:
     """Print the end of a run (done / failed / cancelled / lost) and return its exit code. `say`: where the lines
     that go to stdout go instead (`logs -f --json` keeps stdout for its JSON lines: stderr). `shown`: log lines
-    the live display has just put on this terminal (their tail is not repeated under a failure)."""
+    the live display has just put on this terminal (their tail is not repeated under a failure). `width`: the
+    terminal's columns, which the summary is fitted to (None: one line)."""
     say = say or out
     name, host, state, status = fin.name, fin.host, fin.state, fin.status
     where = f"pulled to {fin.path}/"
@@ -94,7 +109,8 @@ def report_final(fin: reval.Finished, say=None, shown: int = 0) -> int:
         result = fin.result.result
         flag = " (SUSPECT result)" if result.health.suspect else ""
         say(f"done    {name} succeeded{flag} in {duration_text(status)} · {where}")
-        say(f"        {report.summary_line(result)}")
+        for line in fitted(report.summary_line(result), width):
+            say(line)
         if result.health.suspect:
             err(f"warning: SUSPECT RESULT — {'; '.join(result.health.reasons or ['see results.json health'])}")
         return fin.exit_code
@@ -136,7 +152,7 @@ def finish_run(run: reval.Run, *, sink, log_offset: int | None = None, tail: int
         fin = run.finish(on_event=shown_on(sink), log_offset=log_offset, tail=tail, give_up_s=give_up_s)
     finally:
         sink.close()
-    rc = report_final(fin, say, shown=getattr(sink, "shown_on_terminal", 0))
+    rc = report_final(fin, say, shown=getattr(sink, "shown_on_terminal", 0), width=getattr(sink, "width", None))
     if fin.discarded:
         err(f"        nothing was kept: {fin.host}/{fin.name} removed there and here (the name is free again)")
     return rc
@@ -201,13 +217,14 @@ def register(sub) -> None:
 
 def cmd_logs(args) -> int:
     run = reval.find(args.run, host=args.host, inventory=args.inventory)
-    if not args.follow:
-        log = run.log(tail=args.tail)
+    if not args.follow:  # streamed (or, with --tail, read from the end): a 1.5 GB log is never held whole
         if args.json:
-            for line in log.lines():
+            for line in run.log(tail=args.tail).lines() if args.tail else run.log_lines():
                 out(json_line(line.offset, line.text).rstrip("\n"))
         else:
-            output.write(sys.stdout.buffer, log.data)
+            for data in [run.log(tail=args.tail).data] if args.tail else run.log_chunks():
+                if not output.write(sys.stdout.buffer, data):
+                    break  # the reader has gone
         return EXIT_OK
     # --tail: from the start of the last N lines; None: where this folder's last follow stopped
     offset = 0 if args.from_start and not args.tail else None

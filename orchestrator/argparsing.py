@@ -16,6 +16,13 @@ def did_you_mean(word: str, options) -> str | None:
     return close[0] if close else None
 
 
+# what other tools call reval's commands (Slurm's scancel/squeue, docker's stop/ps, job queues): "did you mean"
+SYNONYMS = {"cancel": "kill", "stop": "kill", "abort": "kill", "terminate": "kill", "scancel": "kill",
+            "queue": "ls", "list": "ls", "ps": "ls", "jobs": "ls", "squeue": "ls", "log": "logs", "tail": "logs",
+            "remove": "rm", "delete": "rm", "show": "status", "info": "status", "fetch": "pull",
+            "download": "pull", "diff": "compare", "submit": "run", "start": "run", "launch": "run"}
+
+
 def option_suggestions(parser: argparse.ArgumentParser, words) -> list[str]:
     """`--drafer -> --drafter` for each unknown option word that is close to one of the parser's (pure)."""
     known = [s for s in parser._option_string_actions if s.startswith("--")]
@@ -36,7 +43,9 @@ def usage_hint(parser: argparse.ArgumentParser, message: str) -> str | None:
         return f"did you mean: {', '.join(sugg)}" if sugg else None
     m = re.match(r"argument [^:]+: invalid choice: '([^']*)' \(choose from (.*)\)", message)
     if m:
-        close = did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
+        choices = re.findall(r"'([^']*)'", m.group(2))
+        close = SYNONYMS.get(m.group(1).lower()) if SYNONYMS.get(m.group(1).lower()) in choices else None
+        close = close or did_you_mean(m.group(1), choices)
         return f"did you mean {close!r}?" if close else None
     return None
 
@@ -73,6 +82,20 @@ def subparsers(parser: argparse.ArgumentParser):
             for sp in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
                 yield sp.prog, sp
                 yield from subparsers(sp)
+
+
+def inventory_option(parser: argparse.ArgumentParser) -> None:
+    """`-i/--inventory FILE` on a sub-command, so that it may come after the command (`reval ls -i FILE`, as
+    other CLIs take their global options); unset there, the one before the command (or the default) holds."""
+    parser.add_argument("-i", "--inventory", metavar="FILE", default=argparse.SUPPRESS,
+                        help="hosts file, here or before the command (reval -i FILE COMMAND)")
+
+
+def add_inventory_option(parser: argparse.ArgumentParser) -> None:
+    """inventory_option on every sub-command that has none yet."""
+    for _, sp in subparsers(parser):
+        if "--inventory" not in sp._option_string_actions:
+            inventory_option(sp)
 
 
 def bind_usage_errors(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ import importlib
 import sys
 
 from . import __version__, output
-from .argparsing import Parser, bind_usage_errors
+from .argparsing import Parser, add_inventory_option, bind_usage_errors
 from .errors import RevalError
 
 # (module under orchestrator.commands) in --help order: the pipeline reads inventory -> ... -> compare.
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"orchestrator.commands.{name}").register(sub)
+    add_inventory_option(p)
     bind_usage_errors(p)
     return p
 

@@ -1,6 +1,7 @@
 """Shell completion scripts for bash and zsh, generated from the argparse tree (so they never go stale):
-sub-commands, their options, the choices of an option, and host names for HOST arguments (read at
-completion time from `reval hosts --names`)."""
+sub-commands, their options, the choices of an option, host names for HOST arguments (read at completion
+time from `reval hosts --names`) and run names for RUN arguments (`reval ls --names`: the runs kept here, no
+host asked)."""
 from __future__ import annotations
 
 import argparse
@@ -12,10 +13,13 @@ SHELLS = ("bash", "zsh")
 # arguments that name an inventory host (or group): completed from `reval hosts --names`
 _HOST_METAVARS = ("HOST", "HOST|GROUP", "GROUP|HOST")
 HOSTS = ["$HOSTS"]  # a placeholder: the host names, read when completing
+_RUN_METAVARS = ("RUN",)  # arguments that name a run: completed from `reval ls --names`
+RUNS = ["$RUNS"]  # a placeholder: the run names, read when completing
 
 
 def _words(parser: argparse.ArgumentParser) -> tuple[list[str], dict[str, list[str]], bool | list[str]]:
-    """(option strings, {option: its choices}, what a positional takes: True for HOST, else its choices)."""
+    """(option strings, {option: its choices}, what a positional takes: True for HOST, RUNS for RUN, else its
+    choices)."""
     opts, choices, host = [], {}, []
     for a in parser._actions:
         if isinstance(a, argparse._SubParsersAction):
@@ -30,8 +34,13 @@ def _words(parser: argparse.ArgumentParser) -> tuple[list[str], dict[str, list[s
             elif (a.metavar or a.dest.upper()) in _HOST_METAVARS:
                 for s in a.option_strings:
                     choices[s] = HOSTS
+            elif a.metavar in _RUN_METAVARS:
+                for s in a.option_strings:
+                    choices[s] = RUNS
         elif a.metavar in _HOST_METAVARS:
             host = True
+        elif a.metavar in _RUN_METAVARS and not host:
+            host = RUNS
         elif a.choices and not host:
             host = [str(c) for c in a.choices]
     return opts, choices, host
@@ -46,6 +55,7 @@ def bash_script(parser: argparse.ArgumentParser, prog: str = "reval") -> str:
     cases = []
     # the hosts of the inventory named on the line being completed (-i FILE), else the default one
     hosts_words = '"$(' + prog + ' ${inv:+-i "$inv"} hosts --names 2>/dev/null)"'
+    runs_words = '"$(' + prog + ' ls --names 2>/dev/null)"'  # the runs in runs/ here (NAME and HOST/NAME)
     takes_value: list[str] = []  # options that take a value, every parser's (the root's is tree[0])
     tree = [("", parser)] + [(sp.prog.split(" ", 1)[1], sp) for _, sp in subparsers(parser)]
     for path, sp in tree:
@@ -54,12 +64,14 @@ def bash_script(parser: argparse.ArgumentParser, prog: str = "reval") -> str:
         takes_value += [s for a in sp._actions if a.option_strings and a.nargs != 0 for s in a.option_strings]
         lines = []
         for opt, ch in choices.items():
-            words = hosts_words if ch is HOSTS else shlex.quote(" ".join(ch))
+            words = hosts_words if ch is HOSTS else runs_words if ch is RUNS else shlex.quote(" ".join(ch))
             lines.append(f'    [[ $prev == {opt} ]] && {{ COMPREPLY=($(compgen -W {words} -- "$cur")); return; }}')
         lines.append('    if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W '
                      f'{shlex.quote(" ".join(opts))} -- "$cur")); return; fi')
         if subs:
             lines.append(f'    COMPREPLY=($(compgen -W {shlex.quote(" ".join(subs))} -- "$cur")); return')
+        elif host is RUNS:
+            lines.append(f'    COMPREPLY=($(compgen -W {runs_words} -- "$cur")); return')
         elif isinstance(host, list) and host:
             lines.append(f'    COMPREPLY=($(compgen -W {shlex.quote(" ".join(host))} -- "$cur")); return')
         elif host:

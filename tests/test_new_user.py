@@ -238,3 +238,61 @@ def test_the_live_display_fits_100_columns_and_counts_what_it_shows(here, capsys
         sink.close()
     assert "[4/5] Loading drafter" in loading and "/10" not in loading, loading  # not step 3's 10/10
     assert "[5/5] Evaluating" in counting and "5/10" in counting and " · ETA 0:" in counting, counting
+
+
+# -- 23: the conventions other CLIs taught -----------------------------------------------------------------------
+def test_json_flags_and_the_inventory_option_after_the_command(here, capsys):
+    for name in ("a", "b"):
+        assert reval(capsys, "run", "local", "--payload", "dummy", "--name", name, *FAST)[0] == 0
+    rc, out, err = reval(capsys, "compare", "a", "b", "--json")  # as llm / sqlite-utils users type it
+    assert rc == 0, err
+    rc2, out2, _ = reval(capsys, "compare", "a", "b", "--format", "json")
+    assert rc2 == 0 and json.loads(out) == json.loads(out2) and [r["label"] for r in json.loads(out)["runs"]]
+    (here / "other.yaml").write_text("hosts:\n  box: {local: true, workdir: wb, python: current, venv: {mode: python}}\n"
+                                     "groups:\n  boxes: [box]\n")
+    rc, out, err = reval(capsys, "hosts", "--json", "-i", "other.yaml")
+    assert rc == 0, err
+    inv = json.loads(out)
+    box = next(h for h in inv["hosts"] if h["name"] == "box")
+    assert inv["inventory"].endswith("other.yaml") and box["workdir"] == "wb" and box["local"] is True
+    assert inv["groups"] == {"boxes": ["box"]}
+    rc, _, err = reval(capsys, "run", "box", "-i", "other.yaml", "--payload", "dummy", "--name", "far", *FAST)
+    assert rc == 0, err  # -i after HOST, among run's options
+    rc, out, err = reval(capsys, "ls", "-i", "other.yaml")
+    assert rc == 0 and "box" in out and "far" in out, err
+    rc, out, _ = reval(capsys, "status", "far", "-i", "other.yaml")
+    assert rc == 0 and out.startswith("far on box: succeeded")
+    rc, out, _ = reval(capsys, "-i", "other.yaml", "ls", "-i", "hosts-none.yaml")  # the one after the command wins
+    assert rc == 3
+    rc, out, _ = reval(capsys, "ls")  # and without it, the default inventory as before
+    assert rc == 0 and "far" not in out and " a " in f" {out} "
+
+
+def test_other_tools_words_for_commands_get_a_did_you_mean(here, capsys):
+    for word, meant in (("cancel", "kill"), ("stop", "kill"), ("queue", "ls"), ("list", "ls"), ("delete", "rm")):
+        rc, _, err = reval(capsys, word, "x")
+        assert rc == 3 and f"did you mean {meant!r}?" in err, (word, err)
+
+
+def test_completion_of_run_names_in_a_real_bash(here, capsys):
+    for name in ("step-10", "step-20"):
+        assert reval(capsys, "run", "local", "--payload", "dummy", "--name", name, *FAST)[0] == 0
+    rc, script, _ = reval(capsys, "completion", "bash")
+    assert rc == 0
+    (here / "reval.bash").write_text(script)
+    repo = Path(__file__).resolve().parents[1]
+    driver = f"""
+source {here}/reval.bash
+reval() {{ PYTHONPATH={repo} {sys.executable} -m orchestrator "$@"; }}
+comp() {{ COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); COMPREPLY=(); _reval; echo "${{COMPREPLY[*]}}"; }}
+comp reval logs ""
+comp reval logs -f step-1
+comp reval status local/
+comp reval compare step-10 --baseline st
+comp reval rm ""
+"""
+    p = subprocess.run(["bash", "-c", driver], check=False, capture_output=True, text=True, timeout=120, cwd=here)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["step-10 step-20 local/step-10 local/step-20", "step-10",
+                                     "local/step-10 local/step-20", "step-10 step-20",
+                                     "step-10 step-20 local/step-10 local/step-20"]

@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("table", "md", "csv", "json"), default="table",
                    help="table (fits 100 columns; --wide: every column), md, csv or json (every value, with "
                         "95%% intervals, SD, n and the paired comparison)")
+    p.add_argument("--json", action="store_const", const="json", dest="format",
+                   help="the same as --format json (as llm and sqlite-utils spell it)")
     p.add_argument("--wide", action="store_true", help="every column (tau pooled, streak, each DDTree budget, "
                                                        "width-k trees, host, step, ...), not only the headline ones")
     p.add_argument("--threshold", type=float, default=0.1, metavar="TAU",

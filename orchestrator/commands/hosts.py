@@ -21,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "host in parallel: reachable, host key, python, disk, GPUs, payload and venv; "
                                    "for a Slurm cluster (slurm: in hosts.yaml) its partitions, GPUs and limits.")
     p.add_argument("--names", action="store_true", help="only the host and group names, one a line")
+    p.add_argument("--json", action="store_true", help="the inventory as JSON: its file, hosts (every setting) and "
+                                                       "groups")
     p.set_defaults(func=main_list)
     hsub = p.add_subparsers(dest="hosts_command", metavar="check")
     c = hsub.add_parser("check", help="check hosts in parallel (one SSH round trip each)",
@@ -44,6 +46,12 @@ def inventory_table(inv: Inventory) -> Table:
             (" +wheelhouse" if h.venv.wheelhouse else "")
         t.add_row(h.name, describe_address(h), h.workdir, f"{h.python} ({venv})", gpus_cell(h), ", ".join(h.tags))
     return t
+
+
+def inventory_json(inv: Inventory) -> dict:
+    """What `reval hosts --json` prints (pure): the file, every host with all its settings, the groups."""
+    return {"inventory": inv.path, "hosts": [dataclasses.asdict(h) for h in inv.hosts.values()],
+            "groups": {g: list(members) for g, members in inv.groups.items()}}
 
 
 def gpus_cell(h) -> str:
@@ -116,6 +124,9 @@ def main_list(args: argparse.Namespace) -> int:
     inv = reval.Inventory.load(args.inventory)
     if args.names:  # for shell completion: host and group names, one a line
         print("\n".join([*inv.hosts, *inv.groups]))
+        return 0
+    if args.json:
+        print(json.dumps(inventory_json(inv), indent=1, default=str))
         return 0
     con = listing_console()
     con.print(inventory_table(inv))

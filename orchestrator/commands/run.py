@@ -11,7 +11,7 @@ import sys
 
 import reval
 
-from ..argparsing import Parser, option_suggestions, positive_int, seconds
+from ..argparsing import Parser, inventory_option, option_suggestions, positive_int, seconds
 from ..backends.ssh import describe
 from ..errors import EXIT_STILL_RUNNING, ConfigError
 from ..gpuspec import normalize_gpus
@@ -47,6 +47,7 @@ def _add_options(p: argparse.ArgumentParser) -> None:
                    help="what to run: the eval, or a torch-free stand-in (tests, demos of the plumbing)")
     p.add_argument("--give-up-s", type=seconds, default=120.0, metavar="S",
                    help="stop reconnecting after this long (exit 4)")
+    inventory_option(p)  # also after HOST: reval run HOST -i FILE ...
 
 
 _OPTIONS = Parser(prog="reval run", add_help=False)

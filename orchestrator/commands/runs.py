@@ -16,7 +16,7 @@ from ..argparsing import positive_int, seconds
 from ..compare import _iso_s, format_duration
 from ..errors import EXIT_CANCELLED, EXIT_EVAL_FAILED, EXIT_OK, EXIT_PARTIAL, EXIT_STILL_RUNNING, RevalError
 from ..logs import json_line
-from ..runs import UNKNOWN, RunState, progress_text
+from ..runs import UNKNOWN, RunState, local_registry, progress_text
 from .display import JsonLinesSink, PlainSink, RichSink
 
 # `reval status RUN`'s exit code by state (failed, lost and an unreadable status.json: EXIT_EVAL_FAILED)
@@ -194,6 +194,8 @@ def register(sub) -> None:
                                    "host) as the hosts report them now. Unreachable hosts are listed (exit 2).")
     p.add_argument("host", metavar="HOST", nargs="?", help="a host or group")
     p.add_argument("--json", action="store_true", help="print the runs as JSON (oldest first)")
+    p.add_argument("--names", action="store_true", help="only the names of the runs kept here (runs/), NAME and "
+                                                        "HOST/NAME one a line, no host asked (shell completion)")
     p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("pull", help="copy a run directory to runs/<host>/<run>/",
@@ -289,6 +291,11 @@ def cmd_status(args) -> int:
 
 
 def cmd_ls(args) -> int:
+    if args.names:  # for shell completion: instant, from runs/ here
+        known = local_registry()
+        names = sorted({r for _, r in known}) + [f"{h}/{r}" for h, r in known]
+        out("\n".join(n for n in names if not args.host or n.startswith(f"{args.host}/")))
+        return EXIT_OK
     return _print_states(args, reval.ls(args.host, inventory=args.inventory))
 
 

@@ -9,12 +9,14 @@ import io
 import os
 import shutil
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from remote_payload.contract import protocol
 
 from .errors import RemoteCommandError, RunNotFound
+from .logs import drain
 from .runs import FOLLOW_JSON, check_local_runs_root, local_run_dir, remote_run_dir, symlink_refused
 from .transport import Transport, q
 
@@ -37,16 +39,36 @@ def pull_script(run_dir: str) -> str:
 
 def extract_contract_files(tar_bytes: bytes, dest: Path) -> tuple[list[str], list[str]]:
     """Write the contract files of a tar stream into `dest`; return (written, refused) names."""
+    return extract_contract_stream(io.BytesIO(tar_bytes), dest)
+
+
+def extract_contract_stream(stream, dest: Path) -> tuple[list[str], list[str]]:
+    """extract_contract_files from a readable stream, as it arrives: each file copied in pieces (a 1.5 GB
+    eval.log never in memory)."""
     written, refused = [], []
-    with tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:") as tf:
+    with tarfile.open(fileobj=stream, mode="r|") as tf:
         for m in tf:
             if not m.isreg() or m.name not in protocol.RUN_FILES:
                 refused.append(m.name)
                 continue
-            data = tf.extractfile(m).read()
-            (protocol.safe_join(dest, m.name)).write_bytes(data)
+            with tf.extractfile(m) as src, open(protocol.safe_join(dest, m.name), "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
             written.append(m.name)
     return written, refused
+
+
+class _Prefixed:
+    """A stream's first bytes (already read, to look for the script's @@ answers) and then the rest of it."""
+
+    def __init__(self, head: bytes, rest):
+        self.head, self.rest = head, rest
+
+    def read(self, size: int = -1) -> bytes:
+        if self.head:
+            out = self.head if size < 0 else self.head[:size]
+            self.head = self.head[len(out):]
+            return out
+        return self.rest.read(size)
 
 
 def pull(transport: Transport, name: str, *, workdir: str) -> PullResult:
@@ -55,23 +77,25 @@ def pull(transport: Transport, name: str, *, workdir: str) -> PullResult:
     final = local_run_dir(host, name)  # and a copy here that is a symbolic link (nothing written through it)
     run_dir = remote_run_dir(workdir, name)
     p = transport.popen(pull_script(run_dir))
-    out, err = p.communicate()
-    e = transport.connection_error(p.returncode, err.decode(errors="replace"))
-    if e is not None:
-        raise e
-    if out.startswith(b"@@LINK"):
-        raise symlink_refused(run_dir, host=host)
-    if out.startswith(b"@@NORUN"):
-        raise RunNotFound(f"no run {name!r} on {host}", hint=f"list runs: reval ls {host}")
-    if p.returncode != 0:
-        raise RemoteCommandError(host, "tar cf - <run files>", p.returncode, err.decode(errors="replace"))
+    err = drain(p.stderr)
+    head = p.stdout.read(7)  # "@@LINK\n", "@@NORUN", or the tar stream's first bytes
+    if head.startswith((b"@@LINK", b"@@NORUN")) or len(head) < 7:
+        p.stdout.read()  # nothing else comes (or a failed connection): its exit status says which
+        _pull_failed(transport, p, err, head, run_dir, name)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".pull-{name}-{os.getpid()}"
     old = final.parent / f".old-{name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        written, refused = extract_contract_files(out, tmp)
+        try:  # streamed into tmp/ as it arrives: memory stays bounded whatever the files' sizes
+            written, refused = extract_contract_stream(_Prefixed(head, p.stdout), tmp)
+        except (tarfile.TarError, EOFError) as ex:  # cut off: the connection, the host, or a damaged stream
+            p.kill()
+            _pull_failed(transport, p, err, head, run_dir, name)
+            raise RemoteCommandError(host, "tar cf - <run files>", p.returncode, f"damaged tar stream: {ex}") from None
+        p.stdout.read()
+        _pull_failed(transport, p, err, head, run_dir, name)
         if (final / FOLLOW_JSON).exists():
             shutil.copy2(final / FOLLOW_JSON, tmp / FOLLOW_JSON)
         if final.exists():
@@ -81,3 +105,18 @@ def pull(transport: Transport, name: str, *, workdir: str) -> PullResult:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
     return PullResult(final, sorted(written), refused)
+
+
+def _pull_failed(transport: Transport, p, err: Callable[[], str], head: bytes, run_dir: str, name: str) -> None:
+    """Wait for the pull's process; raise what its end says went wrong (nothing when it went right)."""
+    p.wait()
+    host = transport.host.name
+    e = transport.connection_error(p.returncode, err())
+    if e is not None:
+        raise e
+    if head.startswith(b"@@LINK"):
+        raise symlink_refused(run_dir, host=host)
+    if head.startswith(b"@@NORUN"):
+        raise RunNotFound(f"no run {name!r} on {host}", hint=f"list runs: reval ls {host}")
+    if p.returncode != 0:
+        raise RemoteCommandError(host, "tar cf - <run files>", p.returncode, err())

@@ -224,8 +224,11 @@ def _load_pulled(path: Path, status: dict) -> tuple[Result | None, RevalError | 
 
 
 def _last_lines(path: Path, n: int = LAST_LINES) -> list[str]:
+    """The last n lines of a pulled eval.log, read from its end (its last 64 KiB: a 1.5 GB log stays there)."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace").splitlines()[-n:]
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            return f.read().decode("utf-8", errors="replace").splitlines()[-n:]
     except OSError:
         return []
 
@@ -315,9 +318,22 @@ class Run:
         """Its eval.log as it is now (the last `tail` lines); a run folder or log that is a symbolic link is
         refused, never read."""
         self.status()
-        data = _logs.read_log(self._run.backend.transport, self.name)
-        start = _logs.tail_start(data, tail)
-        return Log(self.host, self.name, data[start:], start)
+        if tail:  # read from the end: a 1.5 GB log is never read whole for its last lines
+            data, start = _logs.read_log_tail(self._run.backend.transport, self.name, tail)
+            return Log(self.host, self.name, data, start)
+        return Log(self.host, self.name, _logs.read_log(self._run.backend.transport, self.name), 0)
+
+    def log_lines(self) -> Iterator[LogLine]:
+        """Its eval.log as it is now, line by line (each with its byte offset), streamed from the host: memory
+        stays bounded whatever its size (a line longer than 1 MiB comes in pieces); refusals as log()'s."""
+        self.status()
+        for off, raw in _logs.iter_lines(_logs.iter_log(self._run.backend.transport, self.name)):
+            yield LogLine(raw.rstrip(b"\n").decode("utf-8", errors="replace"), off)
+
+    def log_chunks(self) -> Iterator[bytes]:
+        """Its eval.log as it is now, in pieces of bytes, streamed from the host (bounded memory)."""
+        self.status()
+        return _logs.iter_log(self._run.backend.transport, self.name)
 
     def finish(self, *, on_event: Callable[[Event], None] | None = None, log_offset: int | None = None,
                tail: int | None = None, give_up_s: float = 120.0) -> Finished:
@@ -329,7 +345,7 @@ class Run:
         if h.launch is None:  # a run found rather than started now: a linked run folder or log is never followed
             _logs.refuse_links(t, self.name)
         if tail:
-            log_offset = _logs.tail_start(_logs.read_log(t, self.name), tail)
+            log_offset = _logs.read_log_tail(t, self.name, tail)[1]
         fin = h.wait(EventSink(on_event) if on_event else None, log_offset=log_offset, give_up_s=give_up_s)
         result, error = _load_pulled(fin.path, fin.status)
         done = Finished(**{f.name: getattr(fin, f.name) for f in dataclasses.fields(fin)}, result=result,

@@ -17,17 +17,22 @@ MiB = 1 << 20
 
 
 def bounded(cwd: Path, *argv, mem_mb: int = 512, timeout: float = 30, env: dict | None = None,
-            module: str = "orchestrator") -> subprocess.CompletedProcess:
+            module: str = "orchestrator", pipe: str = "") -> subprocess.CompletedProcess:
     """`python -m orchestrator ARGV` in its own process, its address space capped at mem_mb (a MemoryError
-    or a timeout here is the regression, not a stuck machine)."""
+    or a timeout here is the regression, not a stuck machine). `pipe`: a shell command its stdout goes
+    through (`tail -c 100`: a huge output never reaches this process; pipefail keeps the exit code)."""
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (mem_mb * MiB, mem_mb * MiB))
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1", **(env or {})}
     for k in ("REVAL_HOSTS", "REVAL_RUNS_DIR"):
         if env is None or k not in env:
             full_env.pop(k, None)
+    cmd = [sys.executable, "-m", module, *argv]
+    if pipe:
+        import shlex
+        cmd = ["bash", "-o", "pipefail", "-c", f"{shlex.join(cmd)} | {pipe}"]
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", module, *argv], cwd=cwd, env=full_env, capture_output=True,
+    p = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True,
                        text=True, errors="replace", timeout=timeout, preexec_fn=limit, check=False)
     p.elapsed = time.monotonic() - t0
     return p
@@ -274,3 +279,37 @@ def test_compare_of_20000_prompts_stays_within_its_memory(tmp_path):
         assert lo < row["metrics"]["tau"] < hi
     finally:
         (run / "results.json").unlink()  # 30 MB: no need for the session's round-trip check to read it
+
+
+# --- 9. a 1.5 GB eval.log ----------------------------------------------------------------------------------
+def test_a_huge_eval_log_is_streamed_and_tailed_from_its_end(tmp_path):
+    """A 768 MiB eval.log (sparse: a hole, then four lines) under a 256 MiB address space: `logs --tail 3`
+    reads its end, `logs` streams it, `pull` copies it piece by piece (all of them buffered the whole log)."""
+    launch(tmp_path, "big")
+    log = tmp_path / ".reval/local/runs/big/eval.log"
+    with open(log, "r+b") as f:
+        f.truncate(768 * MiB)
+        f.seek(0, os.SEEK_END)
+        f.write(b"line a\nline b\nline c\nline d\n")
+    end = log.stat().st_size
+    try:
+        p = bounded(tmp_path, "logs", "big", "--tail", "3", mem_mb=256, timeout=60)
+        assert p.returncode == 0 and p.stdout == "line b\nline c\nline d\n", p.stderr[-2000:]
+        assert p.elapsed < 30
+        p = bounded(tmp_path, "logs", "big", "--tail", "2", "--json", mem_mb=256, timeout=60)
+        assert [strict_json(x) for x in p.stdout.splitlines()] == [
+            {"offset": end - 14, "line": "line c"}, {"offset": end - 7, "line": "line d"}], p.stderr[-2000:]
+        p = bounded(tmp_path, "logs", "big", mem_mb=256, timeout=240, pipe="tail -c 14")
+        assert p.returncode == 0 and p.stdout == "line c\nline d\n", p.stderr[-2000:]
+        p = bounded(tmp_path, "logs", "big", "--json", mem_mb=256, timeout=60, pipe="head -c 300")
+        assert p.stdout.startswith('{"offset": 0, "line": "[reval]') and "Traceback" not in p.stderr, p.stderr
+        p = bounded(tmp_path, "pull", "big", mem_mb=256, timeout=240)
+        assert p.returncode == 0 and "pulled  local/big" in p.stdout, p.stderr[-2000:]
+        copy = tmp_path / "runs/local/big/eval.log"
+        assert copy.stat().st_size == end
+        with open(copy, "rb") as f:
+            f.seek(end - 28)
+            assert f.read() == b"line a\nline b\nline c\nline d\n"
+    finally:
+        for f in (log, tmp_path / "runs/local/big/eval.log"):
+            f.unlink(missing_ok=True)  # 768 MiB each

@@ -32,6 +32,9 @@ class Frame:
     data: bytes = b""
 
 
+MAX_EVENT_LINE = 1 << 20  # a longer events.jsonl line is damage: dropped (the host sends it in pieces)
+
+
 class FrameParser:
     """Incremental parser of the stream's frames (see remote_payload/runtime/stream.py)."""
 
@@ -103,6 +106,7 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
     res = FollowResult(state=protocol.RUNNING, log_offset=log_offset)
     events_offset = 0
     pending = b""  # the tail of events.jsonl after its last newline (only sent once the run is over)
+    skip_event = False  # an event line over MAX_EVENT_LINE was dropped: its end is skipped when it comes
     attempt, down_since = 0, None
     while True:
         cmd = (stream_cmd(res.log_offset, events_offset) if stream_cmd else
@@ -140,6 +144,10 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
                         events_offset = fr.offset + len(fr.data)
                         lines = data.split(b"\n")
                         pending = lines.pop()
+                        if lines and skip_event:  # the end of the event line dropped as too long
+                            lines, skip_event = lines[1:], False
+                        if len(pending) > MAX_EVENT_LINE:  # the host sends a long line in pieces: never held
+                            pending, skip_event = b"", True
                         for raw in lines:
                             try:
                                 sink.event(protocol.loads(raw))

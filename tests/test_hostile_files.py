@@ -313,3 +313,27 @@ def test_a_huge_eval_log_is_streamed_and_tailed_from_its_end(tmp_path):
     finally:
         for f in (log, tmp_path / "runs/local/big/eval.log"):
             f.unlink(missing_ok=True)  # 768 MiB each
+
+
+# --- 10. a 20 MB line without a newline --------------------------------------------------------------------
+def test_logs_f_delivers_a_20_mb_line_in_pieces_and_what_follows(tmp_path):
+    """The stream sent nothing of a line with no newline within 1 MiB, nor anything after it: `logs -f` ended
+    (or, on a running run, waited forever) without them. Now: pieces of 1 MiB (said once), then the rest."""
+    launch(tmp_path, "long")
+    run = tmp_path / ".reval/local/runs/long"
+    start = (run / "eval.log").stat().st_size
+    long = b"x" * (20 * MiB) + "é".encode() * 10  # a piece never ends inside a character
+    with open(run / "eval.log", "ab") as f:
+        f.write(long + b"\nafter 1\nafter 2\n")
+    with open(run / "events.jsonl", "ab") as f:  # a 3 MB events line: dropped, never held (nor a hang)
+        f.write(b"{" + b"y" * (3 * MiB) + b"\n")
+    p = bounded(tmp_path, "logs", "long", "-f", "--json", mem_mb=512, timeout=120, pipe="cut -c1-80")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert f"eval.log has a line over 1 MiB at byte {start}: shown in pieces of 1 MiB" in p.stderr
+    offsets = [int(x.split(",")[0].split(":")[1]) for x in p.stdout.splitlines()]
+    pieces = [o for o in offsets if start <= o < start + len(long)]
+    assert len(pieces) == 21 and pieces[0] == start and all(b - a <= MiB for a, b in zip(pieces, pieces[1:]))
+    after = start + len(long) + 1
+    assert p.stdout.splitlines()[-2:] == [f'{{"offset": {after}, "line": "after 1"}}',
+                                          f'{{"offset": {after + 8}, "line": "after 2"}}']
+    assert '"line": "éééééééééé"}' in p.stdout  # the last piece: whole characters

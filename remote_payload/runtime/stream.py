@@ -151,7 +151,7 @@ def read_status(run_dir: Path, probe=None) -> tuple[dict | None, bool, bytes, st
 
 
 CHUNK = 1 << 16      # bytes per frame: small enough that log and events interleave while a log replays
-MAX_LINE = 1 << 20   # a line longer than CHUNK is still sent whole, up to this
+MAX_LINE = 1 << 20   # a line longer than CHUNK is still sent whole, up to this; a longer one in pieces of it
 
 
 def read_new(path: Path, offset: int, final: bool, limit: int = CHUNK) -> bytes:
@@ -171,7 +171,31 @@ def read_new(path: Path, offset: int, final: bool, limit: int = CHUNK) -> bytes:
     cut = data.rfind(b"\n")
     if cut < 0 and len(data) == limit and limit < MAX_LINE:
         return read_new(path, offset, final, MAX_LINE)
+    if cut < 0 and len(data) == MAX_LINE:  # no newline in 1 MiB: a piece now (never held back, nor what follows)
+        return data[:_whole_utf8(data)]
     return data[: cut + 1] if cut >= 0 else b""
+
+
+def _whole_utf8(data: bytes) -> int:
+    """len(data), less a UTF-8 character cut at its end (a piece of a long line ends between characters)."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 != 0x80:  # ASCII or a lead byte: its character needs `need` bytes
+            need = 1 if b < 0xC0 else 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return len(data) - back if need > back and back < len(data) else len(data)
+    return len(data)
+
+
+def _line_starts(path: Path, offset: int) -> bool:
+    """Whether a line of `path` starts at `offset` (the byte before it is a newline)."""
+    if offset == 0:
+        return True
+    try:
+        with open(path, "rb", opener=lambda p, fl: os.open(p, fl | getattr(os, "O_NOFOLLOW", 0))) as f:
+            f.seek(offset - 1)
+            return f.read(1) == b"\n"
+    except OSError:
+        return False
 
 
 def new_frames(run_dir: Path, log_off: int, ev_off: int, final: bool) -> tuple[list[bytes], int, int]:
@@ -186,6 +210,10 @@ def new_frames(run_dir: Path, log_off: int, ev_off: int, final: bool) -> tuple[l
             if not data:
                 pending.remove(tag)
                 continue
+            if (tag == b"L" and len(data) > MAX_LINE - 4 and not data.endswith(b"\n")
+                    and _line_starts(run_dir / paths[tag], offs[tag])):  # said once a line, before its first piece
+                note = b"eval.log has a line over 1 MiB at byte %d: shown in pieces of 1 MiB" % offs[tag]
+                frames.append(b"N %d\n" % len(note) + note)
             frames.append(b"%s %d %d\n" % (tag, offs[tag], len(data)) + data)
             offs[tag] += len(data)
     return frames, offs[b"L"], offs[b"E"]

@@ -204,7 +204,7 @@ def test_eval_online_records_the_spot_check_and_refuses_hybrid_targets(trained_f
     assert on["prompts"] == 3 and on["rounds"] == on["rounds_agreeing"] == 18 and on["prompts_agreeing"] == 3
     assert [q["acceptance_lengths"] for q in on["per_prompt"]] == \
         [q["acceptance_lengths"] for q in res["per_prompt"][:3]]
-    assert on["measured_speedup"] == pytest.approx(on["target_only_s"] / on["spec_s"], rel=1e-3)
+    assert on["measured_speedup"] == pytest.approx(on["target_only_s"] / on["spec_s"], rel=2e-2)  # times rounded
     assert "online (block)" in capsys.readouterr().out
     hybrid = tmp_path / "hybrid"
     hybrid.mkdir()

@@ -16,12 +16,11 @@ from ..argparsing import positive_int, seconds
 from ..compare import _iso_s, format_duration
 from ..errors import EXIT_CANCELLED, EXIT_EVAL_FAILED, EXIT_OK, EXIT_PARTIAL, EXIT_STILL_RUNNING, RevalError
 from ..logs import json_line
-from ..runs import UNKNOWN, RunState, local_registry, progress_text
+from ..runs import RunState, local_registry, progress_text
 from .display import JsonLinesSink, PlainSink, RichSink
 
 # `reval status RUN`'s exit code by state (failed, lost and an unreadable status.json: EXIT_EVAL_FAILED)
 STATUS_EXIT = {protocol.SUCCEEDED: EXIT_OK, protocol.RUNNING: EXIT_STILL_RUNNING, protocol.QUEUED: EXIT_STILL_RUNNING,
-               UNKNOWN: EXIT_STILL_RUNNING,  # the scheduler cannot answer now: not ended, ask again
                protocol.CANCELLED: EXIT_CANCELLED}
 
 

@@ -337,3 +337,51 @@ def test_logs_f_delivers_a_20_mb_line_in_pieces_and_what_follows(tmp_path):
     assert p.stdout.splitlines()[-2:] == [f'{{"offset": {after}, "line": "after 1"}}',
                                           f'{{"offset": {after + 8}, "line": "after 2"}}']
     assert '"line": "éééééééééé"}' in p.stdout  # the last piece: whole characters
+
+
+# --- 11. absurd event times --------------------------------------------------------------------------------
+def on_terminal(cwd: Path, *argv, mem_mb: int = 512, timeout: float = 60) -> tuple[int, str, str]:
+    """`python -m orchestrator ARGV` with its stdout on a pseudo-terminal (the rich progress bar), under an
+    address-space limit: (exit code, what the terminal showed, stderr)."""
+    import pty
+    import select
+    master, slave = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "120", "LINES": "40", "TERM": "xterm"}
+    for k in ("REVAL_HOSTS", "REVAL_RUNS_DIR"):
+        env.pop(k, None)
+    p = subprocess.Popen([sys.executable, "-m", "orchestrator", *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                         stdout=slave, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (mem_mb * MiB,) * 2))
+    os.close(slave)
+    shown, end = bytearray(), time.monotonic() + timeout
+    try:
+        while time.monotonic() < end:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the terminal's other end is closed (the command has ended)
+                    break
+                if not chunk:
+                    break
+                shown += chunk
+            elif p.poll() is not None:
+                break
+        else:
+            p.kill()
+            raise AssertionError(f"{argv} still running after {timeout} s")
+        return p.wait(timeout=10), shown.decode(errors="replace"), p.stderr.read().decode(errors="replace")
+    finally:
+        os.close(master)
+        p.stderr.close()
+
+
+def test_absurd_event_times_leave_the_progress_bar_standing(tmp_path):
+    launch(tmp_path, "odd")
+    events = tmp_path / ".reval/local/runs/odd/events.jsonl"
+    with open(events, "a") as f:  # one count (stage x, n 10) whose times are not times
+        for i, t in enumerate(["0", "1e308", "Infinity", "-Infinity", "NaN", "1" + "0" * 400, "-1e308", "5"], 1):
+            f.write(f'{{"t": {t}, "stage": "x", "i": {i}, "n": 10}}\n')
+    (tmp_path / "runs/local/odd/.follow.json").unlink()  # replay it all: every event through the bar
+    rc, shown, err = on_terminal(tmp_path, "logs", "odd", "-f")
+    assert rc == 0 and "Traceback" not in shown + err, (shown[-3000:], err[-3000:])
+    assert "[3/3] prompt3" in shown and "done    odd succeeded" in shown, shown[-3000:]

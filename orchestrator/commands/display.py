@@ -2,6 +2,7 @@
 not a terminal, a rich progress bar with the log lines above it on a terminal. Only the CLI prints."""
 from __future__ import annotations
 
+import math
 import sys
 
 from rich.markup import escape
@@ -51,16 +52,24 @@ def rate_eta(samples: list[tuple[float, int]], n: int) -> tuple[float | None, fl
     if len(samples) < 2:
         return None, None
     (t0, i0), (t1, i1) = samples[0], samples[-1]
-    if t1 <= t0 or i1 <= i0:
-        return None, None
+    if not (math.isfinite(t0) and math.isfinite(t1)) or t1 <= t0 or i1 <= i0:
+        return None, None  # absurd times (a damaged events.jsonl: 1e308, Infinity, NaN) give no rate
     rate = (i1 - i0) / (t1 - t0)
-    return rate, max(0.0, (n - i1) / rate)
+    if not 1e-9 < rate < 1e9:  # 1e308 apart (or 1e-300): no rate worth a number
+        return None, None
+    eta = max(0.0, (n - i1) / rate)
+    return rate, eta if eta <= MAX_ETA_S else None
+
+
+MAX_ETA_S = 100 * 365 * 86400.0  # an ETA past a century is no ETA (absurd event times)
 
 
 def rate_text(rate: float | None, eta_s: float | None) -> str:
     """`2.4/s · ETA 0:00:41` (pure)."""
-    if rate is None:
+    if rate is None or not math.isfinite(rate):
         return ""
+    if eta_s is not None and not (math.isfinite(eta_s) and 0 <= eta_s <= MAX_ETA_S):
+        eta_s = None
     r = f"{rate:.1f}/s" if rate >= 0.1 else f"{rate * 60:.1f}/min"
     if eta_s is None:
         return r
@@ -123,9 +132,11 @@ class RichSink(PlainSink):
         if count != self.count or (self.samples and p.i < self.samples[-1][1]):
             self.count, self.samples = count, []  # a new count: its own rate
         t = ev.get("t")
-        if (isinstance(t, (int, float)) and not isinstance(t, bool)
+        t = float(t) if isinstance(t, float) or isinstance(t, int) and not isinstance(t, bool) and abs(t) < 1e300 \
+            else None  # an int past float's range (10**400 in events.jsonl) is no time either
+        if (t is not None and math.isfinite(t)
                 and (not self.samples or p.i > self.samples[-1][1])):  # the time each i was first reached
-            self.samples = (self.samples + [(float(t), p.i)])[-self.WINDOW:]
+            self.samples = (self.samples + [(t, p.i)])[-self.WINDOW:]
         self._show(p, total=max(p.n, 1), completed=p.i, rate=rate_text(*rate_eta(self.samples, p.n)))
 
     def _show(self, p: Progress, *, total: int | None, completed: int = 0, rate: str = "") -> None:

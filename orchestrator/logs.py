@@ -77,8 +77,7 @@ def iter_log(t: Transport, name: str) -> Iterator[bytes]:
     err = drain(p.stderr)
     done = False
     try:
-        for chunk in iter(lambda: p.stdout.read(CHUNK), b""):
-            yield chunk
+        yield from iter(lambda: p.stdout.read(CHUNK), b"")
         done = True
     finally:
         if not done:  # the reader stopped early (`reval logs RUN | head`): so does the host's cat

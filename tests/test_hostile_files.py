@@ -4,6 +4,7 @@ runs as the user runs it, in its own process under an address-space limit and a 
 regression fails here instead of eating the machine: one line, a documented exit code, bounded time and memory."""
 from __future__ import annotations
 
+import itertools
 import os
 import resource
 import subprocess
@@ -332,7 +333,7 @@ def test_logs_f_delivers_a_20_mb_line_in_pieces_and_what_follows(tmp_path):
     assert f"eval.log has a line over 1 MiB at byte {start}: shown in pieces of 1 MiB" in p.stderr
     offsets = [int(x.split(",")[0].split(":")[1]) for x in p.stdout.splitlines()]
     pieces = [o for o in offsets if start <= o < start + len(long)]
-    assert len(pieces) == 21 and pieces[0] == start and all(b - a <= MiB for a, b in zip(pieces, pieces[1:]))
+    assert len(pieces) == 21 and pieces[0] == start and all(b - a <= MiB for a, b in itertools.pairwise(pieces))
     after = start + len(long) + 1
     assert p.stdout.splitlines()[-2:] == [f'{{"offset": {after}, "line": "after 1"}}',
                                           f'{{"offset": {after + 8}, "line": "after 2"}}']
@@ -349,9 +350,9 @@ def on_terminal(cwd: Path, *argv, mem_mb: int = 512, timeout: float = 60) -> tup
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "120", "LINES": "40", "TERM": "xterm"}
     for k in ("REVAL_HOSTS", "REVAL_RUNS_DIR"):
         env.pop(k, None)
-    p = subprocess.Popen([sys.executable, "-m", "orchestrator", *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                         stdout=slave, stderr=subprocess.PIPE,
-                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (mem_mb * MiB,) * 2))
+    limited = ["bash", "-c", f'ulimit -v {mem_mb * 1024} && exec "$@"', "bash"]  # RLIMIT_AS, then the command
+    p = subprocess.Popen([*limited, sys.executable, "-m", "orchestrator", *argv], cwd=cwd, env=env,
+                         stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE)
     os.close(slave)
     shown, end = bytearray(), time.monotonic() + timeout
     try:
@@ -378,9 +379,9 @@ def on_terminal(cwd: Path, *argv, mem_mb: int = 512, timeout: float = 60) -> tup
 def test_absurd_event_times_leave_the_progress_bar_standing(tmp_path):
     launch(tmp_path, "odd")
     events = tmp_path / ".reval/local/runs/odd/events.jsonl"
-    with open(events, "a") as f:  # one count (stage x, n 10) whose times are not times
-        for i, t in enumerate(["0", "1e308", "Infinity", "-Infinity", "NaN", "1" + "0" * 400, "-1e308", "5"], 1):
-            f.write(f'{{"t": {t}, "stage": "x", "i": {i}, "n": 10}}\n')
+    times = ["0", "1e308", "Infinity", "-Infinity", "NaN", "1" + "0" * 400, "-1e308", "5"]  # not times
+    with open(events, "a") as f:  # one count (stage x, n 10)
+        f.writelines(f'{{"t": {t}, "stage": "x", "i": {i}, "n": 10}}\n' for i, t in enumerate(times, 1))
     (tmp_path / "runs/local/odd/.follow.json").unlink()  # replay it all: every event through the bar
     rc, shown, err = on_terminal(tmp_path, "logs", "odd", "-f")
     assert rc == 0 and "Traceback" not in shown + err, (shown[-3000:], err[-3000:])

@@ -71,7 +71,7 @@ def test_reval_run_passes_speedup_and_online_to_the_host(fx, here, capsys):
     """The issue's command shape: `reval run HOST ... --speedup --online N`; the pulled results hold both, and the
     latency table lives in the host's workdir."""
     from tests.runtools import reval
-    rc, out, err = reval(capsys, "run", "local", "--drafter", str(fx["drafter_good"]), "--target", str(fx["target"]),
+    rc, _out, err = reval(capsys, "run", "local", "--drafter", str(fx["drafter_good"]), "--target", str(fx["target"]),
                          "--cache", f"s1={fx['cache']}", "--cache", f"s2={fx['cache']}", "--num-prompts", "2",
                          "--max-blocks", "4", "--speedup", "--online", "2", "--name", "sp", "--",
                          "--ddtree-budgets", "16")

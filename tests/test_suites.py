@@ -143,7 +143,7 @@ def test_reval_run_evaluates_suites_on_a_host(caches, fx, here, capsys):
     assert rc == 3 and "missing" in err and not (here / "runs" / "local" / "suites").exists()
     for n, p in caches.items():
         argv += ["--cache", f"{n}={p}"]
-    rc, out, err = reval(capsys, *argv)
+    rc, _out, err = reval(capsys, *argv)
     assert rc == 0, err
     res = json.loads((here / "runs" / "local" / "suites" / "results.json").read_text())
     assert [s["name"] for s in res["suites"]] == list(SPLITS) and res["suite_mean"]["num_suites"] == 3

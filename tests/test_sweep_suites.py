@@ -4,14 +4,12 @@ the tau-vs-step plot, and the sweep's terminal table at narrow widths."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 import reval
 from orchestrator import sweep
-from orchestrator.inventory import Host, Inventory
+from orchestrator.inventory import Host
 from tests.resultsgen import write_run
 from tests.sweeptools import local_inventory, make_checkpoints, opts
 

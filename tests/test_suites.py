@@ -147,3 +147,16 @@ def test_reval_run_evaluates_suites_on_a_host(caches, fx, here, capsys):
     assert rc == 0, err
     res = json.loads((here / "runs" / "local" / "suites" / "results.json").read_text())
     assert [s["name"] for s in res["suites"]] == list(SPLITS) and res["suite_mean"]["num_suites"] == 3
+
+
+@pytest.mark.parametrize("bad", [[1], [2, 1], [0, 999], [-1, 2]])
+def test_a_damaged_suite_range_is_one_line_not_a_traceback(evals, tmp_path, capsys, monkeypatch, bad):
+    data = json.loads((evals / "three" / "results.json").read_text())
+    data["suites"][0]["prompt_range"] = bad
+    run = tmp_path / "runs" / "h" / "damaged"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps(data))
+    monkeypatch.chdir(tmp_path)
+    rc, _out, err = reval(capsys, "compare", "h/damaged", "--by", "suite")
+    assert rc == 3 and "suites[0].prompt_range" in err and "Traceback" not in err
+    (run / "results.json").unlink()  # damaged on purpose: not one the suite's round-trip check reads

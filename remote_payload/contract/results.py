@@ -352,6 +352,11 @@ class Result(Record):
             res = _record(cls, d, where)
         except ResultsError as e:
             raise ResultsError(f"{_file(source)}{e}") from None
+        for i, s in enumerate(res.suites or []):  # a suite's slice of per_prompt: what suite tables read
+            r = s.prompt_range
+            if len(r) != 2 or not 0 <= r[0] <= r[1] <= len(res.per_prompt):
+                raise ResultsError(f"{_file(source)}field suites[{i}].prompt_range: expected [first, end] within "
+                                   f"the {len(res.per_prompt)} per_prompt records, got {r}")
         res.source = Path(source) if source is not None else None
         return res
 

@@ -57,6 +57,11 @@ def test_projection_per_method_and_suite_and_the_table_reused(fx, tmp_path, caps
     assert again["speedup"]["reused"] and again["speedup"]["measure_s"] == 0
     assert again["speedup"]["decode_s"] == sp["decode_s"]
     assert "reused from" in capsys.readouterr().out
+    # the target's hash comes from the table while its files are unchanged (a stat each, no re-read of the weights)
+    from remote_payload.eval.latency import LatencyTable, target_content_hash, target_signature
+    table, sig = LatencyTable(tmp_path / "latency.json"), target_signature(fx["target"])
+    assert table.known_hash(sig) == target_content_hash(fx["target"]) == sp["target_hash"]
+    assert table.known_hash(sig.replace("stat-sha256:", "stat-sha256:0")) is None
 
 
 def test_a_damaged_latency_table_is_measured_again_not_a_traceback(fx, tmp_path, capsys):

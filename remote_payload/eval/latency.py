@@ -412,6 +412,17 @@ def target_content_hash(target_dir) -> str:
     return content_hash(target_dir)
 
 
+def target_signature(target_dir) -> str:
+    """Which files the target's content hash covers, with their sizes and modification times (a stat per file,
+    no read): while it is unchanged the hash a table entry was measured under still names the target."""
+    from remote_payload.contract.contenthash import content_files
+    h = hashlib.sha256()
+    for f in content_files(target_dir):
+        st = f.stat()
+        h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return "stat-sha256:" + h.hexdigest()
+
+
 def _model_hash(model) -> str:
     """A target's content hash from the folder it was loaded from; a model not loaded from a folder (random
     weights) is named by its config, all its timing depends on."""
@@ -583,6 +594,15 @@ class LatencyTable:
                     return Latencies.from_json(entry)
                 except (TypeError, ValueError):
                     return None
+        return None
+
+    def known_hash(self, signature: str) -> str | None:
+        """The target content hash an entry was measured under when its files had `signature` (their names,
+        sizes and mtimes): a later run on the same files skips re-reading the whole target to hash it."""
+        for entry in reversed(self._entries()):
+            key = entry.get("key") if isinstance(entry, dict) else None
+            if isinstance(key, dict) and key.get("target_stat") == signature and isinstance(key.get("target"), str):
+                return key["target"]
         return None
 
     def put(self, lat: Latencies) -> bool:

@@ -565,10 +565,11 @@ def speedup_section(opts: EvalOptions, results: dict, mod: Loaded, model, rep: R
     lens = [p["seq_len"] for p in results["per_prompt"]]
     ctx = max(64, round(sum(lens) / len(lens) / 64) * 64)  # buckets of 64: runs on one cache share it
     t = time.perf_counter()
-    target_hash = latency.target_content_hash(opts.target)
-    key = latency.latency_key(model, mod.drafter, context_len=ctx, budgets=opts.ddtree_budgets, block_size=bs,
-                              target_hash=target_hash)
     table = latency.LatencyTable(latency_table_path(opts))
+    signature = latency.target_signature(opts.target)  # unchanged files: the hash measured under them, no re-read
+    target_hash = table.known_hash(signature) or latency.target_content_hash(opts.target)
+    key = latency.latency_key(model, mod.drafter, context_len=ctx, budgets=opts.ddtree_budgets, block_size=bs,
+                              target_hash=target_hash) | {"target_stat": signature}
     lat = table.get(key)
     reused = lat is not None
     if lat is None:
@@ -576,6 +577,7 @@ def speedup_section(opts: EvalOptions, results: dict, mod: Loaded, model, rep: R
                  f"of each DDTree budget's tree, one drafter block)...", stage="speedup")
         lat = latency.measure(model, mod.drafter, mod.head, context_len=ctx, budgets=opts.ddtree_budgets,
                               block_size=bs, target_hash=target_hash)
+        lat.key["target_stat"] = signature
         if not table.put(lat):
             rep.line(f"  warning: {table.error}: the latencies are not kept for later runs", stage="warning")
     measure_s = 0.0 if reused else time.perf_counter() - t

@@ -103,8 +103,10 @@ def sha256_files(paths: list[Path], *, chunk_bytes: int = HASH_CHUNK_BYTES, thre
 
     def chunk_digest(job: tuple[Path, int, int, int]) -> bytes:
         path, fd, offset, n = job
-        if getattr(local, "buf", None) is None:
-            local.buf = memoryview(bytearray(chunk_bytes))  # one per thread, reused: no 64 MiB allocation a chunk
+        # one buffer per thread, reused (no allocation a chunk), as large as the largest chunk it read: a small
+        # checkpoint never zeroes chunk_bytes (64 MiB) per thread per hash
+        if len(getattr(local, "buf", b"")) < n:
+            local.buf = memoryview(bytearray(n))
         pos = 0
         while pos < n:
             got = os.preadv(fd, [local.buf[pos:n]], offset + pos)

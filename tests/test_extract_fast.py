@@ -142,6 +142,7 @@ def test_fast_extraction_equals_batch_1_and_the_old_path_and_records_how(fx, mod
         gen = c.meta["generation"]
         assert gen["generator"] == "greedy_static" and gen["cuda_graphs"] is False and gen["batch_size"] == bs
         assert gen["dtype"] == "float32" and gen["attn_implementation"] and gen["device"] == "cpu"
+        assert gen["compiled"] is False and gen["decode_attention"].startswith("reval_grouped_decode")
         assert gen["torch"] == torch.__version__ and gen["transformers"] and gen["max_new_tokens"] == NEW
         positions = sum(p.seq_len - p.prompt_len for p in c.prompts)
         assert c.meta["argmax_agreement"] == {"fraction": 1.0, "matches": positions, "positions": positions}
@@ -157,6 +158,20 @@ def test_the_cli_logs_the_generator_and_the_agreement(fx, tmp_path, capsys):
     assert rc == 0
     assert "generation: greedy_static, attention " in out and "prefill: the tapped layers only" in out
     assert "argmax agreement: the target's argmax is the cached next token at 16 of 16 completion positions" in out
+
+
+def test_compile_on_the_cpu_is_said_unused_and_recorded_so(fx, tmp_path, capsys):
+    """--compile applies to the CUDA graph's step: on the CPU the log says it was not used, the record says
+    compiled false, and the cache is the one a run without it writes."""
+    prompts = _prompts(tmp_path / "p.jsonl", TEXTS[:2])
+    base = ["extract", "--target", str(fx / "target"), "--prompts", str(prompts), "--max-new-tokens", "6",
+            "--layers", "1,4", "--device", "cpu"]
+    assert payload_main([*base, "--out", str(tmp_path / "a"), "--compile"]) == 0
+    assert "(--compile: CUDA graphs only, not used here)" in capsys.readouterr().out
+    assert payload_main([*base, "--out", str(tmp_path / "b")]) == 0
+    a, b = open_cache(tmp_path / "a"), open_cache(tmp_path / "b")
+    assert a.meta["generation"]["compiled"] is False
+    assert [a.load(i)[0].tolist() for i in range(2)] == [b.load(i)[0].tolist() for i in range(2)]
 
 
 def test_a_resume_with_other_settings_keeps_the_earlier_generation_record(fx, tmp_path):

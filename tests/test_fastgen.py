@@ -38,3 +38,32 @@ def test_static_decoding_without_eos_runs_every_step_and_handles_one_token():
     assert greedy_static(model, prompts, 20, set()) == want
     assert all(len(r) == len(p) + 20 for r, p in zip(want, prompts))
     assert greedy_static(model, prompts, 1, set()) == greedy_complete_batch(model, prompts, 1, set())
+
+
+def test_grouped_decode_attention_equals_the_models_own_and_is_restored(monkeypatch):
+    """The decode steps run `grouped_decode_attention` (counted), the numbers equal SDPA's with GQA (fp32), the
+    prefill keeps the model's own attention, and the model's implementation is back afterwards."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    import remote_payload.eval.fastgen as fg
+    model = random_target(TINY, torch.device("cpu"), torch.float32)
+    assert TINY["num_attention_heads"] > TINY["num_key_value_heads"]  # grouped: G = 2
+    own = model.config._attn_implementation
+    calls = {"grouped": 0, "other": 0}
+    real = fg.grouped_decode_attention
+
+    def counting(module, query, key, value, attention_mask, **kw):
+        calls["grouped" if query.shape[2] == 1 else "other"] += 1
+        out, _ = real(module, query, key, value, attention_mask, **kw)
+        if query.shape[2] == 1:  # the same numbers as the library's SDPA over the same inputs
+            ref, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        return out, None
+    monkeypatch.setattr(fg, "grouped_decode_attention", counting)
+    prompts = _prompts(TINY["vocab_size"], (4, 30, 65))
+    got = greedy_static(model, prompts, 12, set())
+    layers = TINY["num_hidden_layers"]
+    assert calls["grouped"] == 11 * layers and calls["other"] == layers  # 11 decode steps; one prefill
+    assert model.config._attn_implementation == own
+    assert got == greedy_static(model, prompts, 12, set(), grouped_attention=False) \
+        == greedy_complete_batch(model, prompts, 12, set())

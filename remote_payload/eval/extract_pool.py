@@ -49,12 +49,13 @@ class PoolRunner:
     as its file is reported and returns {entry: prompt + completion ids}."""
 
     def __init__(self, devices: list[str], *, target, dtype: torch.dtype, layer_ids: list[int], max_new_tokens: int,
-                 eos: set[int], writer, report, batch_size: int, batch_tokens: int):
+                 eos: set[int], writer, report, batch_size: int, batch_tokens: int, compile: bool = False):
         self.devices, self.writer, self.report = devices, writer, report
         self.spec = {"target": str(target), "dtype": str(dtype).removeprefix("torch."), "layer_ids": list(layer_ids),
                      "max_new_tokens": max_new_tokens, "eos": sorted(eos), "num_layers": len(layer_ids),
                      "hidden_size": writer.hidden_size, "batch_size": batch_size, "batch_tokens": batch_tokens,
-                     "threads": torch.get_num_threads() if devices[0] == "cpu" else 0, "parent": os.getpid()}
+                     "compile": compile, "parent": os.getpid(),
+                     "threads": torch.get_num_threads() if devices[0] == "cpu" else 0}
         self.procs: list = []
         self.generation: dict | None = None
 
@@ -156,7 +157,7 @@ def _worker(rank: int, device: str, spec: dict, tasks, results) -> None:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         model = load_target(spec["target"], dev, getattr(torch, spec["dtype"]))
-        gen = choose_generator(model)
+        gen = choose_generator(model, spec["compile"])
         results.put(("ready", rank, generation_record(model, gen, batch_size=spec["batch_size"],
                                                       batch_tokens=spec["batch_tokens"],
                                                       max_new_tokens=spec["max_new_tokens"])))

@@ -60,6 +60,78 @@ class _StaticStep:
             self()
 
 
+DECODE_ATTENTION = "reval_grouped_decode"
+
+
+def grouped_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
+                             scaling: float | None = None, **kwargs):
+    """Attention for one new token per row, the query heads of a KV head grouped onto it: scores [B, Hkv, G, L]
+    = q [B, Hkv, G, d] @ K^T, the additive mask, a float32 softmax, @ V. Each K and V is read once, with no
+    copy (SDPA's GQA path repeats K and V per query head, and its flash kernels pad the one query row to a
+    16-128-row tile). Anything else (a prefill, a window, soft-capping, sinks, dropout) goes to the model's own
+    attention, unchanged."""
+    B, H, q, d = query.shape
+    Hkv = key.shape[1]
+    special = any(kwargs.get(k) is not None for k in ("sliding_window", "softcap", "s_aux", "position_bias"))
+    if q != 1 or special or dropout or H % Hkv or attention_mask is None or attention_mask.dim() != 4:
+        own = _resolve(_ORIGINAL.get(id(module.config)))
+        return own(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    scale = d ** -0.5 if scaling is None else scaling
+    qg = query.reshape(B, Hkv, H // Hkv, d)
+    scores = torch.matmul(qg, key.transpose(-1, -2)).float() * scale  # [B, Hkv, G, L]
+    scores = scores + attention_mask[:, :, -1:, :key.shape[2]].float()  # [B, 1, 1, L]
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value)  # [B, Hkv, G, d]
+    return out.reshape(B, H, 1, d).transpose(1, 2), None  # [B, 1, H, d], as the interface returns
+
+
+_ORIGINAL: dict[int, str] = {}  # id(config) -> its own attention implementation while greedy_static runs
+
+
+def _resolve(name):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    if name in (None, "eager"):
+        from transformers.models.llama.modeling_llama import eager_attention_forward
+        return eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def decode_attention_name(model) -> str:
+    """What greedy_static's decode steps attend with on this model (cache.json's generation record)."""
+    try:
+        from transformers import AttentionInterface  # noqa: F401
+    except ImportError:
+        return str(getattr(model.config, "_attn_implementation", None))
+    return f"{DECODE_ATTENTION} (fastgen.grouped_decode_attention; the prefill: the model's own)"
+
+
+class _DecodeAttention:
+    """While entered, the model's attention layers call `grouped_decode_attention` (registered with
+    transformers' AttentionInterface); its own implementation serves everything else and is restored on exit.
+    A transformers without the interface keeps its own attention (`active` False)."""
+
+    def __init__(self, model, enabled: bool = True):
+        self.cfg, self.active = model.config, False
+        if not enabled:
+            return
+        try:
+            from transformers import AttentionInterface
+        except ImportError:
+            return
+        AttentionInterface.register(DECODE_ATTENTION, grouped_decode_attention)
+        self.active = True
+
+    def __enter__(self):
+        if self.active:
+            _ORIGINAL[id(self.cfg)] = self.cfg._attn_implementation
+            self.cfg._attn_implementation = DECODE_ATTENTION
+        return self
+
+    def __exit__(self, *exc):
+        if self.active:
+            self.cfg._attn_implementation = _ORIGINAL.pop(id(self.cfg))
+
+
 def _compiled(model):
     """model.forward through torch.compile (fusion only: the CUDA graph is ours), once per model."""
     fn = getattr(model, "_reval_compiled_forward", None)
@@ -82,16 +154,44 @@ def _static_cache(model, B: int, L: int, device, dtype):
                        "nor (config, max_cache_len)")
 
 
-@torch.no_grad()
+class _Phases:
+    """Seconds between marks, synced, into a dict; nothing at all when the dict is None."""
+
+    def __init__(self, out: dict | None, dev):
+        import time
+        self.out, self.dev, self.now = out, dev, time.perf_counter
+        self.t = self.now() if out is not None else 0.0
+
+    def __call__(self, key: str) -> None:
+        if self.out is None:
+            return
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        t = self.now()
+        self.out[key] = t - self.t
+        self.t = t
+
+
 def greedy_static(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int], pad_id: int = 0, *,
                   graphs: bool | None = None, compile: bool = False, eos_every: int = 16,
-                  bucket: int = 64) -> list[list[int]]:
+                  bucket: int = 64, phases: dict | None = None, grouped_attention: bool = True) -> list[list[int]]:
     """Greedy completions of `prompts` (token id lists) at once; rows as `greedy_complete_batch` returns them.
 
     graphs: capture the decode step as a CUDA graph (default: on CUDA). eos_every: steps between the host's
     looks at the generated tokens (the only syncs of the loop). bucket: the padded prompt length is a multiple
     of it, so a few shapes serve many batches. compile: run the step through torch.compile (kernel fusion;
-    compiled once per model and shape) before capturing it."""
+    compiled once per model and shape) before capturing it. phases: when given a dict, it receives the seconds
+    of each phase (prefill, warm-up + capture, decode, the steps decoded), at the cost of a sync per phase.
+    grouped_attention: the decode steps' attention is `grouped_decode_attention` (the prefill's stays the
+    model's own)."""
+    with _DecodeAttention(model, grouped_attention):
+        return _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, graphs=graphs, compile=compile,
+                              eos_every=eos_every, bucket=bucket, phases=phases)
+
+
+@torch.no_grad()
+def _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, *, graphs, compile, eos_every, bucket, phases):
+    clock = _Phases(phases, next(model.parameters()).device)
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     graphs = dev.type == "cuda" if graphs is None else graphs
@@ -118,6 +218,7 @@ def greedy_static(model, prompts: list[list[int]], max_new_tokens: int, eos_ids:
     logits = model(input_ids=ids, attention_mask=pre_mask, position_ids=pos, cache_position=torch.arange(P, device=dev),
                    use_cache=True, logits_to_keep=1, **{cache_kw(model): cache}).logits
     first = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
+    clock("prefill_s")
 
     # decode buffers (fixed for the whole loop): the token to feed, its position, its cache slot, the mask
     tok = first.clone()
@@ -139,6 +240,7 @@ def greedy_static(model, prompts: list[list[int]], max_new_tokens: int, eos_ids:
         torch.cuda.current_stream().wait_stream(side)
         done = 3
         step.capture()
+    clock("capture_s")
     eos = torch.tensor(sorted(eos_ids) or [-1], device=dev)
     while done < max_new_tokens:
         n = min(eos_every, max_new_tokens - done)
@@ -148,6 +250,9 @@ def greedy_static(model, prompts: list[list[int]], max_new_tokens: int, eos_ids:
         if bool(torch.isin(out[:, :done], eos).any(1).all()):  # one host sync per eos_every steps
             break
     rows = out[:, :done].tolist()
+    clock("decode_s")
+    if phases is not None:
+        phases["decode_steps"] = done - (3 if step.graph is not None else 1)
     result = []
     for p, r in zip(prompts, rows):
         comp = []

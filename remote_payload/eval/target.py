@@ -457,15 +457,18 @@ def tapped_features_batch(model, seqs: list[torch.Tensor], layer_ids: list[int])
 class Generator:
     """How `extract` generates the completions: `fastgen.greedy_static` (static KV cache; the decode step a CUDA
     graph on CUDA) where the target allows it, else `greedy_complete_batch` (the dynamic-cache reference: the
-    same tokens, row for row); `why` says why not greedy_static."""
+    same tokens, row for row); `why` says why not greedy_static. compile: the CUDA graph's step is traced
+    through torch.compile first (kernel fusion; about a minute once per batch shape, see make bench-decode).
+    The decode steps' attention is fastgen.grouped_decode_attention where transformers takes it."""
     name: str
     graphs: bool = False
     why: str | None = None
+    compile: bool = False
 
     def __call__(self, model, prompts: list[list[int]], max_new_tokens: int, eos: set[int]) -> list[list[int]]:
         if self.name == "greedy_static":
             from remote_payload.eval.fastgen import greedy_static
-            return greedy_static(model, prompts, max_new_tokens, eos, graphs=self.graphs)
+            return greedy_static(model, prompts, max_new_tokens, eos, graphs=self.graphs, compile=self.compile)
         return greedy_complete_batch(model, prompts, max_new_tokens, eos)
 
 
@@ -484,11 +487,14 @@ def static_refusal(model) -> str | None:
     return None
 
 
-def choose_generator(model) -> Generator:
+def choose_generator(model, compile: bool = False) -> Generator:
+    """compile (extract --compile) applies to the CUDA graph's step: on the CPU there is no graph, the eager
+    step runs (the generation record says so)."""
     why = static_refusal(model)
     if why:
         return Generator("greedy_complete_batch", why=why)
-    return Generator("greedy_static", graphs=next(model.parameters()).device.type == "cuda")
+    cuda = next(model.parameters()).device.type == "cuda"
+    return Generator("greedy_static", graphs=cuda, compile=compile and cuda)
 
 
 def generation_record(model, gen: Generator, *, batch_size: int, batch_tokens: int, max_new_tokens: int,
@@ -497,7 +503,10 @@ def generation_record(model, gen: Generator, *, batch_size: int, batch_tokens: i
     many processes wrote the cache does not: a cache of several equals the cache of one)."""
     import transformers
     dev = next(model.parameters()).device
-    rec = {"generator": gen.name, "cuda_graphs": gen.graphs, "batch_size": batch_size, "batch_tokens": batch_tokens,
+    from remote_payload.eval.fastgen import decode_attention_name
+    rec = {"generator": gen.name, "cuda_graphs": gen.graphs, "compiled": gen.compile,
+           "decode_attention": decode_attention_name(model) if gen.name == "greedy_static" else None,
+           "batch_size": batch_size, "batch_tokens": batch_tokens,
            "max_new_tokens": max_new_tokens, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
            "attn_implementation": getattr(model.config, "_attn_implementation", None),
            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
@@ -637,7 +646,7 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
             max_new_tokens: int, layer_ids: list[int], device: str = "auto", dtype: str = "auto",
             num_prompts: int | None = None, batch_size: int = 32, batch_tokens: int = 32768,
             chat_template: str = "auto", enable_thinking: bool = False, gpus: str | None = None,
-            shard: bool = False, log=print) -> Cache:
+            shard: bool = False, compile: bool = False, log=print) -> Cache:
     """Run the target over the prompts and write a reval cache at `out` (atomically; resumable: an interrupted
     run's finished prompts are kept in `.OUT.partial` and the same command continues from there).
 
@@ -652,7 +661,7 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
     gpus: "0,1,..." or "all": one process a GPU (eval/extract_pool.py), the batches formed as one process forms
     them, so the cache equals a one-GPU run's; "cpu,cpu": CPU processes (tests). shard: one process, the target
     spread over those GPUs (device_map), for a target too big for one; chosen by itself when the weights take
-    more than 80% of a GPU's memory."""
+    more than 80% of a GPU's memory. compile: the decode step through torch.compile (`Generator`; CUDA only)."""
     target = Path(target)
     devices = None
     if gpus is not None:
@@ -736,12 +745,12 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
             log(f"loading target {target} in {len(devices)} processes ({', '.join(devices)}; "
                 f"{str(dt).removeprefix('torch.')})")
             runner = PoolRunner(devices, target=target, dtype=dt, batch_size=batch_size, batch_tokens=batch_tokens,
-                                **opts)
+                                compile=compile, **opts)
         else:
             where = f"GPUs {cuda_ids} (sharded)" if shard else str(dev)
             log(f"loading target {target} on {where} ({str(dt).removeprefix('torch.')})")
             model = load_target(target, dev, dt, shard_over=cuda_ids if shard else None)
-            gen = choose_generator(model)
+            gen = choose_generator(model, compile)
             runner = LocalRunner(model, gen, **opts)
             runner.generation = generation_record(model, gen, batch_size=batch_size, batch_tokens=batch_tokens,
                                                   max_new_tokens=max_new_tokens,
@@ -750,6 +759,8 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
             g = runner.generation
             w.meta["generation"] = _with_history(g, w.resumed_metadata.get("generation"))
             log(f"generation: {g['generator']}" + (" + CUDA graph" if g["cuda_graphs"] else "")
+                + (" + torch.compile" if g.get("compiled") else "")
+                + (" (--compile: CUDA graphs only, not used here)" if compile and not g.get("compiled") else "")
                 + (f" (not greedy_static: {g['why_not_greedy_static']})" if g.get("why_not_greedy_static") else "")
                 + f", attention {g['attn_implementation']}, batches of <= {batch_size} prompts / {batch_tokens} "
                   "tokens; prefill: the tapped layers only, + argmax agreement")
@@ -824,6 +835,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="prompts generated together (default 32)")
     p.add_argument("--batch-tokens", type=int, default=32768,
                    help="padded tokens per batch, prompt + max new tokens per prompt (default 32768)")
+    p.add_argument("--compile", action="store_true",
+                   help="trace the CUDA graph's decode step through torch.compile: ~1.5x faster decoding, about a "
+                        "minute of compilation per batch shape (pays off for long completions or many batches; "
+                        "make bench-decode has the numbers). CUDA only")
 
 
 def layers_arg(layers: str | None, for_drafter: str | None) -> list[int]:
@@ -844,7 +859,7 @@ def main(args: argparse.Namespace) -> int:
                     layer_ids=layers_arg(args.layers, args.for_drafter), device=args.device, dtype=args.dtype,
                     num_prompts=args.num_prompts, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
                     chat_template=args.chat_template, enable_thinking=args.enable_thinking, gpus=args.gpus,
-                    shard=args.shard)
+                    shard=args.shard, compile=args.compile)
     except PayloadError as e:
         print(f"error: {e}")
         return e.exit_code

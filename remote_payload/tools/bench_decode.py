@@ -5,11 +5,22 @@ H 5120; a tiny one on the CPU), 32 prompts of 32-128 tokens, 64 new tokens, no e
 bf16 on CUDA. Every row decodes the same prompts in the same process:
   reval dynamic        target.greedy_complete_batch (a DynamicCache, one host sync a step: what extract ran)
   reval static         fastgen.greedy_static, the step run eagerly (static KV cache, 4D mask, argmax on device)
-  reval static+graphs  fastgen.greedy_static with the decode step captured as one CUDA graph
+  + CUDA graph, SDPA   the decode step captured as one CUDA graph, the model's own (SDPA) attention
+  + CUDA graph         ... with fastgen.grouped_decode_attention (extract's default)
+  + compile            ... the step traced through torch.compile first (extract --compile; 1st call = compile)
   HF generate          transformers generate(), dynamic cache / cache_implementation="static"
-  floor                the weights' bytes / the copy bandwidth measured here (each decode step reads them once)
-Reported: tokens per second (decode steps x batch / seconds), ms per step, the fraction of the floor, and
-whether each row's tokens equal `reval dynamic`'s (bf16 near-ties may differ; the tests check fp32 on CPU).
+  floor                the weights' bytes / the copy bandwidth measured here (each decode step reads them once;
+                       the KV cache's reads, ~5% more at these lengths, are not counted)
+Reported: the whole call (tokens per second = decode steps x batch / seconds, ms per step, fraction of the floor:
+prefill, graph capture and decode together, what extract pays) and, for reval's static rows, one decode step
+alone (the loop after the warm-up, synced at its ends), and whether each row's tokens equal `reval dynamic`'s
+(bf16 near-ties may differ; the tests check fp32 on CPU and CUDA).
+Then the feature prefill (prefill_batch over extract's batches) in useful TFLOP/s against a bf16 matmul measured
+in the same run.
+
+H200, 2026-12-01 (one run; 8B class; a step alone): SDPA 15.05 ms (26% of the floor), grouped attention 11.35 ms
+(34%), + compile 7.04 ms (55%); whole call 2,183 / 3,407 tok/s against transformers' static generate 2,505.
+27B class: 33% / 45% / 66% a step; whole call + compile 1,452 tok/s (49%). Prefill 51% (8B) / 61% (27B) of peak.
 """
 from __future__ import annotations
 
@@ -20,7 +31,7 @@ import time
 import torch
 
 from remote_payload.eval.fastgen import greedy_static
-from remote_payload.eval.target import greedy_complete_batch
+from remote_payload.eval.target import batches, greedy_complete_batch, prefill_batch
 from remote_payload.tools.bench_extract import QWEN3_8B, TINY, random_target
 
 QWEN3_27B = {**QWEN3_8B, "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64,
@@ -47,6 +58,46 @@ def copy_bandwidth(dev, nbytes: int = 2 << 30) -> float:
     return 2 * nbytes * 10 / (time.perf_counter() - t)
 
 
+def matmul_peak(dev, n: int = 8192) -> float:
+    """bf16 FLOP/s of one large square matmul (the prefill's ceiling, measured here)."""
+    if dev.type != "cuda":
+        return float("nan")
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    _sync(dev)
+    t = time.perf_counter()
+    for _ in range(20):
+        a @ b
+    _sync(dev)
+    return 2 * n ** 3 * 20 / (time.perf_counter() - t)
+
+
+def prefill_rate(model, cfg: dict, prompts: list[list[int]], new: int, layer_ids: list[int], dev) -> tuple:
+    """extract's feature prefill (`prefill_batch`: hooked tapped blocks + the argmax agreement) over the batches
+    extract forms (`batches`: longest first), on prompt + completion: (seconds, useful FLOPs). Useful = 2 x
+    non-embedding parameters per real token + causal attention (2 T^2 x heads x head_dim per layer, per row) +
+    the lm_head over the completion positions the agreement reads; padding is not counted."""
+    seqs = [p + [(7 * i + j) % cfg["vocab_size"] for j in range(new)] for i, p in enumerate(prompts)]
+    groups = batches([len(x) for x in seqs], 32, 32768)
+
+    def run():
+        for g in groups:
+            prefill_batch(model, [torch.tensor(seqs[i]) for i in g], layer_ids, [len(prompts[i]) for i in g])
+    run()
+    _sync(dev)
+    t = time.perf_counter()
+    run()
+    _sync(dev)
+    s = time.perf_counter() - t
+    body = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n)
+    L, qd = cfg["num_hidden_layers"], cfg["num_attention_heads"] * cfg["head_dim"]
+    flops = sum(2 * body * len(x) + 2 * L * len(x) ** 2 * qd + 2 * cfg["vocab_size"] * cfg["hidden_size"] * new
+                for x in seqs)
+    return s, flops
+
+
 def _timed(fn, dev, repeats: int = 2):
     fn()  # warm-up (and graph capture inside the call: counted in the timed runs too, as extract pays it)
     _sync(dev)
@@ -69,17 +120,24 @@ def bench(cfg: dict, name: str, dev, dtype, n: int = 32, new: int = 64, hf: bool
     floor_s = weight_bytes / bw if not math.isnan(bw) else float("nan")
     rows = []
     ref_s, ref = _timed(lambda: greedy_complete_batch(model, prompts, new, set()), dev)
-    rows.append((f"{name}: reval dynamic (greedy_complete_batch)", ref_s, True))
-    s, out = _timed(lambda: greedy_static(model, prompts, new, set(), graphs=False), dev)
-    rows.append((f"{name}: reval static, eager step", s, out == ref))
+    rows.append((f"{name}: reval dynamic (greedy_complete_batch)", ref_s, True, float("nan")))
+    def static(**kw):
+        ph: dict = {}
+        s, out = _timed(lambda: greedy_static(model, prompts, new, set(), phases=ph, **kw), dev)
+        return s, out, 1e3 * ph["decode_s"] / ph["decode_steps"]  # the last call's steady decode step
+
+    s, out, step = static(graphs=False)
+    rows.append((f"{name}: reval static, eager step", s, out == ref, step))
     if dev.type == "cuda":
-        s, out = _timed(lambda: greedy_static(model, prompts, new, set(), graphs=True), dev)
-        rows.append((f"{name}: reval static + CUDA graph", s, out == ref))
+        s, out, step = static(graphs=True, grouped_attention=False)
+        rows.append((f"{name}: reval static + CUDA graph, SDPA attention", s, out == ref, step))
+        s, out, step = static(graphs=True)
+        rows.append((f"{name}: reval static + CUDA graph (extract's default)", s, out == ref, step))
         t = time.perf_counter()
         greedy_static(model, prompts, new, set(), graphs=True, compile=True)  # the compilation, once per shape
         first_s = time.perf_counter() - t
-        s, out = _timed(lambda: greedy_static(model, prompts, new, set(), graphs=True, compile=True), dev)
-        rows.append((f"{name}: reval static + compile + CUDA graph (1st call {first_s:.0f} s)", s, out == ref))
+        s, out, step = static(graphs=True, compile=True)
+        rows.append((f"{name}: reval static + compile + CUDA graph (1st call {first_s:.0f} s)", s, out == ref, step))
     if hf:
         P = max(len(p) for p in prompts)
         ids = torch.zeros((n, P), dtype=torch.long)
@@ -97,23 +155,34 @@ def bench(cfg: dict, name: str, dev, dtype, n: int = 32, new: int = 64, hf: bool
                 return [list(p) + o[i, P:].tolist() for i, p in enumerate(prompts)]
             try:
                 s, out = _timed(gen, dev)
-                rows.append((f"{name}: transformers generate(), {impl} cache", s, out == ref))
+                rows.append((f"{name}: transformers generate(), {impl} cache", s, out == ref, float("nan")))
             except Exception as e:  # noqa: BLE001 - a library path that does not run here is a row that says so
-                rows.append((f"{name}: transformers generate(), {impl} cache: {type(e).__name__}", float("nan"), None))
+                rows.append((f"{name}: transformers generate(), {impl} cache: {type(e).__name__}", float("nan"), None,
+                             float("nan")))
+    if dev.type == "cuda":
+        layer_ids = [1, cfg["num_hidden_layers"] // 4, cfg["num_hidden_layers"] // 2, 3 * cfg["num_hidden_layers"] // 4,
+                     cfg["num_hidden_layers"] - 3]
+        pre_s, flops = prefill_rate(model, cfg, prompts + prompts, new, layer_ids, dev)
+        peak = matmul_peak(dev)
+        prefill_line = (f"{name}: feature prefill of {2 * n} prompts + {new} tokens in extract's batches: "
+                        f"{1e3 * pre_s:.0f} ms, {flops / pre_s / 1e12:.0f} TFLOP/s useful = "
+                        f"{flops / pre_s / peak:.0%} of the bf16 matmul peak measured here ({peak / 1e12:.0f} TFLOP/s)")
+    else:
+        prefill_line = None
     model = None  # the next size needs the memory
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     out_rows = []
-    for label, s, same in rows:
+    for label, s, same, step in rows:
         ok = not math.isnan(s)
         tps = n * new / s if ok else float("nan")
         step_ms = 1e3 * s / new if ok else float("nan")
         frac = floor_s * new / s if ok and not math.isnan(floor_s) else float("nan")
-        out_rows.append((label, tps, step_ms, frac, same))
+        out_rows.append((label, tps, step_ms, frac, step, 1e3 * floor_s / step, same))
     if not math.isnan(floor_s):
         out_rows.append((f"{name}: memory-bandwidth floor ({weight_bytes / 1e9:.1f} GB / {bw / 1e12:.2f} TB/s)",
-                         n / floor_s, 1e3 * floor_s, 1.0, None))
-    return out_rows
+                         n / floor_s, 1e3 * floor_s, 1.0, 1e3 * floor_s, 1.0, None))
+    return out_rows, prefill_line
 
 
 def main(argv=None) -> int:
@@ -123,15 +192,21 @@ def main(argv=None) -> int:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     sizes = (args.sizes or ("8b,27b" if dev.type == "cuda" else "tiny")).split(",")
-    table = []
+    table, prefills = [], []
     for s in sizes:
         cfg = {"8b": QWEN3_8B, "27b": QWEN3_27B, "tiny": TINY}[s]
-        table += bench(cfg, {"8b": "8B-class", "27b": "27B-class", "tiny": "tiny"}[s], dev, dtype, hf=s != "27b")
+        rows, pre = bench(cfg, {"8b": "8B-class", "27b": "27B-class", "tiny": "tiny"}[s], dev, dtype, hf=s != "27b")
+        table += rows
+        prefills += [pre] if pre else []
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"decode at batch 32, 64 new tokens, {str(dtype).removeprefix('torch.')} on {gpu}")
-    print(f"{'row':<70} {'tokens/s':>10} {'ms/step':>9} {'of floor':>9}  same tokens")
-    for label, tps, ms, frac, same in table:
-        print(f"{label:<70} {tps:>10,.0f} {ms:>9.2f} {frac:>8.0%}  {'' if same is None else same}")
+    print("whole call (prefill, capture, decode: what extract pays) | one decode step alone (after the warm-up)")
+    print(f"{'row':<72} {'tokens/s':>9} {'ms/step':>8} {'of floor':>8} | {'ms/step':>8} {'of floor':>8}  same tokens")
+    for label, tps, ms, frac, step, sfrac, same in table:
+        steady = "" if math.isnan(step) else f"{step:>8.2f} {sfrac:>8.0%}"
+        print(f"{label:<72} {tps:>9,.0f} {ms:>8.2f} {frac:>8.0%} | {steady:>17}  {'' if same is None else same}")
+    for line in prefills:
+        print(line)
     return 0
 
 

@@ -62,3 +62,19 @@ def test_two_processes_on_cuda_write_the_one_process_cache(trained_fixtures, tmp
     for f in files:
         if f != "cache.json":
             assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
+def test_extract_compile_on_cuda_fp32_equals_the_batch_1_references(trained_fixtures, tmp_path):
+    """--compile: the CUDA graph's step traced through torch.compile; in fp32 the tokens are still the
+    dynamic-cache decoder's, batch 1, and the record says compiled."""
+    t = trained_fixtures / "target"
+    c = extract(t, _prompts(tmp_path / "p.jsonl", n=4), tmp_path / "c", max_new_tokens=24, layer_ids=LAYERS,
+                device="cuda", dtype="fp32", batch_size=4, compile=True, log=print)
+    gen = c.meta["generation"]
+    assert gen["compiled"] is True and gen["cuda_graphs"] is True
+    assert gen["decode_attention"].startswith("reval_grouped_decode")
+    model = load_target(t, torch.device("cuda"), torch.float32)
+    eos = eos_ids_of(t)
+    for i, p in enumerate(c.prompts):
+        ids, _ = c.load(i)
+        assert ids.tolist() == greedy_complete(model, ids[:p.prompt_len].cuda(), 24, eos).tolist()

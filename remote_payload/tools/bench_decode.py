@@ -34,6 +34,7 @@ import torch
 
 from remote_payload.eval.fastgen import greedy_static
 from remote_payload.eval.target import batches, greedy_complete_batch, prefill_batch
+from remote_payload.tools.bench import measure_peak
 from remote_payload.tools.bench_extract import QWEN3_8B, TINY, random_target
 
 QWEN3_27B = {**QWEN3_8B, "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64,
@@ -58,22 +59,6 @@ def copy_bandwidth(dev, nbytes: int = 2 << 30) -> float:
         b.copy_(a)
     _sync(dev)
     return 2 * nbytes * 10 / (time.perf_counter() - t)
-
-
-def matmul_peak(dev, n: int = 8192) -> float:
-    """bf16 FLOP/s of one large square matmul (the prefill's ceiling, measured here)."""
-    if dev.type != "cuda":
-        return float("nan")
-    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    _sync(dev)
-    t = time.perf_counter()
-    for _ in range(20):
-        a @ b
-    _sync(dev)
-    return 2 * n ** 3 * 20 / (time.perf_counter() - t)
 
 
 def prefill_rate(model, cfg: dict, prompts: list[list[int]], new: int, layer_ids: list[int], dev) -> tuple:
@@ -171,7 +156,7 @@ def bench(cfg: dict, name: str, dev, dtype, n: int = 32, new: int = 64, hf: bool
         layer_ids = [1, cfg["num_hidden_layers"] // 4, cfg["num_hidden_layers"] // 2, 3 * cfg["num_hidden_layers"] // 4,
                      cfg["num_hidden_layers"] - 3]
         pre_s, flops = prefill_rate(model, cfg, prompts + prompts, new, layer_ids, dev)
-        peak = matmul_peak(dev)
+        peak = measure_peak(dev) * 1e12  # bench.py's bf16 matmul, as the payload bench measures its peak
         prefill_line = (f"{name}: feature prefill of {2 * n} prompts + {new} tokens in extract's batches: "
                         f"{1e3 * pre_s:.0f} ms, {flops / pre_s / 1e12:.0f} TFLOP/s useful = "
                         f"{flops / pre_s / peak:.0%} of the bf16 matmul peak measured here ({peak / 1e12:.0f} TFLOP/s)")

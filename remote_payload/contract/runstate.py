@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import sys
 import tempfile
@@ -123,12 +124,17 @@ def proven_group(status) -> int | None:
     recorded_boot = status.get("boot_id")
     if not isinstance(recorded_boot, str) or recorded_boot != boot_id():
         return None  # from another boot (or not recorded): that id names nothing of ours
-    members = _members(pgid)
-    if start is not None and pgid in members and start_time(pgid) == start:
+    if start is not None and _leader_lives(pgid, start):  # one /proc read, no walk over every process
         return pgid
-    if isinstance(run_id, str) and len(run_id) >= 16 and any(_has_run_id(p, run_id) for p in members):
+    if isinstance(run_id, str) and len(run_id) >= 16 and any(_has_run_id(p, run_id) for p in _members(pgid)):
         return pgid
     return None
+
+
+def _leader_lives(pgid: int, start: int) -> bool:
+    """Whether process `pgid` is a live member of its own group that started at `start` (the recorded leader)."""
+    st = proc_stat(pgid)
+    return st is not None and st[1] == pgid and st[0] not in ("Z", "X") and st[2] == start
 
 
 def run_alive(status) -> bool:
@@ -253,6 +259,31 @@ def kill(run_dir: str, grace_s: float) -> dict:
     return {"status": st, "alive": alive, "signalled": signalled}
 
 
+WAIT_TICK_S = 0.1  # a long poll looks again at least this often
+
+
+def _pause(status: dict, until: float) -> None:
+    """Between two looks of a long poll: block on the run's leader (a pidfd, Linux) until it exits or the tick
+    is over, so its end wakes the poll at once; without one, sleep the tick. Only a wake-up: the next look
+    decides what the run's state is."""
+    timeout = max(0.0, min(WAIT_TICK_S, until - time.monotonic()))
+    pgid, start = _int(status.get("pgid")), _int(status.get("leader_start"))
+    fd = None
+    if getattr(os, "pidfd_open", None) and pgid is not None and pgid > 1 and start is not None:
+        try:
+            fd = os.pidfd_open(pgid)
+        except OSError:
+            fd = None
+    try:
+        if fd is not None and _leader_lives(pgid, start):  # still that process (checked once the fd pins it)
+            select.select([fd], [], [], timeout)
+        else:
+            time.sleep(timeout)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 1 and argv[0] == "probe" and len(argv) >= 2:
         for rec in probe(argv[1], argv[2:]):
@@ -266,7 +297,7 @@ def main(argv: list[str]) -> int:
             running = isinstance(st, dict) and st.get("state") == "running" and recs[0].get("alive")
             if not running or time.monotonic() >= end:
                 break
-            time.sleep(0.1)
+            _pause(st, end)
         for rec in recs:
             print(json.dumps(rec, default=str))
         return 0

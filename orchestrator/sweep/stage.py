@@ -65,6 +65,12 @@ def joined_fingerprint(suites: list[tuple[str, str]], fingerprints: list[str]) -
     over 'name\\0fingerprint\\n' per suite), so the ledger key covers every suite's cache (pure)."""
     blob = "".join(f"{name}\0{fp}\n" for (name, _), fp in zip(suites, fingerprints))
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+# rsync's remote command when a checkpoint is staged: `sh -c THIS sh PARENT MARKER --server ...` (rsync appends
+# its own arguments). The receiving rsync runs whether mkdir succeeded or not (a folder it cannot make is then
+# rsync's own error, not a lost connection); the marker is written only after it succeeded.
+_COPY_AND_MARK_SH = 'mkdir -p -- "$1"; m=$2; shift 2; rsync "$@" && touch -- "$m"'
 _GPU_LIST_SH = (f"command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi {' '.join(hostcheck.NVIDIA_SMI_QUERY)} "
                 "2>/dev/null; true")
 
@@ -216,9 +222,10 @@ class HostPool:
 
     def stage_checkpoint(self, hs: HostSession, ckpt: Checkpoint) -> str:
         """The checkpoint's path on hs: as is when it lives there, else copied into
-        <workdir>/checkpoints/<hash>/ (once: a marker file is written last; kept for later sweeps) from here,
-        relaying through sweeps/relay/<hash>/ (deleted once staged) from another host. A dead source host
-        raises HostUnreachable with hs still up."""
+        <workdir>/checkpoints/<hash>/ (kept for later sweeps; a marker file written once a copy is complete)
+        from here (one rsync, one round trip: its quick check skips what is there already), or relayed
+        through sweeps/relay/<hash>/ (deleted once staged) from another host unless the marker says it is
+        there. A dead source host raises HostUnreachable with hs still up."""
         if ckpt.host == hs.host.name or (ckpt.host is None and isinstance(hs.transport, LocalTransport)):
             return ckpt.path
         h16 = ckpt.content_hash.split(":")[-1][:16]
@@ -227,33 +234,42 @@ class HostPool:
         with lock:
             dest = f"{hs.workdir}/checkpoints/{h16}/{ckpt.name}"
             marker = f"{dest}.complete"
+            if ckpt.host is None:
+                self._copy_and_mark(hs, ckpt.path, os.path.dirname(dest), marker)
+                return dest
             probe = f"test -e {q(marker)} && echo @@STAGED; mkdir -p {q(os.path.dirname(dest))}"
             if "@@STAGED" in self.op(hs, "stage", lambda: hs.transport.run(probe)).stdout:
                 return dest
-            src, relay = ckpt.path, None
-            if ckpt.host is not None:  # relay: the source host -> here -> hs
-                src_hs = self.source(ckpt.host)
-                gone = f"{ckpt.host} (holding {ckpt.name}) is unreachable"
-                if src_hs.down:
-                    raise HostUnreachable(f"{gone}: {src_hs.down}")
-                relay = self.relay_root / h16
-                relay.mkdir(parents=True, exist_ok=True)
-                try:
-                    self.op(src_hs, "relay", lambda: self._rsync(src_hs.transport.rsync_rsh(),
-                                                                  src_hs.transport.rsync_target(ckpt.path),
-                                                                  str(relay), ckpt.host))
-                except HostUnreachable as e:
-                    with contextlib.suppress(OSError):  # an empty relay dir; a partial copy stays to resume
-                        relay.rmdir()
-                    raise HostUnreachable(f"{gone}: {str(e).splitlines()[0]}") from e
-                src = str(relay / ckpt.name)
-            self.op(hs, "stage", lambda: self._rsync(hs.transport.rsync_rsh(), src,
-                                                     hs.transport.rsync_target(os.path.dirname(dest) + "/"),
-                                                     hs.host.name))
-            self.op(hs, "stage", lambda: hs.transport.run(f"touch {q(marker)}"))
-            if relay is not None:
-                shutil.rmtree(relay, ignore_errors=True)
+            # relay: the source host -> here -> hs
+            src_hs = self.source(ckpt.host)
+            gone = f"{ckpt.host} (holding {ckpt.name}) is unreachable"
+            if src_hs.down:
+                raise HostUnreachable(f"{gone}: {src_hs.down}")
+            relay = self.relay_root / h16
+            relay.mkdir(parents=True, exist_ok=True)
+            try:
+                self.op(src_hs, "relay", lambda: self._rsync(src_hs.transport.rsync_rsh(),
+                                                              src_hs.transport.rsync_target(ckpt.path),
+                                                              str(relay), ckpt.host))
+            except HostUnreachable as e:
+                with contextlib.suppress(OSError):  # an empty relay dir; a partial copy stays to resume
+                    relay.rmdir()
+                raise HostUnreachable(f"{gone}: {str(e).splitlines()[0]}") from e
+            self._copy_and_mark(hs, str(relay / ckpt.name), os.path.dirname(dest), marker)
+            shutil.rmtree(relay, ignore_errors=True)
             return dest
+
+    def _copy_and_mark(self, hs: HostSession, src: str, parent: str, marker: str) -> None:
+        """rsync `src` (a path here) into `parent`/ on hs, then write `marker` there, only once the copy is
+        complete. Over SSH one round trip: rsync's remote command makes `parent` and writes the marker after the
+        receiving rsync succeeded (a failure there is rsync's own error, never mistaken for the connection's)."""
+        rsh, target = hs.transport.rsync_rsh(), hs.transport.rsync_target(parent + "/")
+        if rsh is None:  # a local folder: no round trips to save
+            self.op(hs, "stage", lambda: self._rsync(None, src, target, hs.host.name))
+            self.op(hs, "stage", lambda: hs.transport.run(f"touch {q(marker)}"))
+            return
+        remote = f"sh -c {q(_COPY_AND_MARK_SH)} sh {q(parent)} {q(marker)}"
+        self.op(hs, "stage", lambda: self._rsync(rsh, src, target, hs.host.name, [f"--rsync-path={remote}"]))
 
     def remote_hashes(self, host: str, paths: list[str]) -> dict[str, str]:
         """Content hashes computed on `host` by the payload's `hash` (the scheme results.json records); a
@@ -270,5 +286,5 @@ class HostPool:
                               f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
         return parse_hashes(p.stdout)
 
-    def _rsync(self, rsh, src: str, dest: str, host: str) -> None:
-        rsync(rsh, src, dest, host=host, what="copying the checkpoint", options=["-a", "--partial"])
+    def _rsync(self, rsh, src: str, dest: str, host: str, more: tuple[str, ...] | list[str] = ()) -> None:
+        rsync(rsh, src, dest, host=host, what="copying the checkpoint", options=["-a", "--partial", *more])

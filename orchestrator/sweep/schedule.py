@@ -22,6 +22,7 @@ from ..backends.base import NoFreeGpu
 from ..errors import EXIT_BAD_INPUT, ConfigError, HostUnreachable, RevalError, RunExists
 from ..inventory import Inventory
 from ..ledger import Ledger
+from ..runs import RunState
 from ..sync import local_manifest_hash
 from .books import JobQueue, SweepRecord, pull_and_record
 from .cluster import BatchWorker, batches
@@ -74,8 +75,9 @@ def baseline_differences(opts: SweepOptions, baseline: compare.RunRecord | None,
 class SlotWorkers:
     """Hosts whose backend starts runs one at a time (an SSH host, the local folder): a worker per run slot
     takes a job, launches it with the slot's --gpus (or re-attaches to its run), follows it to its end,
-    pulls and records it, and meanwhile stages its next job. Inputs: the options (retries, backoff_s,
-    poll_s), the hosts, the queue, the record, the log."""
+    pulls and records it, and meanwhile stages its next job. A run seen to its end is pulled right after the
+    slot's next launch (the next eval starts without waiting for the copy), or when the slot stops. Inputs:
+    the options (retries, backoff_s, poll_s), the hosts, the queue, the record, the log."""
 
     def __init__(self, opts: SweepOptions, hosts: HostPool, queue: JobQueue, record: SweepRecord,
                  log: Callable[[str], None]):
@@ -85,21 +87,24 @@ class SlotWorkers:
 
     def worker(self, hs: HostSession, gpu: str, reattach_only: bool = False) -> None:
         held: list[Job] = []  # the next job, taken (and staged) while the current run goes on
+        ended: list[tuple[Job, RunState]] = []  # a run seen to its end, not pulled yet
         try:
-            self._work(hs, gpu, reattach_only, held)
+            self._work(hs, gpu, reattach_only, held, ended)
         finally:
             for job in held:
                 job.staged = None
                 self.queue.put_back(job)
+            self.settle(hs, ended)
 
-    def _work(self, hs: HostSession, gpu: str, reattach_only: bool, held: list[Job]) -> None:
+    def _work(self, hs: HostSession, gpu: str, reattach_only: bool, held: list[Job],
+              ended: list[tuple[Job, RunState]]) -> None:
         refused = 0  # launches in a row the host refused for want of a free GPU
         while not hs.down:
             job = held.pop() if held else self.queue.take(hs.host.name, reattach_only)
             if job is None:
                 return
             try:
-                self.run_job(hs, job, gpu, held if not reattach_only else None)
+                self.run_job(hs, job, gpu, held if not reattach_only else None, ended)
                 refused = 0
             except HostUnreachable:
                 return
@@ -116,7 +121,22 @@ class SlotWorkers:
             except Exception as e:  # noqa: BLE001 - bad input or a bug: this job fails, the sweep goes on
                 self.record.failed(hs.host.name, job, e)
 
-    def run_job(self, hs: HostSession, job: Job, gpu: str, held: list[Job] | None = None) -> None:
+    def run_job(self, hs: HostSession, job: Job, gpu: str, held: list[Job] | None = None,
+                ended: list[tuple[Job, RunState]] | None = None) -> None:
+        ended = [] if ended is None else ended
+        try:
+            launched = self._start(hs, job, gpu)
+        finally:
+            self.settle(hs, ended)  # the slot's last run, pulled once this one started (whatever the launch did)
+        if launched is None:
+            return
+        if held is not None and not held:
+            self.prefetch(hs, held)
+        self.wait(hs, job, ended, launched)
+
+    def _start(self, hs: HostSession, job: Job, gpu: str) -> bool | None:
+        """Launch the job (True), or re-attach to its run (False: it was there already); None: its checkpoint
+        cannot be had (recorded not-run)."""
         c = job.ckpt
         ledger = self.record.ledger
         if job.host is None:  # a fresh launch
@@ -128,7 +148,7 @@ class SlotWorkers:
                     self.queue.put_back(job)
                     raise
                 self.record.not_stageable(job, e)
-                return
+                return None
             before = ledger.get(job.key)
             ledger.put(self.record.launched_entry(hs.host.name, job))  # a killed controller finds it and re-attaches
             run_json = self.record.run_json(job, path, self.opts.spec(path).payload_argv(job.run))
@@ -138,6 +158,7 @@ class SlotWorkers:
                     hs.backend, spec, python=hs.python, name=job.run, run_json=run_json)).launch
                 self.log(f"launch  {c.name} on {hs.host.name}"
                          + "".join(f" · GPU {g}" for g in info.gpus) + f" · run {job.run}")
+                return True
             except HostUnreachable:
                 # Did it start before the connection broke? The next sweep re-attaches (the ledger says launched).
                 self.record.record(job, hs.host.name, UNREACHABLE, error=hs.down)
@@ -150,38 +171,50 @@ class SlotWorkers:
                 self.log(f"attach  {c.name}: run {job.run} already on {hs.host.name}")
         else:
             self.log(f"attach  {c.name}: run {job.run} on {hs.host.name}")
-        if held is not None and not held:
-            self.prefetch(hs, held)
-        self.wait_and_pull(hs, job)
+        return False
 
-    def wait_and_pull(self, hs: HostSession, job: Job) -> None:
+    def settle(self, hs: HostSession, ended: list[tuple[Job, RunState]]) -> None:
+        """Pull and record the runs seen to their end (a host gone: `unreachable`, re-attached next time; a
+        damaged result: that job failed); nothing here stops the slot."""
+        while ended:
+            job, st = ended.pop(0)
+            try:
+                pull_and_record(self.hosts, self.record, hs, job, st)
+            except HostUnreachable:
+                pass  # recorded `unreachable` by pull_and_record
+            except Exception as e:  # noqa: BLE001 - bad input or a bug: this job fails, the sweep goes on
+                self.record.failed(hs.host.name, job, e)
+
+    def wait(self, hs: HostSession, job: Job, ended: list[tuple[Job, RunState]], launched: bool) -> None:
+        """Follow the job's run to its end, then leave it in `ended` (pulled and recorded by the slot's next
+        settle(): after its next launch, or when it stops)."""
         with self.lock:
             self.active += 1
         try:
-            self._wait_and_pull(hs, job)
+            self._wait(hs, job, ended, launched)
         finally:
             with self.lock:
                 self.active -= 1
 
-    def _wait_and_pull(self, hs: HostSession, job: Job) -> None:
+    def _wait(self, hs: HostSession, job: Job, ended: list[tuple[Job, RunState]], launched: bool) -> None:
         run = lifecycle.attach(hs.backend, job.run, python=hs.python)  # the same handle `reval run` follows
         try:
-            wait_s = 0.0
+            # a long poll: one SSH command that returns as soon as the run is no longer running (or after poll_s),
+            # so its end is seen at once without a round trip per check; a re-attached run gets a first look
+            wait_s = self.opts.poll_s if launched else 0.0
             while True:
-                # after the first look, a long poll: one SSH command that returns as soon as the run is no longer
-                # running (or after poll_s), so its end is seen within ~0.1 s without a round trip per 0.1 s
                 st = self.hosts.op(hs, "status", lambda w=wait_s: run.probe(wait_s=w), bounded=wait_s == 0)
                 wait_s = self.opts.poll_s
                 if st is None:  # recorded as launched, but the run never started: launch it now
                     self.log(f"missing {job.ckpt.name}: run {job.run} is not on {hs.host.name}; launching")
                     job.host = None
-                    return self.run_job(hs, job, "auto" if hs.on_gpu else "none")
+                    return self.run_job(hs, job, "auto" if hs.on_gpu else "none", None, ended)
                 if st.terminal:
                     break
         except HostUnreachable:
             self.record.record(job, hs.host.name, UNREACHABLE, error=hs.down)
             raise
-        pull_and_record(self.hosts, self.record, hs, job, st)
+        ended.append((job, st))
 
     def prefetch(self, hs: HostSession, held: list[Job]) -> None:
         """Take this slot's next job now and copy its checkpoint while the current run goes on (the copy

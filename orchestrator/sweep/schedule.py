@@ -73,11 +73,21 @@ def baseline_differences(opts: SweepOptions, baseline: compare.RunRecord | None,
     return out
 
 
-def _load_report_modules() -> None:
-    """The report's plotting modules (matplotlib, ~0.5 s), loaded on a thread while the evals run: writing the
-    report files after the last run then starts at once. Trouble here is the report writer's to say."""
-    with contextlib.suppress(Exception):
-        from .. import html  # noqa: F401
+_report_modules = threading.Event()
+
+
+def load_report_modules() -> None:
+    """The report's plotting modules (matplotlib, ~0.5 s), loaded once on a thread of their own while a run is
+    followed: writing the report files after the last run then starts at once, and nothing before the first
+    launch waits for them. Trouble here is the report writer's to say."""
+    if _report_modules.is_set():
+        return
+    _report_modules.set()
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            from .. import html  # noqa: F401
+    threading.Thread(target=load, name="reval-report-imports", daemon=True).start()
 
 
 class SlotWorkers:
@@ -206,6 +216,7 @@ class SlotWorkers:
 
     def _wait(self, hs: HostSession, job: Job, ended: list[tuple[Job, RunState]], launched: bool) -> None:
         run = lifecycle.attach(hs.backend, job.run, python=hs.python)  # the same handle `reval run` follows
+        load_report_modules()
         try:
             # a long poll: one SSH command that returns as soon as the run is no longer running (or after poll_s),
             # so its end is seen at once without a round trip per check; a re-attached run gets a first look
@@ -370,8 +381,6 @@ class Sweep:
             free = sum(len(hs.slots) for hs in up_now)
             self.log(f"{len(chosen)} checkpoints · {n_skip} already evaluated (skipped) · {len(self.queue)} to run "
                      f"on {len(up_now)} host(s), {free} slot(s)")
-            if len(self.queue):
-                threading.Thread(target=_load_report_modules, name="reval-report-imports", daemon=True).start()
             self.execute()
             report = build_report(self.facts(), chosen)
             self._write_state(complete=not any(o.state in (UNREACHABLE, NOT_RUN) for o in report.outcomes))

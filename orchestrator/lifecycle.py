@@ -43,6 +43,7 @@ from .follow import FollowResult, follow
 from .gpuspec import normalize_gpus
 from .pull import PullResult
 from .runs import (
+    NO_ANSWER,
     RunState,
     check_run_name,
     load_follow_state,
@@ -157,6 +158,9 @@ def _silent() -> EventSink:
     return EventSink(lambda ev: None)
 
 
+NO_ANSWER_POLL_S = 2.0  # how often a wait asks again a scheduler that cannot answer (slurmctld is shared)
+
+
 class Run:
     """A handle on one run (see the module doc)."""
 
@@ -214,6 +218,20 @@ class Run:
             time.sleep(wait_s)
             wait_s = min(poll_s, wait_s * 2)
 
+    def answered(self, sink=None) -> RunState | None:
+        """The backend's state, asked again while the scheduler cannot answer (`no-answer`: not an end, never
+        `lost`): a note when it goes silent and when it answers again; returns its first answer."""
+        sink, said = sink or _silent(), False
+        while (s := self.probe()) is not None and s.state == NO_ANSWER:
+            if not said:
+                said = True
+                sink.note(f"waiting {self.name} on {self.host}: {s.reason}; its end is known once it answers "
+                          f"(asked every {NO_ANSWER_POLL_S:g} s)")
+            time.sleep(NO_ANSWER_POLL_S)
+        if said:
+            sink.note(f"answer  {self.name} on {self.host} is {s.state if s is not None else 'gone'}")
+        return s
+
     def follow(self, sink=None, *, log_offset: int | None = None, give_up_s: float = 120.0) -> FollowResult:
         """Stream the run's log and events into `sink` until it is over (follow.py; reconnects on drops);
         a scheduler's run is first waited for while it is queued (wait_started)."""
@@ -261,10 +279,10 @@ class Run:
         the pulled copy says what `reval status` says; a probe that does not yet see the end is asked again
         after the pull, and a final word it records then is pulled too."""
         res = self.follow(sink, log_offset=log_offset, give_up_s=give_up_s)
-        s = self.probe()
+        s = self.answered(sink)  # a scheduler that cannot answer now is waited for, never taken for an end
         pulled = self.pull(finished=True)
         if s is None or not s.terminal:
-            after = self.probe()
+            after = self.answered(sink)
             if after is not None and after.terminal and (s is None or after.status != s.status):
                 pulled = self.pull(finished=True)
             s = after if after is not None else s

@@ -15,8 +15,8 @@ from remote_payload.contract import protocol
 
 from .backends.base import Backend
 from .compare import _iso_s
-from .errors import ConfigError, RevalError, RunNotFound
-from .runs import RunState, local_run_dir
+from .errors import ConfigError, HostUnreachable, RevalError, RunNotFound
+from .runs import NO_ANSWER, RunState, local_run_dir
 
 # what `prune --failed` removes: every run seen to end without a result worth keeping. Not `unknown` (no
 # readable status.json): a run that is starting, or one whose status was damaged, proves no end; `reval rm`
@@ -90,6 +90,9 @@ def plan(be: Backend, name: str, *, local_only: bool = False, state: RunState | 
     host = be.host.name
     state = state or be.state(name)
     copy = local_run_dir(host, name).exists()
+    if state is not None and state.state == NO_ANSWER:  # it may be running: nothing is removed (exit 4)
+        raise HostUnreachable(f"{host}/{name}: {state.reason}: not removed (it may still be running)",
+                              hint=f"ask again once it answers: reval status {host}/{name}")
     if state is not None and not state.terminal:
         raise ConfigError(f"{host}/{name} is still running: not removed",
                           hint=f"stop it first: reval kill {host}/{name}")

@@ -1,6 +1,7 @@
 """Runs: where they live (remote run dirs, the local registry `runs/<host>/<run>/`), their names, and the
-state vocabulary — including `lost` (status.json says running but its process group is gone), which is the
-controller's word (`reported_state`) and never written on the server.
+state vocabulary — including `lost` (status.json says running but its process group is gone), `unknown` (no
+readable status.json) and `no-answer` (its scheduler cannot answer now): the controller's words, never written
+on the server.
 The probes that ask a host (status / ls / kill) are the backends' (backends/); which host a RUN reference
 means is locate.py's."""
 from __future__ import annotations
@@ -15,27 +16,32 @@ from .errors import ConfigError
 
 FOLLOW_JSON = ".follow.json"
 
-# a scheduler's verdict: it cannot answer now (its controller unreachable, a command that fails): not an end,
-# never `lost`; the run is waited for until the scheduler answers again
+# The controller's words beside protocol's states (never written on the server), one situation each:
+# `unknown`: the run's own status.json is missing or damaged: nothing on the host says whether it goes on or
+# how it ended (an end as far as waiting goes: nothing will tell; `reval status RUN` exits 1);
 UNKNOWN = "unknown"
+# `no-answer`: its scheduler cannot answer now (slurmctld unreachable, scontrol failing): not an end, never
+# `lost`; asked again until the scheduler answers (`reval status RUN` exits 4, as for a host that cannot be
+# reached; a follow, a wait and a sweep keep waiting and say so)
+NO_ANSWER = "no-answer"
 
 
 @dataclass
 class RunState:
     host: str
     name: str
-    state: str                 # queued | running | succeeded | failed | cancelled | lost
+    state: str                 # queued | running | succeeded | failed | cancelled | lost; unknown | no-answer
     status: dict = field(default_factory=dict)
     alive: bool = False
     last_event: dict = field(default_factory=dict)  # the last line of events.jsonl
-    reason: str = ""           # why it is queued (a scheduler's pending reason), or lost
+    reason: str = ""           # why it is queued (a scheduler's pending reason), lost, or has no answer
     # the host's clock (epoch seconds) when this was read, in the same round trip: the one clock that wrote
     # status.json's times, so a run's age is host_now - finished_at whatever this machine's clock says
     host_now: float | None = None
 
     @property
     def terminal(self) -> bool:
-        return self.state not in (protocol.RUNNING, protocol.QUEUED, UNKNOWN)
+        return self.state not in (protocol.RUNNING, protocol.QUEUED, NO_ANSWER)
 
     @property
     def suspect(self) -> bool:
@@ -48,7 +54,7 @@ class RunState:
         return {"host": self.host, "name": self.name, "state": self.state, "suspect": self.suspect,
                 **({"suspect_reasons": st.get("suspect_reasons", [])} if self.suspect else {}),
                 **{k: st.get(k) for k in ("started_at", "finished_at", "exit_code", "error", "gpus", "device")},
-                "reason": self.reason or None,  # a scheduler's pending reason, or why it is lost (as the text says)
+                "reason": self.reason or None,  # a scheduler's pending reason, why it is lost or has no answer
                 "job_id": st.get("job_id") if isinstance(st.get("job_id"), str) and st.get("job_id") else None,
                 "progress": progress_text(self.last_event) if self.state == protocol.RUNNING else None}
 

@@ -11,7 +11,8 @@ attempt's status.json and results.json first, so nothing from a cut-short attemp
 States:  PENDING (and requeued/held) -> queued (Slurm's reason) · RUNNING, COMPLETING, SUSPENDED -> running ·
 COMPLETED -> succeeded · FAILED, OUT_OF_MEMORY, NODE_FAIL, TIMEOUT, PREEMPTED, BOOT_FAIL, DEADLINE -> failed
 (with that reason and the exit code) · CANCELLED -> cancelled. A job Slurm no longer knows is judged by
-the wrapper's status.json (a `running` one is `lost`).
+the wrapper's status.json (a `running` one is `lost`). Slurm that cannot answer now (slurmctld unreachable:
+scontrol fails other than "invalid job id") makes `no-answer` (backends/slurm.py): not an end, asked again.
 """
 from __future__ import annotations
 
@@ -188,7 +189,7 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
 @dataclass
 class SlurmRunState:
     """A run's state as Slurm's word on its job (and the wrapper's status.json) makes it."""
-    state: str                     # queued | running | succeeded | failed | cancelled | lost
+    state: str                     # queued | running | succeeded | failed | cancelled | lost | no-answer
     reason: str = ""               # Slurm's pending reason, or the failure (TIMEOUT, OUT_OF_MEMORY, exit 3)
     exit_code: int | None = None
 

@@ -307,7 +307,9 @@ class Run:
 
     @property
     def state(self) -> str:
-        """queued | running | succeeded | failed | cancelled | lost — asked from the host now."""
+        """queued | running | succeeded | failed | cancelled | lost — asked from the host now; `unknown`: its
+        status.json is missing or damaged; `no-answer`: its scheduler cannot answer now (not an end: ask again;
+        finish() and wait() keep waiting)."""
         return self.status().state
 
     def events(self, *, log_offset: int = 0, give_up_s: float = 120.0) -> Iterator[Event]:

@@ -180,7 +180,8 @@ def test_status_help_names_exit_codes_and_what_no_run_lists(capsys):
     with pytest.raises(SystemExit):
         cli.main(["status", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "0 succeeded, 101 running, 1 failed or lost, 103 cancelled, 102 no such run" in text
+    assert ("0 succeeded, 101 running, 1 failed, lost or unknown (no readable status.json), 103 cancelled, "
+            "102 no such run, 4 host unreachable or no-answer (its scheduler cannot answer now") in text
     assert "runs no longer on their host are left out" in text
 
 

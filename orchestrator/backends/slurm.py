@@ -21,10 +21,10 @@ import time
 from remote_payload.contract import protocol
 
 from .. import slurmjobs
-from ..errors import ConfigError, RevalError, RunNotFound
+from ..errors import ConfigError, HostUnreachable, RevalError, RunNotFound
 from ..gpuspec import GPUS_SCHEDULER
 from ..runs import (
-    UNKNOWN,
+    NO_ANSWER,
     RunState,
     check_local_runs_root,
     check_run_name,
@@ -223,7 +223,7 @@ class SlurmBackend(Backend):
     def _query_jobs(self, job_ids: list[str]) -> tuple[dict[str, slurmjobs.JobInfo], dict[str, str]]:
         """Slurm's word on these jobs: scontrol while slurmctld has them, else sacct (accounting, or -c);
         and the jobs Slurm could not answer for ({job id: scontrol's error}: slurmctld unreachable, not
-        "no such job") and sacct does not know either: their state is unknown, not gone."""
+        "no such job") and sacct does not know either: their state is `no-answer`, not gone."""
         ids = [j for j in dict.fromkeys(job_ids) if slurmjobs.is_job_id(j)]
         if not ids:
             return {}, {}
@@ -263,7 +263,7 @@ class SlurmBackend(Backend):
             job = jobs.get(want[name]) if want[name] else None
             if want[name] in unanswered and not (st.get("slurm_state") and st.get("state") in protocol.TERMINAL_STATES):
                 # Slurm cannot say now: not an end (status.json's `cancelled` may be Slurm's TIMEOUT), never lost
-                v = slurmjobs.SlurmRunState(UNKNOWN, f"Slurm cannot answer: {unanswered[want[name]]}")
+                v = slurmjobs.SlurmRunState(NO_ANSWER, f"Slurm cannot answer: {unanswered[want[name]]}")
             elif (st.get("slurm_state") and st.get("state") in protocol.TERMINAL_STATES) or (job is None and st
                                                                                           and not want[name]):
                 v = slurmjobs.slurm_run_state(None, st)  # the recorded end (Slurm's word already in it), or lost
@@ -321,6 +321,9 @@ class SlurmBackend(Backend):
         st = known if known is not None else self.state(name)
         if st is None:
             raise RunNotFound(f"no run {name!r} on {self.host.name}", hint=f"list them: reval ls {self.host.name}")
+        if st.state == NO_ANSWER:  # scancel needs slurmctld too: nothing is cancelled, nor said to be
+            raise HostUnreachable(f"{self.host.name}: run {name!r}: {st.reason}; nothing was cancelled",
+                                  hint=f"ask again once Slurm answers: reval kill {self.host.name}/{name}")
         job = st.status.get("job_id")
         if st.state in (slurmjobs.QUEUED, protocol.RUNNING) and job:
             ticks = int((grace_s + 60) / 0.5)  # squeue twice a second: slurmctld is shared

@@ -14,14 +14,23 @@ from remote_payload.contract import protocol
 from .. import output, report
 from ..argparsing import positive_int, seconds
 from ..compare import _iso_s, format_duration
-from ..errors import EXIT_CANCELLED, EXIT_EVAL_FAILED, EXIT_OK, EXIT_PARTIAL, EXIT_STILL_RUNNING, RevalError
+from ..errors import (
+    EXIT_CANCELLED,
+    EXIT_EVAL_FAILED,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_STILL_RUNNING,
+    EXIT_UNREACHABLE,
+    RevalError,
+)
 from ..logs import json_line
-from ..runs import RunState, local_registry, progress_text
+from ..runs import NO_ANSWER, RunState, local_registry, progress_text
 from .display import JsonLinesSink, PlainSink, RichSink
 
-# `reval status RUN`'s exit code by state (failed, lost and an unreadable status.json: EXIT_EVAL_FAILED)
+# `reval status RUN`'s exit code by state (failed, lost and `unknown`, an unreadable status.json:
+# EXIT_EVAL_FAILED); `no-answer`, a scheduler that cannot answer now, is not reached: ask again (EXIT_UNREACHABLE)
 STATUS_EXIT = {protocol.SUCCEEDED: EXIT_OK, protocol.RUNNING: EXIT_STILL_RUNNING, protocol.QUEUED: EXIT_STILL_RUNNING,
-               protocol.CANCELLED: EXIT_CANCELLED}
+               protocol.CANCELLED: EXIT_CANCELLED, NO_ANSWER: EXIT_UNREACHABLE}
 
 
 def state_text(s: RunState) -> str:
@@ -174,14 +183,16 @@ def register(sub) -> None:
     p.add_argument("--give-up-s", type=seconds, default=120.0, help="stop reconnecting after this long (exit 4)")
     p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("status", help="a run's state (queued / running / succeeded / failed / cancelled / lost)",
+    p = sub.add_parser("status", help="a run's state (queued / running / succeeded / failed / cancelled / lost; "
+                                      "unknown / no-answer)",
                        description="With RUN: one line, and the exit code says the state: 0 succeeded, "
-                                   "101 running, 1 failed or lost, 103 cancelled, 102 no such run, "
-                                   "4 host unreachable (101 also while a Slurm job is queued). Without RUN: "
-                                   "a table of the runs in runs/ here "
+                                   "101 running, 1 failed, lost or unknown (no readable status.json), "
+                                   "103 cancelled, 102 no such run, 4 host unreachable or no-answer (its "
+                                   "scheduler cannot answer now: not an end, ask again) (101 also while a "
+                                   "Slurm job is queued). Without RUN: a table of the runs in runs/ here "
                                    "(launched or pulled from this folder) as their hosts report them now; "
                                    "runs no longer on their host are left out, unreachable hosts are listed "
-                                   "(exit 2).")
+                                   "(exit 2, also when a run's scheduler cannot answer).")
     p.add_argument("run", metavar="RUN", nargs="?",
                    help="name or host/name (default: the runs in runs/ here that their hosts still have)")
     p.add_argument("--host", help="the run's host")
@@ -190,7 +201,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("ls", help="the runs on a host or group (default: every inventory host)",
                        description="List the runs on HOST (or every host of a group; default: every inventory "
-                                   "host) as the hosts report them now. Unreachable hosts are listed (exit 2).")
+                                   "host) as the hosts report them now. Unreachable hosts are listed (exit 2); "
+                                   "so is a run whose scheduler cannot answer now (state no-answer, exit 2).")
     p.add_argument("host", metavar="HOST", nargs="?", help="a host or group")
     p.add_argument("--json", action="store_true", help="print the runs as JSON (oldest first)")
     p.add_argument("--names", action="store_true", help="only the names of the runs kept here (runs/), NAME and "
@@ -249,8 +261,10 @@ def states_table(states: list[RunState], unreachable: dict[str, str]):
     for s in states:
         st = s.status
         last = (progress_text(s.last_event) if s.state == protocol.RUNNING
-                else failure_cause(s.host, st) or "" if s.state == protocol.FAILED else "")
-        table.add_row(s.host, s.name, state_text(s), st.get("started_at", ""),
+                else failure_cause(s.host, st) or "" if s.state == protocol.FAILED
+                else s.reason if s.state == NO_ANSWER else "")
+        # no-answer: the word in the state column, Slurm's why in the cause column (as an unreachable host's)
+        table.add_row(s.host, s.name, s.state if s.state == NO_ANSWER else state_text(s), st.get("started_at", ""),
                       duration_text(st) if st.get("finished_at") else "", str(st.get("exit_code", "")),
                       ",".join(map(str, st.get("gpus", []))) or (st.get("device") or ""), last)
     for h, why in unreachable.items():
@@ -260,12 +274,12 @@ def states_table(states: list[RunState], unreachable: dict[str, str]):
 
 def _print_states(args, listing: reval.Listing) -> int:
     """The listing (oldest run first): a table, or with --json one JSON document; exit 2 when a host was
-    unreachable."""
+    unreachable or a run's scheduler could not answer (no-answer): ask again later for the whole picture."""
     if getattr(args, "json", False):
         out(json.dumps(listing.to_json(), indent=1))
     else:
         report.listing_console().print(states_table(listing.runs, listing.unreachable))
-    return EXIT_PARTIAL if listing.unreachable else EXIT_OK
+    return EXIT_PARTIAL if listing.unreachable or any(s.state == NO_ANSWER for s in listing.runs) else EXIT_OK
 
 
 def cmd_status(args) -> int:

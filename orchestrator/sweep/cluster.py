@@ -18,7 +18,7 @@ from remote_payload.contract import protocol
 
 from ..backends.base import BATCH_STATE, BATCH_SUBMIT, Backend, Submission
 from ..errors import HostUnreachable, RevalError
-from ..runs import UNKNOWN
+from ..runs import NO_ANSWER
 from .books import JobQueue, SweepRecord, pull_and_record
 from .plan import UNREACHABLE, Job, SweepOptions
 from .stage import HostPool, HostSession
@@ -101,7 +101,7 @@ class BatchWorker:
             states = {s.name: s for s in self.hosts.op(hs, "status", lambda: hs.backend.states(list(pending)))}
             for name, job in list(pending.items()):
                 st = states.get(name)
-                if st is not None and st.state == UNKNOWN:  # not an end (never `lost`): keep waiting, say so
+                if st is not None and st.state == NO_ANSWER:  # not an end (never `lost`): keep waiting, say so
                     if name not in silent:
                         self.log(f"waiting {job.ckpt.name}: run {name} on {hs.host.name}: {st.reason}; "
                                  "its end is recorded once the scheduler answers")

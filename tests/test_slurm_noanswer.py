@@ -1,20 +1,31 @@
 """`no-answer`: a Slurm run whose scheduler cannot answer now (slurmctld unreachable) has its own state word,
-apart from `unknown` (the run's own status.json missing or damaged), at the seams (no Slurm): the Slurm
-backend's state when scontrol cannot answer; `reval status RUN` exits 4 for it (ask again) and 1 for
-`unknown`; `ls` puts Slurm's why in the cause column (exit 2); a wait asks again and says so instead of ending
-on it; `unknown` is an end as far as waiting goes (`reval rm` takes it).
+apart from `unknown` (the run's own status.json missing or damaged):
+
+- at the seams (no Slurm): the Slurm backend's state when scontrol cannot answer; `reval status RUN` exits 4
+  for it (ask again) and 1 for `unknown`; `ls` puts Slurm's why in the cause column (exit 2); a wait asks
+  again and says so instead of ending on it; the stream of a followed job says when the scheduler stops
+  answering and when it answers again; `unknown` is an end as far as waiting goes (`reval rm` takes it);
+- on the real single-node Slurm (tests/slurm.py) with slurmctld stopped while a followed run ends under
+  slurmd: status / --json / ls / kill / rm say `no-answer` (kill and rm touch nothing), the follow says so and
+  waits, and ends `succeeded` once slurmctld is back.
 The sweep's side (said once, nothing in the ledger until Slurm answers) is test_slurm_trust.py's outage test.
 """
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from orchestrator import cli
 from orchestrator.runs import NO_ANSWER, UNKNOWN, RunState
+from remote_payload.contract import protocol
 
 WHY = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
 
@@ -108,3 +119,149 @@ def test_a_wait_asks_again_while_slurm_cannot_answer_and_says_so(here, monkeypat
     assert (fin.state, fin.status.get("slurm_state")) == ("succeeded", "COMPLETED") and len(asked) == 4
     said = f"waiting r on hpc: Slurm cannot answer: {WHY}; its end is known once it answers (asked every 0.01 s)"
     assert notes == [said, "answer  r on hpc is succeeded"], notes
+
+
+def test_the_stream_says_when_the_scheduler_stops_answering_and_answers_again(tmp_path):
+    """--alive-cmd exits 2 (Slurm cannot say): the stream follows on (no end), with one N frame saying so, and
+    another when the probe answers again; its end comes from the answer."""
+    import select
+
+    from orchestrator.follow import FrameParser
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "status.json").write_text('{"state": "succeeded", "exit_code": 0}')  # the run's own word: not proof
+    (d / "eval.log").write_text("done\n")
+    answer = tmp_path / "answer"
+    answer.write_text("0")
+    p = subprocess.Popen([sys.executable, "-m", "remote_payload", "stream", "--run-dir", str(d),
+                          "--alive-cmd", f"exit $(cat {answer})", "--alive-every-s", "0.05"],
+                         stdout=subprocess.PIPE, cwd=os.path.dirname(os.path.dirname(__file__)))
+    parser, frames = FrameParser(), []
+    try:
+        def read_until(pred, timeout_s: float = 20):
+            deadline = time.monotonic() + timeout_s
+            while not pred():
+                assert time.monotonic() < deadline, f"not in the stream within {timeout_s} s: {frames}"
+                ready, _, _ = select.select([p.stdout], [], [], 60)
+                assert ready, "the stream went silent (no heartbeat)"
+                chunk = os.read(p.stdout.fileno(), 65536)
+                assert chunk, f"the stream ended early: {frames}"
+                frames.extend((f.tag, f.data) for f in parser.feed(chunk))
+        read_until(lambda: ("L", b"done\n") in frames)
+        answer.write_text("2")
+        read_until(lambda: any(t == "N" for t, _ in frames))
+        notes = [x.decode() for t, x in frames if t == "N"]
+        said = ("the scheduler cannot answer now (its job probe: exit 2): still following; the run's end is known "
+                "once it answers")
+        assert notes == [said], frames
+        time.sleep(0.3)
+        read_until(lambda: frames[-1][0] == "H")
+        assert not any(t == "D" for t, _ in frames) and p.poll() is None  # no answer is no end
+        answer.write_text("1")
+        read_until(lambda: frames[-1][0] == "D")
+        assert [x.decode() for t, x in frames if t == "N"][1:] == ["the scheduler answers again"], frames
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+# --- on the real Slurm -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hpc(tmp_path_factory):
+    from tests import slurm as slurm_mod
+    from tests import sshd
+    from tests.test_slurm_backend import Cluster
+    reason = slurm_mod.slurm_skip_reason() or sshd.netns_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    c = Cluster(tmp_path_factory.mktemp("noanswer"))
+    old = os.getcwd()
+    os.chdir(c.here)
+    try:
+        yield c
+    finally:
+        os.chdir(old)
+        c.close()
+
+
+def _wait(what: str, ready, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _clis(c, *argvs: list[str]) -> list[subprocess.CompletedProcess]:
+    """`reval -i INV ARGV` for each argv, all at once, each in its own process: while slurmctld is gone every
+    question to Slurm takes its seconds of retries, so they share that wait instead of adding theirs up."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("REVAL_HOSTS", None)
+    env.pop("REVAL_RUNS_DIR", None)
+    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", c.inv, *argv], cwd=c.here, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in argvs]
+    done = []
+    for argv, p in zip(argvs, procs):
+        out, err = p.communicate(timeout=120)
+        done.append(subprocess.CompletedProcess(argv, p.returncode, out, err))
+    return done
+
+
+@pytest.mark.slurm
+@pytest.mark.ssh
+def test_slurmctld_gone_is_no_answer_everywhere_and_a_follow_waits_for_it(hpc, capsys):
+    """slurmctld stops while `finish` follows a run (which then ends under slurmd): status (exit 4), --json,
+    ls (exit 2), kill and rm (exit 4: nothing cancelled or removed) say no-answer; the follow says the scheduler
+    cannot answer and waits (its heartbeats go on: it used to take the silence for a dropped connection and
+    fail); once slurmctld is back it ends `succeeded` with Slurm's COMPLETED recorded."""
+    import reval
+    rc = cli.main(["-i", hpc.inv, "run", "hpc", "--payload", "dummy", "--name", "na", "--detach",
+                   "--", "--lines", "15", "--interval-s", "0.2"])
+    assert rc == 101, capsys.readouterr()
+    status_json = hpc.run_dir("na") / "status.json"
+
+    def own_state() -> str | None:
+        try:
+            return protocol.read_json(status_json).get("state")
+        except (OSError, ValueError):
+            return None
+    events: list = []
+    got: list = []
+    follow = threading.Thread(target=lambda: got.append(reval.find("hpc/na", inventory=hpc.inv).finish(
+        on_event=events.append)))
+    follow.start()
+    try:
+        _wait("the follow to stream", lambda: any(isinstance(e, reval.LogLine) for e in events))
+        hpc.slurm.stop_controller()
+        try:
+            status, as_json, ls, kill, rm = _clis(hpc, ["status", "hpc/na"], ["status", "hpc/na", "--json"],
+                                                  ["ls", "hpc"], ["kill", "hpc/na", "--grace-s", "0"],
+                                                  ["rm", "hpc/na", "--yes"])
+            assert status.returncode == 4, status
+            assert status.stdout.startswith("na on hpc: no-answer (Slurm cannot answer: "), status
+            st = json.loads(as_json.stdout)
+            assert as_json.returncode == 4 and st["state"] == "no-answer", as_json
+            assert st["reason"].startswith("Slurm cannot answer: "), as_json
+            row = next(ln for ln in ls.stdout.splitlines() if " na " in ln)
+            assert ls.returncode == 2 and row.split()[2] == "no-answer" and "Slurm cannot answer" in row, ls
+            assert kill.returncode == 4 and "nothing was cancelled" in kill.stderr, kill
+            assert "cancelled na" not in kill.stdout, kill
+            assert rm.returncode == 4 and "not removed" in rm.stderr and status_json.exists(), rm
+            _wait("the run to end under slurmd", lambda: own_state() == "succeeded")
+            _wait("the follow to say Slurm cannot answer", lambda: any(
+                isinstance(e, reval.Note) and "the scheduler cannot answer now" in e.text for e in events), 60)
+            assert follow.is_alive() and not got  # the run's own record says it ended: not Slurm's answer
+            assert not any(isinstance(e, reval.Note) and "dropped" in e.text for e in events), events
+        finally:
+            hpc.slurm.start_controller()
+        follow.join(timeout=180)
+        assert not follow.is_alive()
+    finally:
+        follow.join(timeout=180)
+    fin = got[0]
+    assert (fin.state, fin.exit_code) == ("succeeded", 0), fin
+    notes = [e.text for e in events if isinstance(e, reval.Note)]
+    assert any("the scheduler answers again" in n for n in notes), notes
+    assert protocol.read_json(status_json)["slurm_state"] == "COMPLETED"
+    assert (Path(fin.path) / "results.json").exists()

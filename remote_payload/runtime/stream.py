@@ -19,9 +19,10 @@ Offsets make resuming exact: the controller reconnects with the offset after the
 A trailing partial line is held back until its newline arrives (or the run is over).
 
 With `--alive-cmd CMD` (a scheduler's job, which may run on another machine than this stream): CMD (`sh -c`)
-says whether the job is still queued or running (exit 0) or over (exit 1; anything else: unknown, the last
-answer stands), every `--alive-every-s`; the run is over when the job is, whatever status.json says
-meanwhile (a requeued job's killed attempt may have written `cancelled` before it starts again).
+says whether the job is still queued or running (exit 0) or over (exit 1; anything else: the scheduler cannot
+answer, the last answer stands and an N frame says so, again when it answers), every `--alive-every-s`; the run
+is over when the job is, whatever status.json says meanwhile (a requeued job's killed attempt may have written
+`cancelled` before it starts again).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,24 +56,62 @@ def add_arguments(p) -> None:
 
 
 class JobProbe:
-    """`--alive-cmd`, run at most every `every_s` (every 0.5 s once status.json says the run ended)."""
+    """`--alive-cmd`, run every `every_s` (every 0.5 s once status.json says the run ended) on a thread of its
+    own: a scheduler that is slow to say it cannot answer (squeue retries an unreachable slurmctld for ~20 s)
+    never holds the stream's frames back, so its heartbeats go on and the follow does not take the silence
+    for a dropped connection. Until its first answer the job counts as alive."""
 
     def __init__(self, cmd: str, every_s: float):
         self.cmd, self.every_s = cmd, every_s
-        self.alive, self.last = True, None
+        self.alive = True
+        self.no_answer: int | None = None  # the probe's exit code while the scheduler cannot answer, else None
+        self.ending = False
+        self._wake = threading.Event()
+        self._proc: subprocess.Popen | None = None
+        self._closed = False
+        threading.Thread(target=self._loop, name="reval-job-probe", daemon=True).start()
 
-    def __call__(self, ending: bool) -> bool:
-        now = time.monotonic()
-        if self.last is None or now - self.last >= (min(0.5, self.every_s) if ending else self.every_s):
-            self.last = now
-            try:
-                rc = subprocess.run(["/bin/sh", "-c", self.cmd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, timeout=60, check=False).returncode
-            except (OSError, subprocess.TimeoutExpired):
-                rc = 2
+    def _once(self) -> int:
+        try:
+            self._proc = subprocess.Popen(["/bin/sh", "-c", self.cmd], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return self._proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+            return 2
+        except OSError:
+            return 2
+
+    def _loop(self) -> None:
+        while not self._closed:
+            self._wake.clear()
+            rc = self._once()
             if rc in (0, 1):
                 self.alive = rc == 0
+            self.no_answer = None if rc in (0, 1) else rc
+            self._wake.wait(min(0.5, self.every_s) if self.ending else self.every_s)
+
+    def __call__(self, ending: bool) -> bool:
+        if ending and not self.ending:
+            self._wake.set()  # status.json says it ended: ask the scheduler now, then every 0.5 s
+        self.ending = ending
         return self.alive
+
+    def close(self) -> None:
+        """End a probe still running (the stream is over): nothing is left behind on the host."""
+        self._closed, p = True, self._proc
+        if p is not None and p.poll() is None:
+            p.kill()
+
+    def said(self, before: int | None) -> bytes | None:
+        """The note when the scheduler stops answering (`before`: None) or answers again, else None."""
+        if (before is None) == (self.no_answer is None):
+            return None
+        if self.no_answer is not None:
+            return (f"the scheduler cannot answer now (its job probe: exit {self.no_answer}): still following; "
+                    "the run's end is known once it answers").encode()
+        return b"the scheduler answers again"
 
 
 def payload_activity(status) -> tuple[list[tuple[int, str]], int] | None:
@@ -234,6 +274,7 @@ def main(args) -> int:
     last_status = last_alive = None
     last_beat = 0.0
     probe = JobProbe(args.alive_cmd, args.alive_every_s) if args.alive_cmd else None
+    no_answer = None  # the probe's no-answer as last said
     ending = False
     damaged_since = None
     silence = Silence(args.no_progress_s, time.monotonic())
@@ -261,6 +302,9 @@ def main(args) -> int:
                 silence.progress(time.monotonic())
             elif status is not None and not over and (note := silence.check(status, time.monotonic())):
                 frames.append(b"N %d\n" % len(note) + note)
+            if probe and (note := probe.said(no_answer)):
+                no_answer = probe.no_answer
+                frames.append(b"N %d\n" % len(note) + note)
             # re-sent when the group dies too (status.json unchanged): the controller's last word is the truth
             if status is not None and (raw != last_status or alive != last_alive):
                 last_status, last_alive = raw, alive
@@ -282,3 +326,6 @@ def main(args) -> int:
             time.sleep(args.poll_s)
     except BrokenPipeError:
         return 0
+    finally:
+        if probe:
+            probe.close()

@@ -4,12 +4,40 @@ ledger, report), over real sshd hosts on loopback with `python -m remote_payload
     scripts/netns-run .venv/bin/python -m benchmarks.bench_sweep [--hosts 3] [--checkpoints 12] [--eval-s 3]
 
 Each host is a CPU host (one run at a time), so the ideal sweep takes ceil(checkpoints / hosts) x eval-s;
-overhead per checkpoint = (wall x hosts - checkpoints x eval-s) / checkpoints. Target: under 2 s, and
-under 10% of the total when each eval takes a minute. Needs root + the private netns (sshd on 127.0.0.x).
+overhead per checkpoint = (wall x hosts - checkpoints x eval-s) / checkpoints, wall being the whole sweep as
+`reval sweep` runs it (hosts made ready, payload synced to fresh hosts, discovery, every run, the report files).
+Target: under 0.5 s, and under 10% of the total when each eval takes a minute. Needs root + the private netns
+(sshd on 127.0.0.x). The split below the headline says where the overhead is: `start` (until the first
+launch: hosts ready, payload sync, discovery, the first staging and launch), `per cycle` (on each slot, from
+one launch to the next, beyond the eval's own time, which the dummy's events give), `end` (from the last run's
+end to the report), `report` (report.md/.json/.html and plots.png).
+
+History (defaults: 3 hosts, 12 checkpoints, 3 s evals). Measured on a 2-core machine with other test suites
+running beside it: +-25% from run to run, so each row is a range over interleaved runs of the two versions.
+Every SSH session there pays the login shell's ~/.bashrc (`pyenv init`: 0.1-0.3 s): with sessions that skip it
+(sshd `SetEnv SHLVL=1`, not what the tests use) the same comparison was 1.55 s before, 1.22 s after.
+
+| version | overhead / checkpoint | split (start · per cycle · end · report) |
+|---|---|---|
+| a turn before issue 19 item 26 | 1.2 s (as reported) | |
+| issue 19 item 26 reported | 2.20 s | |
+| before (8d2e010), 2026-12-02 | 2.3-3.3 s (9 runs) | |
+| after | 1.4-2.1 s (8 runs; one more at load 3.7: 2.85 s) | 1.3-2.1 s · 0.5-0.8 s · 0.4-0.6 s · 1.4-2.0 s |
+
+What changed (issue 19 item 26): discovery hashed each small checkpoint with 64 MiB buffers zeroed per thread
+(12 checkpoints: 0.9 s, now 10 ms); a run's pull waited before the slot's next launch (now after it); staging
+took three round trips (probe, rsync, touch; now one rsync whose remote command writes the marker); a launched
+run got a first-look probe before its long poll (now the long poll at once); the long poll looked every 0.1 s
+(now it also wakes the moment the run's leader exits: a pidfd); the report's plotting modules loaded after the
+last run (now during the sweep). What is left: `start` is four SSH round trips in a row (connect + probe, the
+payload's rsync to fresh hosts, the first checkpoint's rsync, the launch); `per cycle` is the launch's round
+trip plus the wrapper's and the payload's Python start-up; `report` is matplotlib drawing six figures
+(plots.png and report.html's five SVGs; ~0.2 s each).
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -53,13 +81,18 @@ def main(argv: list[str] | None = None) -> int:
             opts = sweep.SweepOptions(checkpoints=[str(root / "ckpts" / "step-*")], hosts=["cluster"],
                                       payload="dummy", eval_args=["--lines", str(lines), "--interval-s", "0.1"],
                                       sweep_dir=str(root / "sweeps"), poll_s=args.poll_s)
-            t0 = time.perf_counter()
-            rep = sweep.Sweep(opts, load_inventory(cluster.inventory_path)).run()
+            lines_at: list[tuple[float, str]] = []
+            t0, w0 = time.perf_counter(), time.time()
+            rep = sweep.Sweep(opts, load_inventory(cluster.inventory_path),
+                              log=lambda line: lines_at.append((time.time(), line))).run()
+            w1 = time.time()
             sweep.write_report_files(rep)
             wall = time.perf_counter() - t0
+            report_s = time.time() - w1
             t1 = time.perf_counter()
             rep2 = sweep.Sweep(opts, load_inventory(cluster.inventory_path)).run()  # all skipped
             rerun = time.perf_counter() - t1
+            split = where_it_goes(lines_at, rep, w0, w1, report_s)  # reads the pulled runs' events
         finally:
             os.chdir(cwd)
             close_all()
@@ -71,16 +104,43 @@ def main(argv: list[str] | None = None) -> int:
     res = {"hosts": h, "checkpoints": n, "succeeded": ok, "eval_s": eval_s, "poll_s": args.poll_s,
            "wall_s": round(wall, 2), "ideal_s": round(math.ceil(n / h) * eval_s, 2),
            "overhead_per_checkpoint_s": round(overhead, 3), "overhead_share_at_60s_eval": round(share_60, 4),
-           "rerun_all_skipped_s": round(rerun, 2), "rerun_skipped": sum(o.state == "skipped" for o in rep2.outcomes)}
+           "rerun_all_skipped_s": round(rerun, 2), "rerun_skipped": sum(o.state == "skipped" for o in rep2.outcomes),
+           **{k: round(v, 3) for k, v in split.items()}}
     if args.json:
         print(json.dumps(res, indent=2))
     else:
         print(f"sweep   {n} checkpoints on {h} loopback sshd hosts · dummy eval {eval_s:.1f}s · poll {args.poll_s}s")
         print(f"wall    {wall:.2f}s (ideal {res['ideal_s']:.1f}s) · {ok}/{n} succeeded")
-        print(f"overhead {overhead:.2f}s per checkpoint (target < 2 s) · {share_60:.1%} of the total at 60 s evals "
+        print(f"overhead {overhead:.2f}s per checkpoint (target < 0.5 s) · {share_60:.1%} of the total at 60 s evals "
               "(target < 10%)")
+        print(f"split   start {split['start_s']:.2f}s · per cycle {split['cycle_s']:.2f}s (launch to launch beyond the "
+              f"eval's own {split['eval_measured_s']:.2f}s) · end {split['end_s']:.2f}s · report {split['report_s']:.2f}s")
         print(f"re-run  {rerun:.2f}s with all {res['rerun_skipped']} skipped by the ledger")
     return 0 if ok == n else 1
+
+
+def where_it_goes(lines_at: list[tuple[float, str]], rep, w0: float, w1: float, report_s: float) -> dict:
+    """The overhead's parts, from the sweep's own log lines (their times here) and the runs' events (the dummy's
+    times on the host, this machine's clock): start = the sweep's start to its first launch; cycle = on each slot,
+    launch to next launch less the eval's own time (its first to its last event), averaged; end = the last eval's
+    last event to the sweep's return; report = the report files."""
+    evals, ends = {}, []
+    for o in rep.outcomes:
+        try:
+            ts = [e["t"] for e in map(json.loads, (Path(o.local_path) / "events.jsonl").read_text().splitlines())]
+        except (OSError, TypeError, ValueError, KeyError, IndexError):
+            continue
+        evals[o.checkpoint], ends = ts[-1] - ts[0], ends + [ts[-1]]
+    launches: dict[str, list[tuple[float, str]]] = {}
+    for t, line in lines_at:
+        if line.startswith("launch  "):
+            name, _, rest = line[8:].partition(" on ")
+            launches.setdefault(rest.split(" ", 1)[0], []).append((t, name))
+    gaps = [b[0] - a[0] - evals.get(a[1], 0.0) for seq in launches.values() for a, b in itertools.pairwise(seq)]
+    first = min((t for seq in launches.values() for t, _ in seq), default=w0)
+    return {"start_s": first - w0, "cycle_s": sum(gaps) / len(gaps) if gaps else 0.0,
+            "eval_measured_s": sum(evals.values()) / len(evals) if evals else 0.0,
+            "end_s": w1 - max(ends, default=w1), "report_s": report_s}
 
 
 if __name__ == "__main__":

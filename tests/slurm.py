@@ -9,7 +9,8 @@ CUDA_VISIBLE_DEVICES from them). `jobcomp/filetxt` keeps finished jobs queryable
 more CPUs than the machine has so that several 1-CPU jobs run at once on 2 cores.
 
 Client commands find this cluster through SLURM_CONF only (`SlurmCluster.env`; the login node's sshd gets it
-with `SetEnv`, see `sshd_extra()`). Every daemon is started in the foreground and ended by pid in close(),
+with `SetEnv`, see `sshd_extra()`); the daemons read a copy that differs only in MessageTimeout (see
+CLIENT_MSG_TIMEOUT_S). Every daemon is started in the foreground and ended by pid in close(),
 after the cluster's jobs are cancelled; job processes still alive then (found by SLURM_CONF in their
 environment) are killed by pid.
 """
@@ -29,6 +30,13 @@ NODE = "node1"
 # 127.0.0.1 is the only IPv4 address up (it does not count loopback's own address). A second loopback address
 # in the namespace makes IPv4 "configured"; it is removed again in close().
 EXTRA_LO_ADDR = "127.0.0.250/32"
+# MessageTimeout is also how long a Slurm program keeps retrying (once a second) to reach a slurmctld that is
+# gone. The login node's client commands (SLURM_CONF: `conf`) get a short one: with slurmctld stopped, a query
+# says "Unable to contact slurm controller" after CLIENT_MSG_TIMEOUT_S instead of the default 10 s. The daemons
+# (`daemon_conf`, identical but for this line) get a long one: slurmstepd's job-complete message for a job that
+# ends while slurmctld is gone keeps retrying that long before it sleeps 15 s (fixed in Slurm) and tries again,
+# so the job's end reaches a slurmctld that is back within DAEMON_MSG_TIMEOUT_S at once.
+CLIENT_MSG_TIMEOUT_S, DAEMON_MSG_TIMEOUT_S = 3, 30
 
 
 def slurm_skip_reason() -> str | None:
@@ -43,9 +51,9 @@ def slurm_skip_reason() -> str | None:
     return None
 
 
-def _conf(root: Path, *, cpus: int, gpus: int, mem_mb: int, extra: list[str]) -> str:
+def _conf(root: Path, *, cpus: int, gpus: int, mem_mb: int, extra: list[str], msg_timeout_s: int) -> str:
     return "\n".join([
-        "ClusterName=revaltest",
+        "ClusterName=revaltest", f"MessageTimeout={msg_timeout_s}",
         "SlurmctldHost=localhost(127.0.0.1)",
         f"SlurmctldPort={CTLD_PORT}", f"SlurmdPort={SLURMD_PORT}",
         "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny",
@@ -72,7 +80,8 @@ def _conf(root: Path, *, cpus: int, gpus: int, mem_mb: int, extra: list[str]) ->
 @dataclass
 class SlurmCluster:
     root: Path
-    conf: Path
+    conf: Path          # the client commands' slurm.conf (SLURM_CONF)
+    daemon_conf: Path   # the daemons' (-f): the same but for MessageTimeout (CLIENT_MSG_TIMEOUT_S above)
     gpus: int
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     _added_addr: bool = False
@@ -122,8 +131,8 @@ class SlurmCluster:
                                f"--key-file={m / 'munge.key'}", f"--pid-file={m / 'munged.pid'}",
                                f"--log-file={m / 'munged.log'}", f"--seed-file={m / 'munged.seed'}"])
         self._wait("munged's socket", (m / "sock").exists)
-        self._start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)])
-        self._start("slurmd", ["/usr/sbin/slurmd", "-D", "-N", NODE, "-f", str(self.conf)])
+        self._start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.daemon_conf)])
+        self._start("slurmd", ["/usr/sbin/slurmd", "-D", "-N", NODE, "-f", str(self.daemon_conf)])
 
         def node_idle() -> bool:
             r = self.cmd("sinfo", "-h", "-n", NODE, "-o", "%T", check=False, timeout_s=10)
@@ -138,13 +147,14 @@ class SlurmCluster:
 
     def start_controller(self) -> None:
         """slurmctld again, from its saved state (the jobs it had, and what slurmd reports since)."""
-        self._start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)])
+        self._start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.daemon_conf)])
         self._wait("slurmctld to answer",
                    lambda: self.cmd("squeue", "-h", check=False, timeout_s=10).returncode == 0, timeout_s=60)
 
     def job_pids(self) -> list[int]:
-        """Live processes (job steps, slurmstepd) whose environment names this cluster's slurm.conf."""
-        marker = f"SLURM_CONF={self.conf}".encode()
+        """Live processes (job steps, slurmstepd) whose environment names this cluster's slurm.conf (a job's:
+        the daemons' copy, which slurmd puts in its environment; slurmstepd's: the one slurmd inherited)."""
+        markers = {f"SLURM_CONF={c}".encode() for c in (self.conf, self.daemon_conf)}
         daemons = {p.pid for p in self.procs.values()}
         out = []
         for d in os.listdir("/proc"):
@@ -154,7 +164,7 @@ class SlurmCluster:
                 env = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if marker in env:
+            if markers.intersection(env):
                 out.append(int(d))
         return out
 
@@ -199,11 +209,13 @@ def make_slurm(root: Path, *, cpus: int = 8, gpus: int = 2, mem_mb: int = 4000,
     key.chmod(0o600)
     for i in range(gpus):  # fake GPUs: character devices 1:3 (what /dev/null is)
         os.mknod(root / "dev" / f"gpu{i}", 0o666 | 0o020000, os.makedev(1, 3))
-    conf = root / "slurm.conf"
-    conf.write_text(_conf(root, cpus=cpus, gpus=gpus, mem_mb=mem_mb, extra=list(extra or [])))
+    conf, daemon_conf = root / "slurm.conf", root / "slurm-daemons.conf"
+    for path, msg_timeout_s in ((conf, CLIENT_MSG_TIMEOUT_S), (daemon_conf, DAEMON_MSG_TIMEOUT_S)):
+        path.write_text(_conf(root, cpus=cpus, gpus=gpus, mem_mb=mem_mb, extra=list(extra or []),
+                              msg_timeout_s=msg_timeout_s))
     if gpus:
         (root / "gres.conf").write_text(f"NodeName={NODE} Name=gpu File={root / 'dev'}/gpu[0-{gpus - 1}]\n")
-    cluster = SlurmCluster(root, conf, gpus)
+    cluster = SlurmCluster(root, conf, daemon_conf, gpus)
     try:
         cluster.start()
     except BaseException:

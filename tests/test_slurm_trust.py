@@ -47,12 +47,40 @@ def reval(capsys, c: Cluster, *argv) -> tuple[int, str, str]:
 
 
 # --- 12a: the pulled copy of a TIMEOUT run says what `reval status` says ----------------------------------
+def _cut_time_limit_once_running(hpc, name: str, stop: threading.Event) -> None:
+    """Once run `name`'s job runs and its eval has written a few lines, lower its limit to 0 minutes (as root
+    may): its end time becomes now, and slurmctld ends it with TIMEOUT at its next time-limit check (every 30 s,
+    fixed in Slurm), instead of 60-90 s after it started. Slurm's limits are whole minutes, so a shorter limit
+    cannot be asked for at submission."""
+    d = hpc.run_dir(name)
+    while not stop.is_set():
+        try:
+            job = json.loads((d / ".slurm.json").read_text())["job_id"]
+            running = (d / "eval.log").read_bytes().count(b"\n") >= 3
+        except (OSError, ValueError, KeyError):
+            job, running = None, False
+        if running and hpc.scontrol(job).get("JobState") == "RUNNING":
+            hpc.slurm.cmd("scontrol", "update", f"JobId={job}", "TimeLimit=0")
+            return
+        stop.wait(0.1)
+
+
 def test_a_followed_timeout_run_is_pulled_as_failed_timeout(hpc, capsys):
     """`reval run` on a 1-minute job that runs longer: Slurm ends it (TIMEOUT), the wrapper only sees the TERM
-    and writes `cancelled`; the copy pulled at the end of the follow says failed (TIMEOUT), as status does."""
-    rc, out, err = reval(capsys, hpc, "run", "hpc1min", "--payload", "dummy", "--name", "overtime",
-                         "--", "--lines", "100000", "--interval-s", "0.2")
+    and writes `cancelled`; the copy pulled at the end of the follow says failed (TIMEOUT), as status does.
+    The limit is cut to 0 once the job runs (_cut_time_limit_once_running): Slurm's own time-limit kill, sooner."""
+    stop = threading.Event()
+    cutter = threading.Thread(target=_cut_time_limit_once_running, args=(hpc, "overtime", stop))
+    cutter.start()
+    try:
+        rc, out, err = reval(capsys, hpc, "run", "hpc1min", "--payload", "dummy", "--name", "overtime",
+                             "--", "--lines", "100000", "--interval-s", "0.2")
+    finally:
+        stop.set()
+        cutter.join()
     assert rc == 1, (out, err)
+    job = hpc.job_id("overtime")
+    assert (hpc.scontrol(job)["JobState"], hpc.scontrol(job)["Reason"]) == ("TIMEOUT", "TimeLimit")
     pulled = protocol.read_json(hpc.here / "runs" / "hpc1min" / "overtime" / "status.json")
     assert (pulled["state"], pulled.get("slurm_state"), pulled.get("reason")) == ("failed", "TIMEOUT", "TIMEOUT")
     rc, out, _ = reval(capsys, hpc, "status", "hpc1min/overtime")

@@ -15,7 +15,7 @@ from orchestrator.commands.hosts import check_table
 from orchestrator.hostcheck import HostCheck, exit_code, interpret
 from orchestrator.inventory import Host, VenvSpec, load_inventory
 from orchestrator.sync import sync_payload
-from orchestrator.transport import get_transport
+from orchestrator.transport import close_all, get_transport
 from remote_payload.contract.gpus import inventory as parse_nvidia_smi
 
 
@@ -103,6 +103,10 @@ def test_check_three_hosts_one_refused_one_cut(ssh_hosts, capsys, monkeypatch):
     assert rc == 0, out
     assert "no GPU (CPU runs)" in out and "current" in out and "absent" in out
 
+    # each `reval hosts check` is a process of its own, whose ssh masters end with it (atexit): so here too,
+    # or ssh3's master from the check above would stall on the DROP until ServerAlive gives up (15 s) instead
+    # of a new connection timing out after connect_timeout_s
+    close_all()
     c.cut(1, "reject")
     c.cut(2, "drop")
     rc, out = run_cli(capsys, monkeypatch, "-i", str(c.inventory_path), "hosts", "check", "cluster", "--json")
@@ -112,6 +116,7 @@ def test_check_three_hosts_one_refused_one_cut(ssh_hosts, capsys, monkeypatch):
     assert not r2["reachable"] and "Connection refused" in r2["error"]
     assert not r3["reachable"] and "timed out" in r3["error"]
 
+    close_all()
     c.cut(0, "reject")
     rc, out = run_cli(capsys, monkeypatch, "-i", str(c.inventory_path), "hosts", "check", "cluster")
     assert rc == 4 and out.count("UNREACHABLE") == 3 and "fix:" in out
@@ -130,7 +135,6 @@ def test_host_keys_unknown_refused_accept_new_records_changed_refused(ssh_hosts,
     recorded = c.known_hosts.read_text().splitlines()
     assert len(recorded) == 2
 
-    from orchestrator.transport import close_all
     close_all()
     rc, out = run_cli(capsys, monkeypatch, "-i", inv, "hosts", "check", "cluster")  # strict: now known
     assert rc == 0, out

@@ -35,8 +35,9 @@ EXTRA_LO_ADDR = "127.0.0.250/32"
 # says "Unable to contact slurm controller" after CLIENT_MSG_TIMEOUT_S instead of the default 10 s. The daemons
 # (`daemon_conf`, identical but for this line) get a long one: slurmstepd's job-complete message for a job that
 # ends while slurmctld is gone keeps retrying that long before it sleeps 15 s (fixed in Slurm) and tries again,
-# so the job's end reaches a slurmctld that is back within DAEMON_MSG_TIMEOUT_S at once.
-CLIENT_MSG_TIMEOUT_S, DAEMON_MSG_TIMEOUT_S = 3, 30
+# so the job's end reaches a slurmctld that is back within DAEMON_MSG_TIMEOUT_S at once. The client's stays
+# twice the follow's stall_s (3 s): a stream that sent nothing while its squeue retried still shows as silence.
+CLIENT_MSG_TIMEOUT_S, DAEMON_MSG_TIMEOUT_S = 6, 30
 
 
 def slurm_skip_reason() -> str | None:

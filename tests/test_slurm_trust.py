@@ -3,7 +3,7 @@ reached through a loopback sshd login node (the same Cluster as test_slurm_backe
 
 - a run over its time limit, followed to its end with `reval run`: the pulled status.json says
   `failed (TIMEOUT)`, as `reval status` does (Slurm's word is recorded before the pull);
-- slurmctld gone for a while during a sweep: "Slurm cannot answer" is its own state (`unknown`, said once),
+- slurmctld gone for a while during a sweep: "Slurm cannot answer" is its own state (`no-answer`, said once),
   never `lost`; the ledger records the run's end once Slurm answers again;
 - byte-identical checkpoints under different names: one evaluation, every name listed."""
 from __future__ import annotations

@@ -113,13 +113,14 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
                stream_command(workdir, python, run_dir, res.log_offset, events_offset))
         p = transport.popen(cmd)
         parser = FrameParser()
-        done = got_frames = False
+        done = got_frames = stalled = False
         try:
             fd = p.stdout.fileno()
             while not done:
                 ready, _, _ = select.select([fd], [], [], stall_s)
                 if not ready:
-                    break  # silence: the connection is stalled
+                    stalled = True  # silence: the connection is stalled (we end the ssh: its exit is ours)
+                    break
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
                     break  # EOF: the stream ended without D (connection dropped, stream killed)
@@ -180,8 +181,9 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
         if e is not None:
             if isinstance(e, HostKeyError):
                 raise e
-        elif not got_frames and p.returncode not in (0, -9):
-            # The remote command itself failed (no python or payload there): retrying will not help.
+        elif not got_frames and not stalled and p.returncode not in (0, -9, None):
+            # The remote command itself failed (no python or payload there): retrying will not help. A stream we
+            # ended for its silence is a stalled connection, whatever its exit (None: not reaped in _stop's time).
             last = (err.strip().splitlines() or [f"exit {p.returncode}"])[-1]
             raise RevalError(f"{host.name}: cannot follow {name}: {last}",
                              hint=f"re-sync the payload: reval sync {host.name}", exit_code=1)

@@ -287,3 +287,42 @@ def test_a_group_recorded_in_another_boot_is_lost_and_never_signalled(tmp_path):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_stalled_stream_whose_ssh_is_not_reaped_in_time_is_a_dropped_connection(tmp_path):
+    """A silent first connection that follow ends (stall_s) and whose process is not reaped within _stop's wait
+    (returncode None) is a connection that dropped: follow reconnects and, the host staying silent, gives up
+    with exit 4 and the re-attach command — never "cannot follow NAME: exit None" (exit 1)."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from orchestrator.errors import HostUnreachable
+
+    started: list[subprocess.Popen] = []
+
+    class Unreaped(subprocess.Popen):
+        def communicate(self, input=None, timeout=None):  # the ssh outlives _stop's wait
+            raise subprocess.TimeoutExpired(self.args, timeout)
+
+    class Silent:
+        host = SimpleNamespace(name="h1")
+
+        def popen(self, cmd):
+            p = Unreaped(["sleep", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            started.append(p)
+            return p
+
+        def connection_error(self, returncode, stderr):
+            return None
+
+    rec = Recorder()
+    try:
+        with pytest.raises(HostUnreachable) as e:
+            follow(Silent(), "quiet", workdir=str(tmp_path), python=sys.executable, sink=rec, stall_s=0.2,
+                   give_up_s=0.5, max_backoff_s=0.1, save=False)
+    finally:
+        for p in started:  # ours, by pid: killed by follow, reaped here
+            p.kill()
+            p.wait()
+    assert e.value.exit_code == 4 and "reval logs quiet -f --host h1" in e.value.hint
+    assert len(started) >= 2 and any("reconnecting" in n for n in rec.notes), rec.notes

@@ -16,6 +16,8 @@ environment) are killed by pid.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -253,3 +255,56 @@ def add_cluster_host(inventory_path: Path, login: str, workdir: Path, *, name: s
         inv.setdefault("groups", {})["mixed"] = group
     workdir.mkdir(parents=True, exist_ok=True)
     inventory_path.write_text(yaml.safe_dump(inv, sort_keys=False))
+
+
+class Cluster:
+    """The module's cluster: `slurm` (the daemons), `login` (sshd: ssh1 = the login node, ssh2 = a plain SSH
+    box), `inv` (hosts.yaml: hpc, hpc1min (time: 1), group mixed = [ssh2, hpc]), `shared` (hpc's workdir)."""
+
+    def __init__(self, root: Path):
+        from tests import sshd
+        self.root = root
+        self.slurm = make_slurm(root / "slurm")
+        try:
+            self.login = sshd.make_ssh_hosts(root / "sshd", 2, sshd_extra=self.slurm.sshd_extra())
+        except BaseException:
+            self.slurm.close()
+            raise
+        self.shared = root / "shared"
+        self.inv = str(self.login.inventory_path)
+        add_cluster_host(self.login.inventory_path, "ssh1", self.shared,
+                                   slurm={"gres": "gpu:1", "max_running": 2}, group=["ssh2", "hpc"])
+        add_cluster_host(self.login.inventory_path, "ssh1", self.shared, name="hpc1min",
+                                   slurm={"time": "1"})
+        self.here = root / "here"
+        self.here.mkdir()
+
+    def run_dir(self, name: str) -> Path:
+        return self.shared / "runs" / name
+
+    def job_id(self, name: str) -> str:
+        return json.loads((self.run_dir(name) / ".slurm.json").read_text())["job_id"]
+
+    def scontrol(self, job: str) -> dict:
+        out = self.slurm.cmd("scontrol", "-o", "show", "job", job).stdout
+        return dict(w.split("=", 1) for w in out.split() if "=" in w)
+
+    def close(self) -> None:
+        from orchestrator import transport
+        transport.close_all()
+        self.login.close()
+        self.slurm.close()
+
+
+@contextlib.contextmanager
+def cluster_here(root: Path):
+    """A Cluster at `root`, the working directory its `here` while it lives (reval writes runs/ there); closed,
+    and the directory restored, after. A test module's fixture: `with cluster_here(tmp) as c: yield c`."""
+    c = Cluster(root)
+    old = os.getcwd()
+    os.chdir(c.here)
+    try:
+        yield c
+    finally:
+        os.chdir(old)
+        c.close()

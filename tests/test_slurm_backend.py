@@ -24,6 +24,7 @@ from remote_payload.contract import protocol
 from tests import slurm as slurm_mod
 from tests import sshd
 from tests.runtools import wait_lines
+from tests.slurm import Cluster
 from tests.sweeptools import make_checkpoints
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
@@ -32,60 +33,17 @@ STALL_S = inspect.signature(follow).parameters["stall_s"].default
 FAST = ["--", "--lines", "5", "--interval-s", "0"]
 
 
-class Cluster:
-    """The module's cluster: `slurm` (the daemons), `login` (sshd: ssh1 = the login node, ssh2 = a plain SSH
-    box), `inv` (hosts.yaml: hpc, hpc1min (time: 1), group mixed = [ssh2, hpc]), `shared` (hpc's workdir)."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.slurm = slurm_mod.make_slurm(root / "slurm")
-        try:
-            self.login = sshd.make_ssh_hosts(root / "sshd", 2, sshd_extra=self.slurm.sshd_extra())
-        except BaseException:
-            self.slurm.close()
-            raise
-        self.shared = root / "shared"
-        self.inv = str(self.login.inventory_path)
-        slurm_mod.add_cluster_host(self.login.inventory_path, "ssh1", self.shared,
-                                   slurm={"gres": "gpu:1", "max_running": 2}, group=["ssh2", "hpc"])
-        slurm_mod.add_cluster_host(self.login.inventory_path, "ssh1", self.shared, name="hpc1min",
-                                   slurm={"time": "1"})
-        self.here = root / "here"
-        self.here.mkdir()
-
-    def run_dir(self, name: str) -> Path:
-        return self.shared / "runs" / name
-
-    def job_id(self, name: str) -> str:
-        return json.loads((self.run_dir(name) / ".slurm.json").read_text())["job_id"]
-
-    def scontrol(self, job: str) -> dict:
-        out = self.slurm.cmd("scontrol", "-o", "show", "job", job).stdout
-        return dict(w.split("=", 1) for w in out.split() if "=" in w)
-
-    def close(self) -> None:
-        transport.close_all()
-        self.login.close()
-        self.slurm.close()
-
-
 @pytest.fixture(scope="module")
 def hpc(tmp_path_factory):
     reason = slurm_mod.slurm_skip_reason() or sshd.netns_skip_reason()
     if reason:
         pytest.skip(reason)
-    c = Cluster(tmp_path_factory.mktemp("hpc"))
-    old = os.getcwd()
-    os.chdir(c.here)
-    try:
+    with slurm_mod.cluster_here(tmp_path_factory.mktemp("hpc")) as c:
         # the time-limit run: submitted now, judged by the last test of the module
         rc = cli.main(["-i", c.inv, "run", "hpc1min", "--payload", "dummy", "--name", "overtime", "--detach",
                        "--", "--lines", "100000", "--interval-s", "0.2"])
         assert rc == 101
         yield c
-    finally:
-        os.chdir(old)
-        c.close()
 
 
 def reval(capsys, c: Cluster, *argv) -> tuple[int, str, str]:

@@ -172,18 +172,11 @@ def test_the_stream_says_when_the_scheduler_stops_answering_and_answers_again(tm
 def hpc(tmp_path_factory):
     from tests import slurm as slurm_mod
     from tests import sshd
-    from tests.test_slurm_backend import Cluster
     reason = slurm_mod.slurm_skip_reason() or sshd.netns_skip_reason()
     if reason:
         pytest.skip(reason)
-    c = Cluster(tmp_path_factory.mktemp("noanswer"))
-    old = os.getcwd()
-    os.chdir(c.here)
-    try:
+    with slurm_mod.cluster_here(tmp_path_factory.mktemp("noanswer")) as c:
         yield c
-    finally:
-        os.chdir(old)
-        c.close()
 
 
 def _wait(what: str, ready, timeout_s: float = 120) -> None:

@@ -9,7 +9,6 @@ reached through a loopback sshd login node (the same Cluster as test_slurm_backe
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from orchestrator import cli
 from remote_payload.contract import protocol
 from tests import slurm as slurm_mod
 from tests import sshd
-from tests.test_slurm_backend import Cluster
+from tests.slurm import Cluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
 
@@ -30,14 +29,8 @@ def hpc(tmp_path_factory):
     reason = slurm_mod.slurm_skip_reason() or sshd.netns_skip_reason()
     if reason:
         pytest.skip(reason)
-    c = Cluster(tmp_path_factory.mktemp("trust"))
-    old = os.getcwd()
-    os.chdir(c.here)
-    try:
+    with slurm_mod.cluster_here(tmp_path_factory.mktemp("trust")) as c:
         yield c
-    finally:
-        os.chdir(old)
-        c.close()
 
 
 def reval(capsys, c: Cluster, *argv) -> tuple[int, str, str]:

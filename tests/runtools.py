@@ -114,3 +114,12 @@ def reval(capsys, *argv) -> tuple[int, str, str]:
         rc = e.code
     o, e = capsys.readouterr()
     return rc, o, e
+
+
+def stop_after(n: int, total: int):
+    """An extract `log` that raises KeyboardInterrupt at its "[n/total]" line: as if the run were killed after
+    its n-th prompt (entry)."""
+    def log(line):
+        if line.startswith(f"[{n}/{total}]"):
+            raise KeyboardInterrupt
+    return log

@@ -21,6 +21,7 @@ from remote_payload.eval import target as T
 from remote_payload.eval.cache import open_cache
 from remote_payload.eval.target import extract, greedy_complete, load_target, prefill_batch
 from remote_payload.tools.bench_extract import tapped_features_all_layers
+from tests.runtools import stop_after
 
 LAYERS = [1, 2, 4]  # 4: the last block (after the final norm, as HF returns it)
 # prompts of different lengths (so batches pad), in the fixture target's language
@@ -55,12 +56,6 @@ def _extract(fx, prompts, out, log=lambda line: None, **kw):
     return extract(fx / "target", prompts, out, **{"max_new_tokens": NEW, "layer_ids": LAYERS, "log": log,
                                                    **({} if "gpus" in kw else {"device": "cpu"}), **kw})
 
-
-def _stop_after(n, total):
-    def log(line):
-        if line.startswith(f"[{n}/{total}]"):
-            raise KeyboardInterrupt  # as if the run were killed after its n-th prompt
-    return log
 
 
 def _same_bytes(a, b):
@@ -177,7 +172,7 @@ def test_compile_on_the_cpu_is_said_unused_and_recorded_so(fx, tmp_path, capsys)
 def test_a_resume_with_other_settings_keeps_the_earlier_generation_record(fx, tmp_path):
     prompts = _prompts(tmp_path / "p.jsonl", TEXTS[:4])
     with pytest.raises(KeyboardInterrupt):
-        _extract(fx, prompts, tmp_path / "c", batch_size=1, log=_stop_after(2, 4))
+        _extract(fx, prompts, tmp_path / "c", batch_size=1, log=stop_after(2, 4))
     c = _extract(fx, prompts, tmp_path / "c", batch_size=4)
     gen = c.meta["generation"]
     assert gen["batch_size"] == 4 and [e["batch_size"] for e in gen["earlier"]] == [1]
@@ -242,7 +237,7 @@ def test_an_interrupted_two_process_run_resumes_to_the_same_cache(fx, single, tm
     one) finishes the one-process cache."""
     prompts, one = single
     with pytest.raises(KeyboardInterrupt):
-        _extract(fx, prompts, tmp_path / "c", batch_size=2, gpus="cpu,cpu", log=_stop_after(3, len(TEXTS)))
+        _extract(fx, prompts, tmp_path / "c", batch_size=2, gpus="cpu,cpu", log=stop_after(3, len(TEXTS)))
     assert multiprocessing.active_children() == []  # no worker left behind
     partial = tmp_path / ".c.partial"
     assert not (tmp_path / "c").exists() and len(json.loads((partial / "partial.json").read_text())["prompts"]) == 3

@@ -17,6 +17,7 @@ from remote_payload.__main__ import main as payload_main
 from remote_payload.contract.errors import PayloadError
 from remote_payload.eval.cache import open_cache
 from remote_payload.eval.target import extract, read_prompts
+from tests.runtools import stop_after
 
 LAYERS = [1, 3]
 NEW = 6
@@ -235,17 +236,11 @@ def test_batched_multi_turn_extraction_writes_the_batch_1_cache(t, tmp_path):
     _same_cache(one, split)
 
 
-def _stop_after(n, total):
-    def log(line):
-        if line.startswith(f"[{n}/{total}]"):
-            raise KeyboardInterrupt  # as if the run were killed after its n-th entry
-    return log
-
 
 def test_resume_continues_the_conversations_and_refuses_other_settings(t, tmp_path):
     prompts = _jsonl(tmp_path / "mt.jsonl", MT)
     with pytest.raises(KeyboardInterrupt):  # turn 1 of all three (entries 0, 2, 3), then 81/t2 (entry 1)
-        _extract(t.chat, prompts, tmp_path / "c", log=_stop_after(4, 6), batch_size=2)
+        _extract(t.chat, prompts, tmp_path / "c", log=stop_after(4, 6), batch_size=2)
     partial = tmp_path / ".c.partial"
     state = json.loads((partial / "partial.json").read_text())
     assert sorted(e["index"] for e in state["prompts"]) == [0, 1, 2, 3]
@@ -268,7 +263,7 @@ def test_resume_with_other_enable_thinking_refuses_via_the_cli(t, tmp_path, caps
     prompts = tmp_path / "p.txt"
     prompts.write_text("count n07 n08\nskip n03 n06 n09\n")
     with pytest.raises(KeyboardInterrupt):
-        _extract(t.chat, prompts, tmp_path / "c", batch_size=1, log=_stop_after(1, 2))
+        _extract(t.chat, prompts, tmp_path / "c", batch_size=1, log=stop_after(1, 2))
     capsys.readouterr()
     rc = _cli(t.chat, prompts, tmp_path / "c", "--enable-thinking")
     out = capsys.readouterr().out.strip().splitlines()

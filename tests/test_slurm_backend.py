@@ -22,7 +22,6 @@ from orchestrator import cli, transport
 from orchestrator.follow import follow
 from remote_payload.contract import protocol
 from tests import slurm as slurm_mod
-from tests import sshd
 from tests.runtools import wait_lines
 from tests.slurm import Cluster
 from tests.sweeptools import make_checkpoints
@@ -35,9 +34,6 @@ FAST = ["--", "--lines", "5", "--interval-s", "0"]
 
 @pytest.fixture(scope="module")
 def hpc(tmp_path_factory):
-    reason = slurm_mod.slurm_skip_reason() or sshd.netns_skip_reason()
-    if reason:
-        pytest.skip(reason)
     with slurm_mod.cluster_here(tmp_path_factory.mktemp("hpc")) as c:
         # the time-limit run: submitted now, judged by the last test of the module
         rc = cli.main(["-i", c.inv, "run", "hpc1min", "--payload", "dummy", "--name", "overtime", "--detach",

@@ -171,10 +171,6 @@ def test_the_stream_says_when_the_scheduler_stops_answering_and_answers_again(tm
 @pytest.fixture(scope="module")
 def hpc(tmp_path_factory):
     from tests import slurm as slurm_mod
-    from tests import sshd
-    reason = slurm_mod.slurm_skip_reason() or sshd.netns_skip_reason()
-    if reason:
-        pytest.skip(reason)
     with slurm_mod.cluster_here(tmp_path_factory.mktemp("noanswer")) as c:
         yield c
 

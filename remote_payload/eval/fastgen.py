@@ -96,11 +96,18 @@ def _resolve(name):
     return ALL_ATTENTION_FUNCTIONS[name]
 
 
+def _attention_interface():
+    """transformers' AttentionInterface, or None in a transformers without it (the model's attention stays)."""
+    try:
+        from transformers import AttentionInterface
+    except ImportError:
+        return None
+    return AttentionInterface
+
+
 def decode_attention_name(model) -> str:
     """What greedy_static's decode steps attend with on this model (cache.json's generation record)."""
-    try:
-        from transformers import AttentionInterface  # noqa: F401
-    except ImportError:
+    if _attention_interface() is None:
         return str(getattr(model.config, "_attn_implementation", None))
     return f"{DECODE_ATTENTION} (fastgen.grouped_decode_attention; the prefill: the model's own)"
 
@@ -114,11 +121,10 @@ class _DecodeAttention:
         self.cfg, self.active = model.config, False
         if not enabled:
             return
-        try:
-            from transformers import AttentionInterface
-        except ImportError:
+        interface = _attention_interface()
+        if interface is None:
             return
-        AttentionInterface.register(DECODE_ATTENTION, grouped_decode_attention)
+        interface.register(DECODE_ATTENTION, grouped_decode_attention)
         self.active = True
 
     def __enter__(self):

@@ -344,7 +344,7 @@ def print_report(rep: SweepReport, console) -> None:
 
 def write_report_files(rep: SweepReport) -> None:
     """report.md, report.json, plots.png (with the tau-vs-step curve) and report.html in the sweep dir."""
-    from .. import html, plots, report
+    from .. import html, plots, plotworker, report
     md = report.render_markdown([report_table(rep)])
     md += "\n" + "\n".join(f"- {outcome_text(o)}" for o in rep.outcomes) + "\n"
     protocol.atomic_write_text(rep.sweep_dir / "report.md", md)
@@ -359,10 +359,18 @@ def write_report_files(rep: SweepReport) -> None:
         why = sorted({o.base_note for o in rep.outcomes if o.base_note and o.base_note.startswith("not comparable")})
         base_pt = (cmp.label(rep.baseline_run) + (f" — {why[0].upper()}" if why else ""),
                    rep.baseline_run.result.metrics.tau, est.lo if est else None, est.hi if est else None)
+    png = Path(rep.sweep_dir) / "plots.png"
+    # plots.png drawn by the plot worker (a second process, started during the sweep) while report.html's
+    # figures are drawn here; without one (or when it fails) drawn here too, the same file
+    worker = plotworker.shared() if recs else None
+    pending = worker.start("save_comparison_plot", cmp, png.absolute(), rep.history, base_pt) if worker else None
+    try:
+        text = html.render_report(f"reval sweep {rep.sweep_id}", cmp, threshold=rep.threshold,
+                                  sweep_table=report_table(rep), steps=rep.history, baseline_point=base_pt)
+    finally:
+        drawn = pending.result() if pending else None
     if recs:
-        rep.files["plot"] = str(plots.save_comparison_plot(cmp, rep.sweep_dir / "plots.png", rep.history, base_pt))
-    text = html.render_report(f"reval sweep {rep.sweep_id}", cmp, threshold=rep.threshold,
-                              sweep_table=report_table(rep), steps=rep.history, baseline_point=base_pt)
+        rep.files["plot"] = str(png if drawn else plots.save_comparison_plot(cmp, png, rep.history, base_pt))
     rep.files["html"] = str(html.write_report(text, Path(rep.sweep_dir) / "report.html"))
     rep.files["json"] = str(rep.sweep_dir / "report.json")
     protocol.atomic_write_json(rep.sweep_dir / "report.json", report_json(rep))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from remote_payload.contract import protocol
 
-from .. import compare, lifecycle, runs
+from .. import compare, lifecycle, plotworker, runs
 from ..backends.base import NoFreeGpu
 from ..errors import EXIT_BAD_INPUT, ConfigError, HostUnreachable, RevalError, RunExists
 from ..inventory import Inventory
@@ -73,20 +73,29 @@ def baseline_differences(opts: SweepOptions, baseline: compare.RunRecord | None,
     return out
 
 
-_report_modules = threading.Event()
+_report_modules = threading.Event()  # their loading started
+_report_loaded = threading.Event()   # ... and ended
 
 
 def load_report_modules() -> None:
     """The report's plotting modules (matplotlib, ~0.5 s), loaded once on a thread of their own while a run is
-    followed: writing the report files after the last run then starts at once, and nothing before the first
-    launch waits for them. Trouble here is the report writer's to say."""
+    followed, and then the plot worker started (a second process that draws plots.png while this one draws
+    the HTML report's figures: plotworker.py): writing the report files after the last run then starts at
+    once, and nothing before the first launch waits for them. Trouble here is the report writer's to say."""
+    if _report_loaded.is_set():
+        plotworker.warm()  # a worker gone since (a later sweep in this process) is started again
+        return
     if _report_modules.is_set():
         return
     _report_modules.set()
 
     def load() -> None:
-        with contextlib.suppress(Exception):
-            from .. import html  # noqa: F401
+        try:
+            with contextlib.suppress(Exception):
+                from .. import html  # noqa: F401
+            plotworker.warm()
+        finally:
+            _report_loaded.set()
     threading.Thread(target=load, name="reval-report-imports", daemon=True).start()
 
 

@@ -227,6 +227,10 @@ class Comparison:
             self._estimates[key] = intervals.estimates(run.result) if run.result is not None else {}
         return self._estimates[key]
 
+    def use_estimates(self, run: RunRecord, est: dict[str, Estimate]) -> None:
+        """The run's intervals, computed before (intervals.estimates of its result: the same numbers)."""
+        self._estimates[str(run.path)] = est
+
     def paired(self, run: RunRecord) -> dict[str, Paired]:
         """The run against the baseline, paired by prompt (empty for the baseline itself, runs without
         results, and runs that are not comparable with the baseline)."""

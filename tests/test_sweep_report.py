@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from orchestrator import sweep
+from orchestrator.sweep.report import LoadedRuns, checkpoint_order
 from tests.sweeptools import DUMMY, local_inventory, make_checkpoints, opts
 
 
@@ -72,3 +73,23 @@ def test_a_suspect_checkpoint_is_marked_in_the_sweep_report(tmp_path, monkeypatc
     assert [(x.suspect, x.verdict) for x in rep.outcomes] == [(True, "suspect")]
     assert "suspect" in sweep.outcome_text(rep.outcomes[0]).lower()
     assert "suspect" in (rep.sweep_dir / "report.md").read_text()
+
+
+def test_the_statistics_are_computed_as_runs_are_pulled_and_are_the_reports(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ck = make_checkpoints(tmp_path, [100, 200, 300])
+    rep = sweep.Sweep(opts(f"{ck}/step-*", ["locs"], tmp_path), local_inventory(tmp_path, 1)).run()
+    paths = {o.checkpoint: o.local_path for o in rep.outcomes}
+    fresh = LoadedRuns()
+    for name in ("step-300", "step-100", "step-200"):  # pulled in any order
+        fresh.put(paths[name], rep.loaded.get(paths[name]))
+        fresh.prepare(paths[name], checkpoint_order(int(name[5:]), name))
+    pairs = {k[:2] for k in fresh._pairs}
+    assert pairs == {(paths["step-300"], paths["step-100"]), (paths["step-200"], paths["step-100"]),
+                     (paths["step-300"], paths["step-200"])}  # each with its neighbours as they arrived
+    by = {o.checkpoint: o for o in rep.outcomes}
+    assert fresh.paired_tau(paths["step-300"], paths["step-200"])[0] == by["step-300"].vs_prev
+    assert [fresh.tau(paths[n]).lo for n in ("step-100", "step-200")] == [by[n].tau_ci[0] for n in ("step-100",
+                                                                                                      "step-200")]
+    fresh.prepare(str(tmp_path / "gone"), (False, 400, "step-400"))  # no result there: nothing to compute
+    assert str(tmp_path / "gone") not in fresh.order

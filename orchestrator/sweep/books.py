@@ -14,7 +14,7 @@ from ..errors import HostUnreachable, RevalError
 from ..ledger import LAUNCHED, Ledger, LedgerEntry
 from ..runs import RunState
 from .plan import NOT_RUN, UNREACHABLE, Job, Outcome
-from .report import LoadedRuns
+from .report import LoadedRuns, checkpoint_order
 from .stage import HostPool, HostSession
 
 
@@ -132,6 +132,7 @@ class SweepRecord:
         """A run that is over and pulled to `path`: its outcome recorded and logged."""
         run = compare.load_run(path)
         self.loaded.put(path, run)
+        self.loaded.prepare(path, checkpoint_order(job.ckpt.step, job.ckpt.name))  # the report's statistics, now
         if st.state == protocol.SUCCEEDED and run.result is not None:
             tau = run.result.metrics.tau
             self.record(job, host, protocol.SUCCEEDED, tau=tau, suspect=run.suspect, local=path)

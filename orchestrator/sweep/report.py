@@ -6,6 +6,7 @@ the ledger holds for this cache and these options, across nights), the exit code
 from __future__ import annotations
 
 import statistics
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -110,10 +111,18 @@ def report_json(rep: SweepReport) -> dict:
 
 class LoadedRuns:
     """Pulled runs by path, loaded once per sweep (the schedule puts the ones it pulled; the report and its
-    files read them); None where the folder is gone or unreadable or holds no result."""
+    files read them); None where the folder is gone or unreadable or holds no result. Their statistics
+    (bootstrap intervals, tau paired by prompt) are computed once too, and the sweep computes them as each run
+    is pulled (`prepare`), while the next runs go on, so that the report after the last run mostly reads
+    them (the same numbers: each is a pure, seeded function of the two runs' files)."""
 
     def __init__(self):
         self.cache: dict[str, compare.RunRecord | None] = {}
+        self.order: dict[str, tuple] = {}  # pulled runs by path -> checkpoint_order (for prepare's neighbours)
+        self._tau: dict[str, stats.Estimate | None] = {}
+        self._estimates: dict[str, dict] = {}
+        self._pairs: dict[tuple[str, str], tuple[stats.Paired | None, str]] = {}
+        self.lock = threading.Lock()
 
     def put(self, path, rec: compare.RunRecord) -> None:
         self.cache[str(path)] = rec if rec.result is not None else None
@@ -128,6 +137,46 @@ class LoadedRuns:
             except (RevalError, OSError):
                 self.cache[path] = None
         return self.cache[path]
+
+    def tau(self, path: str) -> stats.Estimate | None:
+        """The run's tau with its 95% bootstrap interval (None: no result, or no interval)."""
+        if path not in self._tau:
+            run = self.get(path)
+            self._tau[path] = intervals.estimates(run.result, keys={"tau"}).get("tau") if run is not None else None
+        return self._tau[path]
+
+    def estimates(self, path: str) -> dict:
+        """Every headline number's interval (compare.Comparison.estimates)."""
+        if path not in self._estimates:
+            run = self.get(path)
+            self._estimates[path] = intervals.estimates(run.result) if run is not None else {}
+        return self._estimates[path]
+
+    def paired_tau(self, path: str, ref_path: str | None, ref: compare.RunRecord | None = None
+                   ) -> tuple[stats.Paired | None, str]:
+        """(tau of `path` paired by prompt against `ref_path`'s run, or `ref`, '') or (None, why not)."""
+        key = (path, ref_path or "", ref is not None)
+        if key not in self._pairs:
+            self._pairs[key] = _paired_tau(self.get(path), ref if ref is not None else self.get(ref_path))
+        return self._pairs[key]
+
+    def prepare(self, path, order: tuple) -> None:
+        """A run just pulled: its intervals, and tau paired with the pulled runs next to it in training order
+        (the previous checkpoint the report will most likely pair it with, and it as the next one's)."""
+        path = str(path)
+        if self.get(path) is None:
+            return
+        self.tau(path)
+        self.estimates(path)
+        with self.lock:
+            self.order[path] = order
+            ok = {p: o for p, o in self.order.items() if self.cache.get(p) is not None and not self.cache[p].suspect}
+        before = [p for p, o in ok.items() if o < order]
+        after = [p for p, o in ok.items() if o > order]
+        if before:
+            self.paired_tau(path, max(before, key=ok.__getitem__))
+        if after:
+            self.paired_tau(min(after, key=ok.__getitem__), path)
 
 
 def _paired_tau(run: compare.RunRecord | None, ref: compare.RunRecord | None) -> tuple[stats.Paired | None, str]:
@@ -153,7 +202,7 @@ def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: comp
         here = checkpoint_order(o.step, o.checkpoint)
         earlier = [e for e in done if e.checkpoint != o.checkpoint and checkpoint_order(e.step, e.checkpoint) < here]
         run = loaded.get(o.local_path) if o.tau is not None else None
-        if run is not None and (tau := intervals.estimates(run.result, keys={"tau"}).get("tau")) is not None:
+        if run is not None and (tau := loaded.tau(o.local_path)) is not None:
             o.tau_ci = [tau.lo, tau.hi]
         if run is not None and run.result.suites:
             o.suites = suite_taus(run.result)
@@ -161,11 +210,11 @@ def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: comp
             prev = max(earlier, key=lambda e: checkpoint_order(e.step, e.checkpoint))
             o.prev_checkpoint, o.prev_tau = prev.checkpoint, prev.tau
             if run is not None:
-                o.vs_prev, o.prev_note = _paired_tau(run, loaded.get(prev.local_path))
+                o.vs_prev, o.prev_note = loaded.paired_tau(o.local_path, prev.local_path)
         if base_tau and o.tau is not None:
             o.base_ratio = o.tau / base_tau
             if run is not None and baseline is not None:
-                o.vs_base, note = _paired_tau(run, baseline)
+                o.vs_base, note = loaded.paired_tau(o.local_path, str(baseline.path), baseline)
                 o.base_note = note or None
                 o.base_verdict = stats.classify_change(o.vs_base, threshold) if o.vs_base else ""
         o.verdict = verdict(o, threshold)
@@ -211,7 +260,7 @@ def history_points(series: list[LedgerEntry], sweep_id: str, loaded: LoadedRuns 
         if e.state != protocol.SUCCEEDED or e.tau is None or e.step is None:
             continue
         run = loaded.get(e.local_path)
-        est = intervals.estimates(run.result, keys={"tau"}).get("tau") if run is not None else None
+        est = loaded.tau(e.local_path) if run is not None else None
         out.append(StepPoint(e.step, e.tau, est.lo if est else None, est.hi if est else None, e.checkpoint,
                              e.sweep == sweep_id, suspect=e.suspect))
         if run is not None and run.result.suites:
@@ -353,6 +402,9 @@ def write_report_files(rep: SweepReport) -> None:
     loaded = rep.loaded or LoadedRuns()
     recs = [r for r in map(loaded.get, paths) if r is not None]
     cmp = compare.build_comparison(recs, rep.baseline_run)
+    for p, r in zip(paths, map(loaded.get, paths)):  # the intervals the sweep computed as each run was pulled
+        if r is not None:
+            cmp.use_estimates(r, loaded.estimates(p))
     base_pt = None
     if rep.baseline_run is not None and rep.baseline_run.result is not None:
         est = cmp.estimates(rep.baseline_run).get("tau")

@@ -67,3 +67,46 @@ def test_grouped_decode_attention_equals_the_models_own_and_is_restored(monkeypa
     assert model.config._attn_implementation == own
     assert got == greedy_static(model, prompts, 12, set(), grouped_attention=False) \
         == greedy_complete_batch(model, prompts, 12, set())
+
+
+def _split_kv_cases() -> None:
+    """Run under TRITON_INTERPRET=1 (Triton's interpreter: the kernels on the CPU): fastgen._split_decode (the
+    split-KV kernels + their launch) against grouped_decode_attention over the filled slots only."""
+    import remote_payload.eval.fastgen as fg
+
+    class Module:
+        config = object()
+    torch.manual_seed(0)
+    # (B, H, Hkv, d, cache slots, cache position, parts, dtype): G = 4 (8B), 5 (27B: not a power of 2), 1;
+    # the position in the first block, at block edges, the last slot; more parts than 64-slot blocks (empty parts)
+    cases = [(3, 8, 2, 16, 300, 97, 3, torch.float32), (2, 10, 2, 32, 200, 63, 2, torch.float32),
+             (2, 10, 2, 32, 200, 64, 5, torch.float32), (2, 4, 4, 16, 64, 63, 4, torch.float32),
+             (2, 8, 2, 16, 130, 6, 1, torch.float32), (2, 8, 2, 32, 257, 255, 3, torch.float16)]
+    for B, H, Hkv, d, L, cp, S, dt in cases:
+        q = torch.randn(B, 1, H, d, dtype=dt).transpose(1, 2)  # [B, H, 1, d] with the model's strides
+        k = torch.randn(B, Hkv, L, d, dtype=dt)
+        v = torch.randn(B, Hkv, L, d, dtype=dt)
+        k[:, :, cp + 1:] = float("nan")  # unfilled slots: never read
+        v[:, :, cp + 1:] = float("nan")
+        mask = torch.zeros(B, 1, 1, L, dtype=dt)
+        mask[0, ..., :3] = torch.finfo(dt).min  # row 0's left padding
+        mask[..., cp + 1:] = torch.finfo(dt).min
+        got = fg._split_decode(q, k, v, mask, torch.tensor([cp]), d ** -0.5, splits=S)
+        want, _ = fg.grouped_decode_attention(Module(), q.float(), k[:, :, :cp + 1].float(),
+                                              v[:, :, :cp + 1].float(), mask[..., :cp + 1].float())
+        assert got.shape == (B, 1, H, d) and got.dtype == dt
+        tol = 1e-5 if dt == torch.float32 else 2e-3
+        torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol, msg=f"case {(B, H, Hkv, d, L, cp, S)}")
+
+
+def test_split_kv_kernels_equal_grouped_attention_under_the_triton_interpreter():
+    """The split-KV decode kernels (CUDA in use) run here under Triton's interpreter, fp32 and fp16 (its bf16 dot
+    is numpy's, not the GPU's: bf16 is tests/gpu's), and equal the torch grouped attention over the filled slots,
+    NaN in every unfilled slot (so a read past the cache position would show)."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-c", "from tests.test_fastgen import _split_kv_cases; _split_kv_cases()"],
+                       check=False, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]

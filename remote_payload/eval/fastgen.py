@@ -13,6 +13,8 @@ decoder token for token.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -77,6 +79,9 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout:
         own = _resolve(_ORIGINAL.get(id(module.config)))
         return own(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     scale = d ** -0.5 if scaling is None else scaling
+    filled = _FILLED.get(id(module.config))  # the step's cache position on the device, while greedy_static runs
+    if filled is not None and split_kv_runs(query, key, value):
+        return split_decode_attention(query, key, value, attention_mask, filled, scale), None
     qg = query.reshape(B, Hkv, H // Hkv, d)
     scores = torch.matmul(qg, key.transpose(-1, -2)).float() * scale  # [B, Hkv, G, L]
     scores = scores + attention_mask[:, :, -1:, :key.shape[2]].float()  # [B, 1, 1, L]
@@ -86,6 +91,86 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout:
 
 
 _ORIGINAL: dict[int, str] = {}  # id(config) -> its own attention implementation while greedy_static runs
+_FILLED: dict[int, torch.Tensor] = {}  # id(config) -> the decode step's cache position (device) for split-KV
+
+_triton_decode = None
+
+
+def _load_triton_decode():
+    """triton_decode (the split-KV kernels), or False where Triton is not installed."""
+    global _triton_decode
+    if _triton_decode is None:
+        try:
+            from remote_payload.eval import triton_decode
+            _triton_decode = triton_decode
+        except ImportError:
+            _triton_decode = False
+    return _triton_decode
+
+
+def split_kv_available(device, dtype, head_dim: int) -> bool:
+    """Whether the decode steps can attend with the split-KV Triton kernels: CUDA, a 16-bit dtype, a power-of-two
+    head size, Triton installed, REVAL_DECODE_ATTENTION not `grouped`."""
+    return (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and head_dim >= 16
+            and head_dim & (head_dim - 1) == 0 and os.environ.get("REVAL_DECODE_ATTENTION") != "grouped"
+            and bool(_load_triton_decode()))
+
+
+def split_kv_runs(query, key, value) -> bool:
+    return (split_kv_available(query.device, query.dtype, query.shape[-1]) and key.dtype == query.dtype
+            and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1)
+
+
+def _splits(programs: int, device) -> int:
+    """Parts each row's filled slots are cut into: enough programs for ~4 per SM, at most 16."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(16, -(-4 * sms // programs)))
+
+
+def _split_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                  filled: torch.Tensor, scale: float, splits: int = 0) -> torch.Tensor:
+    td = _load_triton_decode()
+    B, H, _, d = query.shape
+    Hkv = key.shape[1]
+    G = H // Hkv
+    S = splits or _splits(B * Hkv, query.device)
+    gp = max(16, 1 << (G - 1).bit_length())
+    part = torch.empty(B * Hkv * S * G * d, dtype=torch.float32, device=query.device)
+    ml = torch.empty(B * Hkv * S * 2 * G, dtype=torch.float32, device=query.device)
+    out = torch.empty((B, 1, H, d), dtype=query.dtype, device=query.device)
+    m2 = mask[:, 0, -1, :]  # [B, >= L] additive
+    td.decode_split_kernel[(B * Hkv, S)](
+        query, key, value, m2, filled, part, ml, query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+        key.stride(2), value.stride(0), value.stride(1), value.stride(2), m2.stride(0), m2.stride(1), scale,
+        HKV=Hkv, G=G, GP=gp, D=d, S=S, BLOCK_N=64)
+    td.decode_combine_kernel[(B * Hkv,)](part, ml, out, out.stride(0), out.stride(2), HKV=Hkv, G=G, GP=gp, D=d, S=S)
+    return out
+
+
+def _split_decode_fake(query, key, value, mask, filled, scale):
+    B, H, _, d = query.shape
+    return query.new_empty((B, 1, H, d))
+
+
+_split_op = None
+
+
+def split_decode_attention(query, key, value, mask, filled, scale: float):
+    """One new token per row over the static cache, reading its filled slots only (`filled` = the step's cache
+    position, on the device: graph-safe): [B, 1, H, d]. A torch custom op where torch has them, so that
+    torch.compile calls it as one opaque kernel."""
+    global _split_op
+    if _split_op is None:
+        _split_op = _split_decode
+        lib = getattr(torch, "library", None)
+        if hasattr(lib, "custom_op"):
+            try:
+                op = lib.custom_op("reval::split_decode_attention", mutates_args=())(_split_decode)
+                op.register_fake(_split_decode_fake)
+                _split_op = op
+            except Exception:  # noqa: BLE001 - registered already (a reload) or an older API: call it directly
+                _split_op = _split_decode
+    return _split_op(query, key, value, mask, filled, float(scale))
 
 
 def _resolve(name):
@@ -109,7 +194,12 @@ def decode_attention_name(model) -> str:
     """What greedy_static's decode steps attend with on this model (cache.json's generation record)."""
     if _attention_interface() is None:
         return str(getattr(model.config, "_attn_implementation", None))
-    return f"{DECODE_ATTENTION} (fastgen.grouped_decode_attention; the prefill: the model's own)"
+    p = next(model.parameters())
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    how = ("split-KV Triton kernels over the filled slots, fastgen.split_decode_attention"
+           if split_kv_available(p.device, p.dtype, d) else "fastgen.grouped_decode_attention")
+    return f"{DECODE_ATTENTION} ({how}; the prefill: the model's own)"
 
 
 class _DecodeAttention:
@@ -133,9 +223,15 @@ class _DecodeAttention:
             self.cfg._attn_implementation = DECODE_ATTENTION
         return self
 
+    def filled(self, cp: torch.Tensor) -> None:
+        """The decode steps' cache position (a device tensor the steps advance): split-KV reads it."""
+        if self.active:
+            _FILLED[id(self.cfg)] = cp
+
     def __exit__(self, *exc):
         if self.active:
             self.cfg._attn_implementation = _ORIGINAL.pop(id(self.cfg))
+            _FILLED.pop(id(self.cfg), None)
 
 
 def _compiled(model):
@@ -189,14 +285,16 @@ def greedy_static(model, prompts: list[list[int]], max_new_tokens: int, eos_ids:
     compiled once per model and shape) before capturing it. phases: when given a dict, it receives the seconds
     of each phase (prefill, warm-up + capture, decode, the steps decoded), at the cost of a sync per phase.
     grouped_attention: the decode steps' attention is `grouped_decode_attention` (the prefill's stays the
-    model's own)."""
-    with _DecodeAttention(model, grouped_attention):
+    model's own); on CUDA in bf16/fp16 with Triton, its split-KV kernels (`split_decode_attention`: the filled
+    slots only; REVAL_DECODE_ATTENTION=grouped keeps the torch matmuls)."""
+    with _DecodeAttention(model, grouped_attention) as attention:
         return _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, graphs=graphs, compile=compile,
-                              eos_every=eos_every, bucket=bucket, phases=phases)
+                              eos_every=eos_every, bucket=bucket, phases=phases, attention=attention)
 
 
 @torch.no_grad()
-def _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, *, graphs, compile, eos_every, bucket, phases):
+def _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, *, graphs, compile, eos_every, bucket, phases,
+                   attention):
     clock = _Phases(phases, next(model.parameters()).device)
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
@@ -230,6 +328,7 @@ def _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, *, graphs, c
     tok = first.clone()
     posb = (lens.to(dev)[:, None]).clone()  # the first completion token's position = the prompt's length
     cp = torch.tensor([P], dtype=torch.long, device=dev)
+    attention.filled(cp)
     mask = torch.zeros((B, 1, 1, L), dtype=dtype, device=dev).masked_fill_(~real[:, None, None, :], neg)
     mask[..., P] = 0.0  # slot P: the first completion token, fed by the first step
     out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=dev)

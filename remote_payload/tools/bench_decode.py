@@ -6,7 +6,8 @@ bf16 on CUDA. Every row decodes the same prompts in the same process:
   reval dynamic        target.greedy_complete_batch (a DynamicCache, one host sync a step: what extract ran)
   reval static         fastgen.greedy_static, the step run eagerly (static KV cache, 4D mask, argmax on device)
   + CUDA graph, SDPA   the decode step captured as one CUDA graph, the model's own (SDPA) attention
-  + CUDA graph         ... with fastgen.grouped_decode_attention (extract's default)
+  + CUDA graph, grouped ... with fastgen.grouped_decode_attention's torch matmuls over the whole static cache
+  + CUDA graph, split  ... its split-KV Triton kernels over the filled slots only (extract's default with Triton)
   + compile            ... the step traced through torch.compile first (extract --compile; 1st call = compile)
   HF generate          transformers generate(), dynamic cache / cache_implementation="static"
   floor                the weights' bytes / the copy bandwidth measured here (each decode step reads them once;
@@ -23,6 +24,11 @@ H200, 2026-12-01 (one run; 8B class; a step alone): SDPA 15.05 ms (26% of the fl
 27B class: 33% / 45% / 66% a step; whole call + compile 1,452 tok/s (49%). Prefill 51% (8B) / 61% (27B) of peak.
 `--quick --new 512` (extract's default length): 8B 25% / 35% (+ compile) a step, 27B 34% / 45%: the attention
 reads the whole static cache every step.
+H200, 2026-12-02 (torch 2.11, Triton 3.6; one run each), the split-KV kernels (the filled slots only):
+  64 new tokens, a step alone: 8B grouped 34% -> split-KV 38%, + compile 60%; 27B 44% -> 49%, + compile 71%;
+  whole call 8B 2,077 tok/s (3,467 + compile), 27B 1,033 (1,465).
+  512 new tokens, 8B: a step alone grouped 25% -> split-KV 37%, + compile 58%; whole call 1,994 -> 2,881 tok/s,
+  + compile 4,558 (55% of the floor; the compilation, 51 s, once per batch shape, not counted).
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ import torch
 
 from remote_payload.eval.fastgen import greedy_static
 from remote_payload.eval.target import batches, greedy_complete_batch, prefill_batch
-from remote_payload.tools.bench import measure_peak
+from remote_payload.tools.bench import _env, measure_peak
 from remote_payload.tools.bench_extract import QWEN3_8B, TINY, random_target
 
 QWEN3_27B = {**QWEN3_8B, "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64,
@@ -123,9 +129,12 @@ def bench(cfg: dict, name: str, dev, dtype, n: int = 32, new: int = 64, hf: bool
         if not quick:
             s, out, step = static(graphs=True, grouped_attention=False)
             rows.append((f"{name}: reval static + CUDA graph, SDPA attention", s, out == ref, step))
-        s, out, step = static(graphs=True)
+        with _env("REVAL_DECODE_ATTENTION", "grouped"):
+            s, out, step = static(graphs=True)
         ref = ref or out
-        rows.append((f"{name}: reval static + CUDA graph (extract's default)", s, out == ref, step))
+        rows.append((f"{name}: reval static + CUDA graph, grouped attention (torch)", s, out == ref, step))
+        s, out, step = static(graphs=True)
+        rows.append((f"{name}: reval static + CUDA graph, split-KV (extract's default)", s, out == ref, step))
         t = time.perf_counter()
         greedy_static(model, prompts, new, set(), graphs=True, compile=True)  # the compilation, once per shape
         first_s = time.perf_counter() - t

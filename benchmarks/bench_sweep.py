@@ -23,16 +23,34 @@ Every SSH session there pays the login shell's ~/.bashrc (`pyenv init`: 0.1-0.3 
 | issue 19 item 26 reported | 2.20 s | |
 | before (8d2e010), 2026-12-02 | 2.3-3.3 s (9 runs) | |
 | after | 1.4-2.1 s (8 runs; one more at load 3.7: 2.85 s) | 1.3-2.1 s · 0.5-0.8 s · 0.4-0.6 s · 1.4-2.0 s |
+| f316c9c, 2026-12-02 (load 1.1-1.6) | 1.54-1.69 s (4 runs) | 1.6-2.0 s · 0.43-0.48 s · 0.48-0.58 s · 1.66-2.12 s |
+| + plot worker (f4f29c6), interleaved with the row above | 1.30-1.53 s (4 runs) | 1.7-2.0 s · 0.40-0.54 s · 0.38-0.63 s · 0.76-1.04 s |
+| + statistics as runs are pulled (16a1720); f4f29c6 interleaved: 1.26-1.47 s | 1.30-1.39 s (4 runs) | 1.5-1.9 s · 0.45-0.57 s · 0.22-0.27 s · 0.71-1.01 s |
+| f316c9c vs 16a1720 interleaved at load 1.8-3.5 | 1.45-2.00 s vs 1.21-1.72 s (4 runs each) | after: 1.55-2.3 s · 0.37-0.66 s · 0.19-0.45 s · 0.77-2.1 s |
 
 What changed (issue 19 item 26): discovery hashed each small checkpoint with 64 MiB buffers zeroed per thread
 (12 checkpoints: 0.9 s, now 10 ms); a run's pull waited before the slot's next launch (now after it); staging
 took three round trips (probe, rsync, touch; now one rsync whose remote command writes the marker); a launched
 run got a first-look probe before its long poll (now the long poll at once); the long poll looked every 0.1 s
 (now it also wakes the moment the run's leader exits: a pidfd); the report's plotting modules loaded after the
-last run (now during the sweep). What is left: `start` is four SSH round trips in a row (connect + probe, the
-payload's rsync to fresh hosts, the first checkpoint's rsync, the launch); `per cycle` is the launch's round
-trip plus the wrapper's and the payload's Python start-up; `report` is matplotlib drawing six figures
-(plots.png and report.html's five SVGs; ~0.2 s each).
+last run (now during the sweep). Then: plots.png (~0.9 s of Agg drawing) is drawn by a plot worker, a second
+process started with the first followed run (orchestrator/plotworker.py), while report.html's five SVGs
+(~0.8 s) are drawn here: the report halves where a core is free, and gains nothing when the machine's two cores
+are taken by other suites (the last row's slowest `after`); each run's bootstraps are computed as it is pulled
+(the report's `build_report` was ~0.25 s after the last run).
+
+What is left (the 0.5 s target is not met): every SSH session costs ~0.17 s of CPU here (~/.bashrc's pyenv
+init; an `ssh host true` over the ControlMaster takes 0.17-0.20 s), and a checkpoint takes four of them
+(staging rsync, launch, long poll, pull), all on the same 2 cores as the three hosts. `per cycle`
+(0.4-0.55 s) is the long poll's return, then the launch's round trip (0.25 s, of which the wrapper's start
+~0.07 s): folding "run N over -> launch N+1" into the long poll's one SSH command (a backend ability; the
+launch script run by the poll's script once the run is over; the next job's ledger entry written before it,
+restored when the poll ends with the run still going; a transport error leaves both to re-attach) would cut
+~0.2 s a cycle. `start` (1.5-2 s) is hosts ready (connect + probe, payload rsync: ~1.1-1.3 s) then the
+first staging + launch per host, the three hosts' slots contending for the 2 cores (first launches spread
+over ~0.8 s, which the whole sweep keeps); overlapping the first staging with the payload sync (discovery of
+local checkpoints needs no host) would cut ~0.3 s. `report` (0.7-1.0 s) could lose another ~30% by fixed
+margins instead of constrained layout (a look change).
 """
 from __future__ import annotations
 

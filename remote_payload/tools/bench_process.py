@@ -8,6 +8,13 @@ measured in the same run, page cache warm:
   warm eval the eval stage of `evaluate` in this process, after one untimed evaluate (kernels, allocator warm)
 floor = init + raw read + warm eval. The process's own eval stage (results.json timing.eval_s) is set
 against the warm eval, so first-call costs and host stalls inside the stage show as a ratio.
+On CUDA, before the median runs: the first eval with empty kernel caches (CUDA_CACHE_PATH, TRITON_CACHE_DIR,
+TORCHINDUCTOR_CACHE_DIR in a fresh folder: a fresh host), again with the caches it filled, and with the CUDA
+driver's cache off. H200, 2026-12-02, two runs: fresh 1.33x / 1.43x the floor (warm-up 2.06 / 1.83 s), again
+1.27x / 1.30x (0.94 / 0.82 s), CUDA_CACHE_DISABLE=1 1.71x / 1.51x, the median of five 1.19x / 1.19x. What the
+empty cache costs is cuDNN's attention compiling its kernel at the process's first call (NVRTC, ~1 s, any
+shape: a probe's tiny first call took 1.0-1.25 s, later shapes 0.06 s). Making that first call on tiny tensors
+while the weights load did not help (three interleaved pairs: warm-up 1.42-1.95 s primed, 1.53-2.02 s not).
 """
 from __future__ import annotations
 
@@ -113,11 +120,25 @@ def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device,
     warm = warm_eval_s(argv)
     if dev.type == "cuda":
         torch.cuda.empty_cache()
+    cold = []  # empty kernel caches (the CUDA driver's JIT cache, Triton's, inductor's): a fresh host's 1st eval
+    cold_variants = [("first on a fresh host (empty kernel caches)", "a", {}), ("again, same caches", "a", {}),
+                     ("CUDA_CACHE_DISABLE=1", "b", {"CUDA_CACHE_DISABLE": "1"})]
+    for label, caches, extra in cold_variants if dev.type == "cuda" else ():
+        fresh = root / f"kernel-caches-{caches}"
+        (w, t), = process_runs(argv, root, runs=1, env={"CUDA_CACHE_PATH": str(fresh / "cuda"), **extra,
+                                                          "TRITON_CACHE_DIR": str(fresh / "triton"),
+                                                          "TORCHINDUCTOR_CACHE_DIR": str(fresh / "inductor")})
+        cold.append((label, w, t))
     runs = sorted(process_runs(argv, root, runs=REPEATS), key=lambda r: r[0])
     wall, timing = runs[len(runs) // 2]  # the median run: one lucky run is no claim
     floor = init + raw_s + warm
     walls = ", ".join(f"{w:.2f}" for w, _ in runs)
     variants = []
+    for label, w, t in cold:
+        warmed = f", warm-up {t['warm_up']}" if t["warm_up"] else ""
+        variants.append(Row(f"process: `eval` wall, {label}", 0, w, 0,
+                            f"= {w / floor:.2f}x floor; load {t['load_s']:.2f}s, eval stage {t['eval_s']:.2f}s"
+                            + warmed))
     for label, env in VARIANTS if dev.type == "cuda" else ():
         (w, t), = process_runs(argv, root, runs=1, env=env)
         warmed = f", warm-up {t['warm_up']}" if t["warm_up"] else ""

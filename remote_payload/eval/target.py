@@ -459,7 +459,8 @@ class Generator:
     graph on CUDA) where the target allows it, else `greedy_complete_batch` (the dynamic-cache reference: the
     same tokens, row for row); `why` says why not greedy_static. compile: the CUDA graph's step is traced
     through torch.compile first (kernel fusion; about a minute once per batch shape, see make bench-decode).
-    The decode steps' attention is fastgen.grouped_decode_attention where transformers takes it."""
+    The decode steps' attention is fastgen.grouped_decode_attention where transformers takes it (on CUDA in
+    bf16/fp16 with Triton: its split-KV kernels over the filled slots; cache.json says which)."""
     name: str
     graphs: bool = False
     why: str | None = None

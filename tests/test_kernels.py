@@ -68,3 +68,44 @@ def test_fused_rope_and_silu_decline_what_they_do_not_cover():
     out = apply_rope(x, cos[:, None], sin[:, None])  # the torch path, differentiable
     out.sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def _triton_cpu_cases() -> None:
+    """Run under TRITON_INTERPRET=1: the eval's Triton passes (kernels.lse_topk and rope with their launch code;
+    on a GPU they run where `plan` chooses them) executed on the CPU by Triton's interpreter, against the plain
+    torch code they replace. bf16 inputs (what the drafter runs); the interpreter's arithmetic is numpy's, so
+    these check each kernel's indexing, masking, chunking and roundings, and tests/gpu the GPU's numbers.
+    silu_mul calls libdevice's exp, which the interpreter does not implement: tests/gpu only."""
+    import os
+
+    import remote_payload.eval.kernels as K
+    from remote_payload.eval.drafter import apply_rope
+    os.environ["REVAL_TRITON"] = "1"
+    K.fast_kernels_enabled = lambda t: True  # the CPU tensors take the fast paths (CUDA only in use)
+    torch.manual_seed(0)
+    # log-sum-exp + its chunk maxima + the top-k read from them: ties, -0.0, -inf; a vocabulary of 5 x 2048 +
+    # 512 columns (the last 2048-column block partial)
+    x = tricky_logits(5, 4 * 2048 + 1536, torch.bfloat16, 3).contiguous()
+    lse, vals, ids = K.lse_topk(x, 8)
+    torch.testing.assert_close(lse, torch.logsumexp(x.float(), -1, keepdim=True), rtol=1e-5, atol=1e-5)
+    rv, ri = topk_reference(x, 8)
+    assert torch.equal(ids, ri) and torch.equal(vals, rv)
+    # RoPE on [rows, NH, d] with cos/sin [rows, 1, d]: torch's bf16 roundings, bit for bit
+    xr = torch.randn(7, 3, 8, 64).to(torch.bfloat16)
+    ang = torch.randn(7, 3, 1, 64)
+    cos, sin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+    fused = K.rope(xr, cos, sin)
+    assert fused is not None
+    x1, x2 = xr.chunk(2, dim=-1)
+    assert torch.equal(fused, xr * cos + torch.cat([-x2, x1], dim=-1) * sin)
+    assert torch.equal(apply_rope(xr, cos, sin), fused)
+
+
+def test_triton_kernels_equal_torch_under_the_triton_interpreter():
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "from tests.test_kernels import _triton_cpu_cases; _triton_cpu_cases()"],
+                       check=False, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -27,6 +27,8 @@ Every SSH session there pays the login shell's ~/.bashrc (`pyenv init`: 0.1-0.3 
 | + plot worker (f4f29c6), interleaved with the row above | 1.30-1.53 s (4 runs) | 1.7-2.0 s · 0.40-0.54 s · 0.38-0.63 s · 0.76-1.04 s |
 | + statistics as runs are pulled (16a1720); f4f29c6 interleaved: 1.26-1.47 s | 1.30-1.39 s (4 runs) | 1.5-1.9 s · 0.45-0.57 s · 0.22-0.27 s · 0.71-1.01 s |
 | f316c9c vs 16a1720 interleaved at load 1.8-3.5 | 1.45-2.00 s vs 1.21-1.72 s (4 runs each) | after: 1.55-2.3 s · 0.37-0.66 s · 0.19-0.45 s · 0.77-2.1 s |
+| 03b08ec, 2026-12-02 (load 2.0-3.1) | 1.54-2.26 s (4 runs) | 1.8-2.7 s · 0.59-0.79 s · 0.29-0.44 s · 0.97-2.36 s |
+| + run over -> next launch in one SSH command, interleaved with the row above | 1.27-1.76 s (4 runs; a 5th alone: 1.16 s) | 2.0-2.5 s · 0.29-0.49 s · 0.24-0.43 s · 0.89-2.06 s |
 
 What changed (issue 19 item 26): discovery hashed each small checkpoint with 64 MiB buffers zeroed per thread
 (12 checkpoints: 0.9 s, now 10 ms); a run's pull waited before the slot's next launch (now after it); staging
@@ -37,20 +39,24 @@ last run (now during the sweep). Then: plots.png (~0.9 s of Agg drawing) is draw
 process started with the first followed run (orchestrator/plotworker.py), while report.html's five SVGs
 (~0.8 s) are drawn here: the report halves where a core is free, and gains nothing when the machine's two cores
 are taken by other suites (the last row's slowest `after`); each run's bootstraps are computed as it is pulled
-(the report's `build_report` was ~0.25 s after the last run).
+(the report's `build_report` was ~0.25 s after the last run). Then: a slot's long poll on its run also starts
+the slot's next (staged) run the moment the run ends, in the same SSH command (Backend.wait_then_submit,
+the SSH backend's WAIT_THEN_SUBMIT: runstate.py's `wait-over` exits 10 only when status.json says the run
+ended and its group is gone, and only then does the launch script run): three SSH sessions a checkpoint
+instead of four, `per cycle` halved.
 
 What is left (the 0.5 s target is not met): every SSH session costs ~0.17 s of CPU here (~/.bashrc's pyenv
-init; an `ssh host true` over the ControlMaster takes 0.17-0.20 s), and a checkpoint takes four of them
-(staging rsync, launch, long poll, pull), all on the same 2 cores as the three hosts. `per cycle`
-(0.4-0.55 s) is the long poll's return, then the launch's round trip (0.25 s, of which the wrapper's start
-~0.07 s): folding "run N over -> launch N+1" into the long poll's one SSH command (a backend ability; the
-launch script run by the poll's script once the run is over; the next job's ledger entry written before it,
-restored when the poll ends with the run still going; a transport error leaves both to re-attach) would cut
-~0.2 s a cycle. `start` (1.5-2 s) is hosts ready (connect + probe, payload rsync: ~1.1-1.3 s) then the
-first staging + launch per host, the three hosts' slots contending for the 2 cores (first launches spread
-over ~0.8 s, which the whole sweep keeps); overlapping the first staging with the payload sync (discovery of
-local checkpoints needs no host) would cut ~0.3 s. `report` (0.7-1.0 s) could lose another ~30% by fixed
-margins instead of constrained layout (a look change).
+init; an `ssh host true` over the ControlMaster takes 0.17-0.20 s), and a checkpoint takes three of them
+(staging rsync, long poll + next launch, pull), all on the same 2 cores as the three hosts. `per cycle`
+(0.3-0.5 s) is now the folded call's launch part (the wrapper's start, ~0.07 s, and its status.json) and the
+pull and next staging of the slot competing for the cores. `start` (1.8-2.5 s) is hosts ready (connect +
+probe, payload rsync: ~1.1-1.3 s) then the first staging + launch per host, the three hosts' slots contending
+for the 2 cores; overlapping the first staging with the payload sync would cut ~0.3 s of it, but only ~0.08 s
+per checkpoint of the headline (start counts once per slot, a cycle once per checkpoint), and needs the plan
+(the ledger key holds the cache fingerprint, read from the host after the sync) or a speculative staging.
+The two other per-checkpoint sessions (staging, pull) could ride on the folded call too: the pull's files in
+its answer (the stream format of follow.py), the next staging as an rsync started at the same time.
+`report` (0.7-1.0 s) could lose another ~30% by fixed margins instead of constrained layout (a look change).
 """
 from __future__ import annotations
 

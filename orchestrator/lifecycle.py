@@ -333,6 +333,19 @@ def submit(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = 
            argv: list[str] | None = None) -> Run:
     """Start `spec` on the backend's host (prepare() first). Refuses a used name (RunExists); bad paths on
     the host are refused before anything is created there or here (exit 3, nothing left behind)."""
+    sub = submission(backend, spec, python=python, name=name, run_json=run_json, argv=argv)
+    # the backend wrote the follow state (identity, job id) the moment the run existed: nothing to add here
+    try:
+        launched = backend.submit(sub)
+    except RunExists as e:
+        raise name_taken(backend, sub.name, e) from None
+    return Run(backend, sub.name, python=python, launch=launched)
+
+
+def submission(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = None,
+               run_json: dict | None = None, argv: list[str] | None = None) -> Submission:
+    """What submit() hands the backend (validated; the name checked), without starting it: the sweep hands it
+    to Backend.wait_then_submit, which starts it once the slot's run before it is over."""
     spec.validate()
     name = name or spec.default_name()
     check_run_name(name)
@@ -342,13 +355,8 @@ def submit(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = 
             "drafter": spec.drafter, "target": spec.target, "cache": spec.cache, "gpus_requested": gpus,
             "created_at": protocol.now_iso(), "controller_version": __version__, "identity": ident,
             **(run_json or {})}
-    # the backend wrote the follow state (identity, job id) the moment the run existed: nothing to add here
-    try:
-        launched = backend.submit(Submission(name, spec.payload_argv(name), python, gpus=gpus, run_json=info,
-                                             preflight=spec.preflight_argv()))
-    except RunExists as e:
-        raise name_taken(backend, name, e) from None
-    return Run(backend, name, python=python, launch=launched)
+    return Submission(name, spec.payload_argv(name), python, gpus=gpus, run_json=info,
+                      preflight=spec.preflight_argv())
 
 
 def name_taken(backend: Backend, name: str, refused: RunExists) -> RunExists:
@@ -383,6 +391,7 @@ __all__ = [
     "Run",
     "attach",
     "prepare",
+    "submission",
     "submit",
     "unfinished",
 ]

@@ -9,8 +9,19 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends import get_backend
-from orchestrator.backends.base import BATCH_STATE, BATCH_SUBMIT, Backend, JobHandle, Submission, Unsupported
+from orchestrator.backends.base import (
+    BATCH_STATE,
+    BATCH_SUBMIT,
+    WAIT_THEN_SUBMIT,
+    Backend,
+    JobHandle,
+    Launch,
+    Submission,
+    Unsupported,
+)
 from orchestrator.backends.slurm import SlurmBackend
+from orchestrator.backends.ssh import SSHBackend
+from orchestrator.errors import RunExists
 from orchestrator.gpuspec import GPUS_SCHEDULER
 from remote_payload.contract import protocol
 from tests.runtools import fake_nvidia_smi, synced_local, wait_status, wrap
@@ -85,6 +96,43 @@ def test_ssh_backend_submit_state_cancel_pull_list(tmp_path):
     pulled = be.pull("b1")
     assert set(pulled.files) >= {"run.json", "status.json", "eval.log"}
     assert protocol.read_json(pulled.path / "status.json")["state"] == protocol.CANCELLED
+
+
+class _TwoTrips(SSHBackend):
+    """The base class's wait_then_submit (state, then submit), as a backend without WAIT_THEN_SUBMIT has it."""
+    abilities = frozenset()
+    wait_then_submit = Backend.wait_then_submit
+
+
+@pytest.mark.parametrize("cls", [SSHBackend, _TwoTrips])
+def test_wait_then_submit_starts_the_next_run_only_once_the_run_ended(tmp_path, cls):
+    """The long poll that starts the next run once the run ended by its status.json's word (one round trip with
+    WAIT_THEN_SUBMIT, two without): a run still going, a lost run, a missing one start nothing; a name already
+    started answers RunExists (a retried call is safe)."""
+    host, t, wd = synced_local(tmp_path / "work")
+    be = cls(host, t)
+    assert be.supports(WAIT_THEN_SUBMIT) == (cls is SSHBackend)
+
+    def sub(name):
+        return Submission(name, ["dummy", "--lines", "4", "--interval-s", "0.05"], sys.executable, gpus="none",
+                          run_json={"drafter": "/x"})
+    be.submit(Submission("w1", ["dummy", "--lines", "4000", "--interval-s", "0.05"], sys.executable, gpus="none",
+                         run_json={"drafter": "/x"}))
+    st, started = be.wait_then_submit("w1", sub("w2"), wait_s=0.2)
+    assert st.state == protocol.RUNNING and started is None and not Path(wd, "runs", "w2").exists()
+    be.cancel("w1", grace_s=5)
+    st, started = be.wait_then_submit("w1", sub("w2"), wait_s=5)
+    assert st.state == protocol.CANCELLED and isinstance(started, Launch) and started.name == "w2"
+    assert protocol.read_json(Path(wd, "runs", "w2", "run.json"))["drafter"] == "/x"
+    st, again = be.wait_then_submit("w1", sub("w2"), wait_s=5)
+    assert st.state == protocol.CANCELLED and isinstance(again, RunExists)
+    assert be.wait_then_submit("nope", sub("w3"), wait_s=0.2) == (None, None)
+    lost = Path(wd, "runs", "w4")
+    lost.mkdir()
+    (lost / "status.json").write_text('{"state": "running", "pgid": 1}')
+    st, started = be.wait_then_submit("w4", sub("w3"), wait_s=0.2)
+    assert st.state == protocol.LOST and started is None and not Path(wd, "runs", "w3").exists()
+    assert be.wait_then_submit("w2", sub("w3"), wait_s=30)[0].state == protocol.SUCCEEDED
 
 
 def test_optional_abilities_are_asked_for_never_assumed(tmp_path):

@@ -467,6 +467,94 @@ def test_killed_controller_resumes_without_repeating_runs(ssh_hosts, tmp_path):
     assert "resume  sweep" in r.stderr
 
 
+class _CutTransport:
+    """A real SSH transport whose folded "run over -> launch the next" script (the slot's long poll) has the
+    connection cut once: the sshd session serving it killed (`kill -9 $PPID`: the client sees the connection
+    drop, exit 255) either before the launch part (nothing started) or after it (started, the answer lost)."""
+
+    def __init__(self, inner, flag: Path, where: str):
+        self.inner, self.flag, self.where = inner, flag, where
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def workdir(self):
+        return self.inner.workdir
+
+    @workdir.setter
+    def workdir(self, value):
+        self.inner.workdir = value
+
+    def run(self, cmd, **kw):
+        from orchestrator.backends.ssh import OVER
+        if f"echo {OVER}" in cmd:
+            cut = f"if mkdir {self.flag} 2>/dev/null; then kill -9 $PPID; exit 0; fi"
+            cmd = cmd.replace(f"echo {OVER}", f"{cut}\necho {OVER}", 1) if self.where == "before" \
+                else f"( {cmd}\n)\n{cut}"
+        return self.inner.run(cmd, **kw)
+
+
+def _cut_sweep(cluster, tmp_path, where: str, retries: int, log: list[str]):
+    from orchestrator.backends.ssh import SSHBackend
+    from orchestrator.sweep.stage import HostPool
+    ck = make_checkpoints(tmp_path, [1, 2, 3])
+    inv = load_inventory(cluster.inventory_path)
+    o = opts(f"{ck}/step-*", ["ssh1"], tmp_path, retries=retries)
+    flag = tmp_path / f"cut-{where}"
+    pool = HostPool(o, inv, log=log.append, backend_for=lambda h, t: SSHBackend(h, _CutTransport(t, flag, where)))
+    rep = sweep.Sweep(o, inv, log=log.append, hosts=pool).run()
+    assert flag.is_dir(), log  # the cut happened, in a folded call
+    return o, rep
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_folded_long_poll_and_launch_survive_a_cut_connection(ssh_hosts, tmp_path, monkeypatch, where):
+    """The slot's long poll starts the next run in the same SSH command once the run ended. The connection cut
+    between the end and the launch (nothing started) or after the launch (started, its answer lost): the call is
+    retried, and every checkpoint runs exactly once (a started run is found by its name and re-attached)."""
+    cluster = ssh_hosts(1)
+    monkeypatch.chdir(tmp_path)
+    log: list[str] = []
+    _, rep = _cut_sweep(cluster, tmp_path, where, 3, log)
+    assert rep.exit_code == 0, log
+    assert [x.state for x in rep.outcomes] == ["succeeded"] * 3, log
+    assert any("retry 1/2" in line for line in log), log
+    runs = remote_run_dirs([cluster.hosts[0].workdir])
+    assert sorted(runs) == sorted(x.run for x in rep.outcomes)  # each one run, once
+    attached = [line for line in log if line.startswith("attach")]
+    assert len(attached) == (1 if where == "after" else 0), log  # the started one, found by its name
+    assert [line.split()[1].rstrip(":") for line in log if line.startswith(("launch", "attach"))] == \
+        ["step-1", "step-2", "step-3"], log
+    entries = ledger.Ledger(tmp_path / "sweeps" / "ledger.json").entries.values()
+    assert sorted(e.state for e in entries) == ["succeeded"] * 3
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_folded_call_cut_for_good_leaves_both_runs_to_the_next_sweep(ssh_hosts, tmp_path, monkeypatch):
+    """No retry left when the folded call loses its connection after the launch: the host leaves the sweep (exit
+    2), the run that ended and the one that may have started are both `unreachable` with the ledger saying
+    `launched`; the next sweep re-attaches to both, pulls them and runs the last one: each ran once."""
+    cluster = ssh_hosts(1)
+    monkeypatch.chdir(tmp_path)
+    log: list[str] = []
+    o, rep = _cut_sweep(cluster, tmp_path, "after", 1, log)
+    assert rep.exit_code == 2, log
+    assert [x.state for x in rep.outcomes] == ["unreachable", "unreachable", "not-run"], log
+    entries = {e.checkpoint: e.state for e in ledger.Ledger(tmp_path / "sweeps" / "ledger.json").entries.values()}
+    assert entries == {"step-1": "launched", "step-2": "launched"}, entries
+    log.clear()
+    rep2 = sweep.Sweep(o, load_inventory(cluster.inventory_path), log=log.append).run()
+    assert rep2.exit_code == 0, log
+    assert [x.state for x in rep2.outcomes] == ["succeeded"] * 3, log
+    assert sorted(line.split()[1].rstrip(":") for line in log if line.startswith("attach")) == ["step-1", "step-2"], log
+    assert [line.split()[1] for line in log if line.startswith("launch")] == ["step-3"], log
+    assert sorted(remote_run_dirs([cluster.hosts[0].workdir])) == sorted(x.run for x in rep2.outcomes)
+
+
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_real_eval_sweep_of_trained_checkpoints(ssh_hosts, tmp_path, monkeypatch, trained_fixtures):

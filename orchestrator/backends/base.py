@@ -25,6 +25,9 @@ Optional abilities, as pyinfra's connectors have them: a backend lists what it c
 backend lacks raises Unsupported naming the host and the ability.
   - BATCH_SUBMIT, `submit_many(subs)`: several runs in one submission (Slurm: one job array, at most K running).
   - BATCH_STATE, `states(names)`: several runs' states in one look (Slurm: two round trips for all of them).
+  - WAIT_THEN_SUBMIT, `wait_then_submit(name, sub, wait_s=)`: a long poll on a run and, once status.json says
+    it ended, the next run started, in one round trip (SSH: a sweep slot's "run N over -> launch N+1"). Every
+    backend answers the call (the base's: state, then submit: two round trips); the ability says it is one.
 
 The run directory contract (remote_payload/contract/protocol.py) is the same for every backend: the wrapper owns
 status.json wherever it runs, so following, pulling and the state vocabulary never depend on the backend.
@@ -37,7 +40,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from remote_payload.contract import protocol
+
+from ..errors import ConfigError, HostUnreachable, RevalError
 from ..follow import stream_command as follow_stream_command
 from ..gpuspec import gpu_slots, normalize_gpus
 from ..inventory import Host
@@ -49,6 +54,13 @@ from ..transport import Transport, q, resolve_workdir
 # optional abilities (Backend.abilities / supports)
 BATCH_SUBMIT = "batch-submit"   # submit_many: several runs in one submission
 BATCH_STATE = "batch-state"     # states: several runs' states in one look
+WAIT_THEN_SUBMIT = "wait-then-submit"  # wait_then_submit natively: a run's end and the next start, one round trip
+
+
+def ended(st: RunState | None) -> bool:
+    """Whether a run ended by its status.json's own word (succeeded, failed, cancelled): the one condition on
+    which wait_then_submit starts the next run (pure)."""
+    return st is not None and st.state in protocol.TERMINAL_STATES and st.status.get("state") == st.state
 
 
 class NoFreeGpu(ConfigError):
@@ -160,6 +172,24 @@ class Backend(ABC):
         """BATCH_STATE: the states of the named runs (None: every run) in one look; a name the host does not
         have is left out."""
         raise self._unsupported(BATCH_STATE)
+
+    def wait_then_submit(self, name: str, sub: Submission, *,
+                         wait_s: float) -> tuple[RunState | None, Launch | RevalError | None]:
+        """A long poll on run `name` (as state(wait_s=)); once it shows the run ended by its status.json's own
+        word (succeeded, failed, cancelled; never lost, unknown or missing), `sub` started. Returns (the run's
+        state, what the start gave: its Launch, the RevalError that refused it (RunExists, NoFreeGpu,
+        ConfigError, ...), or None when nothing was started). A transport error raises HostUnreachable: the
+        start may or may not have happened, and the same call again is safe (a started run's name answers
+        RunExists). WAIT_THEN_SUBMIT says a backend does it in one round trip; this one takes two."""
+        st = self.state(name, wait_s=wait_s)
+        if not ended(st):
+            return st, None
+        try:
+            return st, self.submit(sub)
+        except HostUnreachable:
+            raise
+        except RevalError as e:
+            return st, e
 
     def describe_batch(self, launches: list[Launch]) -> str:
         """How the screen names one submit_many submission (Slurm: `job array 123 (at most 2 at once)`)."""

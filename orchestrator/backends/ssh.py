@@ -10,6 +10,10 @@ Start a run detached on a host: one remote shell script (one SSH round trip) tha
 GPU choice happens on the host, inside the wrapper (remote_payload/runtime/wrapper.py): nvidia-smi, idle GPUs
 only, an flock per GPU under <workdir>/locks/ holding the run name + pid. Choosing and locking in the
 same process on the same machine is what makes two concurrent launches unable to share a GPU.
+
+WAIT_THEN_SUBMIT (the sweep's slots): one remote script long-polls a run (runstate.py `wait-over`) and, only
+when that exits EXIT_OVER (status.json says the run ended, its group gone), runs the next run's launch script
+(run.json inline in it, since stdin carries runstate.py): a run's end and the next launch in one round trip.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from pathlib import Path
 
 from remote_payload.contract import protocol, runstate
 
-from ..errors import ConfigError, HostUnreachable, RevalError, RunExists, RunNotFound
+from ..errors import ConfigError, HostUnreachable, RemoteCommandError, RevalError, RunExists, RunNotFound
 from ..gpuspec import normalize_gpus
 from ..inventory import Host
 from ..runs import (
@@ -35,7 +39,7 @@ from ..runs import (
     symlink_refused,
 )
 from ..transport import Transport, q, resolve_workdir
-from .base import Backend, JobHandle, Launch, NoFreeGpu, Submission
+from .base import WAIT_THEN_SUBMIT, Backend, JobHandle, Launch, NoFreeGpu, Submission
 
 STARTUP_WAIT_S = 15.0
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -51,10 +55,10 @@ def wrapper_argv(python: str, run_dir: str, locks_dir: str, gpus: str, payload_a
 
 
 def launch_script(workdir: str, name: str, argv: list[str], env: dict, wait_s: float = STARTUP_WAIT_S,
-                  preflight: list[str] | None = None) -> str:
-    """The remote shell script (pure; every dynamic part shlex-quoted). Reads run.json on stdin. `preflight`:
-    a command run in the payload folder first; its exit 3 ends the script (@@PREFLIGHT + its stderr)
-    before anything is created."""
+                  preflight: list[str] | None = None, run_json_text: str | None = None) -> str:
+    """The remote shell script (pure; every dynamic part shlex-quoted). Reads run.json on stdin, or writes
+    `run_json_text` (a literal in the script: nothing read). `preflight`: a command run in the payload folder
+    first; its exit 3 ends the script (@@PREFLIGHT + its stderr) before anything is created."""
     for k in env:
         if not _ENV_NAME.match(str(k)):
             raise ConfigError(f"environment variable name {k!r} in hosts.yaml is not valid",
@@ -68,7 +72,8 @@ def launch_script(workdir: str, name: str, argv: list[str], env: dict, wait_s: f
         *check,
         'mkdir -p "$wd/runs" "$wd/locks" || exit 1',
         'if ! mkdir "$d" 2>/dev/null; then echo "@@EXISTS"; exit 0; fi',
-        'cat > "$d/.run.json.in" || exit 1',
+        ('cat > "$d/.run.json.in" || exit 1' if run_json_text is None else
+         f'printf \'%s\' {q(run_json_text)} > "$d/.run.json.in" || {{ rm -rf "$d"; exit 1; }}'),
         # stdin cut short (the controller was killed mid-launch): start nothing, leave nothing
         '[ -s "$d/.run.json.in" ] || { rm -rf "$d"; echo "@@NOINPUT"; exit 0; }',
         'cd "$wd/payload" || { rm -rf "$d"; echo "@@NOPAYLOAD"; exit 0; }',
@@ -118,16 +123,32 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
 
     Refuses an invalid or already-used name (exit 3). On a start failure (no free GPU, ...) the run dir is
     removed again, so nothing half-written stays behind."""
+    workdir, d, script, staged = _launch_parts(host, transport, name=name, payload_argv=payload_argv, gpus=gpus,
+                                               run_json=run_json, python=python, preflight=preflight)
+    out = transport.run(script, input=staged, timeout_s=STARTUP_WAIT_S + 60).stdout
+    return _launched(host, transport, out, workdir=workdir, name=name, d=d, python=python, run_json=run_json)
+
+
+def _launch_parts(host: Host, transport: Transport, *, name: str, payload_argv: list[str], gpus: str, run_json: dict,
+                  python: str, preflight: list[str] | None, inline: bool = False) -> tuple[str, str, str, str]:
+    """(workdir, run dir, the launch script, the run.json it stages); `inline`: the script carries run.json
+    itself (reads nothing on stdin)."""
     check_run_name(name)
     gpus = normalize_gpus(gpus)
     workdir = resolve_workdir(transport)
     d = remote_run_dir(workdir, name)
     argv = wrapper_argv(python, d, f"{workdir}/locks", gpus, payload_argv)
-    script = launch_script(workdir, name, argv, host.env,
-                           preflight=[python, "-m", "remote_payload", *preflight] if preflight else None)
     staged = json.dumps({**run_json, "run": name, "host": host.name, "python": python, "backend": "ssh"},
                         default=str)
-    out = transport.run(script, input=staged, timeout_s=STARTUP_WAIT_S + 60).stdout
+    script = launch_script(workdir, name, argv, host.env,
+                           preflight=[python, "-m", "remote_payload", *preflight] if preflight else None,
+                           run_json_text=staged if inline else None)
+    return workdir, d, script, staged
+
+
+def _launched(host: Host, transport: Transport, out: str, *, workdir: str, name: str, d: str, python: str,
+              run_json: dict) -> Launch:
+    """The launch script's answer `out` -> the Launch (its follow state saved), or the refusal raised."""
     refused = script_refusal(host.name, out, workdir=workdir, name=name, what="launch")
     if refused:
         raise refused
@@ -179,16 +200,7 @@ def _host_python(transport: Transport) -> str:
 def _runstate(transport: Transport, *args: str, timeout_s: float = 60) -> list[dict]:
     """Run remote_payload/contract/runstate.py on the host with `args`; its JSON lines (pure parse, damage skipped)."""
     cmd = f"{q(_host_python(transport))} - {' '.join(q(a) for a in args)}"
-    out = transport.run(cmd, input=_RUNSTATE_SRC, timeout_s=timeout_s).stdout
-    recs = []
-    for line in out.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            recs.append(rec)
-    return recs
+    return _records(transport.run(cmd, input=_RUNSTATE_SRC, timeout_s=timeout_s).stdout)
 
 
 # -- remote probes ------------------------------------------------------------------------------------------
@@ -213,11 +225,71 @@ def run_state(transport: Transport, run: str, *, wait_s: float = 0) -> RunState 
     runs_dir = f"{resolve_workdir(transport)}/runs"
     protocol.validate_run_name(run)
     args = ("wait", runs_dir, run, str(float(wait_s))) if wait_s > 0 else ("probe", runs_dir, run)
-    recs = _runstate(transport, *args, timeout_s=wait_s + 60)
+    return _probe_state(transport, run, _runstate(transport, *args, timeout_s=wait_s + 60))
+
+
+def _probe_state(transport: Transport, run: str, recs: list[dict]) -> RunState | None:
     if any("refused" in r for r in recs):  # the run folder is a symbolic link: no run, and not "no run" either
         raise symlink_refused(remote_run_dir(resolve_workdir(transport), run), host=transport.host.name)
     states = [s for s in (state_from_probe(r, transport.host.name) for r in recs) if s]
     return states[0] if states else None
+
+
+def _records(out: str) -> list[dict]:
+    recs = []
+    for line in out.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            recs.append(rec)
+    return recs
+
+
+OVER = "@@OVER"  # the folded script's line between the long poll's records and the launch script's answer
+
+
+def wait_then_launch_script(python: str, runs_dir: str, run: str, wait_s: float, start: str) -> str:
+    """The folded script (pure): runstate.py (on stdin) long-polls `run`; only its exit EXIT_OVER (status.json
+    says the run ended: succeeded, failed, cancelled) lets `start` (a launch script that reads nothing on stdin)
+    run, after the records and OVER. Anything else (still running, lost, missing, damaged, a runstate cut short
+    or failing, an answer nobody reads) starts nothing."""
+    return "\n".join([
+        f"out=$({q(python)} - wait-over {q(runs_dir)} {q(run)} {q(str(float(wait_s)))}); rc=$?",
+        'printf \'%s\\n\' "$out" || exit 0',  # nobody reads the answer any more (the connection is gone): stop
+        f'[ "$rc" -eq {runstate.EXIT_OVER} ] || exit 0',
+        f"echo {OVER} || exit 0",
+        start,
+    ])
+
+
+def wait_then_launch(host: Host, transport: Transport, run: str, sub: Submission, *,
+                     wait_s: float) -> tuple[RunState | None, Launch | RevalError | None]:
+    """Backend.wait_then_submit over SSH: one round trip (see wait_then_launch_script). A refusal of the
+    launch is returned, not raised; a transport error is raised (HostUnreachable): the launch may have
+    happened or not, and the same call again is safe (the second claim of the name answers RunExists)."""
+    protocol.validate_run_name(run)
+    workdir, d, start, _ = _launch_parts(host, transport, name=sub.name, payload_argv=sub.payload_argv,
+                                         gpus=sub.gpus, run_json=sub.run_json, python=sub.python,
+                                         preflight=sub.preflight, inline=True)
+    script = wait_then_launch_script(_host_python(transport), f"{workdir}/runs", run, wait_s, start)
+    p = transport.run(script, input=_RUNSTATE_SRC, timeout_s=wait_s + STARTUP_WAIT_S + 120, check=False)
+    polled, over, answer = p.stdout.partition(f"\n{OVER}\n")
+    if not over and p.returncode != 0:  # the poll's own failure, as a probe's
+        raise RemoteCommandError(host.name, script, p.returncode, p.stderr, p.stdout)
+    st = _probe_state(transport, run, _records(polled))
+    if not over:
+        return st, None
+    try:
+        if p.returncode != 0:  # the launch part failed (its run folder could not be made): the launch's failure
+            raise RemoteCommandError(host.name, script, p.returncode, p.stderr, answer)
+        return st, _launched(host, transport, answer, workdir=workdir, name=sub.name, d=d, python=sub.python,
+                             run_json=sub.run_json)
+    except HostUnreachable:
+        raise
+    except RevalError as e:
+        return st, e
 
 
 def list_runs(transport: Transport) -> list[RunState]:
@@ -256,6 +328,7 @@ class SSHBackend(Backend):
     process group is the job (handle `ssh`, job id = pgid); state/list/cancel are one remote script each."""
 
     kind = "ssh"
+    abilities = frozenset({WAIT_THEN_SUBMIT})
 
     def submit(self, sub: Submission) -> Launch:
         check_local_runs_root(self.host.name)  # the follow state goes there the moment the run exists
@@ -270,3 +343,8 @@ class SSHBackend(Backend):
 
     def cancel(self, name: str, *, grace_s: float = 10.0, known: RunState | None = None) -> RunState:
         return kill_run(self.transport, name, grace_s=grace_s, known=known)
+
+    def wait_then_submit(self, name: str, sub: Submission, *,
+                         wait_s: float) -> tuple[RunState | None, Launch | RevalError | None]:
+        check_local_runs_root(self.host.name)  # the follow state goes there the moment the run exists
+        return wait_then_launch(self.host, self.transport, name, sub, wait_s=wait_s)

@@ -19,10 +19,10 @@ from pathlib import Path
 from remote_payload.contract import protocol
 
 from .. import compare, lifecycle, plotworker, runs
-from ..backends.base import NoFreeGpu
+from ..backends.base import WAIT_THEN_SUBMIT, Launch, NoFreeGpu, Submission
 from ..errors import EXIT_BAD_INPUT, ConfigError, HostUnreachable, RevalError, RunExists
 from ..inventory import Inventory
-from ..ledger import Ledger
+from ..ledger import Ledger, LedgerEntry
 from ..runs import RunState
 from ..sync import local_manifest_hash
 from .books import JobQueue, SweepRecord, pull_and_record
@@ -31,6 +31,8 @@ from .discover import discover
 from .plan import NOT_RUN, UNREACHABLE, Checkpoint, Job, SweepOptions, parse_since, plan_queue, select
 from .report import SweepFacts, SweepReport, build_report
 from .stage import HostPool, HostSession
+
+Fold = tuple[LedgerEntry | None, Launch | RevalError]  # a job the long poll started: its ledger entry before, the answer
 
 
 def load_baseline(spec: str | None) -> compare.RunRecord | None:
@@ -104,7 +106,14 @@ class SlotWorkers:
     takes a job, launches it with the slot's --gpus (or re-attaches to its run), follows it to its end,
     pulls and records it, and meanwhile stages its next job. A run seen to its end is pulled right after the
     slot's next launch (the next eval starts without waiting for the copy), or when the slot stops. Inputs:
-    the options (retries, backoff_s, poll_s), the hosts, the queue, the record, the log."""
+    the options (retries, backoff_s, poll_s), the hosts, the queue, the record, the log.
+
+    With a backend that has WAIT_THEN_SUBMIT (SSH), the long poll on a run also starts the slot's next (staged)
+    job the moment the run ends, in the same round trip: its ledger entry says `launched` before the call and
+    is put back as it was when the call started nothing (the run still going, or its end not told by its
+    status.json); a transport error that outlasts the retries leaves both runs to re-attach next time (the
+    next one may or may not have started); a retried call that finds the next run started answers RunExists:
+    it is re-attached. What the call gave (`folds`) is what the next job's launch would have given."""
 
     def __init__(self, opts: SweepOptions, hosts: HostPool, queue: JobQueue, record: SweepRecord,
                  log: Callable[[str], None]):
@@ -115,23 +124,27 @@ class SlotWorkers:
     def worker(self, hs: HostSession, gpu: str, reattach_only: bool = False) -> None:
         held: list[Job] = []  # the next job, taken (and staged) while the current run goes on
         ended: list[tuple[Job, RunState]] = []  # a run seen to its end, not pulled yet
+        folds: dict[str, Fold] = {}  # a held job the long poll started (or tried to): what that gave
         try:
-            self._work(hs, gpu, reattach_only, held, ended)
+            self._work(hs, gpu, reattach_only, held, ended, folds)
         finally:
             for job in held:
+                if job.key in folds:  # started there (or maybe): never handed to another host
+                    self.record.record(job, hs.host.name, UNREACHABLE, error=hs.down or "the slot stopped")
+                    continue
                 job.staged = None
                 self.queue.put_back(job)
             self.settle(hs, ended)
 
     def _work(self, hs: HostSession, gpu: str, reattach_only: bool, held: list[Job],
-              ended: list[tuple[Job, RunState]]) -> None:
+              ended: list[tuple[Job, RunState]], folds: dict[str, Fold]) -> None:
         refused = 0  # launches in a row the host refused for want of a free GPU
-        while not hs.down:
+        while not hs.down or (held and held[-1].key in folds):  # a run started by the long poll is followed
             job = held.pop() if held else self.queue.take(hs.host.name, reattach_only)
             if job is None:
                 return
             try:
-                self.run_job(hs, job, gpu, held if not reattach_only else None, ended)
+                self.run_job(hs, job, gpu, held if not reattach_only else None, ended, folds)
                 refused = 0
             except HostUnreachable:
                 return
@@ -149,23 +162,38 @@ class SlotWorkers:
                 self.record.failed(hs.host.name, job, e)
 
     def run_job(self, hs: HostSession, job: Job, gpu: str, held: list[Job] | None = None,
-                ended: list[tuple[Job, RunState]] | None = None) -> None:
+                ended: list[tuple[Job, RunState]] | None = None, folds: dict[str, Fold] | None = None) -> None:
         ended = [] if ended is None else ended
+        folds = {} if folds is None else folds
         try:
-            launched = self._start(hs, job, gpu)
+            launched = self._start(hs, job, gpu, folds.pop(job.key, None))
         finally:
             self.settle(hs, ended)  # the slot's last run, pulled once this one started (whatever the launch did)
         if launched is None:
             return
         if held is not None and not held:
             self.prefetch(hs, held)
-        self.wait(hs, job, ended, launched)
+        self.wait(hs, job, ended, launched, gpu, held, folds)
 
-    def _start(self, hs: HostSession, job: Job, gpu: str) -> bool | None:
+    def _start(self, hs: HostSession, job: Job, gpu: str, fold: Fold | None = None) -> bool | None:
         """Launch the job (True), or re-attach to its run (False: it was there already); None: its checkpoint
-        cannot be had (recorded not-run)."""
+        cannot be had (recorded not-run). `fold`: the slot's long poll started it already (or tried to)."""
         c = job.ckpt
         ledger = self.record.ledger
+        if job.host is None and fold is not None:  # started by the long poll: its answer, as a launch's
+            before, started = fold
+            try:
+                if isinstance(started, BaseException):
+                    raise started
+                self._launched(hs, job, started)
+                return True
+            except NoFreeGpu:  # nothing started: not a result; back in the queue (the worker backs off)
+                ledger.restore(job.key, before)
+                self.queue.put_back(job)
+                raise
+            except RunExists:
+                self.log(f"attach  {c.name}: run {job.run} already on {hs.host.name}")
+            return False
         if job.host is None:  # a fresh launch
             try:
                 path = job.staged[1] if job.staged and job.staged[0] == hs.host.name else \
@@ -183,8 +211,7 @@ class SlotWorkers:
                 spec = self.opts.spec(path, gpu)
                 info = self.hosts.op(hs, "launch", lambda: lifecycle.submit(
                     hs.backend, spec, python=hs.python, name=job.run, run_json=run_json)).launch
-                self.log(f"launch  {c.name} on {hs.host.name}"
-                         + "".join(f" · GPU {g}" for g in info.gpus) + f" · run {job.run}")
+                self._launched(hs, job, info)
                 return True
             except HostUnreachable:
                 # Did it start before the connection broke? The next sweep re-attaches (the ledger says launched).
@@ -200,6 +227,10 @@ class SlotWorkers:
             self.log(f"attach  {c.name}: run {job.run} on {hs.host.name}")
         return False
 
+    def _launched(self, hs: HostSession, job: Job, info: Launch) -> None:
+        self.log(f"launch  {job.ckpt.name} on {hs.host.name}"
+                 + "".join(f" · GPU {g}" for g in info.gpus) + f" · run {job.run}")
+
     def settle(self, hs: HostSession, ended: list[tuple[Job, RunState]]) -> None:
         """Pull and record the runs seen to their end (a host gone: `unreachable`, re-attached next time; a
         damaged result: that job failed); nothing here stops the slot."""
@@ -212,18 +243,21 @@ class SlotWorkers:
             except Exception as e:  # noqa: BLE001 - bad input or a bug: this job fails, the sweep goes on
                 self.record.failed(hs.host.name, job, e)
 
-    def wait(self, hs: HostSession, job: Job, ended: list[tuple[Job, RunState]], launched: bool) -> None:
+    def wait(self, hs: HostSession, job: Job, ended: list[tuple[Job, RunState]], launched: bool, gpu: str = "none",
+             held: list[Job] | None = None, folds: dict[str, Fold] | None = None) -> None:
         """Follow the job's run to its end, then leave it in `ended` (pulled and recorded by the slot's next
-        settle(): after its next launch, or when it stops)."""
+        settle(): after its next launch, or when it stops). With `held` and a backend that can, the long poll
+        also starts the held job once the run ended (its answer in `folds`)."""
         with self.lock:
             self.active += 1
         try:
-            self._wait(hs, job, ended, launched)
+            self._wait(hs, job, ended, launched, gpu, held if held is not None else [], {} if folds is None else folds)
         finally:
             with self.lock:
                 self.active -= 1
 
-    def _wait(self, hs: HostSession, job: Job, ended: list[tuple[Job, RunState]], launched: bool) -> None:
+    def _wait(self, hs: HostSession, job: Job, ended: list[tuple[Job, RunState]], launched: bool, gpu: str,
+              held: list[Job], folds: dict[str, Fold]) -> None:
         run = lifecycle.attach(hs.backend, job.run, python=hs.python)  # the same handle `reval run` follows
         load_report_modules()
         try:
@@ -231,7 +265,12 @@ class SlotWorkers:
             # so its end is seen at once without a round trip per check; a re-attached run gets a first look
             wait_s = self.opts.poll_s if launched else 0.0
             while True:
-                st = self.hosts.op(hs, "status", lambda w=wait_s: run.probe(wait_s=w), bounded=wait_s == 0)
+                nxt = self._foldable(hs, held, folds) if wait_s > 0 else None
+                sub = self._submission(hs, nxt, gpu) if nxt is not None else None
+                if nxt is not None and sub is not None:
+                    st = self._wait_then_start(hs, job, nxt, sub, wait_s, held, folds)
+                else:
+                    st = self.hosts.op(hs, "status", lambda w=wait_s: run.probe(wait_s=w), bounded=wait_s == 0)
                 wait_s = self.opts.poll_s
                 if st is None:  # recorded as launched, but the run never started: launch it now
                     self.log(f"missing {job.ckpt.name}: run {job.run} is not on {hs.host.name}; launching")
@@ -243,6 +282,52 @@ class SlotWorkers:
             self.record.record(job, hs.host.name, UNREACHABLE, error=hs.down)
             raise
         ended.append((job, st))
+
+    def _foldable(self, hs: HostSession, held: list[Job], folds: dict[str, Fold]) -> Job | None:
+        """The held job the long poll may start: a fresh one, staged on this host, not tried yet."""
+        if not held or not hs.backend.supports(WAIT_THEN_SUBMIT):
+            return None
+        nxt = held[-1]
+        if nxt.host is not None or nxt.key in folds or not nxt.staged or nxt.staged[0] != hs.host.name:
+            return None
+        return nxt
+
+    def _submission(self, hs: HostSession, nxt: Job, gpu: str) -> Submission | None:
+        """nxt's Submission (as its launch makes it), or None when that fails: its own launch then says why."""
+        path = nxt.staged[1]
+        try:
+            return lifecycle.submission(hs.backend, self.opts.spec(path, gpu), python=hs.python, name=nxt.run,
+                                        run_json=self.record.run_json(nxt, path,
+                                                                      self.opts.spec(path).payload_argv(nxt.run)))
+        except Exception:  # noqa: BLE001 - bad input for that checkpoint: not this run's business
+            return None
+
+    def _wait_then_start(self, hs: HostSession, job: Job, nxt: Job, sub: Submission, wait_s: float,
+                         held: list[Job], folds: dict[str, Fold]) -> RunState | None:
+        """The long poll on job's run that starts `nxt` once it ended (Backend.wait_then_submit); the run's
+        state. nxt's ledger entry says `launched` during the call (a controller killed meanwhile re-attaches, or
+        launches it when it is not there), and is put back when the call started nothing."""
+        ledger = self.record.ledger
+        before = ledger.get(nxt.key)
+        ledger.put(self.record.launched_entry(hs.host.name, nxt))
+        try:
+            st, started = self.hosts.op(hs, "status", lambda: hs.backend.wait_then_submit(job.run, sub, wait_s=wait_s),
+                                        bounded=False)
+        except HostUnreachable:
+            # started or not, nobody can tell now: the ledger keeps it `launched`, the next sweep re-attaches
+            held.remove(nxt)
+            self.record.record(nxt, hs.host.name, UNREACHABLE, error=hs.down)
+            raise
+        except BaseException:
+            # started or not (a bug, or the run folder refused): it stays `launched`, a job of this host only, to
+            # re-attach (and launch when it is not there)
+            nxt.host, nxt.staged = hs.host.name, None
+            raise
+        if started is None:
+            ledger.restore(nxt.key, before)  # nothing started: as it was
+        else:
+            folds[nxt.key] = (before, started)
+        return st
 
     def prefetch(self, hs: HostSession, held: list[Job]) -> None:
         """Take this slot's next job now and copy its checkpoint while the current run goes on (the copy

@@ -15,6 +15,10 @@ Run on a host as a script, fed on stdin, so it works whatever payload version is
     python3 - probe RUNS_DIR [NAME ...]        one JSON line per run directory (all when no NAME), with the
                                                host's clock (`now`): the one clock that wrote its times
     python3 - wait RUNS_DIR NAME WAIT_S        the same for NAME, as soon as it is no longer running (a long poll)
+    python3 - wait-over RUNS_DIR NAME WAIT_S   the same, exiting EXIT_OVER when status.json says the run ended
+                                               (succeeded, failed, cancelled; its group given GONE_WAIT_S to
+                                               be gone): the sweep's folded script then starts the slot's next
+                                               run (any other exit starts nothing)
     python3 - kill RUN_DIR GRACE_S             TERM, wait, KILL the proven group; status `cancelled`
 Every line it prints is one JSON object; the controller parses it as JSON (never by pattern).
 """
@@ -259,6 +263,19 @@ def kill(run_dir: str, grace_s: float) -> dict:
     return {"status": st, "alive": alive, "signalled": signalled}
 
 
+EXIT_OVER = 10  # wait-over: the run ended by status.json's own word (a truncated script exits 0: never this)
+ENDED = ("succeeded", "failed", "cancelled")  # protocol.TERMINAL_STATES (this file is stdlib only, self-contained)
+
+
+def ended(recs: list[dict]) -> bool:
+    """Whether a probe's record says the run ended, by its status.json (lost, unknown, missing: not known)."""
+    if len(recs) != 1 or "refused" in recs[0]:
+        return False
+    st = recs[0].get("status")
+    return isinstance(st, dict) and st.get("state") in ENDED
+
+
+GONE_WAIT_S = 5.0  # wait-over: how long an ended run's group may take to be gone before the next run starts
 WAIT_TICK_S = 0.1  # a long poll looks again at least this often
 
 
@@ -289,7 +306,7 @@ def main(argv: list[str]) -> int:
         for rec in probe(argv[1], argv[2:]):
             print(json.dumps(rec, default=str))
         return 0
-    if len(argv) == 4 and argv[0] == "wait":
+    if len(argv) == 4 and argv[0] in ("wait", "wait-over"):
         end = time.monotonic() + float(argv[3])
         while True:
             recs = probe(argv[1], [argv[2]])
@@ -298,13 +315,19 @@ def main(argv: list[str]) -> int:
             if not running or time.monotonic() >= end:
                 break
             _pause(st, end)
+        if argv[0] == "wait-over" and ended(recs) and recs[0].get("alive"):
+            # the wrapper records the end, then exits (its GPU locks go with it): the next run starts after that
+            until = time.monotonic() + GONE_WAIT_S
+            while run_alive(st) and time.monotonic() < until:
+                _pause(st, until)
+            recs = probe(argv[1], [argv[2]])
         for rec in recs:
             print(json.dumps(rec, default=str))
-        return 0
+        return EXIT_OVER if argv[0] == "wait-over" and ended(recs) else 0
     if len(argv) == 3 and argv[0] == "kill":
         print(json.dumps(kill(argv[1], float(argv[2])), default=str))
         return 0
-    print(json.dumps({"error": f"usage: probe RUNS_DIR [NAME...] | kill RUN_DIR GRACE_S (got {argv!r})"}))
+    print(json.dumps({"error": f"usage: probe RUNS_DIR [NAME...] | wait[-over] RUNS_DIR NAME WAIT_S | kill RUN_DIR GRACE_S (got {argv!r})"}))
     return 3
 
 

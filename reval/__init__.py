@@ -795,18 +795,24 @@ def sweep(options: SweepOptions, *, inventory: Inventory | str | Path | None = N
         rep = sw.run()
     except KeyboardInterrupt:  # the runs it launched go on on their hosts; the same sweep() resumes it
         mine = sw.ledger.of_sweep(sw.sweep_id).values() if sw.sweep_id else []
-        launched = sorted({(e.host, e.run) for e in mine if e.state == LAUNCHED and e.host and e.run})
-        raise SweepInterrupted(sw.sweep_id or None, launched) from None
+        going = [e for e in mine if e.state == LAUNCHED and e.host and e.run]
+        in_flight = set(sw.record.in_flight)
+        launched = sorted({(e.host, e.run) for e in going if e.key not in in_flight})
+        maybe = sorted({(e.host, e.run) for e in going if e.key in in_flight})
+        raise SweepInterrupted(sw.sweep_id or None, launched, maybe) from None
     _sweep.write_report_files(rep)
     return rep
 
 
 class SweepInterrupted(KeyboardInterrupt):
     """Ctrl-C (KeyboardInterrupt) during reval.sweep: `launched` lists the (host, run) pairs it had started that
-    go on on their hosts (detached: the controller's end does not stop them); `sweep_id` is the sweep (None
+    go on on their hosts (detached: the controller's end does not stop them); `maybe` those whose launch was
+    under way (the long poll that starts a slot's next run once the current one ended: started or not, the
+    host knows); `sweep_id` is the sweep (None
     when it had not begun). The same sweep() again resumes it: it re-attaches to those runs, pulls what
     finished and launches only what is missing."""
 
-    def __init__(self, sweep_id: str | None, launched: list[tuple[str, str]]):
+    def __init__(self, sweep_id: str | None, launched: list[tuple[str, str]],
+                 maybe: list[tuple[str, str]] | None = None):
         super().__init__()
-        self.sweep_id, self.launched = sweep_id, launched
+        self.sweep_id, self.launched, self.maybe = sweep_id, launched, list(maybe or [])

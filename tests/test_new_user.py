@@ -141,6 +141,17 @@ def test_sweep_interrupted_before_any_launch_says_nothing_runs():
     assert text.startswith("interrupted: the sweep stopped here; no run of it is running. Resume: run the same command")
 
 
+def test_sweep_interrupted_during_a_folded_launch_does_not_claim_it_runs():
+    """A launch under way at Ctrl-C (the long poll that starts the slot's next run) is 'may have started', never
+    counted among the runs that keep running."""
+    import reval
+    from orchestrator.commands.sweep import interrupted_text
+    text = interrupted_text(reval.SweepInterrupted("S1", [("h1", "step-1-a")], [("h1", "step-2-b")]))
+    assert "the 1 run(s) it launched keep running on their hosts (h1/step-1-a); h1/step-2-b may have started" in text
+    text = interrupted_text(reval.SweepInterrupted("S1", [], [("h1", "step-2-b")]))
+    assert "no run of it is running; h1/step-2-b may have started (its launch was under way)" in text
+
+
 class InterruptAfter(display.PlainSink):
     """A display on which the user presses Ctrl-C after `n` log lines."""
 

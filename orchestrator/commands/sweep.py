@@ -65,6 +65,9 @@ def interrupted_text(e: reval.SweepInterrupted) -> str:
         going = f"the {len(e.launched)} run(s) it launched keep running on their hosts ({shown})"
     else:
         going = "no run of it is running"
+    if e.maybe:
+        going += (f"; {', '.join(f'{host}/{run}' for host, run in e.maybe)} may have started (its launch was under "
+                  "way)")
     what = f"sweep {e.sweep_id}" if e.sweep_id else "the sweep"
     return (f"interrupted: {what} stopped here; {going}. Resume: run the same command again (it re-attaches to "
             "running runs, pulls those that finished and launches only what is missing)")
@@ -83,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
         rep = reval.sweep(opts, inventory=args.inventory, on_line=lambda line: err.print(line, markup=False))
     except reval.SweepInterrupted as e:
         err.print(interrupted_text(e), markup=False, soft_wrap=True)
-        return EXIT_STILL_RUNNING if e.launched else EXIT_CANCELLED
+        return EXIT_STILL_RUNNING if e.launched or e.maybe else EXIT_CANCELLED
     if args.json:
         sys.stdout.write(json.dumps(sweep.report_json(rep), indent=2, default=str) + "\n")
     else:

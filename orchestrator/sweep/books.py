@@ -81,6 +81,9 @@ class SweepRecord:
         self.log = log or (lambda line: None)
         self.loaded = loaded or LoadedRuns()
         self.outcomes: dict[str, Outcome] = {}
+        # ledger keys whose launch is under way (a long poll folded with the next launch, SlotWorkers): `launched`
+        # in the ledger, but a Ctrl-C meanwhile (it lands in the main thread) cannot say it started
+        self.in_flight: set[str] = set()
 
     def launched_entry(self, host: str, job: Job) -> LedgerEntry:
         """The ledger's `launched` record of job on host (written before the launch: a killed controller finds it)."""

@@ -309,6 +309,7 @@ class SlotWorkers:
         launches it when it is not there), and is put back when the call started nothing."""
         ledger = self.record.ledger
         before = ledger.get(nxt.key)
+        self.record.in_flight.add(nxt.key)  # until the call answered, before the ledger says launched
         ledger.put(self.record.launched_entry(hs.host.name, nxt))
         try:
             st, started = self.hosts.op(hs, "status", lambda: hs.backend.wait_then_submit(job.run, sub, wait_s=wait_s),
@@ -327,6 +328,7 @@ class SlotWorkers:
             ledger.restore(nxt.key, before)  # nothing started: as it was
         else:
             folds[nxt.key] = (before, started)
+        self.record.in_flight.discard(nxt.key)  # after the ledger says what the answer was
         return st
 
     def prefetch(self, hs: HostSession, held: list[Job]) -> None:

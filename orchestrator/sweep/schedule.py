@@ -182,18 +182,12 @@ class SlotWorkers:
         ledger = self.record.ledger
         if job.host is None and fold is not None:  # started by the long poll: its answer, as a launch's
             before, started = fold
-            try:
+
+            def answer() -> Launch:
                 if isinstance(started, BaseException):
                     raise started
-                self._launched(hs, job, started)
-                return True
-            except NoFreeGpu:  # nothing started: not a result; back in the queue (the worker backs off)
-                ledger.restore(job.key, before)
-                self.queue.put_back(job)
-                raise
-            except RunExists:
-                self.log(f"attach  {c.name}: run {job.run} already on {hs.host.name}")
-            return False
+                return started
+            return self._take(hs, job, before, answer)
         if job.host is None:  # a fresh launch
             try:
                 path = job.staged[1] if job.staged and job.staged[0] == hs.host.name else \
@@ -209,22 +203,27 @@ class SlotWorkers:
             run_json = self.record.run_json(job, path, self.opts.spec(path).payload_argv(job.run))
             try:
                 spec = self.opts.spec(path, gpu)
-                info = self.hosts.op(hs, "launch", lambda: lifecycle.submit(
-                    hs.backend, spec, python=hs.python, name=job.run, run_json=run_json)).launch
-                self._launched(hs, job, info)
-                return True
+                return self._take(hs, job, before, lambda: self.hosts.op(hs, "launch", lambda: lifecycle.submit(
+                    hs.backend, spec, python=hs.python, name=job.run, run_json=run_json)).launch)
             except HostUnreachable:
                 # Did it start before the connection broke? The next sweep re-attaches (the ledger says launched).
                 self.record.record(job, hs.host.name, UNREACHABLE, error=hs.down)
                 raise
-            except NoFreeGpu:  # nothing started: not a result; back in the queue (the worker backs off)
-                ledger.restore(job.key, before)
-                self.queue.put_back(job)
-                raise
-            except RunExists:
-                self.log(f"attach  {c.name}: run {job.run} already on {hs.host.name}")
-        else:
-            self.log(f"attach  {c.name}: run {job.run} on {hs.host.name}")
+        self.log(f"attach  {c.name}: run {job.run} on {hs.host.name}")
+        return False
+
+    def _take(self, hs: HostSession, job: Job, before, launch: Callable[[], Launch]) -> bool:
+        """A launch's answer (`launch()`: the Launch, or what it raises): started (True), the run already there
+        (re-attached: False), or no free GPU (the ledger entry as it was `before`, the job back in the queue)."""
+        try:
+            self._launched(hs, job, launch())
+            return True
+        except NoFreeGpu:  # nothing started: not a result; back in the queue (the worker backs off)
+            self.record.ledger.restore(job.key, before)
+            self.queue.put_back(job)
+            raise
+        except RunExists:
+            self.log(f"attach  {job.ckpt.name}: run {job.run} already on {hs.host.name}")
         return False
 
     def _launched(self, hs: HostSession, job: Job, info: Launch) -> None:

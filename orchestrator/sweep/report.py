@@ -119,7 +119,6 @@ class LoadedRuns:
     def __init__(self):
         self.cache: dict[str, compare.RunRecord | None] = {}
         self.order: dict[str, tuple] = {}  # pulled runs by path -> checkpoint_order (for prepare's neighbours)
-        self._tau: dict[str, stats.Estimate | None] = {}
         self._estimates: dict[str, dict] = {}
         self._pairs: dict[tuple[str, str], tuple[stats.Paired | None, str]] = {}
         self.lock = threading.Lock()
@@ -139,11 +138,9 @@ class LoadedRuns:
         return self.cache[path]
 
     def tau(self, path: str) -> stats.Estimate | None:
-        """The run's tau with its 95% bootstrap interval (None: no result, or no interval)."""
-        if path not in self._tau:
-            run = self.get(path)
-            self._tau[path] = intervals.estimates(run.result, keys={"tau"}).get("tau") if run is not None else None
-        return self._tau[path]
+        """The run's tau with its 95% bootstrap interval (None: no result, or no interval): `estimates`' tau
+        (bootstrap_many gives each number what it gives it alone)."""
+        return self.estimates(path).get("tau")
 
     def estimates(self, path: str) -> dict:
         """Every headline number's interval (compare.Comparison.estimates)."""
@@ -166,7 +163,6 @@ class LoadedRuns:
         path = str(path)
         if self.get(path) is None:
             return
-        self.tau(path)
         self.estimates(path)
         with self.lock:
             self.order[path] = order

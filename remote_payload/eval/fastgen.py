@@ -17,6 +17,8 @@ import os
 
 import torch
 
+from remote_payload.eval.kernels import _load_triton
+
 
 def _bucket(n: int, to: int) -> int:
     return -(-n // to) * to
@@ -93,27 +95,12 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout:
 _ORIGINAL: dict[int, str] = {}  # id(config) -> its own attention implementation while greedy_static runs
 _FILLED: dict[int, torch.Tensor] = {}  # id(config) -> the decode step's cache position (device) for split-KV
 
-_triton_decode = None
-
-
-def _load_triton_decode():
-    """triton_decode (the split-KV kernels), or False where Triton is not installed."""
-    global _triton_decode
-    if _triton_decode is None:
-        try:
-            from remote_payload.eval import triton_decode
-            _triton_decode = triton_decode
-        except ImportError:
-            _triton_decode = False
-    return _triton_decode
-
-
 def split_kv_available(device, dtype, head_dim: int) -> bool:
     """Whether the decode steps can attend with the split-KV Triton kernels: CUDA, a 16-bit dtype, a power-of-two
     head size, Triton installed, REVAL_DECODE_ATTENTION not `grouped`."""
     return (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and head_dim >= 16
             and head_dim & (head_dim - 1) == 0 and os.environ.get("REVAL_DECODE_ATTENTION") != "grouped"
-            and bool(_load_triton_decode()))
+            and bool(_load_triton()))
 
 
 def split_kv_runs(query, key, value) -> bool:
@@ -129,7 +116,7 @@ def _splits(programs: int, device) -> int:
 
 def _split_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
                   filled: torch.Tensor, scale: float, splits: int = 0) -> torch.Tensor:
-    td = _load_triton_decode()
+    kernels = _load_triton()
     B, H, _, d = query.shape
     Hkv = key.shape[1]
     G = H // Hkv
@@ -139,11 +126,11 @@ def _split_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, m
     ml = torch.empty(B * Hkv * S * 2 * G, dtype=torch.float32, device=query.device)
     out = torch.empty((B, 1, H, d), dtype=query.dtype, device=query.device)
     m2 = mask[:, 0, -1, :]  # [B, >= L] additive
-    td.decode_split_kernel[(B * Hkv, S)](
+    kernels["decode_split"][(B * Hkv, S)](
         query, key, value, m2, filled, part, ml, query.stride(0), query.stride(1), key.stride(0), key.stride(1),
         key.stride(2), value.stride(0), value.stride(1), value.stride(2), m2.stride(0), m2.stride(1), scale,
         HKV=Hkv, G=G, GP=gp, D=d, S=S, BLOCK_N=64)
-    td.decode_combine_kernel[(B * Hkv,)](part, ml, out, out.stride(0), out.stride(2), HKV=Hkv, G=G, GP=gp, D=d, S=S)
+    kernels["decode_combine"][(B * Hkv,)](part, ml, out, out.stride(0), out.stride(2), HKV=Hkv, G=G, GP=gp, D=d, S=S)
     return out
 
 

@@ -26,16 +26,19 @@ _triton = None
 
 
 def _load_triton():
-    """The Triton kernels (triton_kernels.py) by name, or False where Triton is not installed."""
+    """The Triton kernels (triton_kernels.py, triton_decode.py) by name, or False where Triton is not installed."""
     global _triton
     if _triton is None:
         try:
-            from remote_payload.eval import triton_kernels
+            from remote_payload.eval import triton_decode, triton_kernels
         except ImportError:
             _triton = False
             return _triton
         _triton = {"lse": triton_kernels.lse_kernel, "rope": triton_kernels.rope_kernel,
-                   "silu_mul": triton_kernels.silu_mul_kernel}
+                   "silu_mul": triton_kernels.silu_mul_kernel,
+                   # fastgen's split-KV decode attention (extract's decode steps)
+                   "decode_split": triton_decode.decode_split_kernel,
+                   "decode_combine": triton_decode.decode_combine_kernel}
     return _triton
 
 

@@ -39,7 +39,8 @@ def test_split_kv_bf16_equals_grouped_attention_at_the_targets_shapes():
 
     class Module:
         config = object()
-    assert fg._load_triton_decode(), "Triton is installed with CUDA torch"
+    from remote_payload.eval.kernels import _load_triton
+    assert _load_triton(), "Triton is installed with CUDA torch"
     torch.manual_seed(0)
     dev = torch.device("cuda")
     for H in (32, 40):

@@ -111,17 +111,29 @@ def _curve(ax, pts: list[StepPoint], color: str, label: str, width: float) -> No
         ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band], color=color, alpha=0.12)
 
 
-def _figure(width: float, height: float) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+# Fixed margins (inches) instead of constrained layout: the labels' room is known (titles above, tick labels and
+# an axis label left and below), and constrained layout measured every text twice per figure (~40% of drawing
+# the report's figures). tests/test_plots.py checks that nothing drawn leaves its figure or meets a neighbour.
+MARGIN_IN = {"left": 0.75, "right": 0.2, "bottom": 0.5, "top": 0.32, "between": 1.05}
+
+
+def _figure(width: float, height: float, panels: int = 1) -> Figure:
+    """A figure of `panels` axes side by side (fig.axes), with fixed margins (MARGIN_IN)."""
+    fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
+    m = MARGIN_IN
+    axes_w = (width - m["left"] - m["right"] - (panels - 1) * m["between"]) / panels
+    fig.subplots(1, panels, squeeze=False, gridspec_kw={
+        "left": m["left"] / width, "right": 1 - m["right"] / width, "bottom": m["bottom"] / height,
+        "top": 1 - m["top"] / height, "wspace": m["between"] / axes_w})
     return fig
 
 
 def comparison_figure(cmp: Comparison, steps: list[StepPoint] | None = None, baseline=None) -> Figure:
     """One figure: the four comparison panels, and the tau-vs-step curve first when `steps` is given."""
     n = len(PANELS) + (1 if steps is not None else 0)
-    fig = _figure(4.2 * n, 4.6)
-    axes = list(fig.subplots(1, n))
+    fig = _figure(4.2 * n, 4.6, n)
+    axes = list(fig.axes)
     if steps is not None:
         draw_tau_vs_step(axes.pop(0), steps, baseline)
     for ax, panel in zip(axes, PANELS):
@@ -139,16 +151,24 @@ def svg_text(fig: Figure) -> str:
     return re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.DOTALL)
 
 
-def panel_svg(cmp: Comparison, panel: str) -> str:
+def panel_figure(cmp: Comparison, panel: str) -> Figure:
     fig = _figure(6.4, 4.2)
-    draw_panel(fig.subplots(), cmp, panel)
-    return svg_text(fig)
+    draw_panel(fig.axes[0], cmp, panel)
+    return fig
+
+
+def panel_svg(cmp: Comparison, panel: str) -> str:
+    return svg_text(panel_figure(cmp, panel))
+
+
+def tau_vs_step_figure(points: list[StepPoint], baseline=None) -> Figure:
+    fig = _figure(7.5, 4.2)
+    draw_tau_vs_step(fig.axes[0], points, baseline)
+    return fig
 
 
 def tau_vs_step_svg(points: list[StepPoint], baseline=None) -> str:
-    fig = _figure(7.5, 4.2)
-    draw_tau_vs_step(fig.subplots(), points, baseline)
-    return svg_text(fig)
+    return svg_text(tau_vs_step_figure(points, baseline))
 
 
 def save_comparison_plot(cmp: Comparison, path: str | Path, steps: list[StepPoint] | None = None,

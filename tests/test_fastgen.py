@@ -110,3 +110,77 @@ def test_split_kv_kernels_equal_grouped_attention_under_the_triton_interpreter()
     r = subprocess.run([sys.executable, "-c", "from tests.test_fastgen import _split_kv_cases; _split_kv_cases()"],
                        check=False, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def _fused_cases() -> None:
+    """Run under TRITON_INTERPRET=1: greedy_static with FusedLayers active on a bf16 Qwen3 (CUDA + bf16 in use;
+    here the kernels run on the CPU in Triton's interpreter). SiLU * up goes through a counting torch stand-in
+    (its kernel calls libdevice, which the interpreter lacks: tests/gpu has the kernel)."""
+    import torch.nn.functional as F
+    import transformers.models.qwen3.modeling_qwen3 as mq
+
+    import remote_payload.eval.fastgen as fg
+    import remote_payload.eval.kernels as K
+    K.fast_kernels_enabled = lambda t: True
+    fg.fused_available = lambda device, dtype: True
+    calls = {"rms_norm": 0, "rope": 0, "silu_and_mul": 0}
+
+    def counted(name, fn):
+        def call(*a, **kw):
+            out = fn(*a, **kw)
+            calls[name] += out is not None
+            return out
+        return call
+    K.rms_norm, K.rope = counted("rms_norm", K.rms_norm), counted("rope", K.rope)
+    K.silu_and_mul = counted("silu_and_mul", lambda g, u, always=False: F.silu(g) * u)
+    cfg = {**TINY, "num_hidden_layers": 2}
+    model = random_target(cfg, torch.device("cpu"), torch.bfloat16)
+    own_rope = mq.apply_rotary_pos_emb
+    # a module whose forward is its own already (accelerate's hooks set one) is left alone
+    hooked = model.model.layers[1].mlp
+    hooked.forward = hooked.forward
+    prompts = _prompts(cfg["vocab_size"], (3, 9, 20), seed=4)
+    own = greedy_static(model, prompts, 6, set(), graphs=False, fused=False)
+    assert calls == {"rms_norm": 0, "rope": 0, "silu_and_mul": 0}
+    got = greedy_static(model, prompts, 6, set(), graphs=False)
+    steps, L = 5, cfg["num_hidden_layers"]  # 6 tokens: the prefill's and 5 decode steps
+    assert calls == {"rms_norm": steps * (4 * L + 1), "rope": steps * 2 * L, "silu_and_mul": steps * (L - 1)}, calls
+    assert got == own, (got, own)
+    assert mq.apply_rotary_pos_emb is own_rope
+    assert [m for m in model.modules() if "forward" in m.__dict__] == [hooked]
+    assert fg.decode_fused_name(model) == f"RMSNorm x{4 * L + 1}, SiLU * up x{L - 1}, RoPE as Triton passes " \
+                                          "(fastgen.FusedLayers)"
+    assert fg.decode_fused_name(model, compile=True) is None
+
+
+def test_fused_layers_run_the_decode_steps_and_are_restored_under_the_triton_interpreter():
+    """fastgen.FusedLayers (extract's decode steps on CUDA in bf16): the RMSNorms, RoPE and SiLU MLPs of every
+    layer go through the kernels at every decode step and never in the prefill, the tokens equal the model's
+    own layers', a hooked module keeps its forward, everything is restored after."""
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "from tests.test_fastgen import _fused_cases; _fused_cases()"],
+                       check=False, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_fused_layers_only_where_their_kernels_run(monkeypatch):
+    """CUDA + bf16 + Triton; REVAL_DECODE_FUSED=0 or REVAL_TORCH_KERNELS turn them off; on this CPU nothing is
+    replaced and the cache's record says none."""
+    import remote_payload.eval.fastgen as fg
+    cuda = torch.device("cuda")
+    assert fg.fused_available(cuda, torch.bfloat16) is True
+    assert fg.fused_available(cuda, torch.float16) is False
+    assert fg.fused_available(torch.device("cpu"), torch.bfloat16) is False
+    monkeypatch.setenv("REVAL_DECODE_FUSED", "0")
+    assert fg.fused_available(cuda, torch.bfloat16) is False
+    monkeypatch.delenv("REVAL_DECODE_FUSED")
+    monkeypatch.setenv("REVAL_TORCH_KERNELS", "1")
+    assert fg.fused_available(cuda, torch.bfloat16) is False
+    model = random_target(TINY, torch.device("cpu"), torch.bfloat16)
+    fl = fg.FusedLayers(model)
+    assert not fl.active and fg.decode_fused_name(model) is None
+    with fl:
+        assert not any("forward" in m.__dict__ for m in model.modules())

@@ -75,7 +75,8 @@ def _triton_cpu_cases() -> None:
     on a GPU they run where `plan` chooses them) executed on the CPU by Triton's interpreter, against the plain
     torch code they replace. bf16 inputs (what the drafter runs); the interpreter's arithmetic is numpy's, so
     these check each kernel's indexing, masking, chunking and roundings, and tests/gpu the GPU's numbers.
-    silu_mul calls libdevice's exp, which the interpreter does not implement: tests/gpu only."""
+    Also rms_norm (extract's decode steps). silu_mul calls libdevice's exp, which the interpreter does not
+    implement: tests/gpu only."""
     import os
 
     import remote_payload.eval.kernels as K
@@ -99,6 +100,22 @@ def _triton_cpu_cases() -> None:
     x1, x2 = xr.chunk(2, dim=-1)
     assert torch.equal(fused, xr * cos + torch.cat([-x2, x1], dim=-1) * sin)
     assert torch.equal(apply_rope(xr, cos, sin), fused)
+    xr = torch.randn(4, 5, 32).to(torch.bfloat16)  # 5 heads (padded to 8 in the kernel; the 27B target has 40)
+    ang = torch.randn(4, 1, 32)
+    cos, sin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+    x1, x2 = xr.chunk(2, dim=-1)
+    assert torch.equal(K.rope(xr, cos, sin), xr * cos + torch.cat([-x2, x1], dim=-1) * sin)
+    # RMSNorm (extract's decode steps): transformers' roundings; the interpreter sums in numpy's order
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+    for dt, shape in ((torch.bfloat16, (6, 1, 640)), (torch.bfloat16, (3, 1, 5, 16)), (torch.float32, (4, 96))):
+        norm = Qwen3RMSNorm(shape[-1], eps=1e-5).to(dt)
+        norm.weight.data.normal_(1.0, 0.3)
+        xn = (torch.randn(shape) * 4).to(dt)
+        with torch.no_grad():
+            got, want = K.rms_norm(xn, norm.weight, 1e-5, always=True), norm(xn)
+        ulp = want.float().abs() * (2 ** -7 if dt == torch.bfloat16 else 2 ** -20)
+        assert got is not None and ((got.float() - want.float()).abs() <= ulp).all(), shape
+        assert (got == want).float().mean() >= (0.99 if dt == torch.bfloat16 else 0.5), shape
 
 
 def test_triton_kernels_equal_torch_under_the_triton_interpreter():

@@ -221,6 +221,147 @@ class _DecodeAttention:
             _FILLED.pop(id(self.cfg), None)
 
 
+# transformers' blocks whose forward FusedLayers replaces by one Triton pass while the decode steps run: the
+# classes are named (their code is the formula the kernel computes), never matched by name or shape alone
+_FUSABLE = {"qwen3": ("Qwen3RMSNorm", "Qwen3MLP"), "qwen2": ("Qwen2RMSNorm", "Qwen2MLP"),
+            "llama": ("LlamaRMSNorm", "LlamaMLP")}
+
+
+def _fusable():
+    """{norm class: module, mlp class: module} for the transformers modules above that import here."""
+    import importlib
+    norms, mlps = {}, {}
+    for name, (norm, mlp) in _FUSABLE.items():
+        try:
+            mod = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        except ImportError:
+            continue
+        if hasattr(mod, norm):
+            norms[getattr(mod, norm)] = mod
+        if hasattr(mod, mlp):
+            mlps[getattr(mod, mlp)] = mod
+    return norms, mlps
+
+
+def fused_available(device, dtype) -> bool:
+    """Whether FusedLayers runs its kernels: CUDA, bf16, Triton installed, REVAL_DECODE_FUSED not 0,
+    REVAL_TORCH_KERNELS unset."""
+    return (device.type == "cuda" and dtype == torch.bfloat16 and os.environ.get("REVAL_DECODE_FUSED") != "0"
+            and not os.environ.get("REVAL_TORCH_KERNELS") and bool(_load_triton()))
+
+
+def _silu(act) -> bool:
+    """act is F.silu: torch's module or transformers' (whose forward is F.silu)."""
+    try:
+        from transformers.activations import SiLUActivation
+    except ImportError:
+        return type(act) is torch.nn.SiLU
+    return type(act) in (torch.nn.SiLU, SiLUActivation)
+
+
+class FusedLayers:
+    """While entered, the model's RMSNorms, SiLU MLPs and RoPE (of the transformers classes in `_FUSABLE`) run
+    as one Triton pass each (kernels.rms_norm, silu_and_mul, rope): eager, a layer's elementwise work is ~40
+    small kernels, which at batch 32 cost a decode step more than its attention. RoPE and SiLU * up give torch's
+    numbers bit for bit; RMSNorm its roundings with Triton's summation order. A call the kernels do not take
+    (another shape, dtype, layout) runs the model's own code. Per-instance forwards (and the modeling module's
+    apply_rotary_pos_emb), all restored on exit; a module with a forward of its own already (hooks) is left alone.
+    `kinds` picks among "norm", "mlp", "rope"; `force` skips the device check (the tests, under Triton's
+    interpreter)."""
+
+    KINDS = ("norm", "mlp", "rope")
+
+    def __init__(self, model, enabled: bool = True, kinds=KINDS, force: bool = False):
+        self.model, self.kinds, self.swapped, self.globals = model, tuple(kinds), [], []
+        self.counts: dict[str, int] = {}
+        p = next(model.parameters())
+        self.active = enabled and (force or fused_available(p.device, p.dtype))
+
+    def plan(self) -> list[tuple]:
+        """(kind, module or modeling module, replacement) for what this model would have replaced."""
+        from remote_payload.eval import kernels
+        norms, mlps = _fusable()
+        out, modeling = [], set()
+        for m in self.model.modules():
+            if "forward" in m.__dict__:
+                continue
+            if "norm" in self.kinds and type(m) in norms:
+                out.append(("norm", m, _norm_forward(m, kernels)))
+            elif "mlp" in self.kinds and type(m) in mlps and _silu(m.act_fn):
+                out.append(("mlp", m, _mlp_forward(m, kernels)))
+            if type(m) in norms or type(m) in mlps:
+                modeling.add(norms.get(type(m)) or mlps.get(type(m)))
+        if "rope" in self.kinds:
+            for mod in sorted(modeling, key=lambda x: x.__name__):
+                if callable(getattr(mod, "apply_rotary_pos_emb", None)):
+                    out.append(("rope", mod, _rope_function(mod.apply_rotary_pos_emb, kernels)))
+        return out
+
+    def __enter__(self):
+        if not self.active:
+            return self
+        for kind, target, fn in self.plan():
+            if kind == "rope":
+                self.globals.append((target, target.apply_rotary_pos_emb))
+                target.apply_rotary_pos_emb = fn
+            else:
+                target.forward = fn
+                self.swapped.append(target)
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+        return self
+
+    def __exit__(self, *exc):
+        for m in self.swapped:
+            m.__dict__.pop("forward", None)
+        for mod, fn in self.globals:
+            mod.apply_rotary_pos_emb = fn
+        self.swapped, self.globals = [], []
+
+
+def _norm_forward(m, kernels):
+    def forward(hidden_states):
+        out = kernels.rms_norm(hidden_states, m.weight, m.variance_epsilon, always=True)
+        return out if out is not None else type(m).forward(m, hidden_states)
+    return forward
+
+
+def _mlp_forward(m, kernels):
+    def forward(x):
+        gate, up = m.gate_proj(x), m.up_proj(x)
+        act = kernels.silu_and_mul(gate, up, always=True)
+        return m.down_proj(act if act is not None else m.act_fn(gate) * up)
+    return forward
+
+
+def _rope_function(own, kernels):
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kw):
+        # a decode step: q [B, H, 1, d] and k [B, Hkv, 1, d], views of [B, 1, H, d] rows; cos/sin [B, 1, d]
+        if (not args and not kw and q.dim() == k.dim() == 4 and q.shape[2] == k.shape[2] == 1
+                and cos.dim() == sin.dim() == 3 and cos.shape[1] == 1):
+            cs, sn = cos.unsqueeze(2), sin.unsqueeze(2)
+            qo = kernels.rope(q.transpose(1, 2), cs, sn, always=True)
+            ko = kernels.rope(k.transpose(1, 2), cs, sn, always=True) if qo is not None else None
+            if ko is not None:
+                return qo.transpose(1, 2), ko.transpose(1, 2)
+        return own(q, k, cos, sin, *args, **kw)
+    return apply_rotary_pos_emb
+
+
+def decode_fused_name(model, compile: bool = False) -> str | None:
+    """What FusedLayers replaces on this model (cache.json's generation record), or None."""
+    if compile:
+        return None
+    fl = FusedLayers(model)
+    if not fl.active:
+        return None
+    counts: dict[str, int] = {}
+    for kind, _, _ in fl.plan():
+        counts[kind] = counts.get(kind, 0) + 1
+    names = {"norm": "RMSNorm x{}", "mlp": "SiLU * up x{}", "rope": "RoPE"}
+    return ", ".join(names[k].format(n) for k, n in counts.items()) + " as Triton passes (fastgen.FusedLayers)" \
+        if counts else None
+
+
 def _compiled(model):
     """model.forward through torch.compile (fusion only: the CUDA graph is ours), once per model."""
     fn = getattr(model, "_reval_compiled_forward", None)
@@ -263,7 +404,8 @@ class _Phases:
 
 def greedy_static(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int], pad_id: int = 0, *,
                   graphs: bool | None = None, compile: bool = False, eos_every: int = 16,
-                  bucket: int = 64, phases: dict | None = None, grouped_attention: bool = True) -> list[list[int]]:
+                  bucket: int = 64, phases: dict | None = None, grouped_attention: bool = True,
+                  fused: bool = True) -> list[list[int]]:
     """Greedy completions of `prompts` (token id lists) at once; rows as `greedy_complete_batch` returns them.
 
     graphs: capture the decode step as a CUDA graph (default: on CUDA). eos_every: steps between the host's
@@ -273,15 +415,18 @@ def greedy_static(model, prompts: list[list[int]], max_new_tokens: int, eos_ids:
     of each phase (prefill, warm-up + capture, decode, the steps decoded), at the cost of a sync per phase.
     grouped_attention: the decode steps' attention is `grouped_decode_attention` (the prefill's stays the
     model's own); on CUDA in bf16/fp16 with Triton, its split-KV kernels (`split_decode_attention`: the filled
-    slots only; REVAL_DECODE_ATTENTION=grouped keeps the torch matmuls)."""
+    slots only; REVAL_DECODE_ATTENTION=grouped keeps the torch matmuls). fused: the decode steps' RMSNorms, SiLU
+    MLPs and RoPE as one Triton pass each (`FusedLayers`: CUDA, bf16; not with compile, which fuses them itself;
+    REVAL_DECODE_FUSED=0 keeps the model's own)."""
     with _DecodeAttention(model, grouped_attention) as attention:
         return _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, graphs=graphs, compile=compile,
-                              eos_every=eos_every, bucket=bucket, phases=phases, attention=attention)
+                              eos_every=eos_every, bucket=bucket, phases=phases, attention=attention,
+                              fused=FusedLayers(model, enabled=fused and not compile))
 
 
 @torch.no_grad()
 def _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, *, graphs, compile, eos_every, bucket, phases,
-                   attention):
+                   attention, fused):
     clock = _Phases(phases, next(model.parameters()).device)
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
@@ -311,36 +456,37 @@ def _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, *, graphs, c
     first = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
     clock("prefill_s")
 
-    # decode buffers (fixed for the whole loop): the token to feed, its position, its cache slot, the mask
-    tok = first.clone()
-    posb = (lens.to(dev)[:, None]).clone()  # the first completion token's position = the prompt's length
-    cp = torch.tensor([P], dtype=torch.long, device=dev)
-    attention.filled(cp)
-    mask = torch.zeros((B, 1, 1, L), dtype=dtype, device=dev).masked_fill_(~real[:, None, None, :], neg)
-    mask[..., P] = 0.0  # slot P: the first completion token, fed by the first step
-    out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=dev)
-    out[:, :1] = first
-    step = _StaticStep(model, cache, tok, posb, cp, mask, out, P - 1,  # step k writes column cp - (P - 1)
-                       forward=_compiled(model) if compile else None)
-    done = 1
-    if graphs and max_new_tokens > 3:
-        side = torch.cuda.Stream()  # warm-up (allocations, kernel choice, compilation): 2 real steps
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        done = 3
-        step.capture()
-    clock("capture_s")
-    eos = torch.tensor(sorted(eos_ids) or [-1], device=dev)
-    while done < max_new_tokens:
-        n = min(eos_every, max_new_tokens - done)
-        for _ in range(n):
-            step.step()
-        done += n
-        if bool(torch.isin(out[:, :done], eos).any(1).all()):  # one host sync per eos_every steps
-            break
+    with fused:  # the decode steps only: the prefill (and its first token) is the model's own code
+        # decode buffers (fixed for the whole loop): the token to feed, its position, its cache slot, the mask
+        tok = first.clone()
+        posb = (lens.to(dev)[:, None]).clone()  # the first completion token's position = the prompt's length
+        cp = torch.tensor([P], dtype=torch.long, device=dev)
+        attention.filled(cp)
+        mask = torch.zeros((B, 1, 1, L), dtype=dtype, device=dev).masked_fill_(~real[:, None, None, :], neg)
+        mask[..., P] = 0.0  # slot P: the first completion token, fed by the first step
+        out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=dev)
+        out[:, :1] = first
+        step = _StaticStep(model, cache, tok, posb, cp, mask, out, P - 1,  # step k writes column cp - (P - 1)
+                           forward=_compiled(model) if compile else None)
+        done = 1
+        if graphs and max_new_tokens > 3:
+            side = torch.cuda.Stream()  # warm-up (allocations, kernel choice, compilation): 2 real steps
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step()
+                step()
+            torch.cuda.current_stream().wait_stream(side)
+            done = 3
+            step.capture()
+        clock("capture_s")
+        eos = torch.tensor(sorted(eos_ids) or [-1], device=dev)
+        while done < max_new_tokens:
+            n = min(eos_every, max_new_tokens - done)
+            for _ in range(n):
+                step.step()
+            done += n
+            if bool(torch.isin(out[:, :done], eos).any(1).all()):  # one host sync per eos_every steps
+                break
     rows = out[:, :done].tolist()
     clock("decode_s")
     if phases is not None:

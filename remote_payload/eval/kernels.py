@@ -11,8 +11,10 @@ reference (`topk_reference`) runs torch.topk over unique integer keys (value bit
 (`topk_chunked`, any device) takes the maximum of each group of columns in one coalesced pass, keeps the k
 best groups and selects among their k*group values only, equal to the reference by construction (see its doc)
 and by test (tests/test_kernels.py, tests/gpu). At the 27B sizes (1,920 rows x 248,320) torch.topk took 3.4 ms.
-`rope` and `silu_mul`: apply_rope and silu(gate) * up as one Triton pass each, where Triton runs, with torch's
-numbers bit for bit (tests/gpu). The Triton kernels live in triton_kernels.py.
+`rope` and `silu_mul` / `silu_and_mul`: apply_rope and silu(gate) * up as one Triton pass each, where Triton
+runs, with torch's numbers bit for bit (tests/gpu). `rms_norm`: transformers' RMSNorm in one pass (its
+roundings; the mean's summation order Triton's). The last three also serve extract's decode steps
+(fastgen.FusedLayers). The Triton kernels live in triton_kernels.py.
 REVAL_TORCH_KERNELS=1 turns the fast paths off (the reference runs everywhere).
 """
 from __future__ import annotations
@@ -35,7 +37,7 @@ def _load_triton():
             _triton = False
             return _triton
         _triton = {"lse": triton_kernels.lse_kernel, "rope": triton_kernels.rope_kernel,
-                   "silu_mul": triton_kernels.silu_mul_kernel,
+                   "silu_mul": triton_kernels.silu_mul_kernel, "rms_norm": triton_kernels.rms_norm_kernel,
                    # fastgen's split-KV decode attention (extract's decode steps)
                    "decode_split": triton_decode.decode_split_kernel,
                    "decode_combine": triton_decode.decode_combine_kernel}
@@ -203,22 +205,29 @@ def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor | None:
+def _triton_now(always: bool) -> bool:
+    """Triton for this call: where `plan` chose it (the eval), or wherever it is installed (`always`: extract's
+    decode steps, which pay its start at once)."""
+    return bool(_load_triton()) if always else _use_triton()
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor, *, always: bool = False) -> Tensor | None:
     """`drafter.apply_rope` as one Triton pass (five torch kernels, broadcasting cos/sin over the heads), the
     same bf16 numbers: x [..., NH, d] contiguous bf16, cos/sin [..., 1, d] bf16 with x's leading shape.
     None where it does not apply (no Triton planned, another dtype or layout, a gradient wanted): the caller
-    runs apply_rope."""
+    runs apply_rope. always: see `_triton_now`."""
     if x.dim() < 2 or (torch.is_grad_enabled() and x.requires_grad):
         return None
     nh, d = x.shape[-2:]
     if not (fast_kernels_enabled(x) and x.dtype == cos.dtype == sin.dtype == torch.bfloat16 and x.is_contiguous()
             and cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape == (*x.shape[:-2], 1, d)
-            and _pow2(nh) and d % 2 == 0 and _pow2(d // 2) and _use_triton()):
+            and nh > 0 and d % 2 == 0 and _pow2(d // 2) and _triton_now(always)):
         return None
     out = torch.empty_like(x)
     rows = x.numel() // (nh * d)
     if rows:
-        _load_triton()["rope"][(rows,)](x, cos, sin, out, NH=nh, HALF=d // 2, num_warps=4)
+        _load_triton()["rope"][(rows,)](x, cos, sin, out, NH=nh, NHP=1 << (nh - 1).bit_length(), HALF=d // 2,
+                                        num_warps=4)
     return out
 
 
@@ -229,13 +238,59 @@ def silu_mul(gate_up: Tensor) -> Tensor | None:
     """[rows, 2I] (gate | up, the fused projection's output) -> silu(gate) * up [rows, I] in one Triton pass,
     the same bf16 numbers as `F.silu(gate).mul_(up)` (IEEE division, libdevice exp as torch's CUDA kernel).
     None where it does not apply (no Triton planned, not bf16, not row-contiguous)."""
-    rows, two_i = gate_up.shape
-    if not (fast_kernels_enabled(gate_up) and gate_up.dtype == torch.bfloat16 and gate_up.stride(1) == 1
-            and two_i % 2 == 0 and _use_triton()):
+    two_i = gate_up.shape[-1]
+    if gate_up.dim() != 2 or two_i % 2:
         return None
-    inner = two_i // 2
-    out = torch.empty(rows, inner, dtype=gate_up.dtype, device=gate_up.device)
-    if rows:
+    return silu_and_mul(gate_up[:, :two_i // 2], gate_up[:, two_i // 2:])
+
+
+def silu_and_mul(gate: Tensor, up: Tensor, *, always: bool = False) -> Tensor | None:
+    """silu(gate) * up for two [..., I] tensors (rows evenly strided, the last dimension contiguous) in one
+    Triton pass, the same bf16 numbers as `F.silu(gate) * up`; [..., I] contiguous. None where it does not apply.
+    always: see `_triton_now`."""
+    if not (gate.shape == up.shape and gate.dim() >= 1 and fast_kernels_enabled(gate)
+            and gate.dtype == up.dtype == torch.bfloat16 and up.device == gate.device):
+        return None
+    inner = gate.shape[-1]
+    g2, u2 = _rows(gate), _rows(up)
+    if g2 is None or u2 is None or not _triton_now(always):
+        return None
+    rows = g2.shape[0]
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if rows and inner:
         grid = (rows, -(-inner // SILU_BLOCK))
-        _load_triton()["silu_mul"][grid](gate_up, out, inner, gate_up.stride(0), BLOCK=SILU_BLOCK, num_warps=4)
+        _load_triton()["silu_mul"][grid](g2, u2, out, inner, g2.stride(0), u2.stride(0), BLOCK=SILU_BLOCK,
+                                         num_warps=4)
+    return out
+
+
+def _rows(t: Tensor) -> Tensor | None:
+    """t as [rows, n] without a copy (evenly strided rows, unit stride within), or None."""
+    n = t.shape[-1]
+    if t.stride(-1) != 1 and n > 1:
+        return None
+    try:
+        return t.view(-1, n)
+    except RuntimeError:  # rows not evenly strided
+        return None
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, *, always: bool = False) -> Tensor | None:
+    """transformers' RMSNorm (`weight * (x * rsqrt(mean(x^2) + eps)).to(dtype)`, fp32 inside) over x's last
+    dimension in one Triton pass: x contiguous bf16 (or fp32), weight [n] of x's dtype. Its roundings are torch's;
+    the mean's summation order is Triton's (so a bf16 output may rarely be one ulp from torch's). None where it
+    does not apply. always: see `_triton_now`."""
+    if x.dim() < 1 or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        return None
+    n = x.shape[-1]
+    if not (fast_kernels_enabled(x) and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float32)
+            and weight.shape == (n,) and weight.is_contiguous() and x.is_contiguous() and 0 < n <= 16384
+            and weight.device == x.device and _triton_now(always)):
+        return None
+    out = torch.empty_like(x)
+    rows = x.numel() // n
+    if rows:
+        block = 1 << (n - 1).bit_length()
+        _load_triton()["rms_norm"][(rows,)](x, weight, out, n, 1.0 / n, float(eps), BLOCK=block,
+                                            BF16=x.dtype == torch.bfloat16, num_warps=4 if block <= 2048 else 8)
     return out

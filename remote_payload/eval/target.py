@@ -460,7 +460,8 @@ class Generator:
     same tokens, row for row); `why` says why not greedy_static. compile: the CUDA graph's step is traced
     through torch.compile first (kernel fusion; about a minute once per batch shape, see make bench-decode).
     The decode steps' attention is fastgen.grouped_decode_attention where transformers takes it (on CUDA in
-    bf16/fp16 with Triton: its split-KV kernels over the filled slots; cache.json says which)."""
+    bf16/fp16 with Triton: its split-KV kernels over the filled slots; cache.json says which); on CUDA in bf16
+    their RMSNorms, SiLU MLPs and RoPE are Triton passes (fastgen.FusedLayers; cache.json's decode_fused)."""
     name: str
     graphs: bool = False
     why: str | None = None
@@ -504,9 +505,11 @@ def generation_record(model, gen: Generator, *, batch_size: int, batch_tokens: i
     many processes wrote the cache does not: a cache of several equals the cache of one)."""
     import transformers
     dev = next(model.parameters()).device
-    from remote_payload.eval.fastgen import decode_attention_name
+    from remote_payload.eval.fastgen import decode_attention_name, decode_fused_name
+    static = gen.name == "greedy_static"
     rec = {"generator": gen.name, "cuda_graphs": gen.graphs, "compiled": gen.compile,
-           "decode_attention": decode_attention_name(model) if gen.name == "greedy_static" else None,
+           "decode_attention": decode_attention_name(model) if static else None,
+           "decode_fused": decode_fused_name(model, gen.compile) if static else None,
            "batch_size": batch_size, "batch_tokens": batch_tokens,
            "max_new_tokens": max_new_tokens, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
            "attn_implementation": getattr(model.config, "_attn_implementation", None),

@@ -43,31 +43,52 @@ def round_bf16(v):
 
 
 @triton.jit
-def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, NH: tl.constexpr, HALF: tl.constexpr):
-    # one row of [rows, NH, 2*HALF]: apply_rope's four bf16 roundings (x*cos, rot*sin, their sum)
+def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, NH: tl.constexpr, NHP: tl.constexpr, HALF: tl.constexpr):
+    # one row of [rows, NH, 2*HALF] (NHP: NH padded to a power of two): apply_rope's four bf16 roundings
+    # (x*cos, rot*sin, their sum)
     row = tl.program_id(0).to(tl.int64)
-    h = tl.arange(0, NH)[:, None]
+    h = tl.arange(0, NHP)[:, None]
     j = tl.arange(0, HALF)[None, :]
+    hm = h < NH
     base = row * NH * 2 * HALF + h * 2 * HALF + j
-    x1 = tl.load(x_ptr + base).to(tl.float32)
-    x2 = tl.load(x_ptr + base + HALF).to(tl.float32)
+    x1 = tl.load(x_ptr + base, mask=hm, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + base + HALF, mask=hm, other=0.0).to(tl.float32)
     c1 = tl.load(cos_ptr + row * 2 * HALF + j).to(tl.float32)
     c2 = tl.load(cos_ptr + row * 2 * HALF + HALF + j).to(tl.float32)
     s1 = tl.load(sin_ptr + row * 2 * HALF + j).to(tl.float32)
     s2 = tl.load(sin_ptr + row * 2 * HALF + HALF + j).to(tl.float32)
     lo = round_bf16(round_bf16(x1 * c1) + round_bf16(-x2 * s1))
     hi = round_bf16(round_bf16(x2 * c2) + round_bf16(x1 * s2))
-    tl.store(out_ptr + base, lo.to(tl.bfloat16))  # exact: already a bf16 value
-    tl.store(out_ptr + base + HALF, hi.to(tl.bfloat16))
+    tl.store(out_ptr + base, lo.to(tl.bfloat16), mask=hm)  # exact: already a bf16 value
+    tl.store(out_ptr + base + HALF, hi.to(tl.bfloat16), mask=hm)
 
 
 @triton.jit
-def silu_mul_kernel(gu_ptr, out_ptr, n_cols, stride, BLOCK: tl.constexpr):
-    # [rows, gate | up] -> silu(gate) * up: torch's two bf16 roundings, its IEEE exp and division
+def silu_mul_kernel(g_ptr, u_ptr, out_ptr, n_cols, g_stride, u_stride, BLOCK: tl.constexpr):
+    # gate [rows, n], up [rows, n] (one fused projection's halves, or two) -> silu(gate) * up: torch's two bf16
+    # roundings, its IEEE exp and division
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_cols
-    g = tl.load(gu_ptr + row * stride + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptr + row * stride + n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + row * g_stride + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * u_stride + offs, mask=mask, other=0.0).to(tl.float32)
     act = round_bf16(tl.math.div_rn(g, 1.0 + libdevice.exp(-g)))
     tl.store(out_ptr + row * n_cols + offs, round_bf16(act * u).to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, inv_n, eps, BLOCK: tl.constexpr, BF16: tl.constexpr):
+    # one row of [rows, n]: transformers' RMSNorm (fp32 mean of squares, rsqrt, x * r rounded to the input's
+    # dtype, times the weight rounded again): the same roundings; the sum's order is Triton's, so the mean may
+    # be an fp32 ulp from torch's reduction (and a bf16 output a ulp apart, rarely)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+    r = tl.math.rsqrt(tl.sum(x * x, 0) * inv_n + eps)  # torch: rsqrtf, the same approximation
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if BF16:
+        y = round_bf16(w * round_bf16(x * r))
+    else:
+        y = w * (x * r)
+    tl.store(out_ptr + row * n_cols + offs, y.to(out_ptr.dtype.element_ty), mask=mask)

@@ -7,7 +7,9 @@ bf16 on CUDA. Every row decodes the same prompts in the same process:
   reval static         fastgen.greedy_static, the step run eagerly (static KV cache, 4D mask, argmax on device)
   + CUDA graph, SDPA   the decode step captured as one CUDA graph, the model's own (SDPA) attention
   + CUDA graph, grouped ... with fastgen.grouped_decode_attention's torch matmuls over the whole static cache
-  + CUDA graph, split  ... its split-KV Triton kernels over the filled slots only (extract's default with Triton)
+  + CUDA graph, split  ... its split-KV Triton kernels over the filled slots only, the model's own layers
+  + Triton passes      ... and the RMSNorms, SiLU MLPs and RoPE as one Triton pass each (fastgen.FusedLayers:
+                       extract's default on CUDA in bf16)
   + compile            ... the step traced through torch.compile first (extract --compile; 1st call = compile)
   HF generate          transformers generate(), dynamic cache / cache_implementation="static"
   floor                the weights' bytes / the copy bandwidth measured here (each decode step reads them once;
@@ -104,7 +106,7 @@ def _timed(fn, dev, repeats: int = 2):
 
 
 def bench(cfg: dict, name: str, dev, dtype, n: int = 32, new: int = 64, hf: bool = True,
-          quick: bool = False) -> list[tuple]:
+          quick: bool = False, compile_rows: bool = True) -> list[tuple]:
     model = random_target(cfg, dev, dtype)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, cfg["vocab_size"], (int(torch.randint(32, 129, (1,), generator=g)),),
@@ -129,12 +131,16 @@ def bench(cfg: dict, name: str, dev, dtype, n: int = 32, new: int = 64, hf: bool
         if not quick:
             s, out, step = static(graphs=True, grouped_attention=False)
             rows.append((f"{name}: reval static + CUDA graph, SDPA attention", s, out == ref, step))
-        with _env("REVAL_DECODE_ATTENTION", "grouped"):
+        with _env("REVAL_DECODE_ATTENTION", "grouped"), _env("REVAL_DECODE_FUSED", "0"):
             s, out, step = static(graphs=True)
         ref = ref or out
         rows.append((f"{name}: reval static + CUDA graph, grouped attention (torch)", s, out == ref, step))
+        with _env("REVAL_DECODE_FUSED", "0"):
+            s, out, step = static(graphs=True)
+        rows.append((f"{name}: reval static + CUDA graph, split-KV, the model's own layers", s, out == ref, step))
         s, out, step = static(graphs=True)
-        rows.append((f"{name}: reval static + CUDA graph, split-KV (extract's default)", s, out == ref, step))
+        rows.append((f"{name}: + RMSNorm/SiLU/RoPE as Triton passes (extract's default)", s, out == ref, step))
+    if dev.type == "cuda" and compile_rows:
         t = time.perf_counter()
         greedy_static(model, prompts, new, set(), graphs=True, compile=True)  # the compilation, once per shape
         first_s = time.perf_counter() - t
@@ -193,6 +199,7 @@ def main(argv=None) -> int:
     p.add_argument("--new", type=int, default=64, help="new tokens per prompt (default 64; extract's default is 512)")
     p.add_argument("--quick", action="store_true",
                    help="reval's CUDA-graph rows only (no dynamic, eager, SDPA or generate() rows, no prefill)")
+    p.add_argument("--no-compile", action="store_true", help="no torch.compile row (its compilation takes ~1 min)")
     args = p.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -201,7 +208,7 @@ def main(argv=None) -> int:
     for s in sizes:
         cfg = {"8b": QWEN3_8B, "27b": QWEN3_27B, "tiny": TINY}[s]
         rows, pre = bench(cfg, {"8b": "8B-class", "27b": "27B-class", "tiny": "tiny"}[s], dev, dtype, hf=s != "27b", new=args.new,
-                          quick=args.quick)
+                          quick=args.quick, compile_rows=not args.no_compile)
         table += rows
         prefills += [pre] if pre else []
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"

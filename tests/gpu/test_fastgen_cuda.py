@@ -85,3 +85,75 @@ def test_split_kv_decoding_in_the_graph_equals_its_eager_step_and_compiles():
     assert [r[len(p)] for r, p in zip(out, prompts)] == [r[len(p)] for r, p in zip(graph, prompts)]  # prefill
     same = [sum(a == b for a, b in zip(r[len(p):], w[len(p):])) for r, w, p in zip(out, graph, prompts)]
     print("compiled vs graph, equal completion tokens per row:", same)
+
+
+def test_fused_layers_kernels_give_torchs_numbers_bf16():
+    """The decode steps' Triton passes (fastgen.FusedLayers) against the code they replace, bf16 on CUDA at the
+    8B / 27B shapes (batch 32): SiLU * up and RoPE (40 query heads: not a power of two) bit for bit; RMSNorm
+    (hidden 4096 / 5120, the q/k norms over 128) equal but for a rare ulp (the mean's summation order)."""
+    import torch.nn.functional as F
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
+
+    import remote_payload.eval.fastgen as fg
+    import remote_payload.eval.kernels as K
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    for shape in ((32, 1, 4096), (32, 1, 5120), (32, 1, 40, 128), (32, 1, 8, 128), (3, 77, 4096)):
+        norm = Qwen3RMSNorm(shape[-1], eps=1e-6).to(dev, torch.bfloat16)
+        norm.weight.data.normal_(1.0, 0.3)
+        x = (torch.randn(shape, device=dev) * 4).to(torch.bfloat16)
+        with torch.no_grad():
+            got, want = K.rms_norm(x, norm.weight, 1e-6, always=True), norm(x)
+        assert got is not None and got.shape == want.shape
+        ulp = (want.float().abs() * 2 ** -7).clamp(min=1e-30)
+        assert ((got.float() - want.float()).abs() <= ulp).all(), shape
+        assert (got == want).float().mean() >= 0.999, shape
+    for inner in (12288, 17408):
+        gate, up = (torch.randn(32, 1, inner, device=dev).to(torch.bfloat16) * 3 for _ in range(2))
+        assert torch.equal(K.silu_and_mul(gate, up, always=True), F.silu(gate) * up)
+    rope = fg._rope_function(apply_rotary_pos_emb, K)
+    for h in (32, 40):
+        q = torch.randn(32, 1, h, 128, device=dev).to(torch.bfloat16).transpose(1, 2)
+        k = torch.randn(32, 1, 8, 128, device=dev).to(torch.bfloat16).transpose(1, 2)
+        ang = torch.randn(32, 1, 128, device=dev) * 50
+        cos, sin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+        got, want = rope(q, k, cos, sin), apply_rotary_pos_emb(q, k, cos, sin)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_fused_decode_replays_in_the_graph_and_matches_the_models_own_layers():
+    """extract's default on CUDA bf16: the decode steps with FusedLayers active (counted), captured in the graph
+    == run eagerly, token for token; against the model's own layers (REVAL_DECODE_FUSED=0) the first completion
+    token (the prefill: the model's own) is equal and most tokens after it are (RMSNorm's rare ulp may tip a
+    bf16 near-tie of this random model); everything restored after."""
+    import os
+
+    import transformers.models.qwen3.modeling_qwen3 as mq
+
+    import remote_payload.eval.fastgen as fg
+    cfg = {**TINY, "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8, "head_dim": 64}
+    model = random_target(cfg, torch.device("cuda"), torch.bfloat16)
+    name = fg.decode_fused_name(model)
+    L = cfg["num_hidden_layers"]
+    assert name.startswith(f"RMSNorm x{4 * L + 1}, SiLU * up x{L}, RoPE"), name
+    own_rope = mq.apply_rotary_pos_emb
+    prompts = _prompts(cfg["vocab_size"], (5, 33, 70, 128))
+    graph = greedy_static(model, prompts, 80, set(), graphs=True)
+    assert graph == greedy_static(model, prompts, 80, set(), graphs=False)
+    os.environ["REVAL_DECODE_FUSED"] = "0"
+    try:
+        assert fg.decode_fused_name(model) is None
+        own = greedy_static(model, prompts, 80, set(), graphs=True)
+    finally:
+        del os.environ["REVAL_DECODE_FUSED"]
+    assert [r[len(p)] for r, p in zip(own, prompts)] == [r[len(p)] for r, p in zip(graph, prompts)]
+    same = sum(a == b for r, w in zip(own, graph) for a, b in zip(r, w)) / sum(len(r) for r in own)
+    print("fused vs the model's own layers, equal tokens:", same)
+    assert same >= 0.9
+    assert mq.apply_rotary_pos_emb is own_rope
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    fl = fg.FusedLayers(model)
+    with fl:
+        assert fl.counts == {"norm": 4 * L + 1, "mlp": L, "rope": 1}
+        assert mq.apply_rotary_pos_emb is not own_rope
+    assert mq.apply_rotary_pos_emb is own_rope

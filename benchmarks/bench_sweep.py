@@ -2,6 +2,7 @@
 ledger, report), over real sshd hosts on loopback with `python -m remote_payload dummy` as the eval.
 
     scripts/netns-run .venv/bin/python -m benchmarks.bench_sweep [--hosts 3] [--checkpoints 12] [--eval-s 3]
+                                                                 [--login-rc skip|run|both]
 
 Each host is a CPU host (one run at a time), so the ideal sweep takes ceil(checkpoints / hosts) x eval-s;
 overhead per checkpoint = (wall x hosts - checkpoints x eval-s) / checkpoints, wall being the whole sweep as
@@ -81,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoints", type=int, default=12)
     p.add_argument("--eval-s", type=float, default=3.0, help="how long each dummy eval runs")
     p.add_argument("--poll-s", type=float, default=10.0, help="the sweep's long-poll limit (CLI default 10)")
+    p.add_argument("--login-rc", choices=("skip", "run", "both"), default="both",
+                   help="whether the hosts' SSH sessions run the login shell's ~/.bashrc (root's here: pyenv init, "
+                        "0.1 s a session): skip (reval's own overhead), run (as a plain sshd does), both (default)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -90,9 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"bench_sweep: skipped: {why}", file=sys.stderr)
         return 3
+    modes = {"skip": [False], "run": [True], "both": [False, True]}[args.login_rc]
+    results = [measure(args, sshd, login_rc) for login_rc in modes]
+    if args.json:
+        print(json.dumps(results if len(results) > 1 else results[0], indent=2))
+    else:
+        for res in results:
+            show(res)
+    return 0 if all(r["succeeded"] == r["checkpoints"] for r in results) else 1
+
+
+def measure(args, sshd, login_rc: bool) -> dict:
+    """One whole sweep as `reval sweep` runs it (then again, all skipped), on fresh loopback sshd hosts whose
+    sessions run the login shell's ~/.bashrc or not."""
     with tempfile.TemporaryDirectory(prefix="reval-bench-sweep-") as tmp:
         root = Path(tmp)
-        cluster = sshd.make_ssh_hosts(root / "sshd", args.hosts)
+        cluster = sshd.make_ssh_hosts(root / "sshd", args.hosts, login_rc=login_rc)
         cwd = os.getcwd()
         try:
             os.chdir(root)
@@ -125,22 +142,25 @@ def main(argv: list[str] | None = None) -> int:
     ok = sum(o.state == "succeeded" for o in rep.outcomes)
     overhead = (wall * h - n * eval_s) / n
     share_60 = overhead / (60 + overhead)
-    res = {"hosts": h, "checkpoints": n, "succeeded": ok, "eval_s": eval_s, "poll_s": args.poll_s,
-           "wall_s": round(wall, 2), "ideal_s": round(math.ceil(n / h) * eval_s, 2),
-           "overhead_per_checkpoint_s": round(overhead, 3), "overhead_share_at_60s_eval": round(share_60, 4),
-           "rerun_all_skipped_s": round(rerun, 2), "rerun_skipped": sum(o.state == "skipped" for o in rep2.outcomes),
-           **{k: round(v, 3) for k, v in split.items()}}
-    if args.json:
-        print(json.dumps(res, indent=2))
-    else:
-        print(f"sweep   {n} checkpoints on {h} loopback sshd hosts · dummy eval {eval_s:.1f}s · poll {args.poll_s}s")
-        print(f"wall    {wall:.2f}s (ideal {res['ideal_s']:.1f}s) · {ok}/{n} succeeded")
-        print(f"overhead {overhead:.2f}s per checkpoint (target < 0.5 s) · {share_60:.1%} of the total at 60 s evals "
-              "(target < 10%)")
-        print(f"split   start {split['start_s']:.2f}s · per cycle {split['cycle_s']:.2f}s (launch to launch beyond the "
-              f"eval's own {split['eval_measured_s']:.2f}s) · end {split['end_s']:.2f}s · report {split['report_s']:.2f}s")
-        print(f"re-run  {rerun:.2f}s with all {res['rerun_skipped']} skipped by the ledger")
-    return 0 if ok == n else 1
+    return {"hosts": h, "checkpoints": n, "succeeded": ok, "eval_s": eval_s, "poll_s": args.poll_s,
+            "login_rc": login_rc, "wall_s": round(wall, 2), "ideal_s": round(math.ceil(n / h) * eval_s, 2),
+            "overhead_per_checkpoint_s": round(overhead, 3), "overhead_share_at_60s_eval": round(share_60, 4),
+            "rerun_all_skipped_s": round(rerun, 2), "rerun_skipped": sum(o.state == "skipped" for o in rep2.outcomes),
+            **{k: round(v, 3) for k, v in split.items()}}
+
+
+def show(res: dict) -> None:
+    n, h = res["checkpoints"], res["hosts"]
+    rc = ("sessions run ~/.bashrc (as a plain sshd's do)" if res["login_rc"] else
+          "sessions skip ~/.bashrc (sshd SetEnv SHLVL=1: reval's own overhead)")
+    print(f"sweep   {n} checkpoints on {h} loopback sshd hosts · dummy eval {res['eval_s']:.1f}s · poll "
+          f"{res['poll_s']}s · {rc}")
+    print(f"wall    {res['wall_s']:.2f}s (ideal {res['ideal_s']:.1f}s) · {res['succeeded']}/{n} succeeded")
+    print(f"overhead {res['overhead_per_checkpoint_s']:.2f}s per checkpoint (target < 0.5 s) · "
+          f"{res['overhead_share_at_60s_eval']:.1%} of the total at 60 s evals (target < 10%)")
+    print(f"split   start {res['start_s']:.2f}s · per cycle {res['cycle_s']:.2f}s (launch to launch beyond the "
+          f"eval's own {res['eval_measured_s']:.2f}s) · end {res['end_s']:.2f}s · report {res['report_s']:.2f}s")
+    print(f"re-run  {res['rerun_all_skipped_s']:.2f}s with all {res['rerun_skipped']} skipped by the ledger")
 
 
 def where_it_goes(lines_at: list[tuple[float, str]], rep, w0: float, w1: float, report_s: float) -> dict:

@@ -5,6 +5,12 @@ authorized_keys, a known_hosts for the client, and an inventory yaml pointing at
 Fault injection: stop(i)/start(i) the daemon, cut(i)/restore(i) with iptables rules inside the namespace
 (DROP = a silent black hole that also stalls live connections; REJECT = connection refused), and
 regen_host_key(i) to play a reinstalled server. Everything started here is ended by pid in close().
+
+Sessions skip the login shell's ~/.bashrc (`SetEnv SHLVL=1`: Debian's bash reads ~/.bashrc for an ssh command
+only when SHLVL < 2 after its own +1), unless `login_rc=True`: root's ~/.bashrc on a dev machine may run
+`pyenv init` (0.1 s a session) or wait 60 s on a stale pyenv shim lock a killed session left, and what reval
+does must not depend on that. sshd takes only the FIRST `SetEnv` line (later ones are ignored, whatever
+variables they name), so every `SetEnv` of `sshd_extra` is merged into that one line (sshd_setenv).
 """
 from __future__ import annotations
 
@@ -110,6 +116,7 @@ class SshHosts:
     known_hosts: Path
     inventory_path: Path
     sshd_extra: list[str] = field(default_factory=list)  # more sshd_config lines (e.g. KexAlgorithms ...)
+    login_rc: bool = False         # sessions run the login shell's ~/.bashrc (False: SetEnv SHLVL=1 skips it)
     _rules: list[list[str]] = field(default_factory=list)
 
     # -- daemons -------------------------------------------------------------------------------------
@@ -127,7 +134,7 @@ class SshHosts:
             "StrictModes no", "UsePAM no", "PermitRootLogin prohibit-password",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PubkeyAuthentication yes",
             "MaxStartups 200", "MaxSessions 200", "LogLevel ERROR",
-            "Subsystem sftp internal-sftp", *self.sshd_extra, "",
+            "Subsystem sftp internal-sftp", *sshd_setenv(self.sshd_extra, login_rc=self.login_rc), "",
         ]))
         with open(h.log, "ab") as log:  # -r: no re-exec per connection (cheaper loopback "servers")
             h.proc = subprocess.Popen([SSHD, "-D", "-e", "-r", "-f", str(cfg)], stdout=log, stderr=log,
@@ -206,13 +213,30 @@ class SshHosts:
         _kill(_pids_mentioning(str(self.root) + "/"))
 
 
+def sshd_setenv(lines: list[str], *, login_rc: bool) -> list[str]:
+    """sshd_config `lines` with every `SetEnv` merged into one line, first (sshd ignores each `SetEnv` line after
+    its first), and `SHLVL=1` last in it unless `login_rc` (a line's own SHLVL, given first, wins: sshd keeps a
+    variable's first value). Pure."""
+    setenv, rest = [], []
+    for line in lines:
+        words = line.split()
+        if words and words[0].lower() == "setenv":
+            setenv += words[1:]
+        else:
+            rest.append(line)
+    if not login_rc:
+        setenv.append("SHLVL=1")
+    return ([f"SetEnv {' '.join(setenv)}"] if setenv else []) + rest
+
+
 def make_ssh_hosts(root: Path, n: int, *, known: bool = True, host_key: str = "strict",
                    first_address: int = 2, port: int = PORT, extra: dict | None = None,
-                   sshd_extra: list[str] | None = None) -> SshHosts:
+                   sshd_extra: list[str] | None = None, login_rc: bool = False) -> SshHosts:
     """Start `n` sshd on 127.0.0.<first_address>... and write `root/hosts.yaml` for them.
 
     Hosts are named ssh1..sshN, grouped as `cluster`. `known=False` leaves known_hosts empty (unknown
-    hosts). `extra` is merged into every host's inventory entry (e.g. a managed venv)."""
+    hosts). `extra` is merged into every host's inventory entry (e.g. a managed venv). `login_rc`: sessions
+    run the login shell's ~/.bashrc (see the module doc; the default skips it)."""
     root.mkdir(parents=True, exist_ok=True)
     client_key = root / "client_ed25519"
     _keygen(client_key, "reval-test-client")
@@ -234,7 +258,7 @@ def make_ssh_hosts(root: Path, n: int, *, known: bool = True, host_key: str = "s
     known_hosts.write_text("".join(known_lines) if known else "")
     inventory_path = root / "hosts.yaml"
     inventory_path.write_text(yaml.safe_dump({"hosts": inv, "groups": {"cluster": list(inv)}}, sort_keys=False))
-    cluster = SshHosts(root, hosts, client_key, known_hosts, inventory_path, list(sshd_extra or []))
+    cluster = SshHosts(root, hosts, client_key, known_hosts, inventory_path, list(sshd_extra or []), login_rc)
     try:
         for i in range(n):
             cluster.start(i)

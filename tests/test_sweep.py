@@ -470,7 +470,8 @@ def test_killed_controller_resumes_without_repeating_runs(ssh_hosts, tmp_path):
 class _CutTransport:
     """A real SSH transport whose folded "run over -> launch the next" script (the slot's long poll) has the
     connection cut once: the sshd session serving it killed (`kill -9 $PPID`: the client sees the connection
-    drop, exit 255) either before the launch part (nothing started) or after it (started, the answer lost)."""
+    drop, exit 255) either before the launch part (nothing started) or after it (started, the answer lost). Both
+    cuts sit where only a call that saw the run end gets: a long poll that ran out first is not the one cut."""
 
     def __init__(self, inner, flag: Path, where: str):
         self.inner, self.flag, self.where = inner, flag, where
@@ -491,7 +492,7 @@ class _CutTransport:
         if f"echo {OVER}" in cmd:
             cut = f"if mkdir {self.flag} 2>/dev/null; then kill -9 $PPID; exit 0; fi"
             cmd = cmd.replace(f"echo {OVER}", f"{cut}\necho {OVER}", 1) if self.where == "before" \
-                else f"( {cmd}\n)\n{cut}"
+                else cmd.replace('echo "@@STATUS"', f'{cut}\necho "@@STATUS"', 1)  # the run started, no answer
         return self.inner.run(cmd, **kw)
 
 

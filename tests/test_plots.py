@@ -58,3 +58,7 @@ def test_plots_png_and_the_svg_are_written(cmp, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     svg = plots.panel_svg(cmp, "ddtree")
     assert svg.startswith("<svg") and "DDTree tau vs node budget" in svg
+    fig = plots.panel_figure(cmp, "ddtree")
+    fig.canvas.draw()
+    budgets = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_visible() and t.get_text()]
+    assert {"16", "64", "512"} <= set(budgets) and not any("$" in b for b in budgets), budgets  # no mathtext

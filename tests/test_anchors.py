@@ -90,3 +90,37 @@ def test_warm_up_runs_the_first_prompts_shapes_once_and_only_on_cuda_unless_off(
     assert anchors.warmup_mode() == "off"
     monkeypatch.setenv("REVAL_WARMUP", "1")
     assert anchors.warmup_mode() == "after"
+
+
+def test_prime_drafts_a_miniature_with_the_drafters_kernel_shapes(monkeypatch):
+    """anchors.prime (beside the weight load, CUDA only in use) drafts on a miniature that keeps what picks the
+    kernels (layer types, heads, head size, block size, vocabulary, tapped layers) and shrinks only the widths;
+    it declines on the CPU and under REVAL_WARMUP=0."""
+    from remote_payload.eval import anchors
+    cfg = tiny_drafter_config(sliding_window=7)
+    seen = []
+    real = anchors.enqueue_anchors
+    monkeypatch.setattr(anchors, "enqueue_anchors", lambda d, *a, **kw: seen.append(d.cfg) or real(d, *a, **kw))
+    s = anchors._prime_run(cfg, torch.device("cpu"), torch.float32, batch_size=16, budgets=[4, 8], widths=[2])
+    assert s > 0 and len(seen) == 1
+    small = seen[0]
+    assert small.hidden_size == small.intermediate_size == anchors.PRIME_HIDDEN != cfg.hidden_size
+    for key in ("num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "block_size",
+                "num_hidden_layers", "layer_types", "sliding_window", "target_layer_ids"):
+        assert getattr(small, key) == getattr(cfg, key), key
+    assert anchors.prime(cfg, torch.device("cpu"), torch.float32, batch_size=16, budgets=[4], widths=[]) is None
+
+
+def test_prime_outcome_is_said_never_raised():
+    """The prime's seconds go into the warm-up's log line; a prime that failed is said there (the warm-up on the
+    real weights does its work), never raised, never silent; on the CPU no prime starts."""
+    from concurrent.futures import Future
+
+    from remote_payload.eval import run
+    ok, bad = Future(), Future()
+    ok.set_result(1.25)
+    bad.set_exception(RuntimeError("CUDA out of memory"))
+    assert run._prime_outcome(ok) == {"primed beside the load": 1.25}
+    assert run._prime_outcome(bad) == {"prime failed": "RuntimeError: CUDA out of memory"}
+    assert run._prime_outcome(None) == {}
+    assert run._start_prime(None, None, torch.device("cpu"), torch.float32, 16) is None

@@ -37,7 +37,7 @@ from remote_payload import __version__
 from remote_payload.contract import protocol
 from remote_payload.contract import results as R
 from remote_payload.contract.errors import PayloadError
-from remote_payload.eval import metrics
+from remote_payload.eval import anchors, metrics
 from remote_payload.eval.anchors import AnchorOutputs, draft_all_anchors, drafted_prompts, warm_up  # noqa: F401 (re-exported)
 from remote_payload.eval.cache import open_cache
 from remote_payload.eval.checkpoint import check_features, load_drafter, load_target_head, peek_config
@@ -293,15 +293,49 @@ def read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.dt
 def _read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.dtype) -> tuple:
     t_load = time.perf_counter()
     batch = batch_size(opts, device)
-    drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype, opts.allow_unknown_config)
-    t = time.perf_counter()
-    load_s = t - t_load
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-prime") as ex:
+        primed = _start_prime(ex, opts, device, dtype, batch)
+        drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype, opts.allow_unknown_config)
+        t = time.perf_counter()
+        load_s = t - t_load
+        prime = _prime_outcome(primed)  # the warm-up's seconds count any wait for it
     n = (first.seq_len - 1 - first.prompt_len if opts.all_anchors
          else metrics.num_anchors(first.prompt_len, first.seq_len, opts.max_blocks, drafter.cfg.block_size))
     parts = warm_up(drafter, head, device, dtype, seq_len=first.seq_len, prompt_len=first.prompt_len, n=n,
                     batch_size=batch, budgets=opts.ddtree_budgets, widths=opts.tree_widths)
-    warmed = [] if parts is None else [(time.perf_counter() - t, parts)]
+    warmed = [] if parts is None else [(time.perf_counter() - t, {**parts, **prime})]
     return drafter, info, head, hinfo, warmed, load_s
+
+
+def _start_prime(ex: ThreadPoolExecutor, opts: EvalOptions, device: torch.device, dtype: torch.dtype, batch: int):
+    """anchors.prime on its own thread beside the load, where the drafter's config can be read first (a config
+    that fails here fails the load, which says why); None where it does not run."""
+    if device.type != "cuda" or anchors.warmup_mode() == "off":
+        return None
+    try:
+        cfg = peek_config(opts.drafter, opts.allow_unknown_config)
+    except Exception:  # noqa: BLE001 - the load reads the same config and reports it
+        return None
+    if cfg is None:
+        return None
+
+    def run():
+        with torch.cuda.device(device):
+            return anchors.prime(cfg, device, dtype, batch_size=batch, budgets=opts.ddtree_budgets,
+                                 widths=opts.tree_widths)
+    return ex.submit(run)
+
+
+def _prime_outcome(primed) -> dict:
+    """The warm-up log's word on the prime: its seconds (it ran beside the load; the load waited for it only
+    past its own end), or that it failed and why (the warm-up after the load does its work then)."""
+    if primed is None:
+        return {}
+    try:
+        s = primed.result()
+    except Exception as e:  # noqa: BLE001 - said in the log line; the warm-up on the real weights follows
+        return {"prime failed": f"{type(e).__name__}: {e}"[:200]}
+    return {} if s is None else {"primed beside the load": s}
 
 
 def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torch.dtype, rep: Reporter,
@@ -335,7 +369,8 @@ def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torc
                  f"({(cache.meta.get('target') or {}).get('path')}); check --target", stage="warning")
     e_mean, e_std = _stats(head.embed)
     rep.line(f"  embed_tokens: mean={e_mean:.4f} std={e_std:.4f}")
-    parts = " ".join(f"{k} {v:.2f}s" for k, v in warmed[0][1].items()) if warmed else ""
+    parts = " ".join(f"{k} {v:.2f}s" if isinstance(v, float) else f"{k} ({v})" for k, v in warmed[0][1].items()) \
+        if warmed else ""
     rep.line(f"  loaded in {load_s:.2f}s" + (f" (kernels warmed up after it in {warmed[0][0]:.2f}s: {parts})"
                                              if warmed else ""), stage="load_drafter", step=4, steps=STEPS)
     return Loaded(drafter, info, head, hinfo, target_matches, {"mean": e_mean, "std": e_std}, load_s)

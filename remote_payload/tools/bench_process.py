@@ -15,6 +15,13 @@ driver's cache off. H200, 2026-12-02, two runs: fresh 1.33x / 1.43x the floor (w
 empty cache costs is cuDNN's attention compiling its kernel at the process's first call (NVRTC, ~1 s, any
 shape: a probe's tiny first call took 1.0-1.25 s, later shapes 0.06 s). Making that first call on tiny tensors
 while the weights load did not help (three interleaved pairs: warm-up 1.42-1.95 s primed, 1.53-2.02 s not).
+What did (2026-12-02, `anchors.prime`): the whole drafting path once on a miniature of the drafter (its layer
+types, heads, head size, block size, vocabulary; hidden 256) on a thread beside the load. A profile of the
+warm-up on warm caches had shown ~40 first calls of ~5-7 ms each (CUDA's lazy kernel loading, cuBLAS and
+cuDNN handles) besides cuDNN's compile, not one big cost. Probe on an H200, load + warm-up, without -> with:
+fresh caches 4.22 -> 3.05 s, warm 2.45 / 2.31 -> 1.94 / 1.73 s, REVAL_TRITON=1 warm 3.24 / 2.69 -> 2.70 / 2.51 s.
+This bench, same day: median of five 1.19x -> 1.05x the floor (warm-up after the load 0.95 s -> 0.23 s), fresh
+host 1.51x -> 1.42x (single runs; the driver's cache still pays cuDNN's compile, now beside the load).
 """
 from __future__ import annotations
 

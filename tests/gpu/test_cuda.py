@@ -89,9 +89,10 @@ def test_logits_topk_fast_path_equals_torch_path(monkeypatch):
         torch.testing.assert_close(got.target_logprobs, ref.target_logprobs, rtol=0, atol=2e-5)
 
 
-def test_eval_fast_kernels_equal_torch_kernels_in_bf16(trained_fixtures, tmp_path, monkeypatch):
-    """The pipelined eval (warm-up after the load, features read ahead, DDTree on the device) with the fused
-    kernels gives the same walks as with plain torch kernels: exact acceptance, DDTree and width-k taus."""
+def test_eval_fast_kernels_equal_torch_kernels_in_bf16(trained_fixtures, tmp_path, monkeypatch, capsys):
+    """The pipelined eval (a prime beside the load, warm-up after it, features read ahead, DDTree on the
+    device) with the fused kernels gives the same walks as with plain torch kernels: exact acceptance, DDTree
+    and width-k taus."""
     meta = json.loads((trained_fixtures / "fixtures.json").read_text())
     p = {k: str(trained_fixtures / v) for k, v in meta["paths"].items() if isinstance(v, str)}
     res = {}
@@ -104,6 +105,8 @@ def test_eval_fast_kernels_equal_torch_kernels_in_bf16(trained_fixtures, tmp_pat
         assert payload_main(["eval", "--drafter", p["drafter_good"], "--target", p["target"], "--cache", p["cache"],
                              "--run-dir", str(out), "--device", "cuda", "--dtype", "bf16"]) == 0
         res[mode] = json.loads((out / "results.json").read_text())
+        log = capsys.readouterr().out
+        assert ("primed beside the load" in log) == (mode == "fast"), log[-2000:]
     ref = res["torch"]
     for fast in (res["fast"], res["triton"]):
         for key in ("acceptance_lengths", "ddtree_acceptance_lengths", "tree_width_acceptance_lengths",

@@ -31,6 +31,10 @@ H200, 2026-12-02 (torch 2.11, Triton 3.6; one run each), the split-KV kernels (t
   whole call 8B 2,077 tok/s (3,467 + compile), 27B 1,033 (1,465).
   512 new tokens, 8B: a step alone grouped 25% -> split-KV 37%, + compile 58%; whole call 1,994 -> 2,881 tok/s,
   + compile 4,558 (55% of the floor; the compilation, 51 s, once per batch shape, not counted).
+H200, 2026-12-02, RMSNorm / SiLU * up / RoPE as Triton passes (fastgen.FusedLayers), `--quick --no-compile`:
+  64 new tokens, a step alone: 8B 38% -> 57%, 27B 49% -> 68%; whole call 8B 2,386 -> 3,233 tok/s, 27B 1,097 ->
+  1,380. 512 new tokens: a step 8B 38% -> 56%, 27B 48% -> 67%; whole call 8B 2,937 -> 4,210 tok/s (51% of the
+  floor), 27B 1,348 -> 1,870 (63%).
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 events.jsonl, results.json), byte for byte (a tar stream over the transport), into a temp dir that then
 replaces the old copy. Only regular files with exactly those names are taken from the stream, so no
 pulled path can land outside the run dir (no `..`, no absolute names, no symlinks). A run folder that is a
-symbolic link is refused (exit 3), never entered: what it points to is not a run."""
+symbolic link is refused (exit 3), never entered: what it points to is not a run. `install_pulled`: the same
+files when they came back inside another command's answer (the sweep's long poll; backends/ssh.py)."""
 from __future__ import annotations
 
 import io
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from remote_payload.contract import protocol
 
-from .errors import RemoteCommandError, RunNotFound
+from .errors import RemoteCommandError, RevalError, RunNotFound
 from .logs import drain
 from .runs import FOLLOW_JSON, check_local_runs_root, local_run_dir, remote_run_dir, symlink_refused
 from .transport import Transport, q
@@ -82,20 +83,55 @@ def pull(transport: Transport, name: str, *, workdir: str) -> PullResult:
     if head.startswith((b"@@LINK", b"@@NORUN")) or len(head) < 7:
         p.stdout.read()  # nothing else comes (or a failed connection): its exit status says which
         _pull_failed(transport, p, err, head, run_dir, name)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".pull-{name}-{os.getpid()}"
-    old = final.parent / f".old-{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+
+    def fill(tmp: Path) -> tuple[list[str], list[str]]:
         try:  # streamed into tmp/ as it arrives: memory stays bounded whatever the files' sizes
-            written, refused = extract_contract_stream(_Prefixed(head, p.stdout), tmp)
+            got = extract_contract_stream(_Prefixed(head, p.stdout), tmp)
         except (tarfile.TarError, EOFError) as ex:  # cut off: the connection, the host, or a damaged stream
             p.kill()
             _pull_failed(transport, p, err, head, run_dir, name)
             raise RemoteCommandError(host, "tar cf - <run files>", p.returncode, f"damaged tar stream: {ex}") from None
         p.stdout.read()
         _pull_failed(transport, p, err, head, run_dir, name)
+        return got
+    return _install(final, name, fill)
+
+
+def install_pulled(host: str, name: str, tar_bytes: bytes, expected: list[str]) -> PullResult | None:
+    """A run's contract files that came back as a tar inside another command's answer (the sweep's long poll
+    carries a finished run's files: backends/ssh.py) put in runs/<host>/<name>/ as pull() puts them; None
+    (nothing changed here) when the stream is damaged or does not hold exactly the files `expected` (the
+    host's list of them: a file tar could not read is missing from the stream). The caller then pulls."""
+    try:
+        check_local_runs_root(host)
+        final = local_run_dir(host, name)
+    except RevalError:  # runs/ here refuses it: the pull says so
+        return None
+
+    def fill(tmp: Path) -> tuple[list[str], list[str]]:
+        written, refused = extract_contract_files(tar_bytes, tmp)
+        if refused or sorted(written) != sorted(set(expected)):
+            raise _Incomplete
+        return written, refused
+    try:
+        return _install(final, name, fill)
+    except (_Incomplete, tarfile.TarError, EOFError):
+        return None
+
+
+class _Incomplete(Exception):
+    pass
+
+
+def _install(final: Path, name: str, fill: Callable[[Path], tuple[list[str], list[str]]]) -> PullResult:
+    """fill(tmp) writes the files into a temp dir that then replaces `final` (its .follow.json kept)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".pull-{name}-{os.getpid()}"
+    old = final.parent / f".old-{name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        written, refused = fill(tmp)
         if (final / FOLLOW_JSON).exists():
             shutil.copy2(final / FOLLOW_JSON, tmp / FOLLOW_JSON)
         if final.exists():

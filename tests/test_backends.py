@@ -118,21 +118,101 @@ def test_wait_then_submit_starts_the_next_run_only_once_the_run_ended(tmp_path, 
                           run_json={"drafter": "/x"})
     be.submit(Submission("w1", ["dummy", "--lines", "4000", "--interval-s", "0.05"], sys.executable, gpus="none",
                          run_json={"drafter": "/x"}))
-    st, started = be.wait_then_submit("w1", sub("w2"), wait_s=0.2)
+    st, started, _ = be.wait_then_submit("w1", sub("w2"), wait_s=0.2)
     assert st.state == protocol.RUNNING and started is None and not Path(wd, "runs", "w2").exists()
     be.cancel("w1", grace_s=5)
-    st, started = be.wait_then_submit("w1", sub("w2"), wait_s=5)
+    st, started, _ = be.wait_then_submit("w1", sub("w2"), wait_s=5)
     assert st.state == protocol.CANCELLED and isinstance(started, Launch) and started.name == "w2"
     assert protocol.read_json(Path(wd, "runs", "w2", "run.json"))["drafter"] == "/x"
-    st, again = be.wait_then_submit("w1", sub("w2"), wait_s=5)
+    st, again, _ = be.wait_then_submit("w1", sub("w2"), wait_s=5)
     assert st.state == protocol.CANCELLED and isinstance(again, RunExists)
-    assert be.wait_then_submit("nope", sub("w3"), wait_s=0.2) == (None, None)
+    assert be.wait_then_submit("nope", sub("w3"), wait_s=0.2) == (None, None, None)
     lost = Path(wd, "runs", "w4")
     lost.mkdir()
     (lost / "status.json").write_text('{"state": "running", "pgid": 1}')
-    st, started = be.wait_then_submit("w4", sub("w3"), wait_s=0.2)
+    st, started, _ = be.wait_then_submit("w4", sub("w3"), wait_s=0.2)
     assert st.state == protocol.LOST and started is None and not Path(wd, "runs", "w3").exists()
     assert be.wait_then_submit("w2", sub("w3"), wait_s=30)[0].state == protocol.SUCCEEDED
+
+
+def _same_files(pulled: Path, remote: Path) -> list[str]:
+    names = sorted(f.name for f in remote.iterdir() if f.name in protocol.RUN_FILES and f.is_file()
+                   and not f.is_symlink())
+    assert sorted(f.name for f in pulled.iterdir() if f.name in protocol.RUN_FILES) == names
+    for n in names:
+        assert (pulled / n).read_bytes() == (remote / n).read_bytes(), n
+    return names
+
+
+@pytest.mark.parametrize("cls", [SSHBackend, _TwoTrips])
+def test_wait_then_submit_brings_the_ended_runs_files_when_asked(tmp_path, monkeypatch, cls):
+    """pull=True: the ended run's contract files come back in the same answer (SSH), byte for byte, into
+    runs/<host>/<run>/ (its .follow.json kept); a file that is a link stays out, as in a pull; files larger in
+    all than PULL_MAX_BYTES do not come (None: pulled on their own), nor do any without pull=True or from a
+    backend without WAIT_THEN_SUBMIT. The launch is the same either way."""
+    from orchestrator.backends import ssh
+    from orchestrator.runs import FOLLOW_JSON, local_run_dir
+    host, t, wd = synced_local(tmp_path / "work")
+    be = cls(host, t)
+
+    def sub(name, lines="3"):
+        return Submission(name, ["dummy", "--lines", lines, "--interval-s", "0.02"], sys.executable, gpus="none",
+                          run_json={"drafter": "/x"})
+    be.submit(sub("p1"))
+    follow = local_run_dir(host.name, "p1") / FOLLOW_JSON
+    assert follow.exists()  # the launch wrote it
+    st, started, pulled = be.wait_then_submit("p1", sub("p2"), wait_s=30, pull=True)
+    assert st.state == protocol.SUCCEEDED and isinstance(started, Launch) and started.name == "p2"
+    if cls is _TwoTrips:
+        assert pulled is None
+        return
+    assert pulled is not None and pulled.path == local_run_dir(host.name, "p1") and follow.exists()
+    names = _same_files(pulled.path, Path(wd, "runs", "p1"))
+    assert pulled.files == names and {"run.json", "status.json", "eval.log", "events.jsonl"} <= set(names)
+    # eval.log a link on the host: left out, as the streamed pull leaves it out
+    be.wait_then_submit("p2", sub("p3"), wait_s=30)
+    log = Path(wd, "runs", "p2", "eval.log")
+    log.rename(log.with_name("elsewhere.log"))
+    log.symlink_to(log.with_name("elsewhere.log"))
+    st, started, pulled = be.wait_then_submit("p2", sub("p3", "1"), wait_s=30, pull=True)
+    assert isinstance(started, RunExists) and pulled is not None and "eval.log" not in pulled.files
+    _same_files(pulled.path, Path(wd, "runs", "p2"))
+    # too large in all: nothing comes; without pull=True neither
+    monkeypatch.setattr(ssh, "PULL_MAX_BYTES", 64)
+    st, started, pulled = be.wait_then_submit("p3", sub("p4"), wait_s=30, pull=True)
+    assert st.state == protocol.SUCCEEDED and isinstance(started, Launch) and pulled is None
+    assert not local_run_dir(host.name, "p3").joinpath("status.json").exists()
+    monkeypatch.setattr(ssh, "PULL_MAX_BYTES", 4 << 20)
+    st, started, pulled = be.wait_then_submit("p4", sub("p5"), wait_s=30)
+    assert isinstance(started, Launch) and pulled is None
+
+
+def test_files_that_came_incomplete_are_not_installed(tmp_path):
+    """install_pulled: a tar without one of the files the host listed (tar could not read it), a damaged
+    tar, or one with a name outside the contract: None, and nothing is written in runs/ here."""
+    import io
+    import tarfile
+
+    from orchestrator.pull import install_pulled
+    from orchestrator.runs import local_run_dir
+
+    def tar_of(files: dict) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+    good = {"status.json": b'{"state": "succeeded"}', "eval.log": b"x\n"}
+    assert install_pulled("h", "r1", tar_of(good), ["status.json"]) is None  # more than listed
+    assert install_pulled("h", "r1", tar_of(good), ["status.json", "eval.log", "results.json"]) is None
+    assert install_pulled("h", "r1", tar_of(good)[:700], ["status.json", "eval.log"]) is None
+    assert install_pulled("h", "r1", tar_of({**good, "../x": b"1"}), ["status.json", "eval.log", "../x"]) is None
+    assert not local_run_dir("h", "r1").exists()
+    res = install_pulled("h", "r1", tar_of(good), ["eval.log", "status.json"])
+    assert res is not None and res.files == ["eval.log", "status.json"]
+    assert (res.path / "eval.log").read_bytes() == b"x\n"
 
 
 def test_optional_abilities_are_asked_for_never_assumed(tmp_path):

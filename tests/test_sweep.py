@@ -419,6 +419,46 @@ def test_sweep_over_three_hosts_one_goes_away_then_resumes(ssh_hosts, tmp_path, 
 
 
 @pytest.mark.ssh
+def test_long_poll_brings_the_ended_runs_files(ssh_hosts, tmp_path, monkeypatch):
+    """Over real sshd: a slot's long poll that starts its next run also brings the ended run's files (one SSH
+    session a run fewer): only the last run of each slot is pulled on its own; every pulled copy is the host's,
+    byte for byte, its follow state finished. A run too large to ride is pulled on its own, the same."""
+    from orchestrator.backends import base, ssh
+    from orchestrator.runs import load_follow_state
+    cluster = ssh_hosts(2)
+    monkeypatch.chdir(tmp_path)
+    streamed: list[str] = []
+    real_pull = base.pull_run
+    monkeypatch.setattr(base, "pull_run", lambda t, name, **kw: streamed.append(name) or real_pull(t, name, **kw))
+    ck = make_checkpoints(tmp_path, [1, 2, 3, 4, 5, 6])
+    o = opts(f"{ck}/step-*", ["cluster"], tmp_path)
+    o.poll_s = 5.0  # the call that sees a run end is the one that brings its files
+    log: list[str] = []
+    rep = sweep.Sweep(o, load_inventory(cluster.inventory_path), log=log.append).run()
+    assert rep.exit_code == 0 and [x.state for x in rep.outcomes] == ["succeeded"] * 6, log
+    last = {}  # host -> its last run (launched last there)
+    for line in log:
+        if line.startswith("launch  "):
+            last[line.split(" on ")[1].split()[0]] = line.rsplit("run ", 1)[1]
+    assert sorted(streamed) == sorted(last.values()), (streamed, log)
+    where = remote_run_dirs([h.workdir for h in cluster.hosts])
+    for x in rep.outcomes:
+        remote = where[x.run] / "runs" / x.run
+        for f in protocol.RUN_FILES:
+            assert (Path(x.local_path) / f).read_bytes() == (remote / f).read_bytes(), (x.run, f)
+        assert load_follow_state(x.host, x.run).get("finished") is True, x.run
+    # too large to ride: every run pulled on its own (none lost, none twice)
+    streamed.clear()
+    monkeypatch.setattr(ssh, "PULL_MAX_BYTES", 100)
+    ck2 = make_checkpoints(tmp_path / "b", [7, 8, 9, 10])
+    o2 = opts(f"{ck2}/step-*", ["cluster"], tmp_path / "b")
+    rep2 = sweep.Sweep(o2, load_inventory(cluster.inventory_path), log=log.append).run()
+    assert rep2.exit_code == 0 and [x.state for x in rep2.outcomes] == ["succeeded"] * 4, log
+    assert sorted(streamed) == sorted(x.run for x in rep2.outcomes)
+    assert all((Path(x.local_path) / "results.json").exists() for x in rep2.outcomes)
+
+
+@pytest.mark.ssh
 @pytest.mark.slow
 def test_killed_controller_resumes_without_repeating_runs(ssh_hosts, tmp_path):
     cluster = ssh_hosts(2)

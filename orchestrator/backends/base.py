@@ -25,9 +25,10 @@ Optional abilities, as pyinfra's connectors have them: a backend lists what it c
 backend lacks raises Unsupported naming the host and the ability.
   - BATCH_SUBMIT, `submit_many(subs)`: several runs in one submission (Slurm: one job array, at most K running).
   - BATCH_STATE, `states(names)`: several runs' states in one look (Slurm: two round trips for all of them).
-  - WAIT_THEN_SUBMIT, `wait_then_submit(name, sub, wait_s=)`: a long poll on a run and, once status.json says
-    it ended, the next run started, in one round trip (SSH: a sweep slot's "run N over -> launch N+1"). Every
-    backend answers the call (the base's: state, then submit: two round trips); the ability says it is one.
+  - WAIT_THEN_SUBMIT, `wait_then_submit(name, sub, wait_s=, pull=)`: a long poll on a run and, once status.json
+    says it ended, the next run started, in one round trip (SSH: a sweep slot's "run N over -> launch N+1"; with
+    `pull`, run N's files come back in the same answer). Every backend answers the call (the base's: state, then
+    submit: two round trips, nothing pulled); the ability says it is one.
 
 The run directory contract (remote_payload/contract/protocol.py) is the same for every backend: the wrapper owns
 status.json wherever it runs, so following, pulling and the state vocabulary never depend on the backend.
@@ -39,6 +40,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from remote_payload.contract import protocol
 
@@ -61,6 +63,15 @@ def ended(st: RunState | None) -> bool:
     """Whether a run ended by its status.json's own word (succeeded, failed, cancelled): the one condition on
     which wait_then_submit starts the next run (pure)."""
     return st is not None and st.state in protocol.TERMINAL_STATES and st.status.get("state") == st.state
+
+
+class Folded(NamedTuple):
+    """wait_then_submit's answer: the polled run's state; what the start gave (its Launch, the RevalError that
+    refused it, or None: nothing was started); `pulled`: the polled run's files, pulled in the same round trip
+    when asked and the backend could (None: pull it as usual)."""
+    state: RunState | None
+    started: Launch | RevalError | None
+    pulled: PullResult | None = None
 
 
 class NoFreeGpu(ConfigError):
@@ -173,23 +184,23 @@ class Backend(ABC):
         have is left out."""
         raise self._unsupported(BATCH_STATE)
 
-    def wait_then_submit(self, name: str, sub: Submission, *,
-                         wait_s: float) -> tuple[RunState | None, Launch | RevalError | None]:
+    def wait_then_submit(self, name: str, sub: Submission, *, wait_s: float, pull: bool = False) -> Folded:
         """A long poll on run `name` (as state(wait_s=)); once it shows the run ended by its status.json's own
-        word (succeeded, failed, cancelled; never lost, unknown or missing), `sub` started. Returns (the run's
-        state, what the start gave: its Launch, the RevalError that refused it (RunExists, NoFreeGpu,
-        ConfigError, ...), or None when nothing was started). A transport error raises HostUnreachable: the
+        word (succeeded, failed, cancelled; never lost, unknown or missing), `sub` started. Returns Folded(the
+        run's state, what the start gave: its Launch, the RevalError that refused it (RunExists, NoFreeGpu,
+        ConfigError, ...), or None when nothing was started, and with `pull` the ended run's files pulled in the
+        same round trip when the backend can: None here). A transport error raises HostUnreachable: the
         start may or may not have happened, and the same call again is safe (a started run's name answers
         RunExists). WAIT_THEN_SUBMIT says a backend does it in one round trip; this one takes two."""
         st = self.state(name, wait_s=wait_s)
         if not ended(st):
-            return st, None
+            return Folded(st, None)
         try:
-            return st, self.submit(sub)
+            return Folded(st, self.submit(sub))
         except HostUnreachable:
             raise
         except RevalError as e:
-            return st, e
+            return Folded(st, e)
 
     def describe_batch(self, launches: list[Launch]) -> str:
         """How the screen names one submit_many submission (Slurm: `job array 123 (at most 2 at once)`)."""

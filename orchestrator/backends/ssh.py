@@ -14,9 +14,12 @@ same process on the same machine is what makes two concurrent launches unable to
 WAIT_THEN_SUBMIT (the sweep's slots): one remote script long-polls a run (runstate.py `wait-over`) and, only
 when that exits EXIT_OVER (status.json says the run ended, its group gone), runs the next run's launch script
 (run.json inline in it, since stdin carries runstate.py): a run's end and the next launch in one round trip.
+Asked to (`pull=True`, the sweep), the same answer then carries the ended run's contract files (a base64 tar,
+up to PULL_MAX_BYTES; a larger run is pulled on its own, streamed): one SSH session a run fewer.
 """
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -27,6 +30,7 @@ from remote_payload.contract import protocol, runstate
 from ..errors import ConfigError, HostUnreachable, RemoteCommandError, RevalError, RunExists, RunNotFound
 from ..gpuspec import normalize_gpus
 from ..inventory import Host
+from ..pull import PullResult, install_pulled
 from ..runs import (
     RunState,
     check_local_runs_root,
@@ -39,7 +43,7 @@ from ..runs import (
     symlink_refused,
 )
 from ..transport import Transport, q, resolve_workdir
-from .base import WAIT_THEN_SUBMIT, Backend, JobHandle, Launch, NoFreeGpu, Submission
+from .base import WAIT_THEN_SUBMIT, Backend, Folded, JobHandle, Launch, NoFreeGpu, Submission
 
 STARTUP_WAIT_S = 15.0
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -248,48 +252,93 @@ def _records(out: str) -> list[dict]:
 
 
 OVER = "@@OVER"  # the folded script's line between the long poll's records and the launch script's answer
+PULL, PULLED = "@@PULL", "@@PULLED"  # around the ended run's files (a base64 tar) after the launch's answer
+PULL_MAX_BYTES = 4 << 20  # a run whose contract files are larger is pulled on its own (a streamed tar)
 
 
-def wait_then_launch_script(python: str, runs_dir: str, run: str, wait_s: float, start: str) -> str:
+def wait_then_launch_script(python: str, runs_dir: str, run: str, wait_s: float, start: str,
+                            pull_max: int = 0) -> str:
     """The folded script (pure): runstate.py (on stdin) long-polls `run`; only its exit EXIT_OVER (status.json
     says the run ended: succeeded, failed, cancelled) lets `start` (a launch script that reads nothing on stdin)
     run, after the records and OVER. Anything else (still running, lost, missing, damaged, a runstate cut short
-    or failing, an answer nobody reads) starts nothing."""
-    return "\n".join([
+    or failing, an answer nobody reads) starts nothing. `pull_max` > 0: after the launch's answer, the ended
+    run's contract files (regular files, not links, of a run folder that is not a link) as a base64 tar between
+    `PULL <names>` and PULLED, when they come to at most pull_max bytes (else nothing: it is pulled on its own);
+    the script's exit status stays the launch part's."""
+    lines = [
         f"out=$({q(python)} - wait-over {q(runs_dir)} {q(run)} {q(str(float(wait_s)))}); rc=$?",
         'printf \'%s\\n\' "$out" || exit 0',  # nobody reads the answer any more (the connection is gone): stop
         f'[ "$rc" -eq {runstate.EXIT_OVER} ] || exit 0',
         f"echo {OVER} || exit 0",
-        start,
+    ]
+    if pull_max <= 0:
+        return "\n".join([*lines, start])
+    return "\n".join([*lines, f"( {start}\n)", "lrc=$?", pull_part(f"{runs_dir}/{protocol.validate_run_name(run)}", pull_max), 'exit "$lrc"'])
+
+
+def pull_part(run_dir: str, max_bytes: int) -> str:
+    """Shell lines printing the run's contract files as PULL <names>, their tar in base64, PULLED; nothing when
+    the folder is a link or missing, the files come to more than max_bytes, or base64 is missing (pure). The
+    names let the controller check that the tar holds each of them (a file tar could not read is left out)."""
+    names = " ".join(protocol.RUN_FILES)
+    return "\n".join([
+        f'd={q(run_dir)}',
+        'if [ ! -L "$d" ] && cd "$d" 2>/dev/null && command -v base64 >/dev/null 2>&1; then',
+        f'  set --; n=0; for f in {names}; do',
+        '    if [ -f "$f" ] && [ ! -L "$f" ]; then set -- "$@" "$f"; n=$((n + $(wc -c < "$f"))); fi; done',
+        f'  if [ $# -gt 0 ] && [ "$n" -le {int(max_bytes)} ]; then',
+        f'    printf \'\\n{PULL} %s\\n\' "$*"; tar cf - "$@" 2>/dev/null | base64; echo {PULLED}; fi',
+        'fi',
     ])
 
 
+def _pulled_part(host: str, run: str, answer: str) -> tuple[str, PullResult | None]:
+    """The launch's answer without the pull part, and the ended run's files from it, put in runs/<host>/<run>/
+    (None when there are none, or they are incomplete or damaged: the caller pulls the run on its own)."""
+    head, sep, rest = answer.rpartition(f"\n{PULL} ")  # the last: base64 has no "@" or " "
+    if not sep:
+        return answer, None
+    names_line, _, body = rest.partition("\n")
+    b64, sep, _ = body.rpartition(PULLED)
+    if not sep:
+        return head, None
+    try:
+        tar_bytes = base64.b64decode(b64, validate=False)
+    except ValueError:
+        return head, None
+    return head, install_pulled(host, run, tar_bytes, names_line.split())
+
+
 def wait_then_launch(host: Host, transport: Transport, run: str, sub: Submission, *,
-                     wait_s: float) -> tuple[RunState | None, Launch | RevalError | None]:
+                     wait_s: float, pull: bool = False) -> Folded:
     """Backend.wait_then_submit over SSH: one round trip (see wait_then_launch_script). A refusal of the
     launch is returned, not raised; a transport error is raised (HostUnreachable): the launch may have
-    happened or not, and the same call again is safe (the second claim of the name answers RunExists)."""
+    happened or not, and the same call again is safe (the second claim of the name answers RunExists).
+    `pull`: the ended run's files come back in the same answer (up to PULL_MAX_BYTES), put in
+    runs/<host>/<run>/ (Folded.pulled; None when they did not come: pull it on its own)."""
     protocol.validate_run_name(run)
     workdir, d, start, _ = _launch_parts(host, transport, name=sub.name, payload_argv=sub.payload_argv,
                                          gpus=sub.gpus, run_json=sub.run_json, python=sub.python,
                                          preflight=sub.preflight, inline=True)
-    script = wait_then_launch_script(_host_python(transport), f"{workdir}/runs", run, wait_s, start)
+    script = wait_then_launch_script(_host_python(transport), f"{workdir}/runs", run, wait_s, start,
+                                     PULL_MAX_BYTES if pull else 0)
     p = transport.run(script, input=_RUNSTATE_SRC, timeout_s=wait_s + STARTUP_WAIT_S + 120, check=False)
     polled, over, answer = p.stdout.partition(f"\n{OVER}\n")
     if not over and p.returncode != 0:  # the poll's own failure, as a probe's
         raise RemoteCommandError(host.name, script, p.returncode, p.stderr, p.stdout)
     st = _probe_state(transport, run, _records(polled))
     if not over:
-        return st, None
+        return Folded(st, None)
+    answer, pulled = _pulled_part(host.name, run, answer) if pull else (answer, None)
     try:
         if p.returncode != 0:  # the launch part failed (its run folder could not be made): the launch's failure
             raise RemoteCommandError(host.name, script, p.returncode, p.stderr, answer)
-        return st, _launched(host, transport, answer, workdir=workdir, name=sub.name, d=d, python=sub.python,
-                             run_json=sub.run_json)
+        return Folded(st, _launched(host, transport, answer, workdir=workdir, name=sub.name, d=d,
+                                    python=sub.python, run_json=sub.run_json), pulled)
     except HostUnreachable:
         raise
     except RevalError as e:
-        return st, e
+        return Folded(st, e, pulled)
 
 
 def list_runs(transport: Transport) -> list[RunState]:
@@ -344,7 +393,6 @@ class SSHBackend(Backend):
     def cancel(self, name: str, *, grace_s: float = 10.0, known: RunState | None = None) -> RunState:
         return kill_run(self.transport, name, grace_s=grace_s, known=known)
 
-    def wait_then_submit(self, name: str, sub: Submission, *,
-                         wait_s: float) -> tuple[RunState | None, Launch | RevalError | None]:
+    def wait_then_submit(self, name: str, sub: Submission, *, wait_s: float, pull: bool = False) -> Folded:
         check_local_runs_root(self.host.name)  # the follow state goes there the moment the run exists
-        return wait_then_launch(self.host, self.transport, name, sub, wait_s=wait_s)
+        return wait_then_launch(self.host, self.transport, name, sub, wait_s=wait_s, pull=pull)

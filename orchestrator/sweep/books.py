@@ -12,6 +12,7 @@ from remote_payload.contract import protocol
 from .. import compare
 from ..errors import HostUnreachable, RevalError
 from ..ledger import LAUNCHED, Ledger, LedgerEntry
+from ..pull import PullResult
 from ..runs import RunState
 from .plan import NOT_RUN, UNREACHABLE, Job, Outcome
 from .report import LoadedRuns, checkpoint_order
@@ -148,10 +149,12 @@ class SweepRecord:
             self.log(f"FAILED  {job.ckpt.name} on {host} ({err}) — log {path}/eval.log")
 
 
-def pull_and_record(hosts: HostPool, record: SweepRecord, hs: HostSession, job: Job, st: RunState) -> None:
-    """A run that is over: pulled from hs, its outcome recorded and logged (a host gone: `unreachable`)."""
+def pull_and_record(hosts: HostPool, record: SweepRecord, hs: HostSession, job: Job, st: RunState,
+                    pulled: PullResult | None = None) -> None:
+    """A run that is over: pulled from hs (unless `pulled` already: its files, brought by the long poll), its
+    outcome recorded and logged (a host gone: `unreachable`)."""
     try:
-        res = hosts.pull(hs, job.run)
+        res = hosts.pull(hs, job.run) if pulled is None else hosts.pulled(hs, job.run, pulled)
     except HostUnreachable:
         record.record(job, hs.host.name, UNREACHABLE, error=hs.down)
         raise

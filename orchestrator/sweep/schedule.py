@@ -23,6 +23,7 @@ from ..backends.base import WAIT_THEN_SUBMIT, Launch, NoFreeGpu, Submission
 from ..errors import EXIT_BAD_INPUT, ConfigError, HostUnreachable, RevalError, RunExists
 from ..inventory import Inventory
 from ..ledger import Ledger, LedgerEntry
+from ..pull import PullResult
 from ..runs import RunState
 from ..sync import local_manifest_hash
 from .books import JobQueue, SweepRecord, pull_and_record
@@ -33,6 +34,7 @@ from .report import SweepFacts, SweepReport, build_report
 from .stage import HostPool, HostSession
 
 Fold = tuple[LedgerEntry | None, Launch | RevalError]  # a job the long poll started: its ledger entry before, the answer
+Ended = tuple[Job, RunState, PullResult | None]  # a run seen to its end; its files when the long poll brought them
 
 
 def load_baseline(spec: str | None) -> compare.RunRecord | None:
@@ -113,7 +115,9 @@ class SlotWorkers:
     is put back as it was when the call started nothing (the run still going, or its end not told by its
     status.json); a transport error that outlasts the retries leaves both runs to re-attach next time (the
     next one may or may not have started); a retried call that finds the next run started answers RunExists:
-    it is re-attached. What the call gave (`folds`) is what the next job's launch would have given."""
+    it is re-attached. What the call gave (`folds`) is what the next job's launch would have given. The same
+    answer brings the ended run's files when they are small (SSH: up to 4 MiB), so that the run's pull costs
+    no SSH session of its own; a larger run, or files that came incomplete, are pulled as before."""
 
     def __init__(self, opts: SweepOptions, hosts: HostPool, queue: JobQueue, record: SweepRecord,
                  log: Callable[[str], None]):
@@ -123,7 +127,7 @@ class SlotWorkers:
 
     def worker(self, hs: HostSession, gpu: str, reattach_only: bool = False) -> None:
         held: list[Job] = []  # the next job, taken (and staged) while the current run goes on
-        ended: list[tuple[Job, RunState]] = []  # a run seen to its end, not pulled yet
+        ended: list[Ended] = []  # a run seen to its end, not pulled yet
         folds: dict[str, Fold] = {}  # a held job the long poll started (or tried to): what that gave
         try:
             self._work(hs, gpu, reattach_only, held, ended, folds)
@@ -137,7 +141,7 @@ class SlotWorkers:
             self.settle(hs, ended)
 
     def _work(self, hs: HostSession, gpu: str, reattach_only: bool, held: list[Job],
-              ended: list[tuple[Job, RunState]], folds: dict[str, Fold]) -> None:
+              ended: list[Ended], folds: dict[str, Fold]) -> None:
         refused = 0  # launches in a row the host refused for want of a free GPU
         while not hs.down or (held and held[-1].key in folds):  # a run started by the long poll is followed
             job = held.pop() if held else self.queue.take(hs.host.name, reattach_only)
@@ -162,7 +166,7 @@ class SlotWorkers:
                 self.record.failed(hs.host.name, job, e)
 
     def run_job(self, hs: HostSession, job: Job, gpu: str, held: list[Job] | None = None,
-                ended: list[tuple[Job, RunState]] | None = None, folds: dict[str, Fold] | None = None) -> None:
+                ended: list[Ended] | None = None, folds: dict[str, Fold] | None = None) -> None:
         ended = [] if ended is None else ended
         folds = {} if folds is None else folds
         try:
@@ -230,19 +234,19 @@ class SlotWorkers:
         self.log(f"launch  {job.ckpt.name} on {hs.host.name}"
                  + "".join(f" · GPU {g}" for g in info.gpus) + f" · run {job.run}")
 
-    def settle(self, hs: HostSession, ended: list[tuple[Job, RunState]]) -> None:
+    def settle(self, hs: HostSession, ended: list[Ended]) -> None:
         """Pull and record the runs seen to their end (a host gone: `unreachable`, re-attached next time; a
         damaged result: that job failed); nothing here stops the slot."""
         while ended:
-            job, st = ended.pop(0)
+            job, st, pulled = ended.pop(0)
             try:
-                pull_and_record(self.hosts, self.record, hs, job, st)
+                pull_and_record(self.hosts, self.record, hs, job, st, pulled)
             except HostUnreachable:
                 pass  # recorded `unreachable` by pull_and_record
             except Exception as e:  # noqa: BLE001 - bad input or a bug: this job fails, the sweep goes on
                 self.record.failed(hs.host.name, job, e)
 
-    def wait(self, hs: HostSession, job: Job, ended: list[tuple[Job, RunState]], launched: bool, gpu: str = "none",
+    def wait(self, hs: HostSession, job: Job, ended: list[Ended], launched: bool, gpu: str = "none",
              held: list[Job] | None = None, folds: dict[str, Fold] | None = None) -> None:
         """Follow the job's run to its end, then leave it in `ended` (pulled and recorded by the slot's next
         settle(): after its next launch, or when it stops). With `held` and a backend that can, the long poll
@@ -255,7 +259,7 @@ class SlotWorkers:
             with self.lock:
                 self.active -= 1
 
-    def _wait(self, hs: HostSession, job: Job, ended: list[tuple[Job, RunState]], launched: bool, gpu: str,
+    def _wait(self, hs: HostSession, job: Job, ended: list[Ended], launched: bool, gpu: str,
               held: list[Job], folds: dict[str, Fold]) -> None:
         run = lifecycle.attach(hs.backend, job.run, python=hs.python)  # the same handle `reval run` follows
         load_report_modules()
@@ -266,8 +270,9 @@ class SlotWorkers:
             while True:
                 nxt = self._foldable(hs, held, folds) if wait_s > 0 else None
                 sub = self._submission(hs, nxt, gpu) if nxt is not None else None
+                pulled = None
                 if nxt is not None and sub is not None:
-                    st = self._wait_then_start(hs, job, nxt, sub, wait_s, held, folds)
+                    st, pulled = self._wait_then_start(hs, job, nxt, sub, wait_s, held, folds)
                 else:
                     st = self.hosts.op(hs, "status", lambda w=wait_s: run.probe(wait_s=w), bounded=wait_s == 0)
                 wait_s = self.opts.poll_s
@@ -280,7 +285,7 @@ class SlotWorkers:
         except HostUnreachable:
             self.record.record(job, hs.host.name, UNREACHABLE, error=hs.down)
             raise
-        ended.append((job, st))
+        ended.append((job, st, pulled))
 
     def _foldable(self, hs: HostSession, held: list[Job], folds: dict[str, Fold]) -> Job | None:
         """The held job the long poll may start: a fresh one, staged on this host, not tried yet."""
@@ -302,17 +307,18 @@ class SlotWorkers:
             return None
 
     def _wait_then_start(self, hs: HostSession, job: Job, nxt: Job, sub: Submission, wait_s: float,
-                         held: list[Job], folds: dict[str, Fold]) -> RunState | None:
+                         held: list[Job], folds: dict[str, Fold]) -> tuple[RunState | None, PullResult | None]:
         """The long poll on job's run that starts `nxt` once it ended (Backend.wait_then_submit); the run's
-        state. nxt's ledger entry says `launched` during the call (a controller killed meanwhile re-attaches, or
-        launches it when it is not there), and is put back when the call started nothing."""
+        state, and its files when they came in the same answer (pulled here already). nxt's ledger entry says
+        `launched` during the call (a controller killed meanwhile re-attaches, or launches it when it is not
+        there), and is put back when the call started nothing."""
         ledger = self.record.ledger
         before = ledger.get(nxt.key)
         self.record.in_flight.add(nxt.key)  # until the call answered, before the ledger says launched
         ledger.put(self.record.launched_entry(hs.host.name, nxt))
         try:
-            st, started = self.hosts.op(hs, "status", lambda: hs.backend.wait_then_submit(job.run, sub, wait_s=wait_s),
-                                        bounded=False)
+            st, started, pulled = self.hosts.op(
+                hs, "status", lambda: hs.backend.wait_then_submit(job.run, sub, wait_s=wait_s, pull=True), bounded=False)
         except HostUnreachable:
             # started or not, nobody can tell now: the ledger keeps it `launched`, the next sweep re-attaches
             held.remove(nxt)
@@ -328,7 +334,7 @@ class SlotWorkers:
         else:
             folds[nxt.key] = (before, started)
         self.record.in_flight.discard(nxt.key)  # after the ledger says what the answer was
-        return st
+        return st, pulled
 
     def prefetch(self, hs: HostSession, held: list[Job]) -> None:
         """Take this slot's next job now and copy its checkpoint while the current run goes on (the copy

@@ -20,6 +20,7 @@ from ..environment import provision
 from ..errors import ConfigError, HostUnreachable, RevalError
 from ..inventory import Host, Inventory
 from ..pull import PullResult
+from ..runs import save_follow_state
 from ..sync import rsync, sync_payload
 from ..transport import LocalTransport, Transport, get_transport, q, resolve_workdir
 from .discover import hash_command, parse_hashes
@@ -219,6 +220,12 @@ class HostPool:
         """Pull a run that is over to runs/<host>/<run>/ (its follow state marked finished)."""
         handle = lifecycle.attach(hs.backend, run, python=hs.python)
         return self.op(hs, "pull", lambda: handle.pull(finished=True))
+
+    def pulled(self, hs: HostSession, run: str, res: PullResult) -> PullResult:
+        """A run that is over whose files the long poll brought to runs/<host>/<run>/ already: as pull() leaves
+        it (its follow state marked finished), no SSH session."""
+        save_follow_state(hs.host.name, run, finished=True)  # as Run.pull(finished=True) marks it
+        return res
 
     def stage_checkpoint(self, hs: HostSession, ckpt: Checkpoint) -> str:
         """The checkpoint's path on hs: as is when it lives there, else copied into

@@ -266,16 +266,13 @@ class FusedLayers:
     numbers bit for bit; RMSNorm its roundings with Triton's summation order. A call the kernels do not take
     (another shape, dtype, layout) runs the model's own code. Per-instance forwards (and the modeling module's
     apply_rotary_pos_emb), all restored on exit; a module with a forward of its own already (hooks) is left alone.
-    `kinds` picks among "norm", "mlp", "rope"; `force` skips the device check (the tests, under Triton's
-    interpreter)."""
+    Active where `fused_available` says so."""
 
-    KINDS = ("norm", "mlp", "rope")
-
-    def __init__(self, model, enabled: bool = True, kinds=KINDS, force: bool = False):
-        self.model, self.kinds, self.swapped, self.globals = model, tuple(kinds), [], []
+    def __init__(self, model, enabled: bool = True):
+        self.model, self.swapped, self.globals = model, [], []
         self.counts: dict[str, int] = {}
         p = next(model.parameters())
-        self.active = enabled and (force or fused_available(p.device, p.dtype))
+        self.active = enabled and fused_available(p.device, p.dtype)
 
     def plan(self) -> list[tuple]:
         """(kind, module or modeling module, replacement) for what this model would have replaced."""
@@ -285,16 +282,15 @@ class FusedLayers:
         for m in self.model.modules():
             if "forward" in m.__dict__:
                 continue
-            if "norm" in self.kinds and type(m) in norms:
+            if type(m) in norms:
                 out.append(("norm", m, _norm_forward(m, kernels)))
-            elif "mlp" in self.kinds and type(m) in mlps and _silu(m.act_fn):
+            elif type(m) in mlps and _silu(m.act_fn):
                 out.append(("mlp", m, _mlp_forward(m, kernels)))
             if type(m) in norms or type(m) in mlps:
                 modeling.add(norms.get(type(m)) or mlps.get(type(m)))
-        if "rope" in self.kinds:
-            for mod in sorted(modeling, key=lambda x: x.__name__):
-                if callable(getattr(mod, "apply_rotary_pos_emb", None)):
-                    out.append(("rope", mod, _rope_function(mod.apply_rotary_pos_emb, kernels)))
+        for mod in sorted(modeling, key=lambda x: x.__name__):
+            if callable(getattr(mod, "apply_rotary_pos_emb", None)):
+                out.append(("rope", mod, _rope_function(mod.apply_rotary_pos_emb, kernels)))
         return out
 
     def __enter__(self):

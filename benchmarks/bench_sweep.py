@@ -15,8 +15,10 @@ end to the report), `report` (report.md/.json/.html and plots.png).
 
 History (defaults: 3 hosts, 12 checkpoints, 3 s evals). Measured on a 2-core machine with other test suites
 running beside it: +-25% from run to run, so each row is a range over interleaved runs of the two versions.
-Every SSH session there pays the login shell's ~/.bashrc (`pyenv init`: 0.1-0.3 s): with sessions that skip it
-(sshd `SetEnv SHLVL=1`, not what the tests use) the same comparison was 1.55 s before, 1.22 s after.
+Every SSH session there paid root's ~/.bashrc (`pyenv init`: an `ssh host true` 0.12 s, 0.009 s without it);
+since 2026-12-02 06:00 the bench runs the sweep twice, on hosts whose sessions skip it (`SetEnv SHLVL=1`, what
+tests/sshd.py now gives every test: reval's own overhead, the headline) and on hosts whose sessions run it
+(`login rc`, as a plain sshd here does; the rows above that line measured only this). `--login-rc skip|run`.
 
 | version | overhead / checkpoint | split (start · per cycle · end · report) |
 |---|---|---|
@@ -30,6 +32,12 @@ Every SSH session there pays the login shell's ~/.bashrc (`pyenv init`: 0.1-0.3 
 | f316c9c vs 16a1720 interleaved at load 1.8-3.5 | 1.45-2.00 s vs 1.21-1.72 s (4 runs each) | after: 1.55-2.3 s · 0.37-0.66 s · 0.19-0.45 s · 0.77-2.1 s |
 | 03b08ec, 2026-12-02 (load 2.0-3.1) | 1.54-2.26 s (4 runs) | 1.8-2.7 s · 0.59-0.79 s · 0.29-0.44 s · 0.97-2.36 s |
 | + run over -> next launch in one SSH command, interleaved with the row above | 1.27-1.76 s (4 runs; a 5th alone: 1.16 s) | 2.0-2.5 s · 0.29-0.49 s · 0.24-0.43 s · 0.89-2.06 s |
+| 32f3c97, 2026-12-02 06:05 (load 0.6-1.1), login rc | 0.77-0.84 s (3 runs) | 1.20-1.52 s · 0.18-0.19 s · 0.15-0.18 s · 0.56-0.58 s |
+| the same, sessions skip ~/.bashrc (reval's own) | 0.56-0.59 s (3 runs) | 0.62-0.80 s · 0.20-0.21 s · 0.06-0.07 s · 0.55-0.65 s |
+| + plots with fixed margins, plain DDTree ticks (1356a85), interleaved, login rc | 0.65-0.94 s (3 runs) | 1.09-1.28 s · 0.17-0.28 s · 0.15-0.25 s · 0.32-0.50 s |
+| the same, skip ~/.bashrc | 0.51-0.58 s (3 runs) | 0.69-0.81 s · 0.22-0.26 s · 0.08-0.09 s · 0.33-0.39 s |
+| 1356a85 vs + the long poll brings the ended run's files (this row), interleaved (load 0.4-1.1), login rc | 0.71-0.73 s vs 0.68-0.70 s (4 runs each) | after: 1.16-1.29 s · 0.16-0.21 s · 0.07-0.09 s (was 0.16-0.18) · 0.33-0.37 s |
+| the same, skip ~/.bashrc | 0.46-0.57 s vs 0.46-0.56 s (5 runs each) | after: 0.58-0.67 s · 0.22-0.28 s · 0.07-0.11 s · 0.32-0.39 s |
 
 What changed (issue 19 item 26): discovery hashed each small checkpoint with 64 MiB buffers zeroed per thread
 (12 checkpoints: 0.9 s, now 10 ms); a run's pull waited before the slot's next launch (now after it); staging
@@ -46,18 +54,29 @@ the SSH backend's WAIT_THEN_SUBMIT: runstate.py's `wait-over` exits 10 only when
 ended and its group is gone, and only then does the launch script run): three SSH sessions a checkpoint
 instead of four, `per cycle` halved.
 
-What is left (the 0.5 s target is not met): every SSH session costs ~0.17 s of CPU here (~/.bashrc's pyenv
-init; an `ssh host true` over the ControlMaster takes 0.17-0.20 s), and a checkpoint takes three of them
-(staging rsync, long poll + next launch, pull), all on the same 2 cores as the three hosts. `per cycle`
-(0.3-0.5 s) is now the folded call's launch part (the wrapper's start, ~0.07 s, and its status.json) and the
-pull and next staging of the slot competing for the cores. `start` (1.8-2.5 s) is hosts ready (connect +
-probe, payload rsync: ~1.1-1.3 s) then the first staging + launch per host, the three hosts' slots contending
-for the 2 cores; overlapping the first staging with the payload sync would cut ~0.3 s of it, but only ~0.08 s
-per checkpoint of the headline (start counts once per slot, a cycle once per checkpoint), and needs the plan
-(the ledger key holds the cache fingerprint, read from the host after the sync) or a speculative staging.
-The two other per-checkpoint sessions (staging, pull) could ride on the folded call too: the pull's files in
-its answer (the stream format of follow.py), the next staging as an rsync started at the same time.
-`report` (0.7-1.0 s) could lose another ~30% by fixed margins instead of constrained layout (a look change).
+Then (2026-12-02, second round): the plots have fixed margins in inches instead of constrained layout (which
+measured every text twice: the report's five SVGs 0.48-0.60 s -> 0.25-0.35 s, plots.png 0.56-0.60 s ->
+0.35-0.43 s alone; tests/test_plots.py holds that nothing drawn leaves its figure or meets a neighbour) and the
+DDTree panel's budgets are plain numbers (16 ... 512; its mathtext 2^k ticks were ~40% of that panel):
+`report` 0.55-0.65 s -> 0.32-0.39 s. The long poll that sees a run end brings its contract files in the same
+answer (a base64 tar after the next launch's answer, up to 4 MiB; backends/ssh.py): a checkpoint costs two
+SSH sessions (staging, long poll + launch + files) instead of three, and the slot's last run is pulled by its
+long poll too, so `end` lost a session (0.16-0.18 s -> 0.07-0.09 s with the login rc); where sessions are
+cheap (skip) it is within the noise. The test harness's sessions skip ~/.bashrc (see above).
+
+What is left (reval's own overhead, sessions without ~/.bashrc: 0.46-0.57 s, around the 0.5 s target; with
+root's ~/.bashrc here 0.68-0.73 s). `per cycle` (0.2-0.28 s; a third of the headline) is now almost all
+Python starting on the host, on the critical path from one run's last event to the next one's first: the
+long poll notices the end (~0.04 s: the wrapper records it, then exits), the launch starts the wrapper
+(python -m remote_payload wrap: ~0.07-0.13 s until its status.json), the wrapper starts the payload (~0.1 s
+until the dummy's first event; a real eval imports torch there), while the slot's staging and the other slots'
+cycles share the 2 cores; what the controller does after the launch's answer is off that path. Shortening it
+means a lighter wrapper start (its imports: remote_payload.contract.gpus ~14 ms, the site's editable-install
+finder ~17 ms in this venv) or a wrapper started ahead that waits for the slot's run to end: payload work, not
+the sweep's. `start` (0.6-0.7 s; 1.2-1.3 s with the login rc, its four sessions: probe, payload rsync, staging,
+launch) counts once per slot: hosts ready ~0.35-0.47 s (the ControlMaster's key exchange, the probe's python,
+the payload rsync), then staging and launch. `report` (0.32-0.39 s) is plots.png in the plot worker beside the
+five SVGs here, each ~0.3 s of matplotlib drawing.
 """
 from __future__ import annotations
 

@@ -165,6 +165,7 @@ def test_wait_then_submit_brings_the_ended_runs_files_when_asked(tmp_path, monke
     assert st.state == protocol.SUCCEEDED and isinstance(started, Launch) and started.name == "p2"
     if cls is _TwoTrips:
         assert pulled is None
+        assert be.wait_then_submit("p2", None, wait_s=30, pull=True)[1:] == (None, None)
         return
     assert pulled is not None and pulled.path == local_run_dir(host.name, "p1") and follow.exists()
     names = _same_files(pulled.path, Path(wd, "runs", "p1"))
@@ -185,6 +186,13 @@ def test_wait_then_submit_brings_the_ended_runs_files_when_asked(tmp_path, monke
     monkeypatch.setattr(ssh, "PULL_MAX_BYTES", 4 << 20)
     st, started, pulled = be.wait_then_submit("p4", sub("p5"), wait_s=30)
     assert isinstance(started, Launch) and pulled is None
+    # nothing to start (a slot's last run): the long poll that sees the end still brings the files
+    st, started, pulled = be.wait_then_submit("p5", None, wait_s=30, pull=True)
+    assert st.state == protocol.SUCCEEDED and started is None and pulled is not None
+    assert sorted(p.name for p in Path(wd, "runs").iterdir() if p.name.startswith("p")) == ["p1", "p2", "p3", "p4", "p5"]
+    assert "results.json" in _same_files(pulled.path, Path(wd, "runs", "p5"))
+    st, started, pulled = be.wait_then_submit("p5", None, wait_s=30)
+    assert st.state == protocol.SUCCEEDED and (started, pulled) == (None, None)
 
 
 def test_files_that_came_incomplete_are_not_installed(tmp_path):

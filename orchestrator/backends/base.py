@@ -184,16 +184,17 @@ class Backend(ABC):
         have is left out."""
         raise self._unsupported(BATCH_STATE)
 
-    def wait_then_submit(self, name: str, sub: Submission, *, wait_s: float, pull: bool = False) -> Folded:
+    def wait_then_submit(self, name: str, sub: Submission | None, *, wait_s: float, pull: bool = False) -> Folded:
         """A long poll on run `name` (as state(wait_s=)); once it shows the run ended by its status.json's own
-        word (succeeded, failed, cancelled; never lost, unknown or missing), `sub` started. Returns Folded(the
+        word (succeeded, failed, cancelled; never lost, unknown or missing), `sub` started (None: nothing to
+        start; with `pull`, a long poll that brings the ended run's files). Returns Folded(the
         run's state, what the start gave: its Launch, the RevalError that refused it (RunExists, NoFreeGpu,
         ConfigError, ...), or None when nothing was started, and with `pull` the ended run's files pulled in the
         same round trip when the backend can: None here). A transport error raises HostUnreachable: the
         start may or may not have happened, and the same call again is safe (a started run's name answers
         RunExists). WAIT_THEN_SUBMIT says a backend does it in one round trip; this one takes two."""
         st = self.state(name, wait_s=wait_s)
-        if not ended(st):
+        if not ended(st) or sub is None:
             return Folded(st, None)
         try:
             return Folded(st, self.submit(sub))

@@ -309,17 +309,21 @@ def _pulled_part(host: str, run: str, answer: str) -> tuple[str, PullResult | No
     return head, install_pulled(host, run, tar_bytes, names_line.split())
 
 
-def wait_then_launch(host: Host, transport: Transport, run: str, sub: Submission, *,
+def wait_then_launch(host: Host, transport: Transport, run: str, sub: Submission | None, *,
                      wait_s: float, pull: bool = False) -> Folded:
     """Backend.wait_then_submit over SSH: one round trip (see wait_then_launch_script). A refusal of the
     launch is returned, not raised; a transport error is raised (HostUnreachable): the launch may have
     happened or not, and the same call again is safe (the second claim of the name answers RunExists).
     `pull`: the ended run's files come back in the same answer (up to PULL_MAX_BYTES), put in
-    runs/<host>/<run>/ (Folded.pulled; None when they did not come: pull it on its own)."""
+    runs/<host>/<run>/ (Folded.pulled; None when they did not come: pull it on its own). `sub` None: nothing to
+    start (a slot's last run: the long poll that sees its end brings its files)."""
     protocol.validate_run_name(run)
-    workdir, d, start, _ = _launch_parts(host, transport, name=sub.name, payload_argv=sub.payload_argv,
-                                         gpus=sub.gpus, run_json=sub.run_json, python=sub.python,
-                                         preflight=sub.preflight, inline=True)
+    if sub is None:
+        workdir, d, start = resolve_workdir(transport), "", ":"
+    else:
+        workdir, d, start, _ = _launch_parts(host, transport, name=sub.name, payload_argv=sub.payload_argv,
+                                             gpus=sub.gpus, run_json=sub.run_json, python=sub.python,
+                                             preflight=sub.preflight, inline=True)
     script = wait_then_launch_script(_host_python(transport), f"{workdir}/runs", run, wait_s, start,
                                      PULL_MAX_BYTES if pull else 0)
     p = transport.run(script, input=_RUNSTATE_SRC, timeout_s=wait_s + STARTUP_WAIT_S + 120, check=False)
@@ -330,6 +334,8 @@ def wait_then_launch(host: Host, transport: Transport, run: str, sub: Submission
     if not over:
         return Folded(st, None)
     answer, pulled = _pulled_part(host.name, run, answer) if pull else (answer, None)
+    if sub is None:
+        return Folded(st, None, pulled)
     try:
         if p.returncode != 0:  # the launch part failed (its run folder could not be made): the launch's failure
             raise RemoteCommandError(host.name, script, p.returncode, p.stderr, answer)
@@ -393,6 +399,6 @@ class SSHBackend(Backend):
     def cancel(self, name: str, *, grace_s: float = 10.0, known: RunState | None = None) -> RunState:
         return kill_run(self.transport, name, grace_s=grace_s, known=known)
 
-    def wait_then_submit(self, name: str, sub: Submission, *, wait_s: float, pull: bool = False) -> Folded:
+    def wait_then_submit(self, name: str, sub: Submission | None, *, wait_s: float, pull: bool = False) -> Folded:
         check_local_runs_root(self.host.name)  # the follow state goes there the moment the run exists
         return wait_then_launch(self.host, self.transport, name, sub, wait_s=wait_s, pull=pull)

@@ -15,8 +15,8 @@ runs at once on a cluster). A launch refused for "no free GPU" is put back in th
 backoff, never recorded as a failure. A host whose backend submits in batches (Backend.supports
 BATCH_SUBMIT and BATCH_STATE: Slurm) gets its share as one submission and one poller (cluster.py); the
 sweep never asks which backend a host has. A slot whose backend has WAIT_THEN_SUBMIT (SSH) starts its next
-staged run in the long poll's own round trip, the moment the run before it ended, and the same answer brings
-the ended run's files (up to 4 MiB; a larger run is pulled on its own).
+staged run in the long poll's own round trip, the moment the run before it ended; the long poll that sees a
+run end brings its files too (up to 4 MiB; a larger run is pulled on its own).
 
 The package by stage: discover (checkpoints and their content hashes), plan (the pure step from ledger +
 checkpoints to a queue; the data types and outcome states live there so the parts never import each other

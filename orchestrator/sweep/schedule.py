@@ -115,9 +115,10 @@ class SlotWorkers:
     is put back as it was when the call started nothing (the run still going, or its end not told by its
     status.json); a transport error that outlasts the retries leaves both runs to re-attach next time (the
     next one may or may not have started); a retried call that finds the next run started answers RunExists:
-    it is re-attached. What the call gave (`folds`) is what the next job's launch would have given. The same
-    answer brings the ended run's files when they are small (SSH: up to 4 MiB), so that the run's pull costs
-    no SSH session of its own; a larger run, or files that came incomplete, are pulled as before."""
+    it is re-attached. What the call gave (`folds`) is what the next job's launch would have given. The long
+    poll that sees a run end (with a next job to start or not) brings its files when they are small (SSH: up to
+    4 MiB), so that the run's pull costs no SSH session of its own; a larger run, files that came incomplete
+    and a re-attached run's first look are pulled as before."""
 
     def __init__(self, opts: SweepOptions, hosts: HostPool, queue: JobQueue, record: SweepRecord,
                  log: Callable[[str], None]):
@@ -273,6 +274,9 @@ class SlotWorkers:
                 pulled = None
                 if nxt is not None and sub is not None:
                     st, pulled = self._wait_then_start(hs, job, nxt, sub, wait_s, held, folds)
+                elif wait_s > 0 and hs.backend.supports(WAIT_THEN_SUBMIT):  # nothing to start: still its files
+                    st, _, pulled = self.hosts.op(hs, "status", lambda w=wait_s: hs.backend.wait_then_submit(
+                        job.run, None, wait_s=w, pull=True), bounded=False)
                 else:
                     st = self.hosts.op(hs, "status", lambda w=wait_s: run.probe(wait_s=w), bounded=wait_s == 0)
                 wait_s = self.opts.poll_s

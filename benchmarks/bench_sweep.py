@@ -18,7 +18,8 @@ running beside it: +-25% from run to run, so each row is a range over interleave
 Every SSH session there paid root's ~/.bashrc (`pyenv init`: an `ssh host true` 0.12 s, 0.009 s without it);
 since 2026-12-02 06:00 the bench runs the sweep twice, on hosts whose sessions skip it (`SetEnv SHLVL=1`, what
 tests/sshd.py now gives every test: reval's own overhead, the headline) and on hosts whose sessions run it
-(`login rc`, as a plain sshd here does; the rows above that line measured only this). `--login-rc skip|run`.
+(`login rc`, as a plain sshd here does; every row before the 32f3c97 rows measured only this, most at load
+2-3.5: the 32f3c97 rows are the same code at load ~1). `--login-rc skip|run` runs one of the two.
 
 | version | overhead / checkpoint | split (start · per cycle · end · report) |
 |---|---|---|

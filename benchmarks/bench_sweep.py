@@ -66,8 +66,9 @@ long poll too, so `end` lost a session (0.16-0.18 s -> 0.07-0.09 s with the logi
 cheap (skip) it is within the noise. The test harness's sessions skip ~/.bashrc (see above).
 
 What is left (reval's own overhead, sessions without ~/.bashrc: 0.46-0.57 s, around the 0.5 s target; with
-root's ~/.bashrc here 0.68-0.73 s). `per cycle` (0.2-0.28 s; a third of the headline) is now almost all
-Python starting on the host, on the critical path from one run's last event to the next one's first: the
+root's ~/.bashrc here 0.68-0.73 s). `per cycle` (0.2-0.28 s; a third of the headline; `on the host`, from one
+eval's last event to the next one's first: 0.16-0.17 s at load ~0.3) is now almost all Python starting on
+the host, on the critical path from one run's last event to the next one's first: the
 long poll notices the end (~0.04 s: the wrapper records it, then exits), the launch starts the wrapper
 (python -m remote_payload wrap: ~0.07-0.13 s until its status.json), the wrapper starts the payload (~0.1 s
 until the dummy's first event; a real eval imports torch there), while the slot's staging and the other slots'
@@ -179,30 +180,36 @@ def show(res: dict) -> None:
     print(f"overhead {res['overhead_per_checkpoint_s']:.2f}s per checkpoint (target < 0.5 s) · "
           f"{res['overhead_share_at_60s_eval']:.1%} of the total at 60 s evals (target < 10%)")
     print(f"split   start {res['start_s']:.2f}s · per cycle {res['cycle_s']:.2f}s (launch to launch beyond the "
-          f"eval's own {res['eval_measured_s']:.2f}s) · end {res['end_s']:.2f}s · report {res['report_s']:.2f}s")
+          f"eval's own {res['eval_measured_s']:.2f}s; on the host {res['host_gap_s']:.2f}s from an eval's last event "
+          f"to the next one's first) · end {res['end_s']:.2f}s · report {res['report_s']:.2f}s")
     print(f"re-run  {res['rerun_all_skipped_s']:.2f}s with all {res['rerun_skipped']} skipped by the ledger")
 
 
 def where_it_goes(lines_at: list[tuple[float, str]], rep, w0: float, w1: float, report_s: float) -> dict:
     """The overhead's parts, from the sweep's own log lines (their times here) and the runs' events (the dummy's
     times on the host, this machine's clock): start = the sweep's start to its first launch; cycle = on each slot,
-    launch to next launch less the eval's own time (its first to its last event), averaged; end = the last eval's
-    last event to the sweep's return; report = the report files."""
-    evals, ends = {}, []
+    launch to next launch less the eval's own time (its first to its last event), averaged; host gap = on each
+    slot, one eval's last event to the next one's first (the part of a cycle on the host: the end noticed, the
+    wrapper and the payload started), averaged; end = the last eval's last event to the sweep's return; report =
+    the report files."""
+    evals, ends, spans = {}, [], {}
     for o in rep.outcomes:
         try:
             ts = [e["t"] for e in map(json.loads, (Path(o.local_path) / "events.jsonl").read_text().splitlines())]
         except (OSError, TypeError, ValueError, KeyError, IndexError):
             continue
-        evals[o.checkpoint], ends = ts[-1] - ts[0], ends + [ts[-1]]
+        evals[o.checkpoint], ends, spans[o.checkpoint] = ts[-1] - ts[0], ends + [ts[-1]], (ts[0], ts[-1])
     launches: dict[str, list[tuple[float, str]]] = {}
     for t, line in lines_at:
         if line.startswith("launch  "):
             name, _, rest = line[8:].partition(" on ")
             launches.setdefault(rest.split(" ", 1)[0], []).append((t, name))
     gaps = [b[0] - a[0] - evals.get(a[1], 0.0) for seq in launches.values() for a, b in itertools.pairwise(seq)]
+    host = [spans[b[1]][0] - spans[a[1]][1] for seq in launches.values() for a, b in itertools.pairwise(seq)
+            if a[1] in spans and b[1] in spans]
     first = min((t for seq in launches.values() for t, _ in seq), default=w0)
     return {"start_s": first - w0, "cycle_s": sum(gaps) / len(gaps) if gaps else 0.0,
+            "host_gap_s": sum(host) / len(host) if host else 0.0,
             "eval_measured_s": sum(evals.values()) / len(evals) if evals else 0.0,
             "end_s": w1 - max(ends, default=w1), "report_s": report_s}
 

@@ -119,7 +119,7 @@ def test_prime_outcome_is_said_never_raised():
     from remote_payload.eval import run
     ok, bad = Future(), Future()
     ok.set_result(1.25)
-    bad.set_exception(RuntimeError("CUDA out of memory"))
+    bad.set_exception(RuntimeError("CUDA out of\nmemory"))
     assert run._prime_outcome(ok) == {"primed beside the load": 1.25}
     assert run._prime_outcome(bad) == {"prime failed": "RuntimeError: CUDA out of memory"}
     assert run._prime_outcome(None) == {}

@@ -334,7 +334,7 @@ def _prime_outcome(primed) -> dict:
     try:
         s = primed.result()
     except Exception as e:  # noqa: BLE001 - said in the log line; the warm-up on the real weights follows
-        return {"prime failed": f"{type(e).__name__}: {e}"[:200]}
+        return {"prime failed": " ".join(f"{type(e).__name__}: {e}".split())[:200]}  # one line
     return {} if s is None else {"primed beside the load": s}
 
 

@@ -39,8 +39,6 @@ tests/sshd.py now gives every test: reval's own overhead, the headline) and on h
 | the same, skip ~/.bashrc | 0.51-0.58 s (3 runs) | 0.69-0.81 s · 0.22-0.26 s · 0.08-0.09 s · 0.33-0.39 s |
 | 1356a85 vs + the long poll brings the ended run's files (this row), interleaved (load 0.4-1.1), login rc | 0.71-0.73 s vs 0.68-0.70 s (4 runs each) | after: 1.16-1.29 s · 0.16-0.21 s · 0.07-0.09 s (was 0.16-0.18) · 0.33-0.37 s |
 | the same, skip ~/.bashrc | 0.46-0.57 s vs 0.46-0.56 s (5 runs each) | after: 0.58-0.67 s · 0.22-0.28 s · 0.07-0.11 s · 0.32-0.39 s |
-| 91d0e70 vs + a slot's first launch rides with its checkpoint's copy (this row), interleaved (load 0.7-1.2), login rc | 0.64-0.85 s vs 0.61-0.74 s (5 runs each) | before: 1.15-1.50 s · 0.16-0.20 s · 0.07-0.11 s · 0.33-0.40 s; after: 1.06-1.31 s (0.06-0.19 s below its pair, every pair) · 0.18-0.20 s · 0.06-0.08 s · 0.33-0.40 s |
-| the same, skip ~/.bashrc (load 0.35-1.1) | 0.47-0.53 s vs 0.47-0.54 s (5 runs each) | before: 0.55-0.74 s · 0.19-0.27 s · 0.07-0.10 s · 0.34-0.43 s; after: 0.57-0.66 s · 0.19-0.29 s · 0.06-0.08 s · 0.31-0.41 s |
 
 What changed (issue 19 item 26): discovery hashed each small checkpoint with 64 MiB buffers zeroed per thread
 (12 checkpoints: 0.9 s, now 10 ms); a run's pull waited before the slot's next launch (now after it); staging
@@ -67,38 +65,20 @@ SSH sessions (staging, long poll + launch + files) instead of three, and the slo
 long poll too, so `end` lost a session (0.16-0.18 s -> 0.07-0.09 s with the login rc); where sessions are
 cheap (skip) it is within the noise. The test harness's sessions skip ~/.bashrc (see above).
 
-Then (2026-12-02, third round: `start`): a slot's first run is started by its checkpoint's copy (HostPool.
-copy_then_submit): the rsync's remote command writes the marker once the copy is complete and only then runs the
-launch script (Backend.submit_after, the SSH backend's SUBMIT_AFTER: the script with run.json inline), its
-answer on stderr between two marks: one SSH session (its login shell once) instead of two. Only for a checkpoint
-of this machine of at most 64 MiB (FOLD_MAX_BYTES): a connection cut past the retries leaves the run's start
-unknown, so the job stays `launched` on that host (re-attached, or launched when missing, by the next sweep)
-instead of going to another host, and that window is the copy's own length; a GB checkpoint is copied, then
-launched, as before. A copy that fails starts nothing (the ledger entry put back). With the login rc `start`
-1.15-1.50 s -> 1.06-1.31 s (the headline 0.64-0.85 -> 0.61-0.74 s); without it within the noise (the session
-saved is ~0.03 s there). Tried and dropped in the same round: planning before the hosts are ready (possible only
-when the plan needs nothing from them: the dummy's fingerprint, local checkpoints; the eval payload's cache
-fingerprint is read with the synced payload, so a real sweep plans after the sync) and copying each host's first
-checkpoint beside its payload push: on this 2-core machine the sessions are CPU, not latency (ssh/sshd, the
-login rc, rsync on both ends), so running them side by side gained nothing measurable (interleaved with 91d0e70,
-3 runs each: skip 0.45-0.47 s before vs 0.43-0.46 s, login rc 0.67-0.80 s vs 0.67-0.84 s); it may pay where
-round trips are long, at the price of a sweep that plans before its hosts are ready.
-
-What is left (reval's own overhead, sessions without ~/.bashrc: 0.47-0.54 s at load 0.35-1.1, around the 0.5 s
-target; with root's ~/.bashrc here 0.61-0.74 s). `per cycle` (0.2-0.28 s; a third of the headline; `on the
-host`, from one eval's last event to the next one's first: 0.16-0.17 s at load ~0.3) is now almost all Python
-starting on the host, on the critical path from one run's last event to the next one's first: the long poll
-notices the end (~0.04 s: the wrapper records it, then exits), the launch starts the wrapper (python -m
-remote_payload wrap: ~0.07-0.13 s until its status.json), the wrapper starts the payload (~0.1 s until the
-dummy's first event; a real eval imports torch there), while the slot's staging and the other slots' cycles
-share the 2 cores; what the controller does after the launch's answer is off that path. Shortening it means a
-lighter wrapper start (its imports: remote_payload.contract.gpus ~14 ms, the site's editable-install finder ~17
-ms in this venv) or a wrapper started ahead that waits for the slot's run to end: payload work, not the sweep's.
-`start` (0.57-0.66 s; 1.06-1.31 s with the login rc; three sessions a host now: probe, payload rsync, the first
-checkpoint's copy + launch) counts once per slot: hosts ready ~0.3-0.45 s (the ControlMaster's key exchange, the
-probe's python, the payload rsync; every host waits for the slowest, as the plan needs all their cache
-fingerprints), then the copy + launch (the wrapper's start is most of it). `report` (0.32-0.39 s) is plots.png
-in the plot worker beside the five SVGs here, each ~0.3 s of matplotlib drawing.
+What is left (reval's own overhead, sessions without ~/.bashrc: 0.46-0.57 s, around the 0.5 s target; with
+root's ~/.bashrc here 0.68-0.73 s). `per cycle` (0.2-0.28 s; a third of the headline; `on the host`, from one
+eval's last event to the next one's first: 0.16-0.17 s at load ~0.3) is now almost all Python starting on
+the host, on the critical path from one run's last event to the next one's first: the
+long poll notices the end (~0.04 s: the wrapper records it, then exits), the launch starts the wrapper
+(python -m remote_payload wrap: ~0.07-0.13 s until its status.json), the wrapper starts the payload (~0.1 s
+until the dummy's first event; a real eval imports torch there), while the slot's staging and the other slots'
+cycles share the 2 cores; what the controller does after the launch's answer is off that path. Shortening it
+means a lighter wrapper start (its imports: remote_payload.contract.gpus ~14 ms, the site's editable-install
+finder ~17 ms in this venv) or a wrapper started ahead that waits for the slot's run to end: payload work, not
+the sweep's. `start` (0.6-0.7 s; 1.2-1.3 s with the login rc, its four sessions: probe, payload rsync, staging,
+launch) counts once per slot: hosts ready ~0.35-0.47 s (the ControlMaster's key exchange, the probe's python,
+the payload rsync), then staging and launch. `report` (0.32-0.39 s) is plots.png in the plot worker beside the
+five SVGs here, each ~0.3 s of matplotlib drawing.
 """
 from __future__ import annotations
 

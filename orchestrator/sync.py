@@ -200,10 +200,9 @@ def _push_rsync(transport: Transport, files: dict[str, Path | bytes], manifest: 
 
 
 def rsync(rsh: list[str] | None, src: str, dest: str, *, host: str, what: str, delete: bool = False,
-          options: list[str] | None = None) -> subprocess.CompletedProcess:
-    """Run rsync (over the host's connection when `rsh`); its process when it succeeded (its stderr carries
-    what the remote command wrote there). A connection failure is HostUnreachable (worth a retry); any other
-    failure a RemoteCommandError naming `what` with rsync's last line."""
+          options: list[str] | None = None) -> None:
+    """Run rsync (over the host's connection when `rsh`). A connection failure is HostUnreachable (worth a
+    retry); any other failure a RemoteCommandError naming `what` with rsync's last line."""
     argv = rsync_argv(rsh, src, dest, delete=delete, options=options)
     p = subprocess.run(argv, check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if p.returncode in RSYNC_CONNECTION_EXITS:
@@ -211,7 +210,6 @@ def rsync(rsh: list[str] | None, src: str, dest: str, *, host: str, what: str, d
                               f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
     if p.returncode != 0:
         raise RemoteCommandError(host, what, p.returncode, p.stderr)
-    return p
 
 
 def _push_tar(transport: Transport, files: dict[str, Path | bytes], manifest: Manifest, dest: str,

@@ -29,9 +29,6 @@ backend lacks raises Unsupported naming the host and the ability.
     says it ended, the next run started, in one round trip (SSH: a sweep slot's "run N over -> launch N+1"; with
     `pull`, run N's files come back in the same answer). Every backend answers the call (the base's: state, then
     submit: two round trips, nothing pulled); the ability says it is one.
-  - SUBMIT_AFTER, `submit_after(sub)`: the start of a run as a shell command (and how to read its answer), for a
-    remote command of the caller's that runs it only once its own part succeeded (SSH: the sweep copies a
-    slot's first checkpoint with rsync, whose remote command then launches the run: one SSH session, not two).
 
 The run directory contract (remote_payload/contract/protocol.py) is the same for every backend: the wrapper owns
 status.json wherever it runs, so following, pulling and the state vocabulary never depend on the backend.
@@ -60,7 +57,6 @@ from ..transport import Transport, q, resolve_workdir
 BATCH_SUBMIT = "batch-submit"   # submit_many: several runs in one submission
 BATCH_STATE = "batch-state"     # states: several runs' states in one look
 WAIT_THEN_SUBMIT = "wait-then-submit"  # wait_then_submit natively: a run's end and the next start, one round trip
-SUBMIT_AFTER = "submit-after"  # submit_after: a run's start as a shell command another remote command runs
 
 
 def ended(st: RunState | None) -> bool:
@@ -152,7 +148,7 @@ class Backend(ABC):
         return remote_run_dir(self.workdir(), name)
 
     def supports(self, ability: str) -> bool:
-        """Whether it has the optional `ability` (BATCH_SUBMIT, BATCH_STATE, WAIT_THEN_SUBMIT, SUBMIT_AFTER)."""
+        """Whether it has the optional `ability` (BATCH_SUBMIT, BATCH_STATE)."""
         return ability in self.abilities
 
     def _unsupported(self, ability: str) -> Unsupported:
@@ -187,13 +183,6 @@ class Backend(ABC):
         """BATCH_STATE: the states of the named runs (None: every run) in one look; a name the host does not
         have is left out."""
         raise self._unsupported(BATCH_STATE)
-
-    def submit_after(self, sub: Submission) -> tuple[str, Callable[[str], Launch]]:
-        """SUBMIT_AFTER: (a shell command that starts `sub` as submit() would: it reads nothing on stdin and
-        writes its answer on stdout; how that answer becomes the Launch, or the refusal raised: RunExists,
-        NoFreeGpu, ConfigError, ...). The caller runs the command on the backend's transport, inside a remote
-        command of its own, and only once that command's own part succeeded."""
-        raise self._unsupported(SUBMIT_AFTER)
 
     def wait_then_submit(self, name: str, sub: Submission | None, *, wait_s: float, pull: bool = False) -> Folded:
         """A long poll on run `name` (as state(wait_s=)); once it shows the run ended by its status.json's own

@@ -16,10 +16,6 @@ when that exits EXIT_OVER (status.json says the run ended, its group gone), runs
 (run.json inline in it, since stdin carries runstate.py): a run's end and the next launch in one round trip.
 Asked to (`pull=True`, the sweep), the same answer then carries the ended run's contract files (a base64 tar,
 up to PULL_MAX_BYTES; a larger run is pulled on its own, streamed): one SSH session a run fewer.
-
-SUBMIT_AFTER (a sweep slot's first run): the same launch script (run.json inline) handed to the caller, who runs
-it inside a remote command of its own once that command's part succeeded (the sweep: the rsync that copies the
-run's checkpoint, sweep/stage.py), and reads its answer back through launch_after's reader.
 """
 from __future__ import annotations
 
@@ -27,7 +23,6 @@ import base64
 import json
 import math
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 from remote_payload.contract import protocol, runstate
@@ -48,7 +43,7 @@ from ..runs import (
     symlink_refused,
 )
 from ..transport import Transport, q, resolve_workdir
-from .base import SUBMIT_AFTER, WAIT_THEN_SUBMIT, Backend, Folded, JobHandle, Launch, NoFreeGpu, Submission
+from .base import WAIT_THEN_SUBMIT, Backend, Folded, JobHandle, Launch, NoFreeGpu, Submission
 
 STARTUP_WAIT_S = 15.0
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -136,19 +131,6 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
                                                run_json=run_json, python=python, preflight=preflight)
     out = transport.run(script, input=staged, timeout_s=STARTUP_WAIT_S + 60).stdout
     return _launched(host, transport, out, workdir=workdir, name=name, d=d, python=python, run_json=run_json)
-
-
-def launch_after(host: Host, transport: Transport, sub: Submission) -> tuple[str, Callable[[str], Launch]]:
-    """Backend.submit_after over SSH: the launch script with run.json inline (reads nothing on stdin) and the
-    reading of its answer, as launch() reads it (the follow state saved, a refusal raised)."""
-    workdir, d, script, _ = _launch_parts(host, transport, name=sub.name, payload_argv=sub.payload_argv,
-                                          gpus=sub.gpus, run_json=sub.run_json, python=sub.python,
-                                          preflight=sub.preflight, inline=True)
-
-    def answer(out: str) -> Launch:
-        return _launched(host, transport, out, workdir=workdir, name=sub.name, d=d, python=sub.python,
-                         run_json=sub.run_json)
-    return script, answer
 
 
 def _launch_parts(host: Host, transport: Transport, *, name: str, payload_argv: list[str], gpus: str, run_json: dict,
@@ -401,7 +383,7 @@ class SSHBackend(Backend):
     process group is the job (handle `ssh`, job id = pgid); state/list/cancel are one remote script each."""
 
     kind = "ssh"
-    abilities = frozenset({WAIT_THEN_SUBMIT, SUBMIT_AFTER})
+    abilities = frozenset({WAIT_THEN_SUBMIT})
 
     def submit(self, sub: Submission) -> Launch:
         check_local_runs_root(self.host.name)  # the follow state goes there the moment the run exists
@@ -416,10 +398,6 @@ class SSHBackend(Backend):
 
     def cancel(self, name: str, *, grace_s: float = 10.0, known: RunState | None = None) -> RunState:
         return kill_run(self.transport, name, grace_s=grace_s, known=known)
-
-    def submit_after(self, sub: Submission) -> tuple[str, Callable[[str], Launch]]:
-        check_local_runs_root(self.host.name)  # the follow state goes there the moment the run exists
-        return launch_after(self.host, self.transport, sub)
 
     def wait_then_submit(self, name: str, sub: Submission | None, *, wait_s: float, pull: bool = False) -> Folded:
         check_local_runs_root(self.host.name)  # the follow state goes there the moment the run exists

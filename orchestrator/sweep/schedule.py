@@ -193,9 +193,6 @@ class SlotWorkers:
                     raise started
                 return started
             return self._take(hs, job, before, answer)
-        if job.host is None and not (job.staged and job.staged[0] == hs.host.name) \
-                and self.hosts.folds_launch(hs, c):  # not staged yet, small: its copy and launch in one session
-            return self._copy_then_launch(hs, job, gpu)
         if job.host is None:  # a fresh launch
             try:
                 path = job.staged[1] if job.staged and job.staged[0] == hs.host.name else \
@@ -219,40 +216,6 @@ class SlotWorkers:
                 raise
         self.log(f"attach  {c.name}: run {job.run} on {hs.host.name}")
         return False
-
-    def _copy_then_launch(self, hs: HostSession, job: Job, gpu: str) -> bool:
-        """The job's checkpoint copied to hs and its run started by the copy's own SSH session once the copy is
-        complete (HostPool.copy_then_submit). Its ledger entry says `launched` during the call (a controller
-        killed meanwhile re-attaches, or launches it when it is not there) and is put back as it was when the copy
-        failed (nothing started); a connection that fails past the retries leaves it `launched` on this host
-        (`unreachable`: re-attached next time, never handed to another host)."""
-        ledger = self.record.ledger
-        before = ledger.get(job.key)
-
-        def submission(path: str):
-            return lifecycle.submission(hs.backend, self.opts.spec(path, gpu), python=hs.python, name=job.run,
-                                        run_json=self.record.run_json(job, path,
-                                                                      self.opts.spec(path).payload_argv(job.run)))
-        self.record.in_flight.add(job.key)  # until the answer is read, before the ledger says launched
-        ledger.put(self.record.launched_entry(hs.host.name, job))
-        try:
-            try:
-                path, started = self.hosts.copy_then_submit(hs, job.ckpt, submission)
-            except HostUnreachable:
-                self.record.record(job, hs.host.name, UNREACHABLE, error=hs.down)
-                raise
-            except BaseException:  # the copy failed or the submission was refused before anything started
-                ledger.restore(job.key, before)
-                raise
-            job.staged = (hs.host.name, path)
-
-            def answer() -> Launch:
-                if isinstance(started, BaseException):
-                    raise started
-                return started
-            return self._take(hs, job, before, answer)
-        finally:
-            self.record.in_flight.discard(job.key)  # after the ledger says what the answer was
 
     def _take(self, hs: HostSession, job: Job, before, launch: Callable[[], Launch]) -> bool:
         """A launch's answer (`launch()`: the Launch, or what it raises): started (True), the run already there

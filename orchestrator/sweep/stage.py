@@ -15,9 +15,9 @@ from pathlib import Path
 
 from .. import hostcheck, lifecycle
 from ..backends import get_backend
-from ..backends.base import SUBMIT_AFTER, Backend, Launch, Submission
+from ..backends.base import Backend
 from ..environment import provision
-from ..errors import ConfigError, HostUnreachable, RemoteCommandError, RevalError
+from ..errors import ConfigError, HostUnreachable, RevalError
 from ..inventory import Host, Inventory
 from ..pull import PullResult
 from ..runs import save_follow_state
@@ -72,32 +72,8 @@ def joined_fingerprint(suites: list[tuple[str, str]], fingerprints: list[str]) -
 # its own arguments). The receiving rsync runs whether mkdir succeeded or not (a folder it cannot make is then
 # rsync's own error, not a lost connection); the marker is written only after it succeeded.
 _COPY_AND_MARK_SH = 'mkdir -p -- "$1"; m=$2; shift 2; rsync "$@" && touch -- "$m"'
-# ... and when a launch rides with the copy (HostPool.copy_then_submit): `sh -c THIS sh PARENT MARKER LAUNCH
-# --server ...`: the launch script runs only once the copy succeeded and its marker is written, its answer on
-# stderr (stdout is rsync's) between LAUNCH_MARK and `LAUNCHED_MARK <its exit status>`; the copy's failure is
-# the remote command's exit status, the launch's never is (its status is in the answer).
-LAUNCH_MARK, LAUNCHED_MARK = "@@REVAL-LAUNCH", "@@REVAL-LAUNCHED"
-_COPY_MARK_LAUNCH_SH = (f'mkdir -p -- "$1"; m=$2; l=$3; shift 3; rsync "$@" && touch -- "$m" || exit; '
-                        f'{{ echo {LAUNCH_MARK}; sh -c "$l"; echo "{LAUNCHED_MARK} $?"; }} >&2; exit 0')
-# a launch rides with a checkpoint's copy only when the copy is this small: a connection cut during the copy
-# then leaves the run's start unknown (recorded `launched`, re-attached or launched by the next sweep, never
-# handed to another host) only for the second or so such a copy takes; a larger copy and its launch stay apart
-FOLD_MAX_BYTES = 64 << 20
 _GPU_LIST_SH = (f"command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi {' '.join(hostcheck.NVIDIA_SMI_QUERY)} "
                 "2>/dev/null; true")
-
-
-def launch_answer(stderr: str) -> tuple[int | None, str]:
-    """(the launch's exit status, its answer) from the stderr of a copy a launch rode with
-    (_COPY_MARK_LAUNCH_SH); None when the launch never began; 1 when it began and its end never came (pure)."""
-    _, sep, rest = stderr.partition(LAUNCH_MARK + "\n")
-    if not sep:
-        return None, ""
-    said, sep, tail = rest.rpartition(LAUNCHED_MARK + " ")
-    if not sep:
-        return 1, rest
-    word = (tail.split() or ["1"])[0]
-    return (int(word) if word.isdigit() else 1), said
 
 
 def retrying(fn, *, retries: int, backoff_s: float, what: str, on_retry=None):
@@ -290,47 +266,6 @@ class HostPool:
             shutil.rmtree(relay, ignore_errors=True)
             return dest
 
-    def folds_launch(self, hs: HostSession, ckpt: Checkpoint) -> bool:
-        """Whether copy_then_submit() can start ckpt's run on hs with its copy, in one SSH session: a checkpoint
-        of this machine (at most FOLD_MAX_BYTES) copied over SSH to a host whose backend has SUBMIT_AFTER."""
-        return (ckpt.host is None and ckpt.size <= FOLD_MAX_BYTES and not isinstance(hs.transport, LocalTransport)
-                and hs.backend.supports(SUBMIT_AFTER) and hs.transport.rsync_rsh() is not None)
-
-    def copy_then_submit(self, hs: HostSession, ckpt: Checkpoint, submission: Callable[[str], Submission]
-                         ) -> tuple[str, Launch | RevalError]:
-        """Copy ckpt to hs as stage_checkpoint() does and, in the same SSH session once the copy is complete (its
-        marker written), start `submission(the path there)` (Backend.submit_after): (the path, the Launch or the
-        RevalError that refused the start: RunExists, NoFreeGpu, ...). Only when folds_launch(hs, ckpt).
-        Raises what stops the copy (nothing started then), HostUnreachable when the connection failed and
-        retries ran out (the start may or may not have happened), what submission() raises (nothing done)."""
-        h16 = ckpt.content_hash.split(":")[-1][:16]
-        with self.lock:
-            lock = self.stage_locks.setdefault(h16, threading.Lock())
-        with lock:
-            dest = f"{hs.workdir}/checkpoints/{h16}/{ckpt.name}"
-            script, answer = hs.backend.submit_after(submission(dest))
-            parent = os.path.dirname(dest)
-            rsh, target = hs.transport.rsync_rsh(), hs.transport.rsync_target(parent + "/")
-            remote = f"sh -c {q(_COPY_MARK_LAUNCH_SH)} sh {q(parent)} {q(dest + '.complete')} {q(script)}"
-            try:
-                err = self.op(hs, "stage", lambda: self._rsync(rsh, ckpt.path, target, hs.host.name,
-                                                               [f"--rsync-path={remote}"])).stderr
-            except RemoteCommandError as e:
-                if LAUNCH_MARK + "\n" not in (e.stderr or ""):  # the copy failed: the launch never ran
-                    raise
-                err = e.stderr  # the copy and the launch ran; rsync's own status said otherwise
-        rc, said = launch_answer(err)
-        if rc is None:  # rsync's stderr is complete (no connection error) and the launch never began
-            raise RemoteCommandError(hs.host.name, "copying the checkpoint (no launch answer)", 0, err)
-        try:
-            if rc != 0:  # the launch script failed (its run folder could not be made): the launch's failure
-                raise RemoteCommandError(hs.host.name, "launch", rc, said)
-            return dest, answer(said)
-        except HostUnreachable:
-            raise
-        except RevalError as e:
-            return dest, e
-
     def _copy_and_mark(self, hs: HostSession, src: str, parent: str, marker: str) -> None:
         """rsync `src` (a path here) into `parent`/ on hs, then write `marker` there, only once the copy is
         complete. Over SSH one round trip: rsync's remote command makes `parent` and writes the marker after the
@@ -358,5 +293,5 @@ class HostPool:
                               f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
         return parse_hashes(p.stdout)
 
-    def _rsync(self, rsh, src: str, dest: str, host: str, more: tuple[str, ...] | list[str] = ()):
-        return rsync(rsh, src, dest, host=host, what="copying the checkpoint", options=["-a", "--partial", *more])
+    def _rsync(self, rsh, src: str, dest: str, host: str, more: tuple[str, ...] | list[str] = ()) -> None:
+        rsync(rsh, src, dest, host=host, what="copying the checkpoint", options=["-a", "--partial", *more])

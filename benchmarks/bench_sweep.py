@@ -79,6 +79,16 @@ the sweep's. `start` (0.6-0.7 s; 1.2-1.3 s with the login rc, its four sessions:
 launch) counts once per slot: hosts ready ~0.35-0.47 s (the ControlMaster's key exchange, the probe's python,
 the payload rsync), then staging and launch. `report` (0.32-0.39 s) is plots.png in the plot worker beside the
 five SVGs here, each ~0.3 s of matplotlib drawing.
+
+Tried and reverted (8097696, reverted in 0295a91): a slot's first run started by its checkpoint's copy (the
+staging rsync's remote command launching the run, for local checkpoints <= 64 MiB). Interleaved with its parent,
+5 runs each at load 0.35-1.2: login rc 0.64-0.85 -> 0.61-0.74 s (start 1.15-1.50 -> 1.06-1.31 s), skip
+0.47-0.53 -> 0.47-0.54 s (no gain). Real checkpoints (GBs) would never take that path, it changed what a cut
+means for the slot's first job (kept on its host until the next sweep instead of handed to another), and it was
+~350 lines: a benchmark-only gain, not worth that. Also measured and dropped: planning before the hosts are
+ready and copying each host's first checkpoint beside its payload push (skip 0.45-0.47 vs 0.43-0.46 s; the
+sessions are CPU-bound on this 2-core machine, and the real eval's cache fingerprint, part of the ledger key,
+is only known after the sync).
 """
 from __future__ import annotations
 

@@ -394,27 +394,40 @@ def test_sweep_over_three_hosts_one_goes_away_then_resumes(ssh_hosts, tmp_path, 
     th.join(timeout=240)
     assert not th.is_alive()
     rep = result["rep"]
-    states = {o.checkpoint: o.state for o in rep.outcomes}
+    first = {o.checkpoint: o for o in rep.outcomes}
+    states = {c: o.state for c, o in first.items()}
     assert rep.exit_code == 2, log
     gone = [c for c, s in states.items() if s == "unreachable"]
-    assert 1 <= len(gone) <= 1 and all(s in ("succeeded", "unreachable") for s in states.values()), states
-    assert sum(s == "succeeded" for s in states.values()) == 6
+    # the run going on ssh3; and, when that slot's long poll was also to start its next (staged) run once the
+    # first ended, that job too (whether it started is unknown after the cut): both stay ssh3's
+    assert 1 <= len(gone) <= 2 and all(s in ("succeeded", "unreachable") for s in states.values()), states
+    assert all(first[c].host == "ssh3" for c in gone), [first[c] for c in gone]
+    assert sum(s == "succeeded" for s in states.values()) == 7 - len(gone)
     assert "ssh3" in rep.hosts_down and any("ssh3: gone" in line for line in log)
     workdirs = [h.workdir for h in cluster.hosts]
+    ssh3 = cluster.hosts[2].workdir
     before = remote_run_dirs(workdirs)
-    assert len(before) == 7  # the one on ssh3 kept running there (the host was only cut off)
+    # the one on ssh3 kept running there (the host was only cut off); a second one may have started
+    assert 7 - len(gone) + 1 <= len(before) <= 7
+    assert sum(w == ssh3 for w in before.values()) >= 1
 
-    # the host comes back: the same command re-attaches to its run and pulls it, launching nothing new
+    # the host comes back: the same command re-attaches to what it started there and pulls it; a job whose
+    # start the cut left unknown is re-attached or, never started, launched there; nothing runs twice
     cluster.start(2)
     log.clear()
     rep2 = sweep.Sweep(o, load_inventory(cluster.inventory_path), log=log.append).run()
     assert rep2.exit_code == 0, log
     by = {o.checkpoint: o for o in rep2.outcomes}
-    assert by[gone[0]].state == "succeeded" and by[gone[0]].host == "ssh3" and not by[gone[0]].earlier
     assert [o.state for o in rep2.outcomes] == ["succeeded"] * 7  # the resumed sweep reports all of them
-    assert any(line.startswith(f"attach  {gone[0]}") for line in log)
-    assert not any(line.startswith("launch") for line in log)
-    assert remote_run_dirs(workdirs) == before
+    for c in gone:
+        assert by[c].state == "succeeded" and by[c].host == "ssh3" and not by[c].earlier
+    attached = [c for c in gone if any(line.startswith(f"attach  {c}") for line in log)]
+    launched = [line for line in log if line.startswith("launch")]
+    assert len(attached) >= 1 and len(attached) + len(launched) == len(gone), log
+    assert all(" on ssh3 " in line for line in launched), launched
+    after = remote_run_dirs(workdirs)  # (fails on a run folder on two hosts)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert len(after) == 7 and all(after[k] == ssh3 for k in set(after) - set(before))
     assert rep2.sweep_id == rep.sweep_id  # the unfinished sweep was resumed, not a new one
 
 

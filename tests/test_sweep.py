@@ -421,13 +421,12 @@ def test_sweep_over_three_hosts_one_goes_away_then_resumes(ssh_hosts, tmp_path, 
     assert [o.state for o in rep2.outcomes] == ["succeeded"] * 7  # the resumed sweep reports all of them
     for c in gone:
         assert by[c].state == "succeeded" and by[c].host == "ssh3" and not by[c].earlier
-    attached = [c for c in gone if any(line.startswith(f"attach  {c}") for line in log)]
     launched = [line for line in log if line.startswith("launch")]
-    assert len(attached) >= 1 and len(attached) + len(launched) == len(gone), log
-    assert all(" on ssh3 " in line for line in launched), launched
+    again = [c for c in gone if any(line.startswith(f"launch  {c} on ssh3 ") for line in launched)]
+    assert len(again) == len(launched) <= len(gone) - 1, log  # at most the one whose start was unknown
     after = remote_run_dirs(workdirs)  # (fails on a run folder on two hosts)
     assert {k: v for k, v in after.items() if k in before} == before
-    assert len(after) == 7 and all(after[k] == ssh3 for k in set(after) - set(before))
+    assert len(after) == 7 == len(before) + len(launched) and all(after[k] == ssh3 for k in set(after) - set(before))
     assert rep2.sweep_id == rep.sweep_id  # the unfinished sweep was resumed, not a new one
 
 

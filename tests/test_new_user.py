@@ -122,10 +122,13 @@ def test_ctrl_c_in_a_sweep_says_what_keeps_running_and_the_same_command_resumes(
         if p.poll() is None:
             p.kill()
             p.communicate()
-    (run,) = [d.name for d in (tmp_path / "loc1" / "runs").iterdir()]
+    runs = sorted(d.name for d in (tmp_path / "loc1" / "runs").iterdir())
+    (run,) = [r for r in runs if r.startswith("step-1-")]
     last = err.strip().splitlines()[-1]
     assert p.returncode == 101, err
     assert last.startswith("interrupted: sweep ") and f"1 run(s) it launched keep running on their hosts (loc1/{run})" in last
+    # a run besides it is only one the line names as "may have started" (the slot's long poll was starting it)
+    assert all(f"loc1/{r} may have started" in last for r in runs if r != run), (runs, last)
     assert "Resume: run the same command again" in last and "Traceback" not in err
     started = protocol.read_json(tmp_path / "loc1" / "runs" / run / "status.json")["started_at"]
     r = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)

@@ -57,6 +57,11 @@ def prepare(device: torch.device) -> None:
 
 # Triton's first use in a fresh process (import, kernel from its cache) cost the eval stage ~0.5 s on an H200
 # host; its lse saves ~4 ms per 1,920 x 248,320 logits (8.4e-12 s an element): it pays past ~6e10 elements.
+# Tried 2026-12-02 (branch wip/early-triton-plan): the plan made before the weight load and Triton started on a
+# thread beside it, threshold 1e10 so the seeds' 10 x 30 (1.78e10) runs Triton. H200, 7 interleaved pairs of
+# eval processes: eval stage 1.06 -> 0.92 s (55% -> 68% of peak) but the load 1.86 -> 2.21 s (Triton's start is
+# GIL-bound Python beside the load's readers): median wall 8.13 -> 8.22 s, a wash; and a host's first run pays
+# Triton's compile (~3 s, fresh caches 1.84x the floor vs ~1.4x). So the threshold stays.
 TRITON_PAYS_ELEMENTS = 6e10
 _planned = False
 

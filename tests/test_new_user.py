@@ -137,6 +137,47 @@ def test_ctrl_c_in_a_sweep_says_what_keeps_running_and_the_same_command_resumes(
     assert protocol.read_json(tmp_path / "loc1" / "runs" / run / "status.json")["started_at"] == started
 
 
+def test_ctrl_c_stops_the_sweeps_workers_at_once(tmp_path):
+    """Ctrl-C leaves the runs going and the controller stops its slot workers: they take, launch and follow
+    nothing more, and a call under way answers before the line is written. Before, the sweep joined its threads
+    with Thread.join, which Ctrl-C can leave believing a thread stopped: the process exited under a worker in
+    the middle of its long poll, so the slot's next checkpoint stayed `launched` in the ledger and the line said
+    it "may have started" although the run before it (60 s) had not ended."""
+    ck = make_checkpoints(tmp_path, [1, 2])
+    (tmp_path / "hosts.yaml").write_text(f"hosts:\n  loc1: {{local: true, workdir: {tmp_path / 'loc1'}, python: "
+                                         f"{sys.executable}, venv: {{mode: python}}, gpus: none}}\n")
+    argv = [sys.executable, "-m", "orchestrator", "sweep", "--checkpoints", f"{ck}/step-*", "--hosts", "loc1",
+            "--payload", "dummy", "--sweep-dir", "sweeps", "--poll-s", "0.2", "--", "--lines", "600",
+            "--interval-s", "0.1"]  # a 60 s run
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs_dir, run = tmp_path / "loc1" / "runs", None
+    try:
+        deadline = time.monotonic() + 120
+        while not (started := list(runs_dir.glob("step-1-*/status.json"))):
+            assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+            time.sleep(0.05)
+        run = started[0].parent.name
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=30)  # the old workers followed the 60 s run first
+        assert p.returncode == 101 and "Traceback" not in err, err
+        assert protocol.read_json(runs_dir / run / "status.json")["state"] == "running"
+        last = err.strip().splitlines()[-1]
+        assert f"the 1 run(s) it launched keep running on their hosts (loc1/{run})." in last and "may have" not in last
+        ledger = protocol.read_json(tmp_path / "sweeps" / "ledger.json")["entries"].values()
+        assert sorted((e["checkpoint"], e["state"]) for e in ledger) == [("step-1", "launched")]
+        time.sleep(1.0)  # nothing of the controller is left to launch step-2
+        assert [d.name for d in runs_dir.iterdir()] == [run]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        if run is not None:  # the run it started, ended by reval (its own process group, by its recorded pid)
+            subprocess.run([sys.executable, "-m", "orchestrator", "-i", "hosts.yaml", "kill", f"loc1/{run}",
+                            "--grace-s", "2"], cwd=tmp_path, env=env, capture_output=True, timeout=60, check=False)
+    assert protocol.read_json(runs_dir / run / "status.json")["state"] == "cancelled"
+
+
 def test_sweep_interrupted_before_any_launch_says_nothing_runs():
     import reval
     from orchestrator.commands.sweep import interrupted_text

@@ -26,6 +26,16 @@ class JobQueue:
     def __init__(self, jobs: list[Job] | None = None):
         self.lock = threading.Lock()
         self.jobs: list[Job] = list(jobs or [])
+        self.stopping = threading.Event()  # Ctrl-C: no job is taken, launched or followed any more
+
+    def stop(self) -> None:
+        """Ctrl-C: the workers start nothing more and return at their next step (the runs they started go on,
+        the ledger says so; the next sweep re-attaches)."""
+        self.stopping.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self.stopping.is_set()
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -35,8 +45,10 @@ class JobQueue:
             self.jobs += jobs
 
     def take(self, host: str, reattach_only: bool = False) -> Job | None:
-        """The first job `host` may take (a fresh one too unless reattach_only), off the queue."""
+        """The first job `host` may take (a fresh one too unless reattach_only), off the queue; None once stopped."""
         with self.lock:
+            if self.stopped:
+                return None
             for i, j in enumerate(self.jobs):
                 if j.host == host or (j.host is None and not reattach_only):
                     return self.jobs.pop(i)
@@ -45,6 +57,8 @@ class JobQueue:
     def take_share(self, host: str, share: Callable[[int], int]) -> tuple[list[Job], list[Job]]:
         """(host's re-attach jobs, the first share(n) of the n fresh ones), taken off the queue at once."""
         with self.lock:
+            if self.stopped:
+                return [], []
             mine = [j for j in self.jobs if j.host == host]
             fresh = [j for j in self.jobs if j.host is None]
             taken = fresh[:share(len(fresh))]

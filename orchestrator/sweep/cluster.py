@@ -11,7 +11,6 @@ sweep starts — K of every (K + the other hosts' slots) — and the slot worker
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 from remote_payload.contract import protocol
@@ -82,6 +81,11 @@ class BatchWorker:
             entries.append(self.record.launched_entry(hs.host.name, job))
         if not subs:
             return
+        if self.queue.stopped:  # Ctrl-C while staging: nothing submitted, nothing recorded
+            for job in jobs:
+                self.queue.put_back(job)
+            jobs.clear()
+            return
         for e in entries:  # before submitting: a killed controller finds them and re-attaches
             self.record.ledger.put(e)
         try:
@@ -97,7 +101,7 @@ class BatchWorker:
 
     def _poll(self, hs: HostSession, pending: dict[str, Job]) -> None:
         silent: dict[str, str] = {}  # runs the scheduler cannot answer for now: said once, waited for
-        while pending and not hs.down:
+        while pending and not hs.down and not self.queue.stopped:  # Ctrl-C: the runs go on, re-attached next time
             states = {s.name: s for s in self.hosts.op(hs, "status", lambda: hs.backend.states(list(pending)))}
             for name, job in list(pending.items()):
                 st = states.get(name)
@@ -126,4 +130,4 @@ class BatchWorker:
                     except Exception as e:  # noqa: BLE001 - a damaged result fails this run, not the others
                         self.record.failed(hs.host.name, job, e)
             if pending:
-                time.sleep(self.opts.poll_s)
+                self.queue.stopping.wait(self.opts.poll_s)

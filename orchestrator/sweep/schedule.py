@@ -55,6 +55,7 @@ def load_baseline(spec: str | None) -> compare.RunRecord | None:
 
 
 PAYLOAD_MAX_BLOCKS = 30  # the eval payload's --max-blocks default (remote_payload/eval/evalopts.py)
+STOP_GRACE_S = 10.0  # Ctrl-C: how long the sweep waits for its workers to return (Workers.wait)
 
 
 def baseline_differences(opts: SweepOptions, baseline: compare.RunRecord | None, cache_fingerprint: str) -> list[str]:
@@ -103,6 +104,35 @@ def load_report_modules() -> None:
     threading.Thread(target=load, name="reval-report-imports", daemon=True).start()
 
 
+class Workers:
+    """The threads of one round of a sweep, each setting its own done event at its end. The sweep waits on the
+    events, not on Thread.join: a join that Ctrl-C interrupts can mark its thread stopped while it still runs
+    (CPython's lock handling), and a worker the interpreter believes stopped went on launching runs while the
+    process exited. The threads are daemons: one still in a call after the grace period never holds the exit."""
+
+    def __init__(self):
+        self.done: list[threading.Event] = []
+
+    def start(self, fn: Callable, *args) -> None:
+        ev = threading.Event()
+
+        def body() -> None:
+            try:
+                fn(*args)
+            finally:
+                ev.set()
+        self.done.append(ev)
+        threading.Thread(target=body, daemon=True, name=f"reval-sweep-{len(self.done)}").start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until every worker ended (True), or `timeout` seconds in all passed (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for ev in self.done:
+            if not ev.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
+
 class SlotWorkers:
     """Hosts whose backend starts runs one at a time (an SSH host, the local folder): a worker per run slot
     takes a job, launches it with the slot's --gpus (or re-attaches to its run), follows it to its end,
@@ -139,12 +169,15 @@ class SlotWorkers:
                     continue
                 job.staged = None
                 self.queue.put_back(job)
-            self.settle(hs, ended)
+            if not self.queue.stopped:  # Ctrl-C: ended runs stay `launched` in the ledger, pulled on resume
+                self.settle(hs, ended)
 
     def _work(self, hs: HostSession, gpu: str, reattach_only: bool, held: list[Job],
               ended: list[Ended], folds: dict[str, Fold]) -> None:
         refused = 0  # launches in a row the host refused for want of a free GPU
         while not hs.down or (held and held[-1].key in folds):  # a run started by the long poll is followed
+            if self.queue.stopped:
+                return
             job = held.pop() if held else self.queue.take(hs.host.name, reattach_only)
             if job is None:
                 return
@@ -194,6 +227,9 @@ class SlotWorkers:
                 return started
             return self._take(hs, job, before, answer)
         if job.host is None:  # a fresh launch
+            if self.queue.stopped:  # Ctrl-C came while it was being taken: not launched, back in the queue
+                self.queue.put_back(job)
+                return None
             try:
                 path = job.staged[1] if job.staged and job.staged[0] == hs.host.name else \
                     self.hosts.stage_checkpoint(hs, c)
@@ -269,6 +305,8 @@ class SlotWorkers:
             # so its end is seen at once without a round trip per check; a re-attached run gets a first look
             wait_s = self.opts.poll_s if launched else 0.0
             while True:
+                if self.queue.stopped:  # Ctrl-C: the run goes on (the ledger says launched); not followed
+                    return
                 nxt = self._foldable(hs, held, folds) if wait_s > 0 else None
                 sub = self._submission(hs, nxt, gpu) if nxt is not None else None
                 pulled = None
@@ -293,7 +331,7 @@ class SlotWorkers:
 
     def _foldable(self, hs: HostSession, held: list[Job], folds: dict[str, Fold]) -> Job | None:
         """The held job the long poll may start: a fresh one, staged on this host, not tried yet."""
-        if not held or not hs.backend.supports(WAIT_THEN_SUBMIT):
+        if not held or not hs.backend.supports(WAIT_THEN_SUBMIT) or self.queue.stopped:
             return None
         nxt = held[-1]
         if nxt.host is not None or nxt.key in folds or not nxt.staged or nxt.staged[0] != hs.host.name:
@@ -432,19 +470,23 @@ class Sweep:
                 why = "no free GPU (all busy or locked by other runs); the next sweep tries again"
                 break
             last = (len(self.record.outcomes), len(up))
-            threads = []
+            workers = Workers()
             for hs in up:
                 if batches(hs.backend):  # one batch for its share, one poller
-                    threads.append(threading.Thread(target=batch.run, args=(hs,)))
+                    workers.start(batch.run, hs)
                     continue
                 n_attach = self.queue.count(hs.host.name)
-                threads += [threading.Thread(target=slots.worker, args=(hs, "none", True)) for _ in range(n_attach)]
+                for _ in range(n_attach):
+                    workers.start(slots.worker, hs, "none", True)
                 if hs.on_gpu or not n_attach:
-                    threads += [threading.Thread(target=slots.worker, args=(hs, g)) for g in hs.slots]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
+                    for g in hs.slots:
+                        workers.start(slots.worker, hs, g)
+            try:
+                workers.wait()
+            except KeyboardInterrupt:
+                self.queue.stop()  # Ctrl-C: nothing more is taken, launched or followed
+                workers.wait(STOP_GRACE_S)  # a call under way answers first (a second Ctrl-C stops the wait)
+                raise
         for job in self.queue.drop(lambda j: True):  # no host left for these
             self.record.left(job, NOT_RUN, why)
 

@@ -22,6 +22,11 @@ cuDNN handles) besides cuDNN's compile, not one big cost. Probe on an H200, load
 fresh caches 4.22 -> 3.05 s, warm 2.45 / 2.31 -> 1.94 / 1.73 s, REVAL_TRITON=1 warm 3.24 / 2.69 -> 2.70 / 2.51 s.
 This bench, same day: median of five 1.19x -> 1.05x the floor (warm-up after the load 0.95 s -> 0.23 s), fresh
 host 1.51x -> 1.42x (single runs; the driver's cache still pays cuDNN's compile, now beside the load).
+Later that day, three more H200 machines: the median 1.17x (fresh host 1.40x, again 1.22x, CUDA_CACHE_DISABLE=1
+1.84x), and 1.36-1.39x in a probe whose interleaved runs took 7.0-7.6 s against a 5.2 s floor: the bare init
+alone read 3.25, 3.5, 4.1 and 4.8 s on those machines, so compare rows of one run only. A probe of the fresh
+host (same machine, same code): first 7.33 s, again 7.07 s, the default's runs 7.04-7.62 s (the fresh host's own
+cost is now inside the spread); efficient attention instead of cuDNN's (no compile on a fresh host) was no faster.
 """
 from __future__ import annotations
 

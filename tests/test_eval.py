@@ -311,3 +311,30 @@ def test_a_standalone_eval_whose_reader_goes_away_still_finishes(inputs, tmp_pat
     assert p.wait(timeout=300) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
     assert protocol.read_json(run_dir / protocol.STATUS_JSON)["state"] == protocol.SUCCEEDED
     assert (run_dir / protocol.RESULTS_JSON).exists()
+
+
+def test_the_feature_pass_takes_one_cpu_thread_while_the_weights_load(inputs, tmp_path, monkeypatch):
+    """Beside the weight load the pass's torch ops run on one thread (the intra-op pool on every core slowed
+    the load's readers on an H200 host); the pool comes back once the load is done, and after the pass."""
+    from remote_payload.eval import cache as cache_mod
+    from remote_payload.eval import run
+    before = torch.get_num_threads()
+    if before < 2:
+        torch.set_num_threads(2)  # so that the one-thread phase can be told apart
+    threads_seen, loading = [], iter([True, True, False])
+    real_stats = run._stats
+
+    def stats(x):
+        threads_seen.append(torch.get_num_threads())
+        return real_stats(x)
+    monkeypatch.setattr(run, "_stats", stats)
+    try:
+        pool = torch.get_num_threads()
+        c = cache_mod.open_cache(str(inputs / "cache"))
+        opts = run.EvalOptions(drafter=str(inputs / "drafter"), target=str(inputs / "target"),
+                               cache=str(inputs / "cache"), run_dir=str(tmp_path / "r"), name="r")
+        out = run.feature_pass(opts, c, c.prompts, run.Reporter(None), loading=lambda: next(loading))
+        assert threads_seen == [run.FEATURE_THREADS_BESIDE_LOAD, run.FEATURE_THREADS_BESIDE_LOAD, pool]
+        assert torch.get_num_threads() == pool and sorted(out) == ["prompt-0", "prompt-1", "prompt-2"]
+    finally:
+        torch.set_num_threads(before)

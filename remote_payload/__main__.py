@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from remote_payload import __version__
@@ -56,9 +57,31 @@ def main(argv: list[str] | None = None) -> int:
     return int(args.func(args) or 0)
 
 
+# Commands whose main() returns only once everything it makes is on disk (results.json, the cache, both
+# written whole and renamed into place; their thread pools joined). They leave by os._exit: the interpreter's
+# teardown after them (torch freeing gigabytes of device memory and its CUDA handles, the module graph's
+# collection) took 0.6-0.7 s of an eval process's ~6.4 s on an H200 host, after the result was written.
+# Six interleaved pairs on one H200 (2026-12-02): the last event -> the process gone 0.81 -> 0.30 s (medians;
+# the rest is the kernel releasing the process's GPU memory), the wall 7.91 -> 7.50 s.
+FAST_EXIT = ("eval", "extract")
+
+
+def fast_exit(rc: int) -> None:
+    """Flush what this process printed and end it now, skipping the interpreter's teardown."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away, a stream already closed: nothing to keep
+            pass
+    os._exit(rc)
+
+
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
     except KeyboardInterrupt:  # Ctrl-C before a command's own handling (e.g. while torch imports): one line
         print("interrupted", file=sys.stderr)
         sys.exit(protocol.EXIT_CANCELLED)
+    if next((a for a in sys.argv[1:] if not a.startswith("-")), None) in FAST_EXIT:
+        fast_exit(code)
+    sys.exit(code)

@@ -313,6 +313,31 @@ def test_a_standalone_eval_whose_reader_goes_away_still_finishes(inputs, tmp_pat
     assert (run_dir / protocol.RESULTS_JSON).exists()
 
 
+def test_eval_leaves_without_the_interpreters_teardown_and_loses_no_output(inputs, tmp_path):
+    """`python -m remote_payload eval` ends by os._exit once results.json is written (the teardown cost an H200
+    eval process 0.6-0.7 s): what it printed still arrives (stdout a pipe, block-buffered), its exit code is
+    the eval's, and an atexit hook (the teardown) never runs — for a good run and for a bad input (exit 3)."""
+    import subprocess
+    import sys
+    code = ("import atexit, runpy, sys; atexit.register(lambda: print('TEARDOWN RAN', file=sys.stderr)); "
+            "runpy.run_module('remote_payload', run_name='__main__')")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONUNBUFFERED"}
+
+    def eval_(*extra):
+        return subprocess.run([sys.executable, "-c", code, "eval", "--drafter", str(inputs / "drafter"),
+                               "--target", str(inputs / "target"), "--cache", str(inputs / "cache"),
+                               "--device", "cpu", *extra], capture_output=True, text=True, timeout=300, check=False,
+                              cwd=Path(__file__).resolve().parents[1], env=env)
+    ok = eval_("--run-dir", str(tmp_path / "ok"))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.splitlines()[-1] == f"results: {tmp_path / 'ok' / protocol.RESULTS_JSON}"
+    assert "TEARDOWN RAN" not in ok.stderr and "Traceback" not in ok.stderr
+    assert protocol.read_json(tmp_path / "ok" / protocol.STATUS_JSON)["state"] == protocol.SUCCEEDED
+    bad = eval_("--run-dir", str(tmp_path / "bad"), "--max-blocks", "0")
+    assert bad.returncode == protocol.EXIT_BAD_INPUT, bad.stderr
+    assert bad.stderr.startswith("error: ") and "TEARDOWN RAN" not in bad.stderr
+
+
 def test_the_feature_pass_takes_one_cpu_thread_while_the_weights_load(inputs, tmp_path, monkeypatch):
     """Beside the weight load the pass's torch ops run on one thread (the intra-op pool on every core slowed
     the load's readers on an H200 host); the pool comes back once the load is done, and after the pass."""

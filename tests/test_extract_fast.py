@@ -231,6 +231,29 @@ def test_two_processes_write_the_one_process_cache(fx, single, tmp_path):
 
 
 @pytest.mark.slow
+def test_extract_as_a_process_of_two_workers_ends_by_the_fast_exit_with_its_cache_whole(fx, single, tmp_path):
+    """`python -m remote_payload extract --gpus cpu,cpu` leaves by os._exit (no interpreter teardown, no atexit
+    hook) only after its workers are joined and the cache is written: the one-process cache byte for byte."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    prompts, one = single
+    code = ("import atexit, runpy, sys; atexit.register(lambda: print('TEARDOWN RAN', file=sys.stderr)); "
+            "runpy.run_module('remote_payload', run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", code, "extract", "--target", str(fx / "target"), "--prompts",
+                        str(prompts), "--out", str(tmp_path / "two"), "--max-new-tokens", str(NEW), "--layers",
+                        ",".join(map(str, LAYERS)), "--batch-size", "2", "--gpus", "cpu,cpu"],
+                       capture_output=True, text=True, timeout=600, check=False,
+                       cwd=Path(__file__).resolve().parents[1],
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "TEARDOWN RAN" not in p.stderr and "Traceback" not in p.stderr
+    assert sum(line.startswith("[") for line in p.stdout.splitlines()) == len(TEXTS)  # every line arrived
+    _same_bytes(one, tmp_path / "two")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("resume_gpus", ["cpu,cpu", None])
 def test_an_interrupted_two_process_run_resumes_to_the_same_cache(fx, single, tmp_path, resume_gpus):
     """Killed after its 3rd prompt: the workers stop, the recorded prompts stay, a resume (by two processes or

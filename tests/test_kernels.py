@@ -126,3 +126,46 @@ def test_triton_kernels_equal_torch_under_the_triton_interpreter():
                        check=False, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_cuda_c_kernel_cache_compiles_once_keeps_a_whole_cubin_and_recompiles_a_damaged_one(tmp_path, monkeypatch):
+    """rtc.py's cubin cache (the compile itself runs in tests/gpu): the first call compiles and keeps the cubin,
+    the next reads it back; a truncated or altered file is compiled again and rewritten whole; a cache folder
+    that cannot be written still gives the cubin. The key changes with the arch and NVRTC's version."""
+    from remote_payload.eval import rtc
+    monkeypatch.setenv("REVAL_KERNEL_CACHE", str(tmp_path / "k"))
+    compiled = []
+
+    def fake_compile(arch):
+        compiled.append(arch)
+        return b"\x7fELF cubin for " + arch.encode() + b"\x00" * 9
+
+    cubin, cached = rtc.cubin_for("sm_90", "13.0", fake_compile)
+    assert (cubin, cached, compiled) == (b"\x7fELF cubin for sm_90" + b"\x00" * 9, False, ["sm_90"])
+    compiled.clear()
+    assert rtc.cubin_for("sm_90", "13.0", fake_compile) == (cubin, True) and compiled == []
+    path = rtc.cubin_path("sm_90", "13.0")
+    assert path.parent == tmp_path / "k" and [p.name for p in path.parent.iterdir()] == [path.name]
+    assert {rtc.cubin_path("sm_100", "13.0"), rtc.cubin_path("sm_90", "12.8")}.isdisjoint({path})
+    blob = path.read_bytes()
+    for damaged in (blob[:-3], blob[:-1] + b"X", b"", b"not a cubin at all"):
+        path.write_bytes(damaged)
+        assert rtc.read_cached(path) is None
+        assert rtc.cubin_for("sm_90", "13.0", fake_compile) == (cubin, False) and compiled == ["sm_90"]
+        assert path.read_bytes() == blob
+        compiled.clear()
+    monkeypatch.setenv("REVAL_KERNEL_CACHE", str(tmp_path / "file-not-dir" / "k"))
+    (tmp_path / "file-not-dir").write_text("in the way")
+    assert rtc.cubin_for("sm_90", "13.0", fake_compile) == (cubin, False)
+
+
+def test_cuda_c_pass_says_why_it_does_not_run_off_cuda(monkeypatch):
+    from remote_payload.eval import rtc
+    assert rtc.available(torch.device("cpu")) == "not a CUDA device"
+    assert not rtc.applies(torch.zeros(4, 64, dtype=torch.bfloat16))
+    monkeypatch.setenv("REVAL_RTC", "0")
+    assert not rtc.enabled()
+    monkeypatch.setenv("REVAL_RTC", "1")
+    assert rtc.enabled()
+    monkeypatch.setenv("REVAL_TORCH_KERNELS", "1")
+    assert not rtc.enabled()

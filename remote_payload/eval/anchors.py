@@ -204,8 +204,8 @@ def prime(cfg, device: torch.device, dtype: torch.dtype, *, batch_size: int, bud
     """While the weights load (on a thread of its own): the drafting's code path once on a miniature of the
     drafter (the same layer types, heads, head size, block size and vocabulary; hidden and MLP 256 wide; zero
     weights and features), so that a process's first calls (CUDA's lazy loading of each kernel, cuBLAS's and
-    cuDNN's start, cuDNN's attention kernel compiled at run time, Triton's start) are paid beside the load
-    rather than in `warm_up` after it. Nothing it computes is kept. CUDA only (`warmup_mode`). Seconds, or None
+    cuDNN's start, cuDNN's attention kernel compiled at run time, the CUDA C kernels' load, Triton's start) are
+    paid beside the load rather than in `warm_up` after it. Nothing it computes is kept. CUDA only (`warmup_mode`). Seconds, or None
     when it did not run."""
     if device.type != "cuda" or warmup_mode() == "off":
         return None

@@ -2,20 +2,23 @@
 
 `row_logsumexp(logits)` [N, V] -> [N, 1] fp32. torch's `logsumexp(logits.float())` writes an fp32 copy of
 [N, V] and reads it in several passes (at the 27B sizes, 248,320-token vocabulary and 1,920 rows a batch:
-4.5 ms of a 29 ms batch). On CUDA: one Triton pass over the bf16 logits with an online max/sum per lane in
-fp32 (0.41 ms) when the run is long enough to pay for Triton's start (`plan`; REVAL_TRITON=1/0 forces it),
-else from torch's fused log-softmax (3.2 ms). Both equal the torch path within fp32 rounding (tests/gpu).
+4.5 ms of a 29 ms batch). On CUDA, bf16: one pass of CUDA C (rtc.py: compiled by NVRTC once per host, no
+start to pay) that also takes every 32 columns' maximum for the top-k; where it cannot run, one Triton pass
+(the same contract) when the run is long enough to pay for Triton's start (`plan`; REVAL_TRITON=1/0 forces
+it), else torch's fused log-softmax (3.2 ms). All equal the torch path within fp32 rounding (tests/gpu).
 `row_topk(logits, k)` -> the k largest of each row with their ids, in one defined order: value descending, ties
 by the lower id (what a stable descending sort and `argmax` give; torch.topk leaves ties to its kernel). The
 reference (`topk_reference`) runs torch.topk over unique integer keys (value bits | inverted id); the fast path
 (`topk_chunked`, any device) takes the maximum of each group of columns in one coalesced pass, keeps the k
 best groups and selects among their k*group values only, equal to the reference by construction (see its doc)
 and by test (tests/test_kernels.py, tests/gpu). At the 27B sizes (1,920 rows x 248,320) torch.topk took 3.4 ms.
-`rope` and `silu_mul` / `silu_and_mul`: apply_rope and silu(gate) * up as one Triton pass each, where Triton
-runs, with torch's numbers bit for bit (tests/gpu). `rms_norm`: transformers' RMSNorm in one pass (its
-roundings; the mean's summation order Triton's). The last three also serve extract's decode steps
-(fastgen.FusedLayers). The Triton kernels live in triton_kernels.py.
-REVAL_TORCH_KERNELS=1 turns the fast paths off (the reference runs everywhere).
+`rope` and `silu_mul` / `silu_and_mul`: apply_rope and silu(gate) * up as one pass each, with torch's numbers
+bit for bit (tests/gpu): in the eval the CUDA C ones (rtc.py), else Triton's where it runs. `rms_norm`:
+transformers' RMSNorm in one pass (its roundings; the mean's summation order Triton's). The last three also
+serve extract's decode steps (fastgen.FusedLayers), always as Triton passes. The Triton kernels live in
+triton_kernels.py, the CUDA C ones in rtc.py.
+REVAL_TORCH_KERNELS=1 turns the fast paths off (the reference runs everywhere); REVAL_RTC=0 the CUDA C ones
+(the eval then takes Triton's where `plan` chose it, else torch's).
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ import os
 
 import torch
 from torch import Tensor
+
+from remote_payload.eval import rtc
 
 _triton = None
 
@@ -50,9 +55,15 @@ def fast_kernels_enabled(t: Tensor) -> bool:
 
 
 def prepare(device: torch.device) -> None:
-    """Import Triton (0.24 s on an H200 host) now, if it will be used, rather than at the first batch."""
-    if device.type == "cuda" and not os.environ.get("REVAL_TORCH_KERNELS"):
-        _use_triton()
+    """Load the CUDA C logsumexp (rtc.py: compiled once per host, then read from its cache) and import Triton
+    (0.24 s on an H200 host) if it will be used, now rather than at the first batch."""
+    if device.type == "cuda" and not os.environ.get("REVAL_TORCH_KERNELS") and rtc.available(device) is not None:
+        _use_triton()  # only where the CUDA C passes do not run: they stand in for Triton's in the eval
+
+
+def _rtc(logits: Tensor) -> bool:
+    """The CUDA C pass (rtc.py) takes these logits here."""
+    return rtc.applies(logits) and rtc.available(logits.device) is None
 
 
 # Triton's first use in a fresh process (import, kernel from its cache) cost the eval stage ~0.5 s on an H200
@@ -61,7 +72,9 @@ def prepare(device: torch.device) -> None:
 # thread beside it, threshold 1e10 so the seeds' 10 x 30 (1.78e10) runs Triton. H200, 7 interleaved pairs of
 # eval processes: eval stage 1.06 -> 0.92 s (55% -> 68% of peak) but the load 1.86 -> 2.21 s (Triton's start is
 # GIL-bound Python beside the load's readers): median wall 8.13 -> 8.22 s, a wash; and a host's first run pays
-# Triton's compile (~3 s, fresh caches 1.84x the floor vs ~1.4x). So the threshold stays.
+# Triton's compile (~3 s, fresh caches 1.84x the floor vs ~1.4x). So the threshold stayed, and the eval's passes
+# became CUDA C (rtc.py: no start to pay, 0.4 s of NVRTC once per host): Triton's plan now matters only where
+# those cannot run (no NVRTC, not bf16).
 TRITON_PAYS_ELEMENTS = 6e10
 _planned = False
 
@@ -89,6 +102,8 @@ def row_logsumexp(logits: Tensor, top_ids: Tensor | None = None) -> Tensor:
     -inf - -inf). Both equal `logsumexp(logits.float())` within fp32 rounding (tests/gpu)."""
     if not (fast_kernels_enabled(logits) and logits.dim() == 2 and logits.stride(1) == 1 and logits.shape[0]):
         return torch.logsumexp(logits.float(), dim=-1, keepdim=True)
+    if _rtc(logits):
+        return rtc.lse_cmax(logits, want_max=False)[0]
     if _use_triton():
         return _triton_lse(logits)[0]
     j = logits.argmax(-1, keepdim=True) if top_ids is None else top_ids
@@ -164,7 +179,7 @@ def row_topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
 # Columns per maximum in the Triton pass (a divisor of its BLOCK). 32 at the 27B sizes (1,920 x 248,320, k 512):
 # a top-k over 7,760 chunk maxima then over 512 x 32 kept values; 64 made that 3,880 then 32,768 (H200 profile:
 # 1.8 ms a batch, most of it the second top-k).
-LSE_CHUNK = 32
+LSE_CHUNK = rtc.CHUNK  # 32: the CUDA C pass (rtc.py) takes the same chunks
 
 
 def _triton_lse(logits: Tensor, chunk_max: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -199,9 +214,13 @@ def lse_topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     maximum, and the top-k reads only the k best chunks: no separate full pass for the top-k."""
     n, v = logits.shape if logits.dim() == 2 else (0, 0)
     if (n and fast_kernels_enabled(logits) and logits.is_contiguous() and v % LSE_CHUNK == 0
-            and v // LSE_CHUNK >= 4 * k and _use_triton()):
-        lse, cmax = _triton_lse(logits, chunk_max=True)
-        return (lse, *topk_from_chunk_max(logits, k, LSE_CHUNK, cmax))
+            and v // LSE_CHUNK >= 4 * k):
+        if _rtc(logits):  # CUDA C: no start to pay, so at every size (rtc.py)
+            lse, cmax = rtc.lse_cmax(logits)
+            return (lse, *topk_from_chunk_max(logits, k, LSE_CHUNK, cmax))
+        if _use_triton():
+            lse, cmax = _triton_lse(logits, chunk_max=True)
+            return (lse, *topk_from_chunk_max(logits, k, LSE_CHUNK, cmax))
     vals, ids = row_topk(logits, k)
     return row_logsumexp(logits, ids[:, :1]), vals, ids
 
@@ -217,16 +236,20 @@ def _triton_now(always: bool) -> bool:
 
 
 def rope(x: Tensor, cos: Tensor, sin: Tensor, *, always: bool = False) -> Tensor | None:
-    """`drafter.apply_rope` as one Triton pass (five torch kernels, broadcasting cos/sin over the heads), the
-    same bf16 numbers: x [..., NH, d] contiguous bf16, cos/sin [..., 1, d] bf16 with x's leading shape.
-    None where it does not apply (no Triton planned, another dtype or layout, a gradient wanted): the caller
-    runs apply_rope. always: see `_triton_now`."""
+    """`drafter.apply_rope` as one pass (five torch kernels, broadcasting cos/sin over the heads; CUDA C in the
+    eval, Triton with `always`), the same bf16 numbers: x [..., NH, d] contiguous bf16, cos/sin [..., 1, d] bf16 with x's leading shape.
+    None where it does not apply (neither pass available, another dtype or layout, a gradient wanted): the
+    caller runs apply_rope. always: see `_triton_now`."""
     if x.dim() < 2 or (torch.is_grad_enabled() and x.requires_grad):
         return None
     nh, d = x.shape[-2:]
     if not (fast_kernels_enabled(x) and x.dtype == cos.dtype == sin.dtype == torch.bfloat16 and x.is_contiguous()
             and cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape == (*x.shape[:-2], 1, d)
-            and nh > 0 and d % 2 == 0 and _pow2(d // 2) and _triton_now(always)):
+            and nh > 0 and d % 2 == 0 and _pow2(d // 2)):
+        return None
+    if not always and rtc.available(x.device) is None:  # the eval: CUDA C (rtc.py), no start to pay
+        return rtc.rope(x, cos, sin)
+    if not _triton_now(always):
         return None
     out = torch.empty_like(x)
     rows = x.numel() // (nh * d)
@@ -258,7 +281,11 @@ def silu_and_mul(gate: Tensor, up: Tensor, *, always: bool = False) -> Tensor | 
         return None
     inner = gate.shape[-1]
     g2, u2 = _rows(gate), _rows(up)
-    if g2 is None or u2 is None or not _triton_now(always):
+    if g2 is None or u2 is None:
+        return None
+    if not always and rtc.available(gate.device) is None:  # the eval: CUDA C (rtc.py), no start to pay
+        return rtc.silu_mul(g2, u2, gate.shape)
+    if not _triton_now(always):
         return None
     rows = g2.shape[0]
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)

@@ -38,7 +38,7 @@ from remote_payload import __version__
 from remote_payload.contract import protocol
 from remote_payload.contract import results as R
 from remote_payload.contract.errors import PayloadError
-from remote_payload.eval import anchors, metrics
+from remote_payload.eval import anchors, metrics, rtc
 from remote_payload.eval.anchors import AnchorOutputs, draft_all_anchors, drafted_prompts, warm_up  # noqa: F401 (re-exported)
 from remote_payload.eval.cache import open_cache
 from remote_payload.eval.checkpoint import check_features, load_drafter, load_target_head, peek_config
@@ -307,6 +307,7 @@ def read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.dt
 def _read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.dtype) -> tuple:
     t_load = time.perf_counter()
     batch = batch_size(opts, device)
+    rtc.precompile(device)  # the CUDA C kernels read (or, on a new host, compiled) beside everything else
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reval-prime") as ex:
         primed = _start_prime(ex, opts, device, dtype, batch)
         drafter, info, head, hinfo = load_weights(opts.drafter, opts.target, device, dtype, opts.allow_unknown_config)
@@ -317,7 +318,8 @@ def _read_weights(opts: EvalOptions, first, device: torch.device, dtype: torch.d
          else metrics.num_anchors(first.prompt_len, first.seq_len, opts.max_blocks, drafter.cfg.block_size))
     parts = warm_up(drafter, head, device, dtype, seq_len=first.seq_len, prompt_len=first.prompt_len, n=n,
                     batch_size=batch, budgets=opts.ddtree_budgets, widths=opts.tree_widths)
-    warmed = [] if parts is None else [(time.perf_counter() - t, {**parts, **prime})]
+    note = {"CUDA C kernels": rtc.how(device)} if device.type == "cuda" else {}
+    warmed = [] if parts is None else [(time.perf_counter() - t, {**parts, **prime, **note})]
     return drafter, info, head, hinfo, warmed, load_s
 
 

@@ -7,9 +7,10 @@ to disk as safetensors (drafter folder + a target folder with an index and the m
   seeds     10 prompts x 30 blocks (the seeds' run): the eval stage (drafting at every anchor + all walks)
   large     128 prompts x 64 blocks
   2k        32 prompts of a 2,000-token prompt + 512-token completion x 32 blocks; on CUDA again with one
-            fast path off (ABLATIONS: REVAL_STREAMS=1, REVAL_TRITON=0), so each run shows what they earn;
-            seeds again with REVAL_TRITON=1 (too short a run for `kernels.plan` to start Triton: H200
-            2026-12-02, 56.1% of peak without, 68.7% with; the process pays Triton's start, see bench_process)
+            fast path off (ABLATIONS: REVAL_STREAMS=1; REVAL_RTC=0, Triton's passes instead of the CUDA C
+            ones), so each run shows what they earn; seeds again with REVAL_RTC=0 (too short a run for
+            `kernels.plan` to start Triton: torch's log-softmax and elementwise kernels; H200 2026-12-02, 55.8%
+            of peak, 68.6% with the CUDA C passes, the same as Triton's 68.6%)
   naive     one prompt, one round at a time, whole context recomputed (`naive_block`): the baseline
 Prints drafter rounds/s (one round = one anchor's 16-token block), achieved TFLOP/s (useful FLOPs: block
 GEMMs, attention, lm_head, context projections) against the measured bf16 peak, and the speed-up over naive.
@@ -57,8 +58,11 @@ SCENARIOS = {
     "tiny": [("seeds 10x30", 10, 30, 60, 480), ("large 8x64", 8, 64, 100, 1024), ("2k 4x32", 4, 32, 2000, 512)],
 }
 BUDGETS = [16, 32, 64, 128, 256, 512]
-# the 2k row again with one fast path off (CUDA): one stream (anchors._Lanes), no Triton (kernels.plan)
-ABLATIONS = [("REVAL_STREAMS", "1"), ("REVAL_TRITON", "0")]
+# the 2k row again with one fast path off (CUDA): one stream (anchors._Lanes), Triton's passes (kernels.plan)
+# instead of the CUDA C ones (rtc.py)
+ABLATIONS = [("REVAL_STREAMS", "1"), ("REVAL_RTC", "0")]
+# the seeds row again without the CUDA C passes (rtc.py): torch's log-softmax, RoPE and SiLU kernels then
+SEEDS_ABLATIONS = [("REVAL_RTC", "0")]
 
 
 @contextlib.contextmanager
@@ -286,7 +290,7 @@ def main(args: argparse.Namespace) -> int:
             rows.append(bench_eval(name, drafter, head, cfg, dev, dtype, prompts, blocks, plen, comp, batch))
             print(f"  done: {name}", flush=True)
             if dev.type == "cuda" and name.startswith(("2k", "seeds")):  # what streams and Triton earn, same run
-                for knob, value in ABLATIONS if name.startswith("2k") else [("REVAL_TRITON", "1")]:
+                for knob, value in ABLATIONS if name.startswith("2k") else SEEDS_ABLATIONS:
                     with _env(knob, value):
                         rows.append(bench_eval(f"{name}, {knob}={value}", drafter, head, cfg, dev, dtype, prompts,
                                                blocks, plen, comp, batch))

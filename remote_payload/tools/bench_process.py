@@ -9,7 +9,7 @@ measured in the same run, page cache warm:
 floor = init + raw read + warm eval. The process's own eval stage (results.json timing.eval_s) is set
 against the warm eval, so first-call costs and host stalls inside the stage show as a ratio.
 On CUDA, before the median runs: the first eval with empty kernel caches (CUDA_CACHE_PATH, TRITON_CACHE_DIR,
-TORCHINDUCTOR_CACHE_DIR in a fresh folder: a fresh host), again with the caches it filled, and with the CUDA
+TORCHINDUCTOR_CACHE_DIR, REVAL_KERNEL_CACHE in a fresh folder: a fresh host), again with the caches it filled, and with the CUDA
 driver's cache off. H200, 2026-12-02, two runs: fresh 1.33x / 1.43x the floor (warm-up 2.06 / 1.83 s), again
 1.27x / 1.30x (0.94 / 0.82 s), CUDA_CACHE_DISABLE=1 1.71x / 1.51x, the median of five 1.19x / 1.19x. What the
 empty cache costs is cuDNN's attention compiling its kernel at the process's first call (NVRTC, ~1 s, any
@@ -27,6 +27,11 @@ Later that day, three more H200 machines: the median 1.17x (fresh host 1.40x, ag
 alone read 3.25, 3.5, 4.1 and 4.8 s on those machines, so compare rows of one run only. A probe of the fresh
 host (same machine, same code): first 7.33 s, again 7.07 s, the default's runs 7.04-7.62 s (the fresh host's own
 cost is now inside the spread); efficient attention instead of cuDNN's (no compile on a fresh host) was no faster.
+Later still (the fast exit, `__main__.FAST_EXIT`; the eval's passes as CUDA C, rtc.py), one H200, interleaved:
+CUDA C vs REVAL_RTC=0 (4 pairs) wall 7.24 vs 7.68 s, eval stage 0.95 vs 1.07 s (medians); fresh hosts (2 pairs)
+8.88 / 8.47 vs 9.83 / 7.30 s, NVRTC's compile 0.39-0.41 s on a thread of its own. This bench on another H200 the
+same hour read 0.81x (its bare init, 5.0 s median, was slower than whole eval processes: a floor that moved
+again), fresh host 1.14x, again 0.92x.
 """
 from __future__ import annotations
 
@@ -45,8 +50,8 @@ import torch
 from remote_payload.eval.cache import CacheWriter
 from remote_payload.eval.config import DrafterConfig
 
-# the knobs' effect, one run each: each warm-up mode (anchors.warmup_mode); Triton's kernels (and start) forced on
-VARIANTS = [("REVAL_WARMUP=off", {"REVAL_WARMUP": "off"}), ("REVAL_TRITON=1", {"REVAL_TRITON": "1"})]
+# the knobs' effect, one run each: each warm-up mode (anchors.warmup_mode); without the CUDA C passes (rtc.py)
+VARIANTS = [("REVAL_WARMUP=off", {"REVAL_WARMUP": "off"}), ("REVAL_RTC=0", {"REVAL_RTC": "0"})]
 REPEATS = 5  # runs of the shipped default; the row reports the median (torch's import time varies run to run)
 SEEDS_RUN = {"prompts": 10, "prompt_len": 60, "completion": 480, "max_blocks": 30}
 
@@ -139,7 +144,8 @@ def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device,
         fresh = root / f"kernel-caches-{caches}"
         (w, t), = process_runs(argv, root, runs=1, env={"CUDA_CACHE_PATH": str(fresh / "cuda"), **extra,
                                                           "TRITON_CACHE_DIR": str(fresh / "triton"),
-                                                          "TORCHINDUCTOR_CACHE_DIR": str(fresh / "inductor")})
+                                                          "TORCHINDUCTOR_CACHE_DIR": str(fresh / "inductor"),
+                                                          "REVAL_KERNEL_CACHE": str(fresh / "reval")})
         cold.append((label, w, t))
     runs = sorted(process_runs(argv, root, runs=REPEATS), key=lambda r: r[0])
     wall, timing = runs[len(runs) // 2]  # the median run: one lucky run is no claim

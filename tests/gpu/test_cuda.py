@@ -58,9 +58,11 @@ def test_fused_logsumexp_equals_torch(triton, monkeypatch):
     from remote_payload.eval import kernels
     from remote_payload.eval.kernels import fast_kernels_enabled, row_logsumexp
     monkeypatch.setenv("REVAL_TRITON", triton)
+    monkeypatch.setenv("REVAL_RTC", "0" if triton == "1" else "1")  # Triton's pass, or the CUDA C one
     assert kernels._use_triton() == (triton == "1")
     g = torch.Generator(device="cuda").manual_seed(0)
-    for dt, shape in ((torch.bfloat16, (257, 50001)), (torch.float32, (33, 4097)), (torch.bfloat16, (5, 7))):
+    for dt, shape in ((torch.bfloat16, (257, 50001)), (torch.float32, (33, 4097)), (torch.bfloat16, (5, 7)),
+                      (torch.bfloat16, (64, 50016))):  # the last one the CUDA C pass takes (V % 32 == 0)
         x = (torch.randn(shape, generator=g, device="cuda") * 4).to(dt)
         assert fast_kernels_enabled(x)
         got, ref = row_logsumexp(x), torch.logsumexp(x.float(), dim=-1, keepdim=True)
@@ -77,8 +79,10 @@ def test_logits_topk_fast_path_equals_torch_path(monkeypatch):
     hidden = torch.randn(24, 16, H, generator=g, device="cuda").bfloat16()
     tgt = torch.randint(0, V, (24, 15), generator=g, device="cuda")
     monkeypatch.setenv("REVAL_TRITON", "1")
+    monkeypatch.setenv("REVAL_RTC", "0")
     triton = logits_topk(hidden, head, 64, target_ids=tgt)
     monkeypatch.setenv("REVAL_TRITON", "0")
+    monkeypatch.setenv("REVAL_RTC", "1")
     fast = logits_topk(hidden, head, 64, target_ids=tgt)
     monkeypatch.setenv("REVAL_TORCH_KERNELS", "1")
     ref = logits_topk(hidden, head, 64, target_ids=tgt)
@@ -98,6 +102,7 @@ def test_eval_fast_kernels_equal_torch_kernels_in_bf16(trained_fixtures, tmp_pat
     res = {}
     for mode in ("fast", "triton", "torch"):
         monkeypatch.setenv("REVAL_TRITON", "1" if mode == "triton" else "0")
+        monkeypatch.setenv("REVAL_RTC", "1" if mode == "fast" else "0")
         monkeypatch.setenv("REVAL_WARMUP", "1" if mode == "fast" else "0")
         if mode == "torch":
             monkeypatch.setenv("REVAL_TORCH_KERNELS", "1")
@@ -164,6 +169,7 @@ def test_lse_topk_with_and_without_triton_equals_the_references(triton, monkeypa
     from remote_payload.eval import kernels
     from tests.samples import tricky_logits
     monkeypatch.setenv("REVAL_TRITON", triton)
+    monkeypatch.setenv("REVAL_RTC", "0" if triton == "1" else "1")  # Triton's pass, or the CUDA C one
     V, k = 248320, 512
     x = tricky_logits(8, V, torch.bfloat16, 1).cuda()
     g = torch.Generator(device="cuda").manual_seed(6)
@@ -208,12 +214,15 @@ def test_drafting_on_several_streams_equals_one_stream(monkeypatch):
     assert sum(int(r.tree_acc[256].sum()) for r in ref) > 0  # some targets inside the trees: not vacuous
 
 
-def test_triton_rope_equals_apply_rope_bit_for_bit(monkeypatch):
-    """The fused RoPE (one pass) gives apply_rope's bf16 numbers exactly, at the 27B shapes (32 query and 8 key
-    heads of 128) and positions up to the context limit."""
-    from remote_payload.eval import kernels
+@pytest.mark.parametrize("fused", ["cuda-c", "triton"])
+def test_fused_rope_equals_apply_rope_bit_for_bit(fused, monkeypatch):
+    """The fused RoPE (one pass: rtc.py's CUDA C, or Triton's) gives apply_rope's bf16 numbers exactly, at the 27B
+    shapes (32 query and 8 key heads of 128) and positions up to the context limit."""
+    from remote_payload.eval import kernels, rtc
     from remote_payload.eval.drafter import apply_rope, rope_cos_sin
     monkeypatch.setenv("REVAL_TRITON", "1")
+    monkeypatch.setenv("REVAL_RTC", "1" if fused == "cuda-c" else "0")
+    assert (rtc.available(torch.device("cuda")) is None) == (fused == "cuda-c")
     g = torch.Generator(device="cuda").manual_seed(9)
     pos = torch.randint(0, 262144, (2, 64, 16), generator=g, device="cuda")
     cos, sin = rope_cos_sin(pos, 128, 1e7)
@@ -227,9 +236,12 @@ def test_triton_rope_equals_apply_rope_bit_for_bit(monkeypatch):
         assert got is not None and torch.equal(got, ref), heads
 
 
-def test_triton_silu_mul_equals_torch_bit_for_bit(monkeypatch):
-    from remote_payload.eval import kernels
+@pytest.mark.parametrize("fused", ["cuda-c", "triton"])
+def test_fused_silu_mul_equals_torch_bit_for_bit(fused, monkeypatch):
+    from remote_payload.eval import kernels, rtc
     monkeypatch.setenv("REVAL_TRITON", "1")
+    monkeypatch.setenv("REVAL_RTC", "1" if fused == "cuda-c" else "0")
+    assert (rtc.available(torch.device("cuda")) is None) == (fused == "cuda-c")
     g = torch.Generator(device="cuda").manual_seed(10)
     gu = (torch.randn(2048, 2 * 17408, generator=g, device="cuda") * 6).bfloat16()
     gu[0, :8] = torch.tensor([0.0, -0.0, 88.0, -88.0, 1e4, -1e4, float("inf"), float("-inf")])
@@ -238,3 +250,58 @@ def test_triton_silu_mul_equals_torch_bit_for_bit(monkeypatch):
     ref = torch.nn.functional.silu(gate).mul_(up)
     assert got is not None and got.shape == ref.shape
     assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.nan_to_num(), ref.nan_to_num())
+    g3, u3 = gate[:1000, :1000].contiguous().view(10, 100, 1000)[:, ::20], up[:50, :1000].reshape(10, 5, 1000)
+    got3 = kernels.silu_and_mul(g3, u3)  # [10, 5, 1000]: rows strided, n not a multiple of the block
+    ref3 = torch.nn.functional.silu(g3) * u3  # row 0 holds silu(-inf) = NaN
+    assert got3 is not None and torch.equal(got3.isnan(), ref3.isnan()) and ref3.isnan().any()
+    assert torch.equal(got3.nan_to_num(), ref3.nan_to_num())
+
+
+def test_cuda_c_logsumexp_and_chunk_maxima_equal_the_references(tmp_path, monkeypatch):
+    """rtc.py's pass, compiled by NVRTC into a fresh kernel cache: the logsumexp equals torch's fp32 one within
+    rounding (-inf rows, NaN, ties, strided rows), every 32 columns' maximum is exact; a damaged cached cubin
+    is compiled again and rewritten whole."""
+    from remote_payload.eval import rtc
+    from tests.samples import tricky_logits
+    monkeypatch.setenv("REVAL_KERNEL_CACHE", str(tmp_path / "k"))
+    monkeypatch.setenv("REVAL_RTC", "1")
+    dev = torch.device("cuda")
+    rtc._state.clear()
+    rtc._pending.clear()  # an earlier test's precompile read the default cache
+    assert rtc.available(dev) is None and rtc.how(dev).startswith("compiled by NVRTC in")
+    cubins = list((tmp_path / "k").glob("*.cubin"))
+    assert len(cubins) == 1 and rtc.read_cached(cubins[0]) is not None
+    g = torch.Generator(device="cuda").manual_seed(3)
+    tricky = tricky_logits(8, 248320, torch.bfloat16, 1).cuda()
+    tricky[5] = float("-inf")  # nothing but -inf
+    tricky[6, 1000] = float("nan")
+    tricky[7] = float("-inf")
+    tricky[7, 77] = 2.5  # one finite value
+    wide = (torch.randn(40, 50048, generator=g, device="cuda") * 3).bfloat16()
+    cases = [tricky, (torch.randn(1920, 248320, generator=g, device="cuda") * 2).bfloat16(),
+             (torch.randn(257, 50016, generator=g, device="cuda") * 4).bfloat16(), wide[:, :50016],
+             torch.randn(3, 32, generator=g, device="cuda").bfloat16()]
+    for x in cases:
+        assert rtc.applies(x)
+        lse, cmax = rtc.lse_cmax(x)
+        ref = torch.logsumexp(x.float(), -1, keepdim=True)
+        assert lse.shape == ref.shape and lse.dtype == torch.float32
+        torch.testing.assert_close(lse, ref, rtol=1e-6, atol=1e-5, equal_nan=True)
+        n, v = x.shape
+        ref_max = x.float().reshape(n, v // 32, 32).amax(-1).bfloat16()
+        clean = ~torch.isnan(x.float()).any(-1)  # fmaxf skips a NaN; such a row's lse is NaN (checked above)
+        assert torch.equal(cmax[clean], ref_max[clean])
+        assert rtc.lse_cmax(x, want_max=False)[1] is None
+    assert torch.isnan(rtc.lse_cmax(tricky)[0][6]).all() and rtc.lse_cmax(tricky)[0][5].item() == float("-inf")
+    assert rtc.lse_cmax(tricky)[0][7].item() == 2.5
+    cubins[0].write_bytes(b"reval-cubin-1\n" + b"0" * 40)  # damaged: its checksum disagrees
+    rtc._state.clear()
+    rtc._pending.clear()
+    assert rtc.available(dev) is None and rtc.read_cached(cubins[0]) is not None
+    assert rtc.how(dev).startswith("compiled by NVRTC in")
+    rtc._state.clear()
+    rtc._pending.clear()
+    rtc.precompile(dev)  # now the kept cubin, read on precompile's thread
+    assert rtc.available(dev) is None and rtc.how(dev) == "from the kernel cache"
+    torch.testing.assert_close(rtc.lse_cmax(cases[2])[0], torch.logsumexp(cases[2].float(), -1, keepdim=True),
+                               rtol=1e-6, atol=1e-5)

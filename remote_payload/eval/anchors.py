@@ -159,7 +159,7 @@ def drafted_prompts(drafter, head, cache, count: int, anchors_of: Callable[[int]
     cfg = drafter.cfg
     pin = device.type == "cuda"
     if pin:
-        plan(sum(anchors_of(i) for i in range(count)) * (cfg.block_size - 1) * cfg.vocab_size)
+        plan(sum(anchors_of(i) for i in range(count)) * (cfg.block_size - 1) * cfg.vocab_size, device)
 
     def read(i: int):
         ids, feats = cache.load(i, layer_ids=cfg.fc_layer_ids)  # [T], [T, n_fc*H] on the CPU, validated

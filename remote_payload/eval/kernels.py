@@ -79,11 +79,15 @@ TRITON_PAYS_ELEMENTS = 6e10
 _planned = False
 
 
-def plan(logit_elements: float) -> bool:
+def plan(logit_elements: float, device: torch.device | None = None) -> bool:
     """Say how many logits (rows x vocabulary) the run will reduce: Triton is used when that pays for its
-    start (REVAL_TRITON=1 / 0 forces it on / off). Returns the decision."""
+    start (REVAL_TRITON=1 / 0 forces it on / off) and, on `device`, the CUDA C passes do not run (then nothing
+    of Triton's is imported). Returns the decision."""
     global _planned
     _planned = logit_elements >= TRITON_PAYS_ELEMENTS
+    if device is not None and device.type == "cuda" and not os.environ.get("REVAL_TORCH_KERNELS") \
+            and rtc.available(device) is None:
+        return False
     return _use_triton()
 
 

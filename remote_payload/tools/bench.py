@@ -189,7 +189,7 @@ def bench_eval(name, drafter, head, cfg, dev, dtype, prompts, blocks, prompt_len
     bs = cfg.block_size
     data = [synthetic_prompt(cfg, prompt_len, completion, dev, dtype, s) for s in range(prompts)]
     n = metrics.num_anchors(prompt_len, prompt_len + completion, blocks, bs)
-    kernels.plan(prompts * n * (bs - 1) * cfg.vocab_size)  # as eval decides for this run (Triton or not)
+    kernels.plan(prompts * n * (bs - 1) * cfg.vocab_size, dev)  # as eval decides for this run (Triton or not)
     # warm-up (kernels, allocator) on one prompt
     draft_all_anchors(drafter, head, data[0][1], data[0][0], prompt_len, min(n, batch), batch_size=batch,
                       budgets=BUDGETS)

@@ -303,5 +303,9 @@ def test_cuda_c_logsumexp_and_chunk_maxima_equal_the_references(tmp_path, monkey
     rtc._pending.clear()
     rtc.precompile(dev)  # now the kept cubin, read on precompile's thread
     assert rtc.available(dev) is None and rtc.how(dev) == "from the kernel cache"
+    from remote_payload.eval import kernels
+    assert kernels.plan(1e12, dev) is False  # a long run: the CUDA C passes, Triton not started
+    monkeypatch.setenv("REVAL_RTC", "0")
+    assert kernels.plan(1e12, dev) is True and kernels.plan(1e9, dev) is False
     torch.testing.assert_close(rtc.lse_cmax(cases[2])[0], torch.logsumexp(cases[2].float(), -1, keepdim=True),
                                rtol=1e-6, atol=1e-5)

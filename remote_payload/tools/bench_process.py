@@ -3,7 +3,8 @@
 `python -m remote_payload eval` runs as a subprocess on the seeds' run (the random checkpoint of bench.py plus
 a cache of 10 prompts x 540 tokens at the checkpoint's sizes) and its wall time is set against the floor
 measured in the same run, page cache warm:
-  init      a bare interpreter that imports torch and makes the CUDA context (`python -c ...`)
+  init      a bare interpreter that imports torch and makes the CUDA context (`python -c ...`), the median
+            of five, each run just before one of the five eval runs
   raw read  the weight files read once into host memory (bench.raw_read_s)
   warm eval the eval stage of `evaluate` in this process, after one untimed evaluate (kernels, allocator warm)
 floor = init + raw read + warm eval. The process's own eval stage (results.json timing.eval_s) is set
@@ -77,16 +78,12 @@ def _env() -> dict:
     return env
 
 
-def init_s(dev: torch.device) -> float:
-    """Wall time of a bare interpreter that imports torch (and makes the CUDA context on CUDA); the median of
-    REPEATS runs, as the process row is."""
+def init_once(dev: torch.device) -> float:
+    """Wall time of a bare interpreter that imports torch (and makes the CUDA context on CUDA)."""
     code = "import torch" + ("; torch.ones(1, device='cuda').sum().item()" if dev.type == "cuda" else "")
-    secs = []
-    for _ in range(REPEATS):
-        t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], check=True, env=_env())
-        secs.append(time.perf_counter() - t)
-    return sorted(secs)[len(secs) // 2]
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, env=_env())
+    return time.perf_counter() - t
 
 
 def eval_argv(ddir: Path, tdir: Path, cache: Path, dev: torch.device) -> list[str]:
@@ -133,7 +130,7 @@ def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device,
     from remote_payload.tools.benchrows import Row
     cache = write_cache(cfg, root, dev, dtype)
     argv = eval_argv(ddir, tdir, cache, dev)
-    init = init_s(dev)
+    init_once(dev)  # the interpreter's files into the page cache, as the eval runs will find them
     warm = warm_eval_s(argv)
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -147,8 +144,15 @@ def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device,
                                                           "TORCHINDUCTOR_CACHE_DIR": str(fresh / "inductor"),
                                                           "REVAL_KERNEL_CACHE": str(fresh / "reval")})
         cold.append((label, w, t))
-    runs = sorted(process_runs(argv, root, runs=REPEATS), key=lambda r: r[0])
+    # the bare inits interleaved with the eval runs: a machine whose speed drifts (torch's import read 2.9-5.0 s
+    # on H200 hosts, and moved within a run) moves both the same way
+    inits, runs = [], []
+    for _ in range(REPEATS):
+        inits.append(init_once(dev))
+        runs += process_runs(argv, root, runs=1)
+    runs.sort(key=lambda r: r[0])
     wall, timing = runs[len(runs) // 2]  # the median run: one lucky run is no claim
+    init = sorted(inits)[len(inits) // 2]
     floor = init + raw_s + warm
     walls = ", ".join(f"{w:.2f}" for w, _ in runs)
     variants = []
@@ -164,7 +168,8 @@ def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device,
                             f"= {w / floor:.2f}x floor; load {t['load_s']:.2f}s, eval stage {t['eval_s']:.2f}s"
                             + warmed))
     return [
-        Row("process: torch + CUDA init", 0, init, 0, f"bare interpreter, median of {REPEATS}"),
+        Row("process: torch + CUDA init", 0, init, 0, f"bare interpreter, median of {REPEATS} run between the evals "
+            f"({', '.join(f'{x:.2f}' for x in inits)}s)"),
         Row("process: warm eval stage in-process", 0, warm, 0, "evaluate()'s eval stage, 2nd of 2 runs"),
         Row("process: floor", 0, floor, 0, f"init + raw read {raw_s:.2f}s + warm eval"),
         Row(f"process: `eval` subprocess wall, median of {len(runs)}", 0, wall, 0,

@@ -399,10 +399,15 @@ def lse_cmax(logits: torch.Tensor, want_max: bool = True) -> tuple[torch.Tensor,
 
 
 def _launch(fn, grid: tuple[int, int], threads: int, device: torch.device, args: list) -> None:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if torch.cuda.current_device() != index:  # the function belongs to that device's context: make it current
+        with torch.cuda.device(index):
+            return _launch(fn, grid, threads, device, args)
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
     stream = torch.cuda.current_stream(device).cuda_stream
     _check(_cuda().cuLaunchKernel(fn, grid[0], grid[1], 1, threads, 1, 1, 0, ctypes.c_void_p(stream), params, None),
            "cuLaunchKernel")
+    return None
 
 
 def _fns(device: torch.device) -> dict:

@@ -239,11 +239,12 @@ class Drafted:
     batch_size: int
 
 
-def open_inputs(opts: EvalOptions, rep: Reporter) -> tuple:
-    """Steps 1-2: (tokenizer, cache, the prompts evaluated)."""
+def open_inputs(opts: EvalOptions, rep: Reporter, tok) -> tuple:
+    """Steps 1-2: (tokenizer, cache, the prompts evaluated). `tok`: `load_tokenizer(opts.target)`, whose helper
+    process reads the file beside the weight load (its vocabulary is logged at step 4)."""
     rep.step(1, "tokenizer", "Loading tokenizer...")
-    tok = load_tokenizer(opts.target)
-    rep.line(f"  vocab_size={tok.get_vocab_size() if tok else 'n/a (no tokenizer.json: tokens shown as ids)'}")
+    rep.line(f"  {tok.path}: read by a helper process beside the weights" if tok is not None
+             else "  vocab_size=n/a (no tokenizer.json: tokens shown as ids)")
 
     rep.step(2, "completions", f"Loading cached completions from {opts.cache}...")
     cache = open_cache(opts.cache, seeds_layer_ids=opts.cache_layers)
@@ -385,6 +386,8 @@ def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torc
                  f"({(cache.meta.get('target') or {}).get('path')}); check --target", stage="warning")
     e_mean, e_std = _stats(head.embed)
     rep.line(f"  embed_tokens: mean={e_mean:.4f} std={e_std:.4f}")
+    if inp.tok is not None:  # read by its helper process while the weights loaded
+        rep.line(f"  tokenizer: vocab_size={inp.tok.get_vocab_size()}")
     parts = " ".join(f"{k} {v:.2f}s" if isinstance(v, float) else f"{k} ({v})" for k, v in warmed[0][1].items()) \
         if warmed else ""
     rep.line(f"  loaded in {load_s:.2f}s" + (f" (kernels warmed up after it in {warmed[0][0]:.2f}s: {parts})"
@@ -507,9 +510,18 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # `--device cuda:1`: the pipeline's events and streams on that device
     check_online_target(opts)
-    if opts.suites:
-        return evaluate_suites(opts, rep, device, dtype, t0)
-    tok, cache, prompts = open_inputs(opts, rep)
+    tok = load_tokenizer(opts.target)
+    try:
+        if opts.suites:
+            return evaluate_suites(opts, rep, device, dtype, t0, tok)
+        return _evaluate(opts, rep, device, dtype, t0, tok)
+    finally:
+        if tok is not None:
+            tok.close()
+
+
+def _evaluate(opts: EvalOptions, rep: Reporter, device: torch.device, dtype: torch.dtype, t0: float, tok) -> dict:
+    tok, cache, prompts = open_inputs(opts, rep, tok)
     inp, mod = load_beside_features(opts, tok, cache, prompts, device, dtype, rep)
     ev = eval_prompts(opts, inp, mod, device, dtype, rep)
     m = metrics.aggregate(ev.per_prompt, mod.drafter.cfg.block_size)
@@ -687,7 +699,8 @@ def online_section(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, m
                  f"(exact agreement is expected in fp32; {o['dtype']} near-ties can differ)", stage="warning")
 
 
-def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtype: torch.dtype, t0: float) -> dict:
+def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtype: torch.dtype, t0: float,
+                    tok) -> dict:
     """One drafter over several caches: each suite evaluated as a one-cache eval would be (the same functions,
     its own cache), the weights loaded once; results.json = every prompt pooled at the top level (names
     `<suite>/<prompt>`), per-suite metrics and comparability in `suites`, their unweighted mean in `suite_mean`."""
@@ -699,7 +712,7 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
         so = dataclasses.replace(opts, cache=path, suites=None)
         rep.line(f"\n== suite {name} ({k + 1}/{len(names)}): {path}", stage="suite", suite=name, i=k + 1,
                  n=len(names))
-        tok, cache, prompts = open_inputs(so, rep)
+        tok, cache, prompts = open_inputs(so, rep, tok)
         if mod is None:
             inp, mod = load_beside_features(so, tok, cache, prompts, device, dtype, rep)
         else:

@@ -36,12 +36,13 @@ def assess_health(m: dict, drafts: np.ndarray, targets: np.ndarray, tok, rep) ->
 
 
 def load_tokenizer(target: str):
-    """tokenizers.Tokenizer from the target folder, or None (decoding is then shown as ids)."""
+    """The target folder's tokenizer.json, read by a helper process beside the weight load (tokproc.py: it
+    answers get_vocab_size() and decode() as a tokenizers.Tokenizer), or None (tokens are then shown as ids)."""
     path = Path(target) / "tokenizer.json"
     if not path.exists():
         return None
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(path))
+    from remote_payload.eval.tokproc import TokenizerProcess
+    return TokenizerProcess(path)
 
 
 def decode(tok, ids) -> str:

@@ -154,6 +154,13 @@ def test_cuda_c_kernel_cache_compiles_once_keeps_a_whole_cubin_and_recompiles_a_
         assert rtc.cubin_for("sm_90", "13.0", fake_compile) == (cubin, False) and compiled == ["sm_90"]
         assert path.read_bytes() == blob
         compiled.clear()
+    path.write_bytes(blob + b"\0" * (rtc.MAX_CUBIN_BYTES + 1))  # not a cubin of ours: never read whole
+    assert rtc.read_cached(path) is None and rtc.cubin_for("sm_90", "13.0", fake_compile) == (cubin, False)
+    assert path.read_bytes() == blob and [p.name for p in path.parent.iterdir()] == [path.name]
+    path.unlink()
+    path.mkdir()  # the rename into place fails: the temp file goes too
+    assert rtc.cubin_for("sm_90", "13.0", fake_compile) == (cubin, False)
+    assert [p.name for p in path.parent.iterdir()] == [path.name] and path.is_dir()
     monkeypatch.setenv("REVAL_KERNEL_CACHE", str(tmp_path / "file-not-dir" / "k"))
     (tmp_path / "file-not-dir").write_text("in the way")
     assert rtc.cubin_for("sm_90", "13.0", fake_compile) == (cubin, False)

@@ -245,9 +245,15 @@ def cubin_path(arch: str, nvrtc_version: str) -> Path:
     return cache_dir() / f"reval-kernels-{arch}-{key}.cubin"
 
 
+MAX_CUBIN_BYTES = 16 << 20  # the three kernels' cubin is tens of KB; a bigger file is not ours to read whole
+
+
 def read_cached(path: Path) -> bytes | None:
-    """The cubin kept at `path`, or None when there is none or it is not whole (its sha256 disagrees)."""
+    """The cubin kept at `path`, or None when there is none, it is not whole (its sha256 disagrees) or it is
+    larger than any cubin of these kernels."""
     try:
+        if path.stat().st_size > MAX_CUBIN_BYTES:
+            return None
         blob = path.read_bytes()
     except OSError:
         return None
@@ -260,13 +266,16 @@ def read_cached(path: Path) -> bytes | None:
 
 def write_cached(path: Path, cubin: bytes) -> None:
     """Written whole or not at all (a temp file renamed into place); a cache that cannot be written is skipped."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(_MAGIC + hashlib.sha256(cubin).digest() + cubin)
         os.replace(tmp, path)
     except OSError:
-        pass
+        try:
+            tmp.unlink()  # a disk full mid-write, a refused rename: no half file left behind
+        except OSError:
+            pass
 
 
 def cubin_for(arch: str, nvrtc_version: str, compile_fn=compile_cubin) -> tuple[bytes, bool]:

@@ -36,6 +36,11 @@ class Parser(argparse.ArgumentParser):
         self.exit(3, f"{self.prog}: error: {message}\n")
 
 
+def command_of(argv: list[str]) -> str | None:
+    """The sub-command named in argv (its first word that is not an option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = Parser(prog="python -m remote_payload", description=__doc__.splitlines()[0])
@@ -43,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                    version=f"remote_payload {__version__} (run-directory protocol {protocol.PROTOCOL_VERSION})")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     # Only import the module of the command asked for (torch stays out of `wrap`).
-    wanted = next((a for a in argv if not a.startswith("-")), None)
+    wanted = command_of(argv)
     for name, (mod, help_) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_, description=help_)
         if name == wanted:
@@ -82,6 +87,6 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # Ctrl-C before a command's own handling (e.g. while torch imports): one line
         print("interrupted", file=sys.stderr)
         sys.exit(protocol.EXIT_CANCELLED)
-    if next((a for a in sys.argv[1:] if not a.startswith("-")), None) in FAST_EXIT:
+    if command_of(sys.argv[1:]) in FAST_EXIT:
         fast_exit(code)
     sys.exit(code)

@@ -85,8 +85,7 @@ def plan(logit_elements: float, device: torch.device | None = None) -> bool:
     of Triton's is imported). Returns the decision."""
     global _planned
     _planned = logit_elements >= TRITON_PAYS_ELEMENTS
-    if device is not None and device.type == "cuda" and not os.environ.get("REVAL_TORCH_KERNELS") \
-            and rtc.available(device) is None:
+    if device is not None and rtc.available(device) is None:
         return False
     return _use_triton()
 
@@ -219,11 +218,12 @@ def lse_topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     n, v = logits.shape if logits.dim() == 2 else (0, 0)
     if (n and fast_kernels_enabled(logits) and logits.is_contiguous() and v % LSE_CHUNK == 0
             and v // LSE_CHUNK >= 4 * k):
+        cmax = None
         if _rtc(logits):  # CUDA C: no start to pay, so at every size (rtc.py)
             lse, cmax = rtc.lse_cmax(logits)
-            return (lse, *topk_from_chunk_max(logits, k, LSE_CHUNK, cmax))
-        if _use_triton():
+        elif _use_triton():
             lse, cmax = _triton_lse(logits, chunk_max=True)
+        if cmax is not None:
             return (lse, *topk_from_chunk_max(logits, k, LSE_CHUNK, cmax))
     vals, ids = row_topk(logits, k)
     return row_logsumexp(logits, ids[:, :1]), vals, ids

@@ -299,6 +299,11 @@ def _ensure_context(index: int) -> None:
         _check(_cuda().cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
+def _index(device: torch.device) -> int:
+    """The CUDA device's index (torch's current device for a bare "cuda")."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _arch(index: int) -> str:
     major, minor = torch.cuda.get_device_capability(index)
     return f"sm_{major}{minor}"
@@ -316,7 +321,7 @@ def precompile(device: torch.device) -> None:
     if device.type != "cuda" or not enabled() or torch.version.hip:
         return
     try:
-        arch = _arch(device.index if device.index is not None else torch.cuda.current_device())
+        arch = _arch(_index(device))
     except Exception:  # noqa: BLE001 - `available` meets the same failure and says it
         return
     with _lock:
@@ -365,7 +370,7 @@ def available(device: torch.device) -> str | None:
         return "turned off (REVAL_RTC=0 or REVAL_TORCH_KERNELS)"
     if torch.version.hip:
         return "a ROCm build"
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     with _lock:
         if index not in _state:
             try:
@@ -381,7 +386,7 @@ def how(device: torch.device) -> str:
     why = available(device)
     if why is not None:
         return f"not used: {why}"
-    return _how.get(device.index if device.index is not None else torch.cuda.current_device(), "loaded")
+    return _how.get(_index(device), "loaded")
 
 
 def applies(logits: torch.Tensor) -> bool:
@@ -396,8 +401,7 @@ def lse_cmax(logits: torch.Tensor, want_max: bool = True) -> tuple[torch.Tensor,
     """(logsumexp [N, 1] fp32, the maximum of every CHUNK columns [N, V/CHUNK] bf16 or None) in one pass.
     Call only where `applies(logits)` and `available(logits.device) is None`."""
     n, v = logits.shape
-    index = logits.device.index if logits.device.index is not None else torch.cuda.current_device()
-    fn = _state[index][0]["lse_cmax_bf16"]
+    fn = _fns(logits.device)["lse_cmax_bf16"]
     lse = torch.empty(n, device=logits.device, dtype=torch.float32)
     cmax = torch.empty(n, v // CHUNK, device=logits.device, dtype=torch.bfloat16) if want_max else None
     _launch(fn, (n, 1), THREADS, logits.device, [
@@ -408,7 +412,7 @@ def lse_cmax(logits: torch.Tensor, want_max: bool = True) -> tuple[torch.Tensor,
 
 
 def _launch(fn, grid: tuple[int, int], threads: int, device: torch.device, args: list) -> None:
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     if torch.cuda.current_device() != index:  # the function belongs to that device's context: make it current
         with torch.cuda.device(index):
             return _launch(fn, grid, threads, device, args)
@@ -420,7 +424,7 @@ def _launch(fn, grid: tuple[int, int], threads: int, device: torch.device, args:
 
 
 def _fns(device: torch.device) -> dict:
-    return _state[device.index if device.index is not None else torch.cuda.current_device()][0]
+    return _state[_index(device)][0]
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

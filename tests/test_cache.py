@@ -179,3 +179,27 @@ def test_seeds_aliases_and_layers_option(tmp_path):
         open_cache(src, seeds_layer_ids=[1, 3, 5, 7])
     assert payload_main(["import-cache", str(src), "--out", str(tmp_path / "x"), "--layers", "1,3"]) == 3
     assert not (tmp_path / "x").exists()
+
+
+def test_a_resumed_cache_holds_only_what_its_books_list(tmp_path):
+    """A writer killed mid-file leaves its temporary files in the work dir (safetensors' own `.tmpXXXXXX`, our
+    `.part`, a prompt file it never recorded): the resumed, finished cache holds cache.json and the listed prompts'
+    files alone (CI once found a `.tmpIDhJnE` in a finished cache)."""
+    out, prompts = tmp_path / "c", _prompts()
+    with pytest.raises(KeyboardInterrupt), CacheWriter(out, layer_ids=LAYERS, hidden_size=H, resume_key="k") as w:
+        w.add(*prompts[0])
+        raise KeyboardInterrupt
+    partial = tmp_path / ".c.partial"
+    strays = [".tmpIDhJnE", "p0001.safetensors.part", "p0002.safetensors", "partial.json.part"]
+    for name in strays:
+        (partial / name).write_bytes(b"half")
+    (partial / ".tmpdir").mkdir()
+    with CacheWriter(out, layer_ids=LAYERS, hidden_size=H, resume_key="k") as w:
+        assert sorted(w.done) == [0]
+        assert not any((partial / name).exists() for name in strays)  # gone before any worker writes again
+        (partial / ".tmpXXXXXX").write_bytes(b"a worker stopped mid-file")
+        for i, p in enumerate(prompts[1:], start=1):
+            w.add(*p, index=i)
+    assert sorted(f.name for f in out.iterdir()) == [CACHE_JSON, "p0000.safetensors", "p0001.safetensors",
+                                                      "p0002.safetensors"]
+    assert [p.seq_len for p in open_cache(out).prompts] == [len(p[2]) for p in prompts]

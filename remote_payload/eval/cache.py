@@ -395,6 +395,7 @@ class CacheWriter:
         if self.resume_key:
             self.partial.mkdir(exist_ok=True)
             self.tmp = self.partial
+            self._sweep()  # what a killed writer left half-written
         else:
             self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
         return self
@@ -419,6 +420,19 @@ class CacheWriter:
             (self.tmp / f"{PARTIAL_JSON}.part").write_text(json.dumps(state))
             os.replace(self.tmp / f"{PARTIAL_JSON}.part", self.tmp / PARTIAL_JSON)
 
+    def _sweep(self) -> None:
+        """Everything in the work dir that the books do not list goes: the temporary files of a writer killed
+        mid-file (`p0003.safetensors.part`, safetensors' own `.tmpXXXXXX`), a prompt file never recorded. The
+        work dir is this writer's (`.OUT.partial` or its temp dir), so nothing in it belongs to anyone else; a
+        cache holds exactly cache.json and its prompts' files. Never called while other processes write into it."""
+        keep = {e["file"] for e in self.done.values()} | {PARTIAL_JSON}
+        for f in self.tmp.iterdir():
+            if f.name not in keep:
+                if f.is_dir() and not f.is_symlink():
+                    shutil.rmtree(f, ignore_errors=True)
+                else:
+                    f.unlink(missing_ok=True)
+
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             if not (self.resume_key and self.done):
@@ -430,8 +444,9 @@ class CacheWriter:
         self.meta["prompts"] = [{**{k: self.done[i][k] for k in _PROMPT_FIELDS}, **self.done[i].get("info", {})}
                                 for i in sorted(self.done)]
         self.meta["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        (self.tmp / CACHE_JSON).write_text(json.dumps(self.meta, indent=1) + "\n")
         (self.tmp / PARTIAL_JSON).unlink(missing_ok=True)
+        self._sweep()
+        (self.tmp / CACHE_JSON).write_text(json.dumps(self.meta, indent=1) + "\n")
         if self.out.exists():
             self.out.rmdir()  # empty (checked in __init__)
         os.replace(self.tmp, self.out)

@@ -3,6 +3,8 @@ fast path equal to the reference on the inputs that break naive top-k code (ties
 extremes). The same checks run on CUDA in tests/gpu."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -77,8 +79,6 @@ def _triton_cpu_cases() -> None:
     these check each kernel's indexing, masking, chunking and roundings, and tests/gpu the GPU's numbers.
     Also rms_norm (extract's decode steps). silu_mul calls libdevice's exp, which the interpreter does not
     implement: tests/gpu only."""
-    import os
-
     import remote_payload.eval.kernels as K
     from remote_payload.eval.drafter import apply_rope
     os.environ["REVAL_TRITON"] = "1"
@@ -119,7 +119,6 @@ def _triton_cpu_cases() -> None:
 
 
 def test_triton_kernels_equal_torch_under_the_triton_interpreter():
-    import os
     import subprocess
     import sys
     r = subprocess.run([sys.executable, "-c", "from tests.test_kernels import _triton_cpu_cases; _triton_cpu_cases()"],
@@ -157,6 +156,11 @@ def test_cuda_c_kernel_cache_compiles_once_keeps_a_whole_cubin_and_recompiles_a_
     path.write_bytes(blob + b"\0" * (rtc.MAX_CUBIN_BYTES + 1))  # not a cubin of ours: never read whole
     assert rtc.read_cached(path) is None and rtc.cubin_for("sm_90", "13.0", fake_compile) == (cubin, False)
     assert path.read_bytes() == blob and [p.name for p in path.parent.iterdir()] == [path.name]
+    for planted in ("fifo", "/dev/zero"):  # neither may block the read or never end it: compiled again
+        path.unlink()
+        os.mkfifo(path) if planted == "fifo" else path.symlink_to(planted)
+        assert rtc.read_cached(path) is None and rtc.cubin_for("sm_90", "13.0", fake_compile) == (cubin, False)
+        assert path.read_bytes() == blob and not path.is_symlink()
     path.unlink()
     path.mkdir()  # the rename into place fails: the temp file goes too
     assert rtc.cubin_for("sm_90", "13.0", fake_compile) == (cubin, False)

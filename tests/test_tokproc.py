@@ -5,6 +5,7 @@ outlives its eval."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -84,6 +85,25 @@ def test_a_tokenizer_file_that_cannot_be_read_is_bad_input_named(fx, tmp_path, c
     err = capsys.readouterr().err
     assert err.startswith(f"error: {target / 'tokenizer.json'} cannot be read as a tokenizer (")
     assert "fix or remove it" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "bad" / protocol.RESULTS_JSON).exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_tokenizer_json_that_is_not_a_regular_file_is_refused_at_once(fx, tmp_path, capsys, kind):
+    """A FIFO held the helper's read until its 300 s timeout; a link to /dev/zero would read forever. Both are
+    refused before the helper starts: exit 3 naming the file, no result written."""
+    target = tmp_path / "target"
+    shutil.copytree(fx["target"], target)
+    tok = target / "tokenizer.json"
+    tok.unlink()
+    if kind == "fifo":
+        os.mkfifo(tok)
+    else:
+        tok.symlink_to("/dev/zero")
+    assert _eval(fx, tmp_path, target, name="bad") == protocol.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err == f"error: {tok} is not a regular file: replace it with the target's tokenizer.json or remove it " \
+                  "(without it, tokens are shown as ids)\n"
     assert not (tmp_path / "bad" / protocol.RESULTS_JSON).exists()
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import stat
 import threading
 import time
 from concurrent.futures import Future
@@ -249,14 +250,23 @@ MAX_CUBIN_BYTES = 16 << 20  # the three kernels' cubin is tens of KB; a bigger f
 
 
 def read_cached(path: Path) -> bytes | None:
-    """The cubin kept at `path`, or None when there is none, it is not whole (its sha256 disagrees) or it is
-    larger than any cubin of these kernels."""
+    """The cubin kept at `path`, or None when there is none, it is not a regular file (a FIFO would block the
+    read, a link to /dev/zero never end it), it is not whole (its sha256 disagrees) or it is larger than any
+    cubin of these kernels."""
     try:
-        if path.stat().st_size > MAX_CUBIN_BYTES:
-            return None
-        blob = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except OSError:
         return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CUBIN_BYTES:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            blob = f.read(MAX_CUBIN_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     head = len(_MAGIC) + 32
     if not blob.startswith(_MAGIC) or len(blob) <= head:
         return None

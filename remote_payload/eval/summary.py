@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from remote_payload.contract.errors import PayloadError
 from remote_payload.eval import metrics
 
 # Health guards (the seeds' harness printed "Loaded" and then drafted gibberish at 0.000 accuracy).
@@ -41,6 +42,9 @@ def load_tokenizer(target: str):
     path = Path(target) / "tokenizer.json"
     if not path.exists():
         return None
+    if not path.is_file():  # a FIFO would hold the helper's read until its timeout, /dev/zero never end it
+        raise PayloadError(f"{path} is not a regular file: replace it with the target's tokenizer.json or remove "
+                           "it (without it, tokens are shown as ids)")
     from remote_payload.eval.tokproc import TokenizerProcess
     return TokenizerProcess(path)
 

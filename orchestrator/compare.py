@@ -82,6 +82,8 @@ def _read_optional(path: Path) -> dict | None:
         obj = protocol.read_json(path)
     except FileNotFoundError:
         return None
+    except OSError as e:  # a folder, a FIFO or a device where the file belongs: never read
+        raise ConfigError(f"{path}: cannot be read ({e.strerror})", hint="re-pull the run: reval pull <run>") from None
     except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
         raise ConfigError(f"{path}: not valid JSON ({e})", hint="re-pull the run: reval pull <run>") from e
     if not isinstance(obj, dict):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from remote_payload.contract import protocol
 
-from .errors import HostKeyError, HostUnreachable, RevalError, RunNotFound
+from .errors import ConfigError, HostKeyError, HostUnreachable, RevalError, RunNotFound
 from .events import EventSink
 from .runs import remote_run_dir, reported_state, save_follow_state
 from .transport import Transport, q
@@ -27,7 +27,7 @@ from .transport import Transport, q
 @dataclass
 class Frame:
     tag: str                     # L (log) | E (events) | S (status) | H (heartbeat) | D (done) | X (error)
-    #                              | B (status.json damaged) | N (no progress, and why)
+    #                              | R (refused) | B (status.json damaged) | N (no progress, and why)
     offset: int = 0
     data: bytes = b""
 
@@ -167,6 +167,10 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
                     elif fr.tag == "X":
                         raise RunNotFound(f"{host.name}: {fr.data.decode(errors='replace')}",
                                           hint=f"list runs: reval ls {host.name}")
+                    elif fr.tag == "R":  # a link, or a FIFO where a run file belongs: never read (exit 3)
+                        raise ConfigError(f"{host.name}: {fr.data.decode(errors='replace')}",
+                                          hint="reval reads a run only from real folders and regular files "
+                                               "under runs/; remove what is in the way")
                     elif fr.tag == "B":  # status.json damaged for good: say so, never wait on it forever
                         raise RevalError(f"{host.name}: {fr.data.decode(errors='replace')}",
                                          hint=f"the log so far: reval logs {host.name}/{name} ; remove the run: "

@@ -85,7 +85,11 @@ class Ledger:
         self.hashes: dict[str, dict] = {}
         if self.path.exists():
             try:
-                data = protocol.loads(self.path.read_text(encoding="utf-8"))
+                data = protocol.read_json(self.path)  # a regular file only
+            except OSError as e:  # a FIFO would block the read; a folder
+                raise ConfigError(f"ledger {self.path} cannot be read ({e.strerror})",
+                                  hint="move it away to start a fresh ledger (everything would be evaluated "
+                                       "again), or give another --sweep-dir") from e
             except ValueError as e:  # not JSON, or nested too deep
                 raise ConfigError(f"ledger {self.path} is not valid JSON ({e})",
                                   hint="restore it from a backup, or move it away to start a fresh ledger "

@@ -3,8 +3,9 @@ here) and then on every inventory host, through its backend. It sits above runs.
 names) and backends/ (the probe), so neither imports the other back."""
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
+
+from remote_payload.contract import protocol
 
 from .backends import get_backend
 from .errors import ConfigError, HostUnreachable, RevalError, RunNotFound
@@ -70,7 +71,7 @@ def not_in_inventory(inventory: Inventory, name: str, host: str | None = None) -
 def recorded_inventory(host: str, name: str) -> str | None:
     """The `-i FILE` of the command line that started the run, as its pulled run.json recorded it, or None."""
     try:
-        argv = json.loads((local_run_dir(host, name) / "run.json").read_text(encoding="utf-8")).get("argv")
+        argv = protocol.read_json(local_run_dir(host, name) / "run.json").get("argv")  # a regular file only
     except (OSError, ValueError, AttributeError, RevalError):
         return None
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):

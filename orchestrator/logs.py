@@ -9,12 +9,13 @@ from collections.abc import Iterable, Iterator
 
 from remote_payload.contract import protocol
 
-from .errors import RemoteCommandError
+from .errors import ConfigError, RemoteCommandError
 from .follow import split_lines
 from .runs import remote_run_dir, symlink_refused
 from .transport import Transport, q, resolve_workdir
 
 _LINK_EXIT = 113  # the host's answer: the run folder or its eval.log is a symbolic link (never read through it)
+_ODD_EXIT = 114   # ... its eval.log is there but not a regular file (a FIFO: cat would wait on it for ever)
 CHUNK = 1 << 20            # bytes per piece of a streamed log
 MAX_LINE = 1 << 20         # a longer line comes in pieces of this size (`logs --json`), never held whole
 TAIL_WINDOW = 1 << 16      # `--tail N` reads this much of the log's end first, 4x more until it holds N lines,
@@ -27,8 +28,10 @@ def _script(t: Transport, name: str, action: str | None) -> tuple[str, dict]:
     d = remote_run_dir(resolve_workdir(t), name)
     paths = {"d": d, "log": f"{d}/{protocol.EVAL_LOG}"}
     cmd = "; ".join(f'if [ -L {q(p)} ]; then echo {k} >&2; exit {_LINK_EXIT}; fi' for k, p in paths.items())
+    log = q(paths["log"])
+    cmd += f"; if [ -e {log} ] && [ ! -f {log} ]; then exit {_ODD_EXIT}; fi"
     if action:
-        cmd += f"; [ ! -e {q(paths['log'])} ] || {action.format(log=q(paths['log']))}"
+        cmd += f"; [ ! -e {log} ] || {action.format(log=log)}"
     return cmd, paths
 
 
@@ -37,6 +40,9 @@ def _check(t: Transport, cmd: str, paths: dict, returncode: int, e: str) -> None
     if returncode == _LINK_EXIT and e.strip() in paths:
         raise symlink_refused(paths[e.strip()], host=t.host.name,
                               what="a run folder" if e.strip() == "d" else "the run's log")
+    if returncode == _ODD_EXIT:
+        raise ConfigError(f"{t.host.name}: {paths['log']} is not a regular file: refused, never read",
+                          hint="a FIFO or a device where the run's log belongs is no log; remove it")
     if returncode != 0:
         raise t.connection_error(returncode, e) or RemoteCommandError(t.host.name, cmd, returncode, e)
 

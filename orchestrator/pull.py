@@ -132,8 +132,9 @@ def _install(final: Path, name: str, fill: Callable[[Path], tuple[list[str], lis
     tmp.mkdir()
     try:
         written, refused = fill(tmp)
-        if (final / FOLLOW_JSON).exists():
-            shutil.copy2(final / FOLLOW_JSON, tmp / FOLLOW_JSON)
+        keep = final / FOLLOW_JSON
+        if keep.is_file() and not keep.is_symlink():  # anything else (a FIFO: copy2 refused it) is no state
+            shutil.copy2(keep, tmp / FOLLOW_JSON)
         if final.exists():
             os.rename(final, old)
         os.rename(tmp, final)

@@ -151,7 +151,7 @@ def remote_run_dir(workdir: str, run: str) -> str:
 def load_follow_state(host_name: str, run: str) -> dict:
     """The saved follow state; a damaged file (not JSON, not an object, a bad offset) counts as none."""
     try:
-        st = protocol.loads((local_run_dir(host_name, run) / FOLLOW_JSON).read_text(encoding="utf-8"))
+        st = protocol.read_json(local_run_dir(host_name, run) / FOLLOW_JSON)  # a regular file only
     except (OSError, ValueError):
         return {}
     if not isinstance(st, dict):

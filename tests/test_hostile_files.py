@@ -5,8 +5,10 @@ regression fails here instead of eating the machine: one line, a documented exit
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -386,3 +388,98 @@ def test_absurd_event_times_leave_the_progress_bar_standing(tmp_path):
     rc, shown, err = on_terminal(tmp_path, "logs", "odd", "-f")
     assert rc == 0 and "Traceback" not in shown + err, (shown[-3000:], err[-3000:])
     assert "[3/3] prompt3" in shown and "done    odd succeeded" in shown, shown[-3000:]
+
+
+# --- 12. a FIFO (or a device) where a run's file belongs ----------------------------------------------------
+def test_a_fifo_where_a_run_file_belongs_never_holds_a_command(tmp_path):
+    """Every reader opened status.json, events.jsonl, eval.log, .follow.json, results.json and run.json as it
+    found them: a FIFO planted there held `ls`, `status`, `logs`, `pull`, `kill`, `prune` and `compare` for
+    ever (26 of 36 command/file pairs on the host's side; compare and the .follow.json readers here). Now a file
+    that is not a regular file is never read: a damaged run for the listing, one line and exit 3 where the
+    command needs it, and the other runs go on."""
+    from concurrent.futures import ThreadPoolExecutor
+    planted = {"st": "status.json", "ev": "events.jsonl", "lg": "eval.log"}  # on the host's side
+    for name in [*planted, "ok", "fo", "cp"]:
+        launch(tmp_path, name)
+    remote, local = tmp_path / ".reval/local/runs", tmp_path / "runs/local"
+    assert bounded(tmp_path, "pull", "cp").returncode == 0
+    for name, f in planted.items():
+        (remote / name / f).unlink()
+        os.mkfifo(remote / name / f)
+    (local / "fo/.follow.json").unlink(missing_ok=True)
+    os.mkfifo(local / "fo/.follow.json")
+    refused = "is not a regular file: refused, never read"
+    cases = [  # argv, exit code, what stderr's first line says (or stdout, for a row)
+        (["ls"], 0, None), (["prune", "--failed", "--yes"], 0, None),
+        (["status", "st"], 1, None), (["kill", "st", "--grace-s", "0"], 3, "no readable status.json"),
+        (["logs", "st"], 0, None), (["logs", "st", "-f"], 3, f"runs/st/status.json {refused}"),
+        (["pull", "st"], 0, None),
+        (["status", "ev"], 0, None), (["logs", "ev", "-f"], 3, f"runs/ev/events.jsonl {refused}"),
+        (["logs", "lg"], 3, f"runs/lg/eval.log {refused}"), (["logs", "lg", "--tail", "2"], 3, refused),
+        (["logs", "lg", "-f"], 3, refused), (["pull", "lg"], 0, None),
+        (["status", "fo"], 0, None), (["logs", "fo", "--tail", "1"], 0, None), (["pull", "fo"], 0, None),
+    ]
+    for f in ("status.json", "run.json", "results.json"):  # the pulled copy's files, each in a copy of its own
+        copy = local / f"cp-{f.split('.')[0]}"
+        shutil.copytree(local / "cp", copy)
+        (copy / f).unlink()
+        os.mkfifo(copy / f)
+        cases.append((["compare", str(copy), "ok"], 3, f"{copy / f}: cannot be read (not a regular file)"))
+    with ThreadPoolExecutor(4) as ex:
+        done = list(ex.map(lambda c: (c, bounded(tmp_path, *c[0], timeout=60, env={"COLUMNS": "200"})), cases))
+    for (argv, code, says), p in done:
+        assert p.returncode == code and "Traceback" not in p.stderr, (argv, p.returncode, p.stderr[-2000:])
+        if says:
+            assert says in p.stderr.splitlines()[0], (argv, p.stderr)
+    ls = done[0][1]
+    rows = {ln.split()[1]: ln.split()[2] for ln in ls.stdout.splitlines()[1:] if ln.startswith("local")}
+    assert rows["st"] == "unknown" and rows["ok"] == rows["ev"] == rows["lg"] == "succeeded", ls.stdout
+    assert (remote / "st/status.json").is_fifo() and (remote / "ok").exists()  # nothing removed by prune
+    assert not (local / "lg/eval.log").exists() and (local / "lg/status.json").is_file()  # pulled without it
+    assert not (local / "fo/.follow.json").exists() and (local / "fo/results.json").is_file()  # state dropped
+
+
+def test_a_fifo_or_a_device_in_an_eval_input_is_bad_input_named(trained_fixtures, tmp_path):
+    """The eval's inputs read the same way: a drafter or target config.json, a weight shard or a cache's files
+    that are a FIFO (every read of it blocks) or a link to /dev/zero (a read that never ends) are exit 3 with
+    one line naming the file; no results.json (the target's config.json was a traceback, the others hangs)."""
+    from concurrent.futures import ThreadPoolExecutor
+    meta = json.loads((trained_fixtures / "fixtures.json").read_text())
+    fx = {k: trained_fixtures / v for k, v in meta["paths"].items() if isinstance(v, str)}
+    index = json.loads((fx["target"] / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = index.get("lm_head.weight", index["model.embed_tokens.weight"])  # a shard the eval reads
+    cases = [("drafter", "config.json", "fifo", "cannot read drafter config {f}: not a regular file"),
+             ("drafter", "config.json", "zero", "cannot read drafter config {f}: not a regular file"),
+             ("drafter", "model.safetensors", "fifo", "cannot read weight file {f}: not a regular file"),
+             ("target", "config.json", "fifo", "{f} cannot be read (not a regular file)"),
+             ("target", shard, "zero", "{f}"),
+             ("cache", "cache.json", "fifo", "{f}"), ("cache", "p0001.safetensors", "fifo", "p0001.safetensors")]
+
+    def one(i: int):
+        folder, name, kind, _ = cases[i]
+        w = tmp_path / str(i)
+        for k, src in (("drafter", fx["drafter_good"]), ("target", fx["target"]), ("cache", fx["cache"])):
+            shutil.copytree(src, w / k)
+        f = w / folder / name
+        f.unlink()
+        os.mkfifo(f) if kind == "fifo" else f.symlink_to("/dev/zero")
+        p = bounded(REPO, "eval", "--drafter", str(w / "drafter"), "--target", str(w / "target"), "--cache",
+                    str(w / "cache"), "--run-dir", str(w / "run"), "--device", "cpu", "--max-blocks", "2",
+                    module="remote_payload", mem_mb=8192, timeout=120)
+        return cases[i], f, p
+    with ThreadPoolExecutor(2) as ex:
+        for (_, _, _, says), f, p in ex.map(one, range(len(cases))):
+            assert_one_line(p, 3, says.format(f=f))
+            assert not (f.parent.parent / "run" / "results.json").exists()
+
+
+def test_a_ledger_that_is_a_fifo_is_one_line(tmp_path):
+    """The sweep's ledger read the same way: a FIFO there held `reval sweep` before its first line."""
+    (tmp_path / "sweeps").mkdir()
+    ledger = tmp_path / "sweeps/ledger.json"
+    os.mkfifo(ledger)
+    (tmp_path / "ckpt/step-1").mkdir(parents=True)
+    p = bounded(tmp_path, "sweep", "--checkpoints", "./ckpt/step-*", "--hosts", "local", "--target", "/t",
+                "--cache", "/c", timeout=60)
+    assert_one_line(p, 3, "ledger sweeps/ledger.json cannot be read (not a regular file)")
+    assert "--sweep-dir" in p.stderr

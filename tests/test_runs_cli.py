@@ -187,10 +187,10 @@ def test_status_help_names_exit_codes_and_what_no_run_lists(capsys):
 
 def test_logs_fails_when_eval_log_cannot_be_read(here, capsys):
     d = here / ".reval/local/runs/broken"
-    (d / "eval.log").mkdir(parents=True)  # cat fails on it (a truncated/unreadable log reads the same way)
+    (d / "eval.log").mkdir(parents=True)  # no log, whatever is there: refused before any read (cat failed on it)
     protocol.atomic_write_json(d / "status.json", {"state": "failed", "exit_code": 1})
     rc, out, err = reval(capsys, "logs", "local/broken")
-    assert rc == 1 and "Is a directory" in err and out == ""
+    assert rc == 3 and f"{d / 'eval.log'} is not a regular file: refused" in err and out == ""
     (d / "eval.log").rmdir()  # no log at all yet: nothing to show, not an error
     rc, out, err = reval(capsys, "logs", "local/broken")
     assert rc == 0 and out == ""

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from remote_payload.contract.errors import CheckpointError
+from remote_payload.contract.runstate import open_regular, read_regular
 
 HASH_CHUNK_BYTES = 64 << 20
 INDEX_JSON = "model.safetensors.index.json"
@@ -64,7 +65,7 @@ def content_files(path: str | os.PathLike) -> list[Path]:
     index = p / INDEX_JSON
     if index.exists():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+            weight_map = json.loads(read_regular(index)).get("weight_map")
         except (OSError, ValueError, AttributeError) as e:
             raise CheckpointError(f"cannot read {index}: {e}") from None
         if not isinstance(weight_map, dict) or not weight_map:
@@ -119,7 +120,8 @@ def sha256_files(paths: list[Path], *, chunk_bytes: int = HASH_CHUNK_BYTES, thre
     try:
         jobs, sizes = [], []
         for p in files:
-            fds.append(os.open(p, os.O_RDONLY))
+            with open_regular(p) as f:  # a FIFO would block the open, /dev/zero never end the hash
+                fds.append(os.dup(f.fileno()))
             sizes.append(os.fstat(fds[-1]).st_size)
             jobs += [(p, fds[-1], off, min(chunk_bytes, sizes[-1] - off)) for off in range(0, sizes[-1], chunk_bytes)]
         with ThreadPoolExecutor(max_workers=threads or min(8, os.cpu_count() or 1),

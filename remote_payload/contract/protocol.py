@@ -162,8 +162,7 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 
 def read_json(path: str | os.PathLike) -> Any:
     """A file's JSON; nesting past runstate.MAX_JSON_DEPTH is a ValueError, as any other damage is."""
-    with open(path, encoding="utf-8") as f:
-        return runstate.loads(f.read())
+    return runstate.loads(runstate.read_regular(path).decode("utf-8"))  # UnicodeDecodeError: a ValueError
 
 
 def append_event(path: str | os.PathLike, event: dict) -> None:
@@ -179,7 +178,7 @@ def read_events(path: str | os.PathLike) -> list[dict]:
     """Parse events.jsonl, ignoring a trailing partial line (a writer may be mid-line)."""
     out = []
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = runstate.read_regular(path).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return out
     for line in text.splitlines(keepends=True):

@@ -364,7 +364,7 @@ class Result(Record):
     def load(cls, path: str | Path) -> Result:
         """Read and check a results.json; every problem is one ResultsError line naming the file."""
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            text = runstate.read_regular(path).decode("utf-8")  # a FIFO or a device is an OSError
         except UnicodeDecodeError:
             raise ResultsError(f"{path}: not UTF-8 text") from None
         try:

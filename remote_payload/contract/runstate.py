@@ -24,11 +24,13 @@ Every line it prints is one JSON object; the controller parses it as JSON (never
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import select
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -60,6 +62,35 @@ def loads(raw):
     except RecursionError:
         pass
     raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
+
+
+class NotRegularFile(OSError):
+    """open_regular's refusal; its text is just "not a regular file" (the callers name the path)."""
+
+    def __str__(self) -> str:
+        return "not a regular file"
+
+
+def open_regular(path, nofollow: bool = False):
+    """An untrusted file opened for reading (binary), only when it is a regular file: a FIFO planted where a
+    state file or log belongs blocked every reader (`reval ls` hung), a link to /dev/zero never ended a read.
+    The open itself never blocks (O_NONBLOCK, which a regular file ignores); anything else is an OSError whose
+    strerror says "not a regular file", which callers already treat as an unreadable file. `nofollow`: a
+    symbolic link is refused too (ELOOP)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if nofollow else 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path, limit: int = -1) -> bytes:
+    """The bytes of an untrusted regular file (open_regular), at most `limit` when given."""
+    with open_regular(path) as f:
+        return f.read(limit)
 
 
 def boot_id() -> str | None:
@@ -149,8 +180,7 @@ def run_alive(status) -> bool:
 def _read_status(run_dir: str) -> tuple[object, str | None]:
     """(parsed status.json or None, why it could not be used or None)."""
     try:
-        with open(os.path.join(run_dir, "status.json"), "rb") as f:
-            raw = f.read(MAX_STATUS_BYTES + 1)
+        raw = read_regular(os.path.join(run_dir, "status.json"), MAX_STATUS_BYTES + 1)
     except FileNotFoundError:
         return None, None
     except OSError as e:
@@ -168,7 +198,7 @@ def _read_status(run_dir: str) -> tuple[object, str | None]:
 
 def _last_event(run_dir: str) -> dict:
     try:
-        with open(os.path.join(run_dir, "events.jsonl"), "rb") as f:
+        with open_regular(os.path.join(run_dir, "events.jsonl")) as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 65536))
             tail = f.read()

@@ -43,6 +43,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from remote_payload.contract.errors import FeatureMismatchError, PayloadError
+from remote_payload.contract.runstate import open_regular, read_regular
 from remote_payload.eval.checkpoint import torch_load_cpu
 
 CACHE_FORMAT = "reval.cache/1"
@@ -90,7 +91,7 @@ def _read_json(path: Path):
     if not path.is_file():
         raise PayloadError(f"cache: {path} is missing; point --cache at a directory written by `extract`")
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_regular(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PayloadError(f"cache: {path} is not valid JSON ({e}); re-extract or fix the file") from e
 
@@ -136,12 +137,12 @@ class Cache:
         """sha256 over the index json, the layer ids and each data file's size + first 64 KiB (headers)."""
         if self._fingerprint is None:
             h = hashlib.sha256()
-            h.update((self.path / (CACHE_JSON if self.layout == "reval" else SEEDS_JSON)).read_bytes())
+            h.update(read_regular(self.path / (CACHE_JSON if self.layout == "reval" else SEEDS_JSON)))
             h.update(json.dumps(self.layer_ids).encode())
             for p in self.prompts:
                 f = self.path / p.file
                 h.update(f"{p.file}:{f.stat().st_size}".encode())
-                with open(f, "rb") as fh:
+                with open_regular(f) as fh:
                     h.update(fh.read(1 << 16))
             self._fingerprint = "sha256:" + h.hexdigest()
         return self._fingerprint
@@ -356,7 +357,7 @@ class CacheWriter:
             return {}
         where = f"interrupted cache {self.partial}"
         try:
-            state = json.loads(state_path.read_text())
+            state = json.loads(read_regular(state_path))
             if state.get("key") != self.resume_key:
                 raise PayloadError(f"{where} was started with other inputs (target, prompts, layers or options); "
                                    f"re-run that command to finish it, or remove {self.partial} to start over")

@@ -43,6 +43,7 @@ from remote_payload.contract.contenthash import (  # noqa: F401 - HASH_CHUNK_BYT
     sha256_files,
 )
 from remote_payload.contract.errors import CheckpointError, ConfigError
+from remote_payload.contract.runstate import read_regular
 from remote_payload.eval.config import DrafterConfig, check_features  # noqa: F401 - re-exported
 from remote_payload.eval.drafter import DFlashDrafter, TargetHead
 from remote_payload.eval.safetensors_io import NOTHING_DONE, read_header, read_tensors
@@ -96,7 +97,7 @@ def _closest(key: str, keys, n: int = 3) -> str:
 
 def _read_json(path: Path, what: str) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_regular(path))
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read {what} {path}: {e}") from e
 

@@ -49,6 +49,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from remote_payload.contract.runstate import read_regular
+
 LATENCY_SCHEMA = "reval.latency/1"  # bump when what is measured, or how, changes: old table entries then miss
 TABLE_SCHEMA = "reval.latency-table/1"
 REGIMES = ("eager", "cuda-graphs")
@@ -579,7 +581,7 @@ class LatencyTable:
         try:
             if self.path.stat().st_size > TABLE_MAX_BYTES:
                 return []
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(read_regular(self.path))
         except (OSError, ValueError, RecursionError):  # missing, a folder, not UTF-8, not JSON, nested too deep
             return []
         if not isinstance(data, dict) or data.get("schema") != TABLE_SCHEMA or not isinstance(data.get("entries"), list):

@@ -38,6 +38,7 @@ from remote_payload import __version__
 from remote_payload.contract import protocol
 from remote_payload.contract import results as R
 from remote_payload.contract.errors import PayloadError
+from remote_payload.contract.runstate import read_regular
 from remote_payload.eval import anchors, metrics, rtc
 from remote_payload.eval.anchors import AnchorOutputs, draft_all_anchors, drafted_prompts, warm_up  # noqa: F401 (re-exported)
 from remote_payload.eval.cache import open_cache
@@ -379,8 +380,11 @@ def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torc
              f"{'tied to embed' if hinfo.tied else repr(hinfo.lm_head_key)} from {Path(hinfo.source).name}")
     cached_sha = ((cache.meta or {}).get("target") or {}).get("config_sha256")
     cfg_file = Path(opts.target) / "config.json"
-    target_matches = (None if not (cached_sha and cfg_file.exists())
-                      else hashlib.sha256(cfg_file.read_bytes()).hexdigest() == cached_sha)
+    try:
+        target_matches = (None if not (cached_sha and cfg_file.exists())
+                          else hashlib.sha256(read_regular(cfg_file)).hexdigest() == cached_sha)
+    except OSError as e:  # a folder, a FIFO, a device: never read
+        raise PayloadError(f"{cfg_file} cannot be read ({e.strerror}): replace it with the target's config.json")
     if target_matches is False:  # a warning, not an error: a re-saved config of the same model differs too
         rep.line(f"  warning: {cfg_file} is not the config the cache was extracted with "
                  f"({(cache.meta.get('target') or {}).get('path')}); check --target", stage="warning")
@@ -581,7 +585,7 @@ def check_online_target(opts: EvalOptions) -> None:
     from remote_payload.eval import online
     cfg_file = Path(opts.target) / "config.json"
     try:
-        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        cfg = json.loads(read_regular(cfg_file))
     except (OSError, ValueError) as e:
         raise PayloadError(f"--online needs the whole target: cannot read {cfg_file} ({e})") from None
     why = online.refusal(cfg)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from remote_payload.contract.errors import CheckpointError
+from remote_payload.contract.runstate import open_regular
 
 NOTHING_DONE = "Nothing was evaluated."
 STAGING_BYTES = 128 << 20  # per staging buffer (two of them, pinned, on CUDA)
@@ -62,7 +63,7 @@ def read_header(path) -> SafetensorsHeader:
     """Parse and validate the header against the file size (no tensor data is read)."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
@@ -166,7 +167,7 @@ def read_tensors(header: SafetensorsHeader, names, *, device="cpu", dtype: torch
         out[name] = t
         if t.numel():
             jobs.append((name, e.begin, t.view(-1).view(torch.uint8)))  # [nbytes] over t's memory
-    with open(header.path, "rb", buffering=0) as f:
+    with open_regular(header.path) as f:
         fd = f.fileno()
         for name, offset, dst in ([] if staged else jobs):
             _pread_full(fd, header.path, name, memoryview(dst.numpy()), offset)

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from remote_payload.contract.errors import PayloadError
+from remote_payload.contract.runstate import read_regular
 from remote_payload.eval.cache import Cache, CacheWriter, open_cache, parse_layer_ids
 from remote_payload.eval.devices import resolve_device_dtype
 
@@ -84,7 +85,7 @@ def read_prompts(path: str | os.PathLike, num_prompts: int | None = None) -> tup
     if not path.is_file():
         raise PayloadError(f"--prompts {path}: no such file; pass a .jsonl of {PROMPT_SHAPES}")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_regular(path).decode("utf-8").splitlines()
     except UnicodeDecodeError as e:
         raise PayloadError(f"--prompts {path}: not UTF-8 text ({e}); pass a .jsonl or .txt of prompts") from None
     records: list[tuple[str, list[str]]] = []
@@ -121,7 +122,7 @@ def chat_template_source(target: Path) -> str | None:
     cfg = target / "tokenizer_config.json"
     if cfg.is_file():
         try:
-            d = json.loads(cfg.read_text(encoding="utf-8"))
+            d = json.loads(read_regular(cfg))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise PayloadError(f"--target {target}: tokenizer_config.json is not valid JSON ({e}); fix it, or pass "
                                "--chat-template off for raw text") from None
@@ -196,7 +197,7 @@ def eos_ids_of(target: Path) -> set[int]:
     ids: set[int] = set()
     for f in ("generation_config.json", "config.json"):
         if (target / f).is_file():
-            e = json.loads((target / f).read_text()).get("eos_token_id")
+            e = json.loads(read_regular(target / f)).get("eos_token_id")
             ids |= set(e) if isinstance(e, list) else ({e} if e is not None else set())
     return ids
 
@@ -210,7 +211,7 @@ def check_target(target: str | os.PathLike, layer_ids: list[int]) -> dict:
         raise PayloadError(f"--target {target}: no weights ({' / '.join(_WEIGHT_FILES)}); copy the full model")
     if not (target / "tokenizer.json").is_file():
         raise PayloadError(f"--target {target}: no tokenizer.json; copy the model's tokenizer files too")
-    config = json.loads((target / "config.json").read_text())
+    config = json.loads(read_regular(target / "config.json"))
     n = num_layers_of(config)
     bad = [l for l in layer_ids if l >= n]
     if bad:
@@ -712,7 +713,7 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
                      "chat_template_sha256": template.sha256 if template else None,
                      "enable_thinking": enable_thinking if template else None}
     dev, dt = resolve_device_dtype(devices[0] if devices else device, dtype)
-    config_sha = hashlib.sha256((target / "config.json").read_bytes()).hexdigest()
+    config_sha = hashlib.sha256(read_regular(target / "config.json")).hexdigest()
     key = hashlib.sha256(json.dumps({"target": config_sha, "layers": layer_ids, "max_new_tokens": max_new_tokens,
                                      "dtype": str(dt), "prompts": records,
                                      "prompt_format": prompt_format}).encode()).hexdigest()

@@ -16,6 +16,7 @@ from pathlib import Path
 from remote_payload.contract import protocol
 from remote_payload.contract.contenthash import INDEX_JSON, SINGLE_SAFETENSORS, content_files
 from remote_payload.contract.errors import PayloadError
+from remote_payload.contract.runstate import read_regular
 from remote_payload.eval.config import DrafterConfig, add_allow_unknown, check_features
 
 CACHE_JSON, SEEDS_JSON, SEEDS_LAYERS_JSON = "cache.json", "completions.json", "layers.json"  # = cache.py's
@@ -31,7 +32,7 @@ def add_arguments(p) -> None:
 
 def _json(path: Path, what: str):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_regular(path))
     except (OSError, ValueError) as e:
         raise PayloadError(f"cannot read {what} {path}: {e}") from None
 

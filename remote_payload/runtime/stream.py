@@ -8,8 +8,10 @@ polls the run directory and writes framed bytes to stdout, so the controller can
     S <n>\\n<n bytes>            status.json changed (JSON + "alive": is the process group still there)
     H\\n                         heartbeat (the controller treats silence as a dropped connection)
     D\\n                         the run is terminal (or lost) and both files are drained: done
-    X <n>\\n<message>            an error (no such run, or a run folder / eval.log / events.jsonl that is a
-                                symbolic link: never followed); the stream ends
+    X <n>\\n<message>            an error (no such run); the stream ends
+    R <n>\\n<message>            refused: the run folder, eval.log or events.jsonl is a symbolic link, or
+                                status.json, eval.log or events.jsonl is not a regular file (a FIFO would
+                                block every read): never followed; the stream ends
     B <n>\\n<message>            status.json is damaged (not a status object) and stays so; the stream ends
     N <n>\\n<message>            no new log or events bytes for NO_PROGRESS_S (then each time that silence
                                 doubles) while the payload's processes are stopped or get no CPU time: why
@@ -175,12 +177,14 @@ def read_status(run_dir: Path, probe=None) -> tuple[dict | None, bool, bytes, st
     `probe()` (a scheduler's liveness) replaces the process-group check."""
     path = run_dir / protocol.STATUS_JSON
     try:
-        first = protocol.loads(path.read_bytes())  # nested too deep is a ValueError too
+        first = protocol.loads(runstate.read_regular(path))  # nested too deep is a ValueError too
         alive = probe() if probe is not None else protocol.run_alive(first)
-        raw = path.read_bytes()
+        raw = runstate.read_regular(path)
         status = protocol.loads(raw)
     except FileNotFoundError:
         return None, probe() if probe else True, b"", None
+    except OSError as e:  # not a regular file (open_regular), a permission taken away
+        return None, probe() if probe else True, b"", f"unreadable: {e.strerror}"
     except ValueError:  # not JSON (json.JSONDecodeError is a ValueError), or not UTF-8
         return None, probe() if probe else True, b"", "not JSON"
     if not isinstance(status, dict):
@@ -197,13 +201,13 @@ MAX_LINE = 1 << 20   # a line longer than CHUNK is still sent whole, up to this;
 def read_new(path: Path, offset: int, final: bool, limit: int = CHUNK) -> bytes:
     """Bytes of `path` from `offset` up to the last newline (everything when `final`)."""
     try:  # O_NOFOLLOW: a file that became a symbolic link is not read through (ELOOP: nothing new)
-        with open(path, "rb", opener=lambda p, fl: os.open(p, fl | getattr(os, "O_NOFOLLOW", 0))) as f:
+        with runstate.open_regular(path, nofollow=True) as f:
             f.seek(offset)
             data = f.read(limit)
     except FileNotFoundError:
         return b""
     except OSError as e:
-        if e.errno == errno.ELOOP:
+        if e.errno in (errno.ELOOP, errno.EINVAL):  # became a link, or not a regular file: never read
             return b""
         raise
     if final and len(data) < limit:
@@ -231,7 +235,7 @@ def _line_starts(path: Path, offset: int) -> bool:
     if offset == 0:
         return True
     try:
-        with open(path, "rb", opener=lambda p, fl: os.open(p, fl | getattr(os, "O_NOFOLLOW", 0))) as f:
+        with runstate.open_regular(path, nofollow=True) as f:
             f.seek(offset - 1)
             return f.read(1) == b"\n"
     except OSError:
@@ -264,12 +268,15 @@ def main(args) -> int:
     out = sys.stdout.buffer
     parent = os.getppid()
     links = [p for p in (run_dir, run_dir / protocol.EVAL_LOG, run_dir / protocol.EVENTS_JSONL) if p.is_symlink()]
-    if links or not run_dir.is_dir():
+    odd = [p for p in (run_dir / protocol.STATUS_JSON, run_dir / protocol.EVAL_LOG, run_dir / protocol.EVENTS_JSONL)
+           if not links and p.exists() and not p.is_file()]  # a FIFO: every read of it blocks
+    if links or odd or not run_dir.is_dir():
         msg = (f"{links[0]} is a symbolic link: refused, never followed" if links
+               else f"{odd[0]} is not a regular file: refused, never read" if odd
                else f"no run directory {run_dir}").encode()
-        out.write(b"X %d\n" % len(msg) + msg)
+        out.write((b"R %d\n" if links or odd else b"X %d\n") % len(msg) + msg)
         out.flush()
-        return 3 if links else 102
+        return 3 if links or odd else 102
     log_off, ev_off = args.log_offset, args.events_offset
     last_status = last_alive = None
     last_beat = 0.0

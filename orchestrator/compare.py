@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remote_payload.contract import protocol
+from remote_payload.contract import protocol, runstate
 from remote_payload.contract.contenthash import STEP_PATTERN as _STEP  # one checkpoint-step rule
 from remote_payload.contract.results import Result, ResultsError
 
@@ -77,9 +77,9 @@ class RunRecord:
         return f"{self.host}/{self.name}"
 
 
-def _read_optional(path: Path) -> dict | None:
+def _read_optional(path: Path, limit: int | None = None) -> dict | None:
     try:
-        obj = protocol.read_json(path)
+        obj = protocol.read_json(path, limit)
     except FileNotFoundError:
         return None
     except OSError as e:  # a folder, a FIFO or a device where the file belongs: never read
@@ -105,8 +105,8 @@ def load_run(path: str | Path) -> RunRecord:
         except ResultsError as e:
             raise ConfigError(str(e), hint="re-pull the run (reval pull RUN), or re-run the eval with this "
                                            "version of reval") from None
-    status = _read_optional(path / protocol.STATUS_JSON)
-    run_info = _read_optional(path / protocol.RUN_JSON)
+    status = _read_optional(path / protocol.STATUS_JSON, runstate.MAX_STATUS_BYTES)  # KBs; results.json can be MBs
+    run_info = _read_optional(path / protocol.RUN_JSON, runstate.MAX_STATUS_BYTES)
     if results is None and status is None and run_info is None:
         raise RunNotFound(f"{path}: not a run directory (no results.json, status.json or run.json)",
                           hint="pull it first: reval pull <run>, or pass the run's folder")

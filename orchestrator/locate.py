@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from remote_payload.contract import protocol
+from remote_payload.contract import protocol, runstate
 
 from .backends import get_backend
 from .errors import ConfigError, HostUnreachable, RevalError, RunNotFound
@@ -71,7 +71,7 @@ def not_in_inventory(inventory: Inventory, name: str, host: str | None = None) -
 def recorded_inventory(host: str, name: str) -> str | None:
     """The `-i FILE` of the command line that started the run, as its pulled run.json recorded it, or None."""
     try:
-        argv = protocol.read_json(local_run_dir(host, name) / "run.json").get("argv")  # a regular file only
+        argv = protocol.read_json(local_run_dir(host, name) / "run.json", runstate.MAX_STATUS_BYTES).get("argv")
     except (OSError, ValueError, AttributeError, RevalError):
         return None
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):

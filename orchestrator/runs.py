@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remote_payload.contract import protocol
+from remote_payload.contract import protocol, runstate
 
 from .errors import ConfigError
 
@@ -151,7 +151,7 @@ def remote_run_dir(workdir: str, run: str) -> str:
 def load_follow_state(host_name: str, run: str) -> dict:
     """The saved follow state; a damaged file (not JSON, not an object, a bad offset) counts as none."""
     try:
-        st = protocol.read_json(local_run_dir(host_name, run) / FOLLOW_JSON)  # a regular file only
+        st = protocol.read_json(local_run_dir(host_name, run) / FOLLOW_JSON, runstate.MAX_STATUS_BYTES)
     except (OSError, ValueError):
         return {}
     if not isinstance(st, dict):

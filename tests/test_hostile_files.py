@@ -483,3 +483,22 @@ def test_a_ledger_that_is_a_fifo_is_one_line(tmp_path):
                 "--cache", "/c", timeout=60)
     assert_one_line(p, 3, "ledger sweeps/ledger.json cannot be read (not a regular file)")
     assert "--sweep-dir" in p.stderr
+
+
+def test_a_state_file_of_gigabytes_is_never_read_whole(tmp_path):
+    """status.json, run.json and .follow.json are KBs; a planted one of 3 GiB (sparse) was read whole by the
+    follow stream on the host (`logs -f`) and by compare and status here. Now at most 1 MiB of it is read: the
+    stream says the status is damaged, compare refuses the copy in one line, the follow state counts as none."""
+    launch(tmp_path, "big")
+    remote, local = tmp_path / ".reval/local/runs/big", tmp_path / "runs/local/big"
+    for f in (remote / "status.json", local / "status.json", local / "run.json", local / ".follow.json"):
+        with open(f, "r+b") as fh:
+            fh.truncate(3 << 30)
+    p = bounded(tmp_path, "logs", "big", "-f", mem_mb=256, timeout=60)
+    assert_one_line(p, 1, "status.json is damaged (larger than 1024 KiB)")
+    p = bounded(tmp_path, "compare", str(local), mem_mb=256, timeout=60)
+    assert_one_line(p, 3, f"{local / 'status.json'}: not valid JSON (larger than 1024 KiB)")
+    p = bounded(tmp_path, "status", "big", mem_mb=256, timeout=60)
+    assert p.returncode in (1, 101) and "big on local: unknown" in p.stdout, p.stderr[-2000:]
+    for f in (remote / "status.json", local / "status.json", local / "run.json", local / ".follow.json"):
+        f.unlink()  # 3 GiB each, if read: the session's round-trip check never sees them

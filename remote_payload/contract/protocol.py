@@ -160,9 +160,13 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """A file's JSON; nesting past runstate.MAX_JSON_DEPTH is a ValueError, as any other damage is."""
-    return runstate.loads(runstate.read_regular(path).decode("utf-8"))  # UnicodeDecodeError: a ValueError
+def read_json(path: str | os.PathLike, limit: int | None = None) -> Any:
+    """A file's JSON; nesting past runstate.MAX_JSON_DEPTH is a ValueError, as any other damage is, and so is a
+    file over `limit` bytes (never read whole: a state file is KBs, a planted one may be a sparse 10 GB)."""
+    raw = runstate.read_regular(path, -1 if limit is None else limit + 1)
+    if limit is not None and len(raw) > limit:
+        raise ValueError(f"larger than {limit >> 10} KiB")
+    return runstate.loads(raw.decode("utf-8"))  # UnicodeDecodeError: a ValueError
 
 
 def append_event(path: str | os.PathLike, event: dict) -> None:

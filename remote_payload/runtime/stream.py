@@ -177,16 +177,18 @@ def read_status(run_dir: Path, probe=None) -> tuple[dict | None, bool, bytes, st
     `probe()` (a scheduler's liveness) replaces the process-group check."""
     path = run_dir / protocol.STATUS_JSON
     try:
-        first = protocol.loads(runstate.read_regular(path))  # nested too deep is a ValueError too
+        first = protocol.read_json(path, runstate.MAX_STATUS_BYTES)  # too deep or too big: a ValueError too
         alive = probe() if probe is not None else protocol.run_alive(first)
-        raw = runstate.read_regular(path)
+        raw = runstate.read_regular(path, runstate.MAX_STATUS_BYTES + 1)
+        if len(raw) > runstate.MAX_STATUS_BYTES:
+            raise ValueError(f"larger than {runstate.MAX_STATUS_BYTES >> 10} KiB")
         status = protocol.loads(raw)
     except FileNotFoundError:
         return None, probe() if probe else True, b"", None
     except OSError as e:  # not a regular file (open_regular), a permission taken away
         return None, probe() if probe else True, b"", f"unreadable: {e.strerror}"
-    except ValueError:  # not JSON (json.JSONDecodeError is a ValueError), or not UTF-8
-        return None, probe() if probe else True, b"", "not JSON"
+    except ValueError as e:  # not JSON (json.JSONDecodeError is a ValueError), not UTF-8, too big
+        return None, probe() if probe else True, b"", str(e) if str(e).startswith("larger than") else "not JSON"
     if not isinstance(status, dict):
         return None, probe() if probe else True, raw, f"a JSON {type(status).__name__}, not an object"
     if status.get("state") not in (protocol.RUNNING, *protocol.TERMINAL_STATES):

@@ -3,12 +3,11 @@ job (SweepRecord: its Outcome for the report, its ledger entry for the next swee
 Both are shared by the slot workers (schedule.py) and the batch workers (cluster.py), and hold no host."""
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from remote_payload.contract import protocol, runstate
+from remote_payload.contract import protocol
 
 from .. import compare
 from ..errors import HostUnreachable, RevalError
@@ -178,14 +177,8 @@ def pull_and_record(hosts: HostPool, record: SweepRecord, hs: HostSession, job: 
 
 def failure_line(status: dict, run_dir: Path) -> str:
     """'exit 1: CUDA out of memory' — the exit code and the wrapper's error or the log's last line."""
-    last = ""
-    try:  # the log's last 64 KiB (a log may be GBs), a regular file only
-        with runstate.open_regular(run_dir / protocol.EVAL_LOG) as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
-            lines = f.read().decode("utf-8", errors="replace").splitlines()
-        last = next((ln.strip() for ln in reversed(lines) if ln.strip() and not ln.startswith("[reval]")), "")
-    except OSError:
-        pass
+    lines = protocol.tail_text(run_dir / protocol.EVAL_LOG, 64 << 10).splitlines()
+    last = next((ln.strip() for ln in reversed(lines) if ln.strip() and not ln.startswith("[reval]")), "")
     why = status.get("error") or last  # whole: report.json keeps it, the screen shortens it
     head = f"exit {status['exit_code']}" if status.get("exit_code") is not None else status.get("state", "?")
     return f"{head}: {why}" if why else head

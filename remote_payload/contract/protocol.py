@@ -163,10 +163,22 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 def read_json(path: str | os.PathLike, limit: int | None = None) -> Any:
     """A file's JSON; nesting past runstate.MAX_JSON_DEPTH is a ValueError, as any other damage is, and so is a
     file over `limit` bytes (never read whole: a state file is KBs, a planted one may be a sparse 10 GB)."""
-    raw = runstate.read_regular(path, -1 if limit is None else limit + 1)
-    if limit is not None and len(raw) > limit:
-        raise ValueError(f"larger than {limit >> 10} KiB")
+    raw = runstate.read_regular(path) if limit is None else runstate.read_limited(path, limit)
     return runstate.loads(raw.decode("utf-8"))  # UnicodeDecodeError: a ValueError
+
+
+def tail_text(path: str | os.PathLike, nbytes: int) -> str:
+    """The text of a file's last `nbytes` (a log may be GBs), less a partial first line; "" when it cannot be
+    read (missing, or not a regular file: runstate.open_regular)."""
+    try:
+        with runstate.open_regular(path) as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - nbytes))
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return text.split("\n", 1)[1] if size > nbytes and "\n" in text else text
 
 
 def append_event(path: str | os.PathLike, event: dict) -> None:

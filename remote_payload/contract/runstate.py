@@ -93,6 +93,19 @@ def read_regular(path, limit: int = -1) -> bytes:
         return f.read(limit)
 
 
+class TooLarge(ValueError):
+    """read_limited's refusal: "larger than N KiB"."""
+
+
+def read_limited(path, limit: int) -> bytes:
+    """The bytes of an untrusted regular file that may hold at most `limit` (a state file is KBs; a planted one
+    may be a sparse 10 GB): never more than limit + 1 read, a larger file is TooLarge."""
+    raw = read_regular(path, limit + 1)
+    if len(raw) > limit:
+        raise TooLarge(f"larger than {limit >> 10} KiB")
+    return raw
+
+
 def boot_id() -> str | None:
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:

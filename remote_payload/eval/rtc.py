@@ -23,13 +23,14 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import stat
 import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
 
 import torch
+
+from remote_payload.contract.runstate import open_regular
 
 CHUNK = 32  # columns per maximum (kernels.LSE_CHUNK)
 THREADS = 512  # per block: one block a row; 8 bf16 (16 bytes) a load
@@ -254,19 +255,12 @@ def read_cached(path: Path) -> bytes | None:
     read, a link to /dev/zero never end it), it is not whole (its sha256 disagrees) or it is larger than any
     cubin of these kernels."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CUBIN_BYTES:
-            return None
-        with os.fdopen(os.dup(fd), "rb") as f:
+        with open_regular(path, nofollow=True) as f:
+            if os.fstat(f.fileno()).st_size > MAX_CUBIN_BYTES:
+                return None
             blob = f.read(MAX_CUBIN_BYTES + 1)
     except OSError:
         return None
-    finally:
-        os.close(fd)
     head = len(_MAGIC) + 32
     if not blob.startswith(_MAGIC) or len(blob) <= head:
         return None

@@ -27,19 +27,6 @@ def one_line(text: str, limit: int = MAX_CAUSE_CHARS) -> str:
     return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
-def _tail(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - TAIL_BYTES))
-            data = f.read()
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    return text.split("\n", 1)[1] if size > TAIL_BYTES and "\n" in text else text  # no partial first line
-
-
 def from_events(text: str) -> str | None:
     """The message of the last `error` event in events.jsonl text (pure)."""
     for raw in reversed(text.splitlines()):
@@ -71,5 +58,5 @@ def from_log(text: str) -> str | None:
 
 def failure_cause(run_dir) -> str | None:
     """The one-line cause of a failed run from its events.jsonl and eval.log, or None when neither says."""
-    return (from_events(_tail(os.path.join(run_dir, protocol.EVENTS_JSONL)))
-            or from_log(_tail(os.path.join(run_dir, protocol.EVAL_LOG))))
+    return (from_events(protocol.tail_text(os.path.join(run_dir, protocol.EVENTS_JSONL), TAIL_BYTES))
+            or from_log(protocol.tail_text(os.path.join(run_dir, protocol.EVAL_LOG), TAIL_BYTES)))

@@ -179,16 +179,16 @@ def read_status(run_dir: Path, probe=None) -> tuple[dict | None, bool, bytes, st
     try:
         first = protocol.read_json(path, runstate.MAX_STATUS_BYTES)  # too deep or too big: a ValueError too
         alive = probe() if probe is not None else protocol.run_alive(first)
-        raw = runstate.read_regular(path, runstate.MAX_STATUS_BYTES + 1)
-        if len(raw) > runstate.MAX_STATUS_BYTES:
-            raise ValueError(f"larger than {runstate.MAX_STATUS_BYTES >> 10} KiB")
+        raw = runstate.read_limited(path, runstate.MAX_STATUS_BYTES)
         status = protocol.loads(raw)
     except FileNotFoundError:
         return None, probe() if probe else True, b"", None
     except OSError as e:  # not a regular file (open_regular), a permission taken away
         return None, probe() if probe else True, b"", f"unreadable: {e.strerror}"
-    except ValueError as e:  # not JSON (json.JSONDecodeError is a ValueError), not UTF-8, too big
-        return None, probe() if probe else True, b"", str(e) if str(e).startswith("larger than") else "not JSON"
+    except runstate.TooLarge as e:
+        return None, probe() if probe else True, b"", str(e)
+    except ValueError:  # not JSON (json.JSONDecodeError is a ValueError), or not UTF-8
+        return None, probe() if probe else True, b"", "not JSON"
     if not isinstance(status, dict):
         return None, probe() if probe else True, raw, f"a JSON {type(status).__name__}, not an object"
     if status.get("state") not in (protocol.RUNNING, *protocol.TERMINAL_STATES):

@@ -1,0 +1,217 @@
+"""What to evaluate: one value, parsed and checked once, that both halves carry (stdlib only).
+
+The laptop builds an `EvalSpec` from the CLI or the API, makes its paths the host's, and hands the payload
+`spec.eval_argv()`; the payload parses that argv back with the same rules (`parse_caches`), so a cache
+argument means the same thing on both sides. One definition of every default and limit lives here.
+
+The cache rule (one rule, decided by the text alone, never by the filesystem): `NAME=PATH` names a benchmark
+suite when NAME is a usable name (A-Z a-z 0-9 . _ -, not starting with '.' or '-') and PATH is not empty;
+anything else is a path. A path that holds '=' is written with a '/' before it (`./a=b`). Several caches are
+several suites; a bare path among several is named by its folder.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+
+PAYLOADS = ("eval", "dummy")
+DEFAULT_MAX_BLOCKS = 30                       # draft rounds per prompt when --max-blocks is not given
+DEFAULT_DDTREE_BUDGETS = (16, 32, 64, 128, 256, 512)
+DEFAULT_TREE_WIDTHS = (4, 8)
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# eval options the spec owns: given among the payload's extra arguments they would be a second, unchecked copy
+OWNED_OPTIONS = ("--drafter", "--target", "--cache", "--num-prompts", "--max-blocks", "--speedup", "--online",
+                 "--allow-unknown-config", "--name", "--run-dir")
+
+
+class SpecError(ValueError):
+    """A spec that cannot be evaluated: `str(e)` is the one line, `hint` the fix; bad input (exit 3)."""
+    exit_code = 3
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
+
+
+def usable_name(name: str) -> bool:
+    """A suite (or run) name: 1-64 of A-Z a-z 0-9 . _ -, not starting with '.' or '-'."""
+    return isinstance(name, str) and bool(_NAME.match(name)) and not name.startswith((".", "-"))
+
+
+@dataclass(frozen=True)
+class CacheRef:
+    """One --cache value: a path on the host, and the suite's name when given as NAME=PATH."""
+    path: str
+    name: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> CacheRef:
+        if not isinstance(text, str) or not text:
+            raise SpecError(f"--cache {text!r}: give a cache folder, or NAME=PATH for a benchmark suite")
+        name, sep, path = text.partition("=")
+        if sep and path and usable_name(name):
+            return cls(path=path, name=name)
+        return cls(path=text)
+
+    @property
+    def suite(self) -> str:
+        """The suite's name: the one given, else the folder's."""
+        return self.name or os.path.basename(self.path.rstrip("/")) or self.path
+
+    def text(self) -> str:
+        """The --cache argument that parses back to this value."""
+        return f"{self.name}={self.path}" if self.name else self.path
+
+
+def parse_caches(values) -> tuple[CacheRef, ...]:
+    """--cache values (a str, or a list of str / CacheRef) -> the checked tuple: suite names unique and usable,
+    no cache given twice (its prompts would count twice in every pooled figure)."""
+    if values is None:
+        return ()
+    items = [values] if isinstance(values, str | CacheRef) else list(values)
+    refs = tuple(v if isinstance(v, CacheRef) else CacheRef.parse(v) for v in items)
+    if len(refs) > 1:
+        names = [r.suite for r in refs]
+        for n in names:
+            if not usable_name(n):
+                raise SpecError(f"--cache: {n!r} is not a usable suite name",
+                                hint="give --cache NAME=PATH (NAME: letters, digits, . _ -)")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise SpecError(f"--cache: suite name {dup[0]!r} is given twice",
+                            hint="name each suite once (--cache NAME=PATH)")
+        paths = [os.path.normpath(r.path) for r in refs]
+        twice = sorted({p for p in paths if paths.count(p) > 1})
+        if twice:
+            raise SpecError(f"--cache: the cache {twice[0]} is given as two suites; its prompts would count twice",
+                            hint="give each cache once")
+    return refs
+
+
+def joined_fingerprint(named: list[tuple[str, str]]) -> str:
+    """Several suites' caches as one fingerprint: sha256 over 'name\\0fingerprint\\n' per suite, in order."""
+    blob = "".join(f"{name}\0{fp}\n" for name, fp in named)
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _count(name: str, v, *, zero_ok: bool) -> None:
+    if v is None and not zero_ok:
+        return
+    lo = 0 if zero_ok else 1
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise SpecError(f"--{name} must be a whole number of at least {lo}, got {v!r}")
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """What to evaluate (paths on the host) and how. Checked when made: a value of this type is valid.
+    `cache` takes a path, NAME=PATH, or a list of them, and holds the parsed tuple of CacheRef.
+    `payload="dummy"` runs the torch-free stand-in; `extra`: more `python -m remote_payload eval` options."""
+    drafter: str | None = None
+    target: str | None = None
+    cache: tuple[CacheRef, ...] = ()
+    num_prompts: int | None = None
+    max_blocks: int | None = None
+    speedup: bool = False
+    online: int = 0
+    allow_unknown_config: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    payload: str = "eval"
+    gpus: str | None = None     # where, not what: auto | none | 0,1 (None: the host's); not part of the argv
+
+    def __post_init__(self):
+        put = object.__setattr__
+        put(self, "cache", parse_caches(self.cache))
+        put(self, "allow_unknown_config", tuple(self.allow_unknown_config or ()))
+        put(self, "extra", tuple(self.extra or ()))
+        if self.payload not in PAYLOADS:
+            raise SpecError(f"payload {self.payload!r}: use eval or dummy")
+        for k in ("drafter", "target", "gpus"):
+            v = getattr(self, k)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise SpecError(f"--{k} {v!r}: give a path" if k != "gpus" else f"--gpus {v!r}: auto, none or 0,1")
+        _count("num-prompts", self.num_prompts, zero_ok=False)
+        _count("max-blocks", self.max_blocks, zero_ok=False)
+        _count("online", self.online, zero_ok=True)
+        if not isinstance(self.speedup, bool):
+            raise SpecError(f"speedup must be true or false, got {self.speedup!r}")
+        for k in self.allow_unknown_config:
+            if not isinstance(k, str) or not k or k.startswith("-"):
+                raise SpecError(f"--allow-unknown-config {k!r}: give a config key (dflash_config.KEY when nested)")
+        if self.payload == "eval":
+            owned = [a for a in self.extra if a.split("=", 1)[0] in OWNED_OPTIONS]
+            if owned:
+                opt = owned[0].split("=", 1)[0]
+                raise SpecError(f"{opt} among the payload's extra arguments: it is an option of the spec",
+                                hint=f"give {opt} before --, as an option of reval run / reval sweep")
+
+    # -- what is asked ------------------------------------------------------------------------------------
+    def missing(self) -> list[str]:
+        """The options an eval needs that this spec lacks (a sweep's template lacks --drafter by design)."""
+        if self.payload != "eval":
+            return []
+        return [f"--{k}" for k in ("drafter", "target", "cache") if not getattr(self, k)]
+
+    def suites(self) -> list[tuple[str, str]] | None:
+        """[(suite name, path)] when the caches are suites (several, or one NAME=PATH); None for one cache."""
+        if len(self.cache) == 1 and self.cache[0].name is None:
+            return None
+        return [(c.suite, c.path) for c in self.cache]
+
+    def cache_label(self) -> str:
+        """What the log and results.json name: the path, or 'name=path,...' for suites."""
+        s = self.suites()
+        return self.cache[0].path if s is None else ",".join(f"{n}={p}" for n, p in s)
+
+    def with_paths(self, fix) -> EvalSpec:
+        """The spec with every host path passed through fix(option, path) (e.g. made absolute)."""
+        caches = tuple(dataclasses.replace(c, path=fix("cache", c.path)) for c in self.cache)
+        return dataclasses.replace(self, drafter=fix("drafter", self.drafter) if self.drafter else self.drafter,
+                                   target=fix("target", self.target) if self.target else self.target, cache=caches)
+
+    # -- what the payload gets ------------------------------------------------------------------------------
+    def eval_argv(self, name: str | None = None) -> list[str]:
+        """`python -m remote_payload ...` arguments, without --run-dir (the launcher adds it) (pure)."""
+        if self.payload == "dummy":
+            return ["dummy", *self.extra]
+        argv = ["eval", "--drafter", str(self.drafter), "--target", str(self.target), *self._cache_argv()]
+        argv += ["--name", name] if name else []
+        argv += ["--num-prompts", str(self.num_prompts)] if self.num_prompts is not None else []
+        argv += ["--max-blocks", str(self.max_blocks)] if self.max_blocks is not None else []
+        argv += ["--speedup"] if self.speedup else []
+        argv += ["--online", str(self.online)] if self.online else []
+        return argv + self._allow_argv() + list(self.extra)
+
+    def preflight_argv(self) -> list[str] | None:
+        """`python -m remote_payload preflight ...`: the paths checked on the host before anything starts."""
+        if self.payload != "eval":
+            return None
+        return ["preflight", "--drafter", str(self.drafter), "--target", str(self.target), *self._cache_argv(),
+                *self._allow_argv()]
+
+    def _cache_argv(self) -> list[str]:
+        return [a for c in self.cache for a in ("--cache", c.text())]
+
+    def _allow_argv(self) -> list[str]:
+        return [a for k in self.allow_unknown_config for a in ("--allow-unknown-config", k)]
+
+    def identity(self, host: str) -> str:
+        """The same command on the same host = the same run (re-attach instead of a duplicate)."""
+        blob = json.dumps({"host": host, "argv": self.eval_argv(), "gpus": self.gpus}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def numbers_key(self) -> dict:
+        """What changes the numbers of an eval (a sweep ledger's key), the drafter aside."""
+        caches = [c.text() for c in self.cache]
+        key = {"payload": self.payload, "target": self.target,
+               "cache": caches[0] if len(caches) == 1 and self.cache[0].name is None else caches,
+               "num_prompts": self.num_prompts, "max_blocks": self.max_blocks, "eval_args": list(self.extra)}
+        if self.speedup or self.online:  # absent when off: keys of sweeps made before these options stay the same
+            key.update(speedup=self.speedup, online=self.online)
+        if self.allow_unknown_config:
+            key["allow_unknown_config"] = sorted(self.allow_unknown_config)
+        return key

@@ -89,3 +89,21 @@ def test_the_numbers_key_of_old_sweeps_is_unchanged():
     assert spec.numbers_key() == {"payload": "eval", "target": "/t", "cache": "/c", "num_prompts": None,
                                   "max_blocks": 5, "eval_args": []}
     assert EvalSpec(target="/t", cache="/c", online=2).numbers_key()["online"] == 2
+
+
+def test_the_payload_applies_the_same_checks(tmp_path):
+    """The eval's own argument parsing goes through the spec: a negative --online is refused (it was clamped to
+    0 in silence), a cache given as two suites is refused, one NAME=PATH is one suite."""
+    import argparse
+
+    from remote_payload.contract.errors import PayloadError
+    from remote_payload.eval import evalopts
+    p = argparse.ArgumentParser()
+    evalopts.add_arguments(p)
+    base = ["--drafter", "/d", "--target", "/t", "--run-dir", str(tmp_path / "r")]
+    with pytest.raises(PayloadError, match="--online must be a whole number of at least 0"):
+        evalopts.options_from_args(p.parse_args([*base, "--cache", "/c", "--online", "-1"]))
+    with pytest.raises(PayloadError, match="given as two suites"):
+        evalopts.options_from_args(p.parse_args([*base, "--cache", "a=/c", "--cache", "b=/c"]))
+    opts = evalopts.options_from_args(p.parse_args([*base, "--cache", "gsm8k=/eval/x"]))
+    assert opts.suites == [("gsm8k", "/eval/x")] and opts.cache == "gsm8k=/eval/x"

@@ -11,8 +11,8 @@ import pytest
 
 from orchestrator import compare, intervals, suites
 from remote_payload.__main__ import main as payload_main
-from remote_payload.contract import protocol
 from remote_payload.contract.results import Result
+from remote_payload.contract.spec import EvalSpec, SpecError, parse_caches
 from tests.runtools import reval
 
 SPLITS = {"gsm": (0, 3), "mt": (3, 6), "he": (6, 10)}
@@ -125,13 +125,15 @@ def test_a_suite_over_another_cache_is_marked_not_ranked(evals, caches, fx, tmp_
 
 
 def test_cache_arguments_name_suites_or_refuse():
-    assert protocol.parse_caches(["/x/cache"]) == ("/x/cache", None)
-    label, named = protocol.parse_caches(["gsm=/e/gsm", "/e/mtbench/"])
-    assert named == [("gsm", "/e/gsm"), ("mtbench", "/e/mtbench/")] and label == "gsm=/e/gsm,mtbench=/e/mtbench/"
+    one = EvalSpec(cache=["/x/cache"])
+    assert (one.cache_label(), one.suites()) == ("/x/cache", None)
+    two = EvalSpec(cache=["gsm=/e/gsm", "/e/mtbench/"])
+    assert two.suites() == [("gsm", "/e/gsm"), ("mtbench", "/e/mtbench/")]
+    assert two.cache_label() == "gsm=/e/gsm,mtbench=/e/mtbench/"
     for bad, want in ((["a=/x", "a=/y"], "suite name 'a' is given twice"),
                       (["/x/c", "/y/c"], "suite name 'c' is given twice")):
-        with pytest.raises(protocol.ProtocolError, match=want):
-            protocol.parse_caches(bad)
+        with pytest.raises(SpecError, match=want):
+            parse_caches(bad)
 
 
 def test_reval_run_evaluates_suites_on_a_host(caches, fx, here, capsys):
@@ -160,3 +162,19 @@ def test_a_damaged_suite_range_is_one_line_not_a_traceback(evals, tmp_path, caps
     rc, _out, err = reval(capsys, "compare", "h/damaged", "--by", "suite")
     assert rc == 3 and "suites[0].prompt_range" in err and "Traceback" not in err
     (run / "results.json").unlink()  # damaged on purpose: not one the suite's round-trip check reads
+
+
+def test_preflight_names_the_suite_whose_cache_does_not_fit(caches, fx, tmp_path, capsys):
+    """A layer mismatch in one of several suites: the one line says which suite's cache is wrong."""
+    bad = tmp_path / "mtwrong"
+    bad.mkdir()
+    index = json.loads((caches["mt"] / "cache.json").read_text())
+    (bad / "cache.json").write_text(json.dumps({**index, "layer_ids": [0, 1, 2, 3]}))
+    for p in index["prompts"]:
+        (bad / p["file"]).symlink_to((caches["mt"] / p["file"]).resolve())
+    argv = ["preflight", "--drafter", str(fx["drafter_good"]), "--target", str(fx["target"])]
+    assert payload_main([*argv, "--cache", f"gsm={caches['gsm']}", "--cache", f"mt={caches['mt']}"]) == 0
+    capsys.readouterr()
+    assert payload_main([*argv, "--cache", f"gsm={caches['gsm']}", "--cache", f"mt={bad}"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("error: suite mt: ") and err.count("\n") == 1, err

@@ -67,38 +67,6 @@ def validate_run_name(name: str) -> str:
     return name
 
 
-def _suite_name_ok(name: str) -> bool:
-    try:
-        validate_run_name(name)
-    except ProtocolError:
-        return False
-    return True
-
-
-def parse_caches(entries: list[str]) -> tuple[str, list[tuple[str, str]] | None]:
-    """--cache values -> (the single cache path, None) or (a "name=path,..." label, [(name, path)]).
-    NAME=PATH names a suite (NAME: letters, digits, . _ -); a bare PATH among several is named by its folder."""
-    parsed = []
-    for e in entries:
-        name, sep, path = e.partition("=")
-        if sep and path and _suite_name_ok(name) and not Path(e).exists():
-            parsed.append((name, path, True))
-        else:
-            parsed.append((Path(e.rstrip("/")).name or e, e, False))
-    if len(parsed) == 1 and not parsed[0][2]:
-        return parsed[0][1], None
-    names = [n for n, _, _ in parsed]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ProtocolError(f"--cache: suite name {dup[0]!r} is given twice; name each suite once (--cache NAME=PATH)")
-    for n in names:
-        if not _suite_name_ok(n):
-            raise ProtocolError(f"--cache: {n!r} is not a usable suite name; give --cache NAME=PATH "
-                               f"(NAME: letters, digits, . _ -)")
-    suites = [(n, p) for n, p, _ in parsed]
-    return ",".join(f"{n}={p}" for n, p in suites), suites
-
-
 def default_run_name(drafter_path: str, now: float | None = None) -> str:
     """`<drafter-name>-<UTC timestamp>`, sanitised to the run-name alphabet."""
     base = Path(str(drafter_path).rstrip("/")).name or "run"

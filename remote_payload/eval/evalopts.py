@@ -5,13 +5,13 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remote_payload.contract import protocol
+from remote_payload.contract import protocol, spec
 from remote_payload.contract.errors import PayloadError
 from remote_payload.eval.cache import parse_layer_ids
 from remote_payload.eval.config import add_allow_unknown
 
-DEFAULT_BUDGETS = (16, 32, 64, 128, 256, 512)
-DEFAULT_WIDTHS = (4, 8)
+DEFAULT_BUDGETS = spec.DEFAULT_DDTREE_BUDGETS
+DEFAULT_WIDTHS = spec.DEFAULT_TREE_WIDTHS
 
 
 @dataclass
@@ -22,7 +22,7 @@ class EvalOptions:
     run_dir: str
     name: str
     num_prompts: int | None = None
-    max_blocks: int = 30
+    max_blocks: int = spec.DEFAULT_MAX_BLOCKS
     device: str = "auto"
     dtype: str = "auto"
     batch_size: int = 0  # anchors per drafter forward; 0 = auto
@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None,
                    help="run name (default: the --run-dir folder name, else <drafter>-<UTC timestamp>)")
     p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of the cache (default: all)")
-    p.add_argument("--max-blocks", type=int, default=30, help="draft rounds per prompt (default 30)")
+    p.add_argument("--max-blocks", type=int, default=spec.DEFAULT_MAX_BLOCKS,
+                   help=f"draft rounds per prompt (default {spec.DEFAULT_MAX_BLOCKS})")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: cuda when available)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                    help="auto: bf16 on GPU, fp32 on CPU")
@@ -91,20 +92,18 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
     # A run directory names its run (the controller passes --run-dir <workdir>/runs/<name>).
     name = args.name or (Path(args.run_dir).name if args.run_dir else protocol.default_run_name(args.drafter))
     protocol.validate_run_name(name)
-    if args.max_blocks < 1:
-        raise PayloadError(f"--max-blocks must be >= 1, got {args.max_blocks}")
-    if args.num_prompts is not None and args.num_prompts < 1:
-        raise PayloadError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-    caches = args.cache if isinstance(args.cache, list) else [args.cache]
-    try:
-        cache, suites = protocol.parse_caches(caches)
-    except protocol.ProtocolError as e:
+    try:  # the one spec's checks and --cache rule, as the controller applied them
+        ask = spec.EvalSpec(drafter=args.drafter, target=args.target, cache=args.cache,
+                            num_prompts=args.num_prompts, max_blocks=args.max_blocks, online=args.online,
+                            speedup=bool(args.speedup), allow_unknown_config=args.allow_unknown_config)
+    except spec.SpecError as e:
         raise PayloadError(str(e)) from None
+    cache, suites = ask.cache_label(), ask.suites()
     return EvalOptions(drafter=args.drafter, target=args.target, cache=cache, suites=suites,
                        run_dir=args.run_dir or str(Path("runs") / name), name=name, num_prompts=args.num_prompts,
                        max_blocks=args.max_blocks, device=args.device, dtype=args.dtype,
                        batch_size=args.batch_size, ddtree_budgets=sorted(set(args.ddtree_budgets)),
                        tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
                        strict=args.strict, all_anchors=args.all_anchors,
-                       allow_unknown_config=list(args.allow_unknown_config), online=max(0, args.online),
+                       allow_unknown_config=list(args.allow_unknown_config), online=args.online,
                        speedup=bool(args.speedup))

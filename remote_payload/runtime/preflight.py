@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from remote_payload.contract import protocol
+from remote_payload.contract import protocol, spec
 from remote_payload.contract.contenthash import INDEX_JSON, SINGLE_SAFETENSORS, content_files
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
@@ -116,11 +116,15 @@ def check(drafter: str, target: str, cache: str, allow_unknown=()) -> None:
 
 def main(args) -> int:
     try:
-        caches = args.cache if isinstance(args.cache, list) else [args.cache]
-        _, suites = protocol.parse_caches(caches)
-        for _name, path in suites or [(None, caches[0])]:
-            check(args.drafter, args.target, path, args.allow_unknown_config)
-    except (PayloadError, protocol.ProtocolError) as e:
+        refs = spec.parse_caches(args.cache)
+        for ref in refs:
+            try:
+                check(args.drafter, args.target, ref.path, args.allow_unknown_config)
+            except PayloadError as e:  # which suite's cache, when there are several
+                if len(refs) > 1 or ref.name:
+                    raise type(e)(f"suite {ref.suite}: {e}") from None
+                raise
+    except (PayloadError, protocol.ProtocolError, spec.SpecError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return protocol.EXIT_BAD_INPUT
     return 0

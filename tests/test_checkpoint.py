@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from remote_payload.contract.drafterconfig import DrafterConfig, default_target_layer_ids
 from remote_payload.contract.errors import CheckpointError, ConfigError, FeatureMismatchError, PayloadError
 from remote_payload.eval.checkpoint import (
     check_features,
@@ -15,7 +16,6 @@ from remote_payload.eval.checkpoint import (
     parse_step,
     select_features,
 )
-from remote_payload.eval.config import DrafterConfig, default_target_layer_ids
 from tests.tiny_models import (
     random_drafter,
     random_head,

@@ -17,9 +17,9 @@ from safetensors.torch import load_file, save_file
 
 from remote_payload.__main__ import main as payload_main
 from remote_payload.contract.contenthash import content_hash
+from remote_payload.contract.drafterconfig import DrafterConfig
 from remote_payload.contract.errors import CheckpointError, ConfigError
 from remote_payload.eval.checkpoint import load_drafter
-from remote_payload.eval.config import DrafterConfig
 from tests.tiny_models import random_drafter, random_head, tiny_drafter_config
 
 BASE = tiny_drafter_config().to_dict()  # 2 layers: sliding (window 5) + full, mask 95, vocab 96

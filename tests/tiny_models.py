@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from remote_payload.eval.config import DrafterConfig
+from remote_payload.contract.drafterconfig import DrafterConfig
 from remote_payload.eval.drafter import DFlashDrafter, TargetHead
 
 TINY_TARGET = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4,

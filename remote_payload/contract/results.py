@@ -86,8 +86,8 @@ class Drafter(Record):
     attention: list[LayerAttention] | None = doc(
         "per drafter layer, the attention the eval used (window, causal inside the block), resolved from "
         "layer_types / dflash_config.use_swa / swa_window_size / causal / is_causal as vLLM's DFlash loader "
-        "does (remote_payload/eval/config.py); part of the comparability key. Absent in files written before "
-        "reval.results/2", None)
+        "does (remote_payload/contract/drafterconfig.py); part of the comparability key. Absent in files "
+        "written before reval.results/2", None)
     mask_embedding: str | None = doc("the mask_embedding.pt that replaced embed_tokens[mask_token_id] in the "
                                      "drafted block; null: none", None)
     renamed_weights: list[str] | None = doc("weight-name rules applied (vLLM's names, e.g. `midlayer. -> "

@@ -216,7 +216,7 @@ def prime(cfg, device: torch.device, dtype: torch.dtype, *, batch_size: int, bud
 def _prime_run(cfg, device, dtype, *, batch_size, budgets, widths) -> float:
     import time
 
-    from remote_payload.eval.config import DrafterConfig
+    from remote_payload.contract.drafterconfig import DrafterConfig
     from remote_payload.eval.drafter import DFlashDrafter, TargetHead
     t = time.perf_counter()
     d = {**cfg.to_dict(), "hidden_size": PRIME_HIDDEN, "intermediate_size": PRIME_HIDDEN}

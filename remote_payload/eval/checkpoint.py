@@ -42,9 +42,9 @@ from remote_payload.contract.contenthash import (  # noqa: F401 - HASH_CHUNK_BYT
     parse_step,
     sha256_files,
 )
+from remote_payload.contract.drafterconfig import DrafterConfig, check_features  # noqa: F401 - re-exported
 from remote_payload.contract.errors import CheckpointError, ConfigError
 from remote_payload.contract.runstate import read_regular
-from remote_payload.eval.config import DrafterConfig, check_features  # noqa: F401 - re-exported
 from remote_payload.eval.drafter import DFlashDrafter, TargetHead
 from remote_payload.eval.safetensors_io import NOTHING_DONE, read_header, read_tensors
 

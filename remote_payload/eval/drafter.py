@@ -12,7 +12,7 @@ Attention visibility (read from z-lab `dflash/model.py` `_attention_mask`, posit
 - sliding layers: a query at position p sees key position t iff `p - t < sliding_window` (so W keys
   including itself; flash-attn "window_size=(W-1, 0)"), and, being causal, `t <= p`;
 - `is_causal` in config.json overrides the per-layer default for ALL layers (reference rule); which layers
-  slide, their window and their causality are resolved by `config.py` (vLLM's rules, one place).
+  slide, their window and their causality are resolved by `contract/drafterconfig.py` (vLLM's rules, one place).
 The drafter owns no embedding and no lm_head: `TargetHead` holds the target's. A checkpoint's separately trained
 mask embedding (`mask_embedding.pt`, vLLM's convention) replaces the embedding of every `mask_token_id` slot.
 """
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from remote_payload.eval.config import DrafterConfig
+from remote_payload.contract.drafterconfig import DrafterConfig
 from remote_payload.eval.kernels import fast_kernels_enabled, lse_topk, rope, silu_mul
 
 

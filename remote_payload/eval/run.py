@@ -445,7 +445,7 @@ def eval_prompts(opts: EvalOptions, inp: Inputs, mod: Loaded, device: torch.devi
 
 
 def layer_attention(cfg) -> list:
-    """Each drafter layer's resolved attention (config.py's rules), as results.json records it."""
+    """Each drafter layer's resolved attention (drafterconfig.py's rules), as results.json records it."""
     return [R.LayerAttention(layer=i, type=cfg.layer_type(i), window=cfg.layer_window(i),
                              causal_in_block=cfg.layer_is_causal(i)) for i in range(cfg.num_hidden_layers)]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from remote_payload.contract import protocol, spec
 from remote_payload.contract.contenthash import INDEX_JSON, SINGLE_SAFETENSORS, content_files
+from remote_payload.contract.drafterconfig import DrafterConfig, add_allow_unknown, check_features
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
-from remote_payload.eval.config import DrafterConfig, add_allow_unknown, check_features
 
 CACHE_JSON, SEEDS_JSON, SEEDS_LAYERS_JSON = "cache.json", "completions.json", "layers.json"  # = cache.py's
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")

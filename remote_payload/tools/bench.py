@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
+from remote_payload.contract.drafterconfig import DrafterConfig
 from remote_payload.eval import kernels, metrics
 from remote_payload.eval.anchors import draft_all_anchors, enqueue_anchors
 from remote_payload.eval.checkpoint import sha256_files
-from remote_payload.eval.config import DrafterConfig
 from remote_payload.eval.devices import resolve_device_dtype
 from remote_payload.eval.drafter import DFlashDrafter
 from remote_payload.eval.run import load_weights

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
+from remote_payload.contract.drafterconfig import DrafterConfig
 from remote_payload.eval import latency
-from remote_payload.eval.config import DrafterConfig
 from remote_payload.eval.drafter import DFlashDrafter, TargetHead
 from remote_payload.tools.bench import PRESETS
 from remote_payload.tools.bench_decode import QWEN3_27B

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from remote_payload.eval.config import DrafterConfig
+from remote_payload.contract.drafterconfig import DrafterConfig
 
 
 @dataclass

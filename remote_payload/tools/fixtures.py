@@ -221,7 +221,7 @@ def training_features(target, tok, r: Recipe, n: int = 256) -> tuple[torch.Tenso
 
 
 def drafter_config(r: Recipe, vocab_size: int, mask_id: int, n_fc: int):
-    from remote_payload.eval.config import DrafterConfig
+    from remote_payload.contract.drafterconfig import DrafterConfig
     return DrafterConfig(
         hidden_size=r.hidden_size, intermediate_size=r.intermediate_size, num_attention_heads=r.heads,
         num_key_value_heads=r.kv_heads, head_dim=r.hidden_size // r.heads, num_hidden_layers=r.drafter_layers,

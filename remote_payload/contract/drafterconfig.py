@@ -186,6 +186,58 @@ def _parse(d: Any, source: str, allow: tuple[str, ...]) -> DrafterConfig:
     dflash = d.get("dflash_config") or {}
     if not isinstance(dflash, dict):
         raise fail("'dflash_config' must be an object {mask_token_id, target_layer_ids}")
+    _refuse_unimplemented(d, dflash, fail)
+    allowed = _check_unknown(d, dflash, allow, fail)
+    f = _Fields(d, fail)
+    H, n_heads, n_layers, n_kv, head_dim, n_target, vocab_size = _sizes(f)
+    tli, fc_ids = _layer_ids(f, d, dflash, n_target, n_layers)
+    layer_types, window, swa_window, use_swa = _attention_fields(f, dflash, n_layers)
+    rope_theta, rope_scaling = _rope(f, d)
+
+    block_size = f.get("block_size", int, 16, where=(d, dflash))
+    if block_size < 2:
+        raise fail(f"block_size={block_size} must be >= 2")
+    mask_id = f.get("mask_token_id", int, where=(dflash, d))
+    if not 0 <= mask_id < vocab_size:
+        raise fail(f"mask_token_id={mask_id} is outside the vocabulary (vocab_size={vocab_size})")
+
+    cfg = DrafterConfig(
+        hidden_size=H,
+        intermediate_size=f.get("intermediate_size", int),
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv,
+        head_dim=head_dim,
+        num_hidden_layers=n_layers,
+        vocab_size=vocab_size,
+        mask_token_id=mask_id,
+        target_layer_ids=tli,
+        fc_layer_ids=fc_ids,
+        layer_types=None if layer_types is None else list(layer_types),
+        rope_theta=rope_theta,
+        num_target_layers=n_target,
+        block_size=block_size,
+        rms_norm_eps=f.get("rms_norm_eps", float, 1e-6),
+        rope_scaling=rope_scaling,
+        max_position_embeddings=f.get("max_position_embeddings", int, 40960),
+        sliding_window=window,
+        is_causal=f.flag("is_causal", d),
+        use_swa=use_swa,
+        swa_window_size=swa_window,
+        causal=f.flag("causal", dflash, "dflash_config."),
+        extra=_extra(d, dflash),
+        allowed_unknown=allowed,
+    )
+    sliding = [i for i in range(n_layers) if cfg.layer_type(i) == SLIDING]
+    if sliding and cfg.layer_window(sliding[0]) is None:
+        why = "dflash_config.use_swa is true" if not cfg._types_from_list() else "layer_types has sliding layers"
+        raise fail(f"{why} but no window is given: set dflash_config.swa_window_size or 'sliding_window' "
+                   f"('sliding_window' is missing)")
+    return cfg
+
+
+def _refuse_unimplemented(d: dict, dflash: dict, fail) -> None:
+    """Refuses unsupported architectures and keys away from their neutral value (`_NEUTRAL_TOP`,
+    `_NEUTRAL_DFLASH`)."""
     archs = d.get("architectures") or []
     for arch in archs if isinstance(archs, list) else [archs]:
         if arch in _UNSUPPORTED_ARCHS:
@@ -199,9 +251,18 @@ def _parse(d: Any, source: str, allow: tuple[str, ...]) -> DrafterConfig:
             want = " or ".join(repr(x) for x in neutral) if neutral else "absent or null"
             raise fail(f"{prefix}{k}={v!r} ({meaning}) is not implemented by reval's drafter; refusing rather "
                        f"than evaluate another model (it evaluates {prefix}{k} = {want})")
-    allowed = _check_unknown(d, dflash, allow, fail)
 
-    def get(name: str, typ, default=..., where=(d,)):
+
+class _Fields:
+    """Typed reads of a config dict's fields; `fail(msg)` makes the error that names the file."""
+
+    def __init__(self, d: dict, fail):
+        self.d, self.fail = d, fail
+
+    def get(self, name: str, typ, default=..., where=None):
+        """The first non-null `name` among `where` (default: the top level) as `typ`; `default` when absent
+        (none given: a missing field, with the closest names found)."""
+        where = (self.d,) if where is None else where
         for src in where:
             if name in src and src[name] is not None:
                 v = src[name]
@@ -210,130 +271,113 @@ def _parse(d: Any, source: str, allow: tuple[str, ...]) -> DrafterConfig:
             if default is ...:
                 close = difflib.get_close_matches(name, [k for s in where for k in s], n=2)
                 hint = f" (found {', '.join(map(repr, close))})" if close else ""
-                raise fail(f"missing field {name!r}{hint}")
+                raise self.fail(f"missing field {name!r}{hint}")
             return default
         ok = (isinstance(v, typ) and not isinstance(v, bool)) if typ in (int, float) else isinstance(v, typ)
         if typ is float and isinstance(v, int) and not isinstance(v, bool):
             v, ok = float(v), True
         if not ok:
-            raise fail(f"field {name!r} must be {typ.__name__}, got {type(v).__name__} {v!r}")
+            raise self.fail(f"field {name!r} must be {typ.__name__}, got {type(v).__name__} {v!r}")
         return v
 
-    def int_list(name: str, v) -> list[int]:
+    def int_list(self, name: str, v) -> list[int]:
         if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            raise fail(f"field {name!r} must be a list of integers, got {v!r}")
+            raise self.fail(f"field {name!r} must be a list of integers, got {v!r}")
         return list(v)
 
-    def flag(name: str, src: dict, prefix: str = "") -> bool | None:
+    def flag(self, name: str, src: dict, prefix: str = "") -> bool | None:
         v = src.get(name)
         if v is not None and not isinstance(v, bool):
-            raise fail(f"field '{prefix}{name}' must be true, false or absent, got {v!r}")
+            raise self.fail(f"field '{prefix}{name}' must be true, false or absent, got {v!r}")
         return v
 
-    H = get("hidden_size", int)
-    n_heads = get("num_attention_heads", int)
-    n_layers = get("num_hidden_layers", int)
-    n_kv = get("num_key_value_heads", int, n_heads)
-    head_dim = get("head_dim", int, H // n_heads if n_heads else 0)
+
+def _sizes(f: _Fields) -> tuple[int, int, int, int, int, int | None, int]:
+    """(hidden_size, heads, layers, kv heads, head_dim, num_target_layers, vocab_size), checked."""
+    H = f.get("hidden_size", int)
+    n_heads = f.get("num_attention_heads", int)
+    n_layers = f.get("num_hidden_layers", int)
+    n_kv = f.get("num_key_value_heads", int, n_heads)
+    head_dim = f.get("head_dim", int, H // n_heads if n_heads else 0)
     if min(H, n_heads, n_layers, n_kv, head_dim) <= 0:
-        raise fail("hidden_size, num_attention_heads, num_key_value_heads, head_dim, num_hidden_layers must be > 0")
+        raise f.fail("hidden_size, num_attention_heads, num_key_value_heads, head_dim, num_hidden_layers "
+                     "must be > 0")
     if n_heads % n_kv:
-        raise fail(f"num_attention_heads={n_heads} is not a multiple of num_key_value_heads={n_kv}")
+        raise f.fail(f"num_attention_heads={n_heads} is not a multiple of num_key_value_heads={n_kv}")
     if head_dim % 2:
-        raise fail(f"head_dim={head_dim} must be even (RoPE rotates pairs)")
-    n_target = get("num_target_layers", int, None)
-    vocab_size = get("vocab_size", int)
+        raise f.fail(f"head_dim={head_dim} must be even (RoPE rotates pairs)")
+    n_target = f.get("num_target_layers", int, None)
+    vocab_size = f.get("vocab_size", int)
     for k, same, what in (("draft_vocab_size", vocab_size, "vocab_size"), ("target_hidden_size", H, "hidden_size")):
-        v = get(k, int, None)
+        v = f.get(k, int, None)
         if v is not None and v != same:
             meaning = ("a reduced draft vocabulary (own lm_head + d2t offsets)" if k == "draft_vocab_size" else
                        "a target whose hidden size differs from the drafter's (own embed_tokens/lm_head)")
-            raise fail(f"{k}={v} != {what}={same} ({meaning}) is not implemented by reval's drafter; refusing "
-                       f"rather than evaluate another model")
+            raise f.fail(f"{k}={v} != {what}={same} ({meaning}) is not implemented by reval's drafter; "
+                         f"refusing rather than evaluate another model")
+    return H, n_heads, n_layers, n_kv, head_dim, n_target, vocab_size
 
-    tli = get("target_layer_ids", list, None, where=(dflash, d))
+
+def _layer_ids(f: _Fields, d: dict, dflash: dict, n_target: int | None,
+               n_layers: int) -> tuple[list[int], list[int]]:
+    """(target_layer_ids, fc_layer_ids), checked; target_layer_ids derived when absent (module doc)."""
+    tli = f.get("target_layer_ids", list, None, where=(dflash, d))
     if tli is None:
         if n_target is None:
-            raise fail("missing field 'dflash_config.target_layer_ids' (and no 'num_target_layers' to derive it)")
+            raise f.fail("missing field 'dflash_config.target_layer_ids' (and no 'num_target_layers' to "
+                         "derive it)")
         tli = default_target_layer_ids(n_target, n_layers)
-    tli = int_list("target_layer_ids", tli)
+    tli = f.int_list("target_layer_ids", tli)
     if not tli or len(set(tli)) != len(tli) or min(tli) < 0 or (n_target is not None and max(tli) >= n_target):
-        raise fail(f"target_layer_ids {tli} must be distinct layer indices in [0, num_target_layers={n_target})")
-    fc_ids = int_list("fc_layer_ids", get("fc_layer_ids", list, tli))
+        raise f.fail(f"target_layer_ids {tli} must be distinct layer indices in "
+                     f"[0, num_target_layers={n_target})")
+    fc_ids = f.int_list("fc_layer_ids", f.get("fc_layer_ids", list, tli))
     if not fc_ids or any(i not in tli for i in fc_ids) or len(set(fc_ids)) != len(fc_ids):
-        raise fail(f"fc_layer_ids {fc_ids} must be distinct members of target_layer_ids {tli}")
+        raise f.fail(f"fc_layer_ids {fc_ids} must be distinct members of target_layer_ids {tli}")
+    return tli, fc_ids
 
-    layer_types = get("layer_types", list, None)
+
+def _attention_fields(f: _Fields, dflash: dict,
+                      n_layers: int) -> tuple[list | None, int | None, int | None, bool]:
+    """(layer_types as written, sliding_window, dflash_config.swa_window_size, dflash_config.use_swa),
+    checked."""
+    layer_types = f.get("layer_types", list, None)
     if layer_types is not None:
         if len(layer_types) != n_layers:
-            raise fail(f"layer_types has {len(layer_types)} entries but num_hidden_layers={n_layers}")
+            raise f.fail(f"layer_types has {len(layer_types)} entries but num_hidden_layers={n_layers}")
         for t in layer_types:
             if t not in LAYER_TYPES:
                 close = difflib.get_close_matches(str(t), LAYER_TYPES, n=1)
-                raise fail(f"unknown layer type {t!r} in layer_types" + (
+                raise f.fail(f"unknown layer type {t!r} in layer_types" + (
                     f"; did you mean {close[0]!r}?" if close else f"; expected one of {list(LAYER_TYPES)}"))
-    window = get("sliding_window", int, None)
-    swa_window = get("swa_window_size", int, None, where=(dflash,))
-    use_swa = bool(flag("use_swa", dflash, "dflash_config."))
+    window = f.get("sliding_window", int, None)
+    swa_window = f.get("swa_window_size", int, None, where=(dflash,))
+    use_swa = bool(f.flag("use_swa", dflash, "dflash_config."))
     for name, w in (("sliding_window", window), ("dflash_config.swa_window_size", swa_window)):
         if w is not None and w <= 0:
-            raise fail(f"{name}={w} must be a positive number of positions")
+            raise f.fail(f"{name}={w} must be a positive number of positions")
+    return layer_types, window, swa_window, use_swa
 
+
+def _rope(f: _Fields, d: dict) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling): plain RoPE only (module doc: where rope_theta may live)."""
     rope_params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
     rope_scaling = d.get("rope_scaling")
     if rope_scaling is not None and not isinstance(rope_scaling, dict):
-        raise fail(f"field 'rope_scaling' must be an object or null, got {rope_scaling!r}")
-    rope_theta = get("rope_theta", float, None, where=(d, rope_params, rope_scaling or {}))
+        raise f.fail(f"field 'rope_scaling' must be an object or null, got {rope_scaling!r}")
+    rope_theta = f.get("rope_theta", float, None, where=(d, rope_params, rope_scaling or {}))
     if rope_theta is None:
-        raise fail("missing field 'rope_theta' (also looked in rope_parameters and rope_scaling)")
+        raise f.fail("missing field 'rope_theta' (also looked in rope_parameters and rope_scaling)")
     for spec in (rope_scaling, rope_params):
         rtype = (spec or {}).get("rope_type", (spec or {}).get("type", "default"))
         if rtype not in ("default", None):
-            raise fail(f"rope type {rtype!r} is not implemented (only plain RoPE, rope_type 'default' or null)")
+            raise f.fail(f"rope type {rtype!r} is not implemented (only plain RoPE, rope_type 'default' or "
+                         f"null)")
         prf = (spec or {}).get("partial_rotary_factor")
         if prf not in (None, 1, 1.0):
-            raise fail(f"partial_rotary_factor={prf!r} (RoPE on part of each head) is not implemented by reval's "
-                       f"drafter; refusing rather than evaluate another model")
-
-    block_size = get("block_size", int, 16, where=(d, dflash))
-    if block_size < 2:
-        raise fail(f"block_size={block_size} must be >= 2")
-    mask_id = get("mask_token_id", int, where=(dflash, d))
-    if not 0 <= mask_id < vocab_size:
-        raise fail(f"mask_token_id={mask_id} is outside the vocabulary (vocab_size={vocab_size})")
-
-    cfg = DrafterConfig(
-        hidden_size=H,
-        intermediate_size=get("intermediate_size", int),
-        num_attention_heads=n_heads,
-        num_key_value_heads=n_kv,
-        head_dim=head_dim,
-        num_hidden_layers=n_layers,
-        vocab_size=vocab_size,
-        mask_token_id=mask_id,
-        target_layer_ids=tli,
-        fc_layer_ids=fc_ids,
-        layer_types=None if layer_types is None else list(layer_types),
-        rope_theta=rope_theta,
-        num_target_layers=n_target,
-        block_size=block_size,
-        rms_norm_eps=get("rms_norm_eps", float, 1e-6),
-        rope_scaling=rope_scaling,
-        max_position_embeddings=get("max_position_embeddings", int, 40960),
-        sliding_window=window,
-        is_causal=flag("is_causal", d),
-        use_swa=use_swa,
-        swa_window_size=swa_window,
-        causal=flag("causal", dflash, "dflash_config."),
-        extra=_extra(d, dflash),
-        allowed_unknown=allowed,
-    )
-    sliding = [i for i in range(n_layers) if cfg.layer_type(i) == SLIDING]
-    if sliding and cfg.layer_window(sliding[0]) is None:
-        why = "dflash_config.use_swa is true" if not cfg._types_from_list() else "layer_types has sliding layers"
-        raise fail(f"{why} but no window is given: set dflash_config.swa_window_size or 'sliding_window' "
-                   f"('sliding_window' is missing)")
-    return cfg
+            raise f.fail(f"partial_rotary_factor={prf!r} (RoPE on part of each head) is not implemented by "
+                         f"reval's drafter; refusing rather than evaluate another model")
+    return rope_theta, rope_scaling
 
 
 def add_allow_unknown(p) -> None:

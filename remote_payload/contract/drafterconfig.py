@@ -118,10 +118,6 @@ class DrafterConfig:
             return self.layer_types[i]
         return SLIDING if self.use_swa else "full_attention"
 
-    @property
-    def resolved_layer_types(self) -> list[str]:
-        return [self.layer_type(i) for i in range(self.num_hidden_layers)]
-
     def layer_window(self, i: int) -> int | None:
         """Rule 2: keys a query of a sliding layer sees (itself included); None for full layers."""
         if self.layer_type(i) != SLIDING:

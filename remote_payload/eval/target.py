@@ -6,13 +6,7 @@ hs[l+1] is decoder block l's output; for the last block HF returns it after the 
 `extract` does both for batches of prompts (`greedy_complete_batch`, `tapped_features_batch`: left padding
 for the generation, right padding for the prefill, each row equal to its batch-1 run) and is resumable.
 
-Prompts (`read_prompts`): z-lab's `{"turns": [...]}` jsonl (multi-turn, e.g. MT-Bench), `{"prompt": ...}` jsonl,
-or a .txt with one prompt a line. With a chat template (`--chat-template auto|on|off`; auto = when the target
-has one) each prompt is rendered by transformers' `apply_chat_template(messages, tokenize=False,
-add_generation_prompt=True, enable_thinking=...)` as the DFlash/DDTree benchmark scripts do, then tokenized with
-the target's tokenizer.json without adding special tokens again. Turn k of a conversation is one cache entry
-`<name>/t<k>`: the user turns 1..k with the target's own greedy replies to the earlier turns (decoded, special
-tokens skipped) as the assistant messages, generated turn by turn. cache.json records it in "prompt_format".
+Prompts: read by prompts/files.py (`read_prompts`), rendered by the target's chat template (prompts/chat.py).
 """
 from __future__ import annotations
 
@@ -29,160 +23,11 @@ from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
 from remote_payload.eval.cache import Cache, CacheWriter, open_cache, parse_layer_ids
 from remote_payload.eval.devices import resolve_device_dtype
+from remote_payload.prompts.chat import resolve_chat_template
+from remote_payload.prompts.files import entry_names, read_prompts
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
-
-
-_NAME_KEYS = ("name", "question_id", "id")
-PROMPT_SHAPES = ('{"turns": ["...", ...]} (z-lab, multi-turn; optional "question_id"/"id"/"name"), '
-                 '{"prompt": "..."} (optional "name"); or a .txt with one prompt a line')
-
-
-class _BadLine(ValueError):
-    """What is wrong with a prompt file's line (read_prompts adds the file and line)."""
-
-
-def _parse_prompt_line(line: str) -> tuple[str | None, list[str], str]:
-    """One jsonl line -> (name or None, turns, shape); _BadLine saying what is wrong."""
-    try:
-        d = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise _BadLine(f"not JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise _BadLine(f"a JSON {type(d).__name__}, not an object")
-    if "turns" in d and "prompt" in d:
-        raise _BadLine('both "turns" and "prompt"')
-    if "turns" in d:
-        turns = d["turns"]
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
-            raise _BadLine('"turns" is not a non-empty list of non-empty strings')
-        shape = "turns"
-    elif "prompt" in d:
-        if not isinstance(d["prompt"], str) or not d["prompt"].strip():
-            raise _BadLine('"prompt" is not a non-empty string')
-        turns, shape = [d["prompt"]], "prompt"
-    else:
-        keys = sorted(" ".join(str(k).split())[:40] for k in d)  # one line, whatever the keys hold
-        raise _BadLine(f'no "turns" or "prompt" (keys: {", ".join(keys[:6])}{", ..." if len(keys) > 6 else ""})')
-    name = next((d[k] for k in _NAME_KEYS if d.get(k) is not None), None)
-    return (None if name is None else str(name)), list(turns), shape
-
-
-def entry_names(records: list[tuple[str, list[str]]]) -> list[list[str]]:
-    """Cache entry names per record: a single-turn prompt keeps its name, turn k of a longer one is <name>/t<k>."""
-    return [[name] if len(turns) == 1 else [f"{name}/t{k}" for k in range(1, len(turns) + 1)]
-            for name, turns in records]
-
-
-def read_prompts(path: str | os.PathLike, num_prompts: int | None = None) -> tuple[str, list[tuple[str, list[str]]]]:
-    """A prompt file -> (shape, [(name, turns)]) for its first num_prompts records (conversations).
-
-    shape "turns": z-lab's {"turns": [...]} jsonl (name: "name", "question_id" or "id"); "prompt": {"prompt": ...}
-    jsonl (also today's {name, prompt}); "txt": any other file, one prompt a line. A record without a name is
-    prompt-NNN (its place in the file). One shape per file; a bad line is one line naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise PayloadError(f"--prompts {path}: no such file; pass a .jsonl of {PROMPT_SHAPES}")
-    try:
-        lines = read_regular(path).decode("utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise PayloadError(f"--prompts {path}: not UTF-8 text ({e}); pass a .jsonl or .txt of prompts") from None
-    records: list[tuple[str, list[str]]] = []
-    if path.suffix == ".jsonl":
-        shape = None
-        for n, ln in enumerate(lines, 1):
-            if not ln.strip():
-                continue
-            try:
-                name, turns, line_shape = _parse_prompt_line(ln)
-            except _BadLine as e:
-                raise PayloadError(f"--prompts {path} line {n}: {e}; expected one of {PROMPT_SHAPES}") from None
-            if shape is not None and line_shape != shape:
-                raise PayloadError(f"--prompts {path} line {n}: a {line_shape!r} line after {shape!r} lines; "
-                                   "use one shape per file")
-            shape = line_shape
-            records.append((name if name is not None else f"prompt-{len(records):03d}", turns))
-    else:
-        shape = "txt"
-        records = [(f"prompt-{i:03d}", [ln]) for i, ln in enumerate(ln for ln in lines if ln.strip())]
-    if not records:
-        raise PayloadError(f"--prompts {path} holds no prompts; add one prompt per line")
-    names = [n for ns in entry_names(records) for n in ns]
-    seen: set[str] = set()
-    dup = sorted({n for n in names if n in seen or seen.add(n)})
-    if dup:
-        raise PayloadError(f"--prompts {path}: duplicate names {dup[:5]}; give every prompt its own name")
-    return shape, (records[:num_prompts] if num_prompts else records)
-
-
-def chat_template_source(target: Path) -> str | None:
-    """Where the target's chat template is: "tokenizer_config.json" (its chat_template), "chat_template.jinja",
-    or None when it has none."""
-    cfg = target / "tokenizer_config.json"
-    if cfg.is_file():
-        try:
-            d = json.loads(read_regular(cfg))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise PayloadError(f"--target {target}: tokenizer_config.json is not valid JSON ({e}); fix it, or pass "
-                               "--chat-template off for raw text") from None
-        if isinstance(d, dict) and d.get("chat_template"):
-            return "tokenizer_config.json"
-    return "chat_template.jinja" if (target / "chat_template.jinja").is_file() else None
-
-
-class ChatTemplate:
-    """The target's chat template, rendered by transformers' tokenizer (local files only)."""
-
-    def __init__(self, target: Path, enable_thinking: bool):
-        try:
-            from transformers import AutoTokenizer
-            self.hf = AutoTokenizer.from_pretrained(str(target), local_files_only=True)
-        except Exception as e:  # whatever a broken tokenizer_config makes transformers raise
-            raise PayloadError(f"--target {target}: transformers cannot load its tokenizer to render the chat "
-                               f"template ({type(e).__name__}: {_first_line(e)}); fix its tokenizer files or pass "
-                               "--chat-template off for raw text") from e
-        t = getattr(self.hf, "chat_template", None)
-        if not t:
-            raise PayloadError(f"--target {target}: transformers' tokenizer has no chat template; pass "
-                               "--chat-template off for raw text")
-        text = t if isinstance(t, str) else json.dumps(t, sort_keys=True)
-        self.sha256 = hashlib.sha256(text.encode()).hexdigest()
-        self.enable_thinking = enable_thinking
-
-    def render(self, messages: list[dict], name: str) -> str:
-        try:
-            return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                               enable_thinking=self.enable_thinking)
-        except Exception as e:  # jinja errors, the template's raise_exception
-            raise PayloadError(f"prompt {name!r}: the target's chat template fails on it ({type(e).__name__}: "
-                               f"{_first_line(e)}); try --chat-template off") from e
-
-
-def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else ""
-
-
-def resolve_chat_template(target: Path, mode: str, enable_thinking: bool,
-                          records: list[tuple[str, list[str]]], prompts_file) -> ChatTemplate | None:
-    """--chat-template auto|on|off and --enable-thinking -> the template to apply, or None (raw text); checks
-    that a multi-turn file or --enable-thinking has a template to go with."""
-    if mode not in ("auto", "on", "off"):
-        raise PayloadError(f"--chat-template {mode}: expected auto, on or off")
-    source = None if mode == "off" else chat_template_source(target)
-    if mode == "on" and source is None:
-        raise PayloadError(f"--chat-template on: --target {target} has no chat template (no chat_template in "
-                           "tokenizer_config.json, no chat_template.jinja); add one, or pass --chat-template off")
-    multi = next(((n, len(t)) for n, t in records if len(t) > 1), None)
-    if source is None and multi:
-        why = "--chat-template off" if mode == "off" else f"--target {target} has no chat template"
-        raise PayloadError(f"--prompts {prompts_file}: {multi[0]!r} has {multi[1]} turns, and multi-turn prompts "
-                           f"need a chat template ({why}); use a target with a chat template, or --chat-template on")
-    if source is None and enable_thinking:
-        why = "--chat-template off" if mode == "off" else f"--target {target} has no chat template"
-        raise PayloadError(f"--enable-thinking: no chat template is applied ({why}) and only a chat template reads "
-                           "enable_thinking; leave --enable-thinking out or use a target with a chat template")
-    return ChatTemplate(target, enable_thinking) if source else None
 
 
 def num_layers_of(config: dict) -> int:

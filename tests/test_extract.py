@@ -123,7 +123,7 @@ def test_greedy_complete_on_a_hybrid_linear_attention_target():
     Incremental greedy decoding must equal a full recompute at every step."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    from remote_payload.eval.target import greedy_complete
+    from remote_payload.target.forward import greedy_complete
     cfg = Qwen3_5TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                             num_key_value_heads=2, head_dim=8, vocab_size=64)
     assert "linear_attention" in cfg.layer_types
@@ -204,7 +204,8 @@ def test_batched_greedy_on_a_hybrid_linear_attention_target_equals_batch_1():
     """Left padding must not leak into the linear-attention (recurrent) layers of Qwen3.5/3.6 targets."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    from remote_payload.eval.target import greedy_complete, greedy_complete_batch
+    from remote_payload.eval.target import greedy_complete_batch
+    from remote_payload.target.forward import greedy_complete
     cfg = Qwen3_5TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                             num_key_value_heads=2, head_dim=8, vocab_size=64)
     torch.manual_seed(0)

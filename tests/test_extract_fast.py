@@ -19,7 +19,9 @@ from remote_payload.contract import results as R
 from remote_payload.contract.errors import PayloadError
 from remote_payload.eval import target as T
 from remote_payload.eval.cache import open_cache
-from remote_payload.eval.target import extract, greedy_complete, load_target, prefill_batch
+from remote_payload.eval.target import extract, prefill_batch
+from remote_payload.target.forward import greedy_complete
+from remote_payload.target.load import eos_ids_of, load_target
 from remote_payload.tools.bench_extract import tapped_features_all_layers
 from tests.runtools import stop_after
 
@@ -125,7 +127,7 @@ def test_fast_extraction_equals_batch_1_and_the_old_path_and_records_how(fx, mod
     one = _extract(fx, prompts, tmp_path / "one", batch_size=1)
     many = _extract(fx, prompts, tmp_path / "many", batch_size=4)  # 2 batches, each padded
     assert len({p.prompt_len for p in one.prompts}) > 2  # the batches pad
-    eos = T.eos_ids_of(fx / "target")
+    eos = eos_ids_of(fx / "target")
     for i, p in enumerate(one.prompts):
         (ids, f1), (ids_m, fm) = one.load(i), many.load(i)
         assert ids.tolist() == ids_m.tolist() == \

@@ -21,7 +21,7 @@ from remote_payload.eval import metrics
 def models(trained_fixtures):
     """(target fp32 on CPU, its folder, drafter-good, its TargetHead) from the trained fixtures."""
     from remote_payload.eval.checkpoint import load_drafter, load_target_head
-    from remote_payload.eval.target import load_target
+    from remote_payload.target.load import load_target
     root = Path(trained_fixtures)
     target = load_target(root / "target", torch.device("cpu"), torch.float32)
     drafter, _ = load_drafter(root / "drafter-good")

@@ -47,7 +47,7 @@ def one_thread():
 def setup(trained_fixtures, tmp_path_factory, one_thread):
     """The fixture target (fp32, CPU), the cache, and the offline per-prompt records of two drafters."""
     from remote_payload.eval.cache import open_cache
-    from remote_payload.eval.target import load_target
+    from remote_payload.target.load import load_target
     p = _paths(trained_fixtures)
     tmp = tmp_path_factory.mktemp("online")
     return {"p": p, "target": load_target(p["target"], torch.device("cpu"), torch.float32),
@@ -129,7 +129,7 @@ def test_a_sliding_window_target_rolls_back_past_its_window(setup):
     a walk over that target's own cached features (extract's code: greedy_complete + tapped_features)."""
     import transformers
 
-    from remote_payload.eval.target import greedy_complete, tapped_features
+    from remote_payload.target.forward import greedy_complete, tapped_features
     p, cache = setup["p"], setup["cache"]
     cfg = transformers.AutoConfig.from_pretrained(p["target"], local_files_only=True)
     cfg.layer_types, cfg.sliding_window, cfg.use_sliding_window = ["sliding_attention"] * cfg.num_hidden_layers, 8, True

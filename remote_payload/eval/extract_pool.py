@@ -149,8 +149,8 @@ def _worker(rank: int, device: str, spec: dict, tasks, results) -> None:
             choose_generator,
             extract_batch,
             generation_record,
-            load_target,
         )
+        from remote_payload.target.load import load_target
         if spec["threads"]:
             torch.set_num_threads(spec["threads"])
         dev = torch.device(device)

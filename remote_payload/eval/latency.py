@@ -219,7 +219,7 @@ def _slot_cache(model, capacity: int):
         def get_seq_length(self, layer_idx: int = 0):
             return self.offset
 
-    try:  # hybrid targets need the config to lay out their (linear-attention) cache: as target._new_kv
+    try:  # hybrid targets need the config to lay out their (linear-attention) cache: as target.forward.new_kv
         cache = SlotCache(config=model.config)
     except TypeError:
         cache = SlotCache()

@@ -119,9 +119,9 @@ def refusal(model) -> str | None:
     line = _config_refusal(config)
     if line is not None or not hasattr(model, "config"):
         return line
-    from remote_payload.eval.target import _new_kv
+    from remote_payload.target.forward import new_kv
     try:
-        kv = _new_kv(model)
+        kv = new_kv(model)
     except Exception as e:  # noqa: BLE001 - a cache the installed transformers cannot build is a refusal
         return f"target {type(model).__name__}: cannot build a DynamicCache for it ({type(e).__name__}: {e})"
     if not callable(getattr(kv, "crop", None)):
@@ -144,8 +144,8 @@ def _sync(device: torch.device) -> None:
 def _new_rollback_kv(model):
     """A DynamicCache whose sliding-window layers keep their past until cropped (so a rejected block can be
     cropped away even once the window is full)."""
-    from remote_payload.eval.target import _new_kv
-    kv = _new_kv(model)
+    from remote_payload.target.forward import new_kv
+    kv = new_kv(model)
     for layer in getattr(kv, "layers", ()):
         if getattr(layer, "is_sliding", False) and callable(getattr(layer, "activate_past_recording", None)):
             layer.activate_past_recording()
@@ -165,9 +165,9 @@ def _forward(model, ids: Tensor, start: int, kv, fc_layer_ids: list[int], last_o
     """ids [n] at positions start..start+n-1 through the target over kv (which holds 0..start-1)
     -> (logits [n, V] ([1, V] when last_only: a prompt's [P, V] would dwarf the rest),
         features [n, n_fc*H] = cat(hs[l+1] for l in fc_layer_ids))."""
-    from remote_payload.eval.target import _last_logits_kw
+    from remote_payload.target.forward import last_logits_kw
     pos = torch.arange(start, start + ids.shape[0], device=ids.device)[None]  # [1, n]
-    keep = _last_logits_kw(model) if last_only else {}
+    keep = last_logits_kw(model) if last_only else {}
     # the cache goes positionally: its keyword is `past_key_values` or `cache` by transformers version
     out = model(ids[None], None, pos, kv, use_cache=True, output_hidden_states=True, **keep)
     hs = out.hidden_states  # (emb, block 0, ..., block N-1 (final-normed)), each [1, n, H]
@@ -252,9 +252,9 @@ def _speculative(target, drafter: DFlashDrafter, head: TargetHead, fc_layer_ids:
 
 def _target_only(target, g: list[int], P: int, n: int) -> list[int]:
     """Target-only greedy decoding: the prompt's prefill (token P) then n single-token steps -> tokens P..P+n."""
-    from remote_payload.eval.target import _last_logits_kw, _new_kv
+    from remote_payload.target.forward import last_logits_kw, new_kv
     dev = next(target.parameters()).device
-    kv, keep = _new_kv(target), _last_logits_kw(target)
+    kv, keep = new_kv(target), last_logits_kw(target)
     ids = torch.tensor(g[:P], dtype=torch.long, device=dev)[None]  # [1, P]
     nxt = target(ids, None, None, kv, use_cache=True, **keep).logits[0, -1].argmax()  # []
     out = [nxt]

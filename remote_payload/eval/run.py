@@ -599,7 +599,7 @@ def target_checks(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, de
     the projection uses and its walks what the online decoder is checked against)."""
     if not (opts.online or opts.speedup):
         return
-    from remote_payload.eval.target import load_target
+    from remote_payload.target.load import load_target
     what = " and ".join(x for x in ("--speedup" if opts.speedup else "",
                                     f"--online {opts.online}" if opts.online else "") if x)
     rep.line(f"\nLoading the whole target {opts.target} for {what}...", stage="target")

@@ -25,117 +25,8 @@ from remote_payload.eval.cache import Cache, CacheWriter, open_cache, parse_laye
 from remote_payload.eval.devices import resolve_device_dtype
 from remote_payload.prompts.chat import resolve_chat_template
 from remote_payload.prompts.files import entry_names, read_prompts
-
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                 "pytorch_model.bin.index.json")
-
-
-def num_layers_of(config: dict) -> int:
-    """Decoder layer count from a config.json dict (plain or multimodal with text_config)."""
-    n = config.get("num_hidden_layers") or config.get("text_config", {}).get("num_hidden_layers")
-    if not n:
-        raise PayloadError("target config.json has no num_hidden_layers (nor text_config.num_hidden_layers)")
-    return int(n)
-
-
-def eos_ids_of(target: Path) -> set[int]:
-    ids: set[int] = set()
-    for f in ("generation_config.json", "config.json"):
-        if (target / f).is_file():
-            e = json.loads(read_regular(target / f)).get("eos_token_id")
-            ids |= set(e) if isinstance(e, list) else ({e} if e is not None else set())
-    return ids
-
-
-def check_target(target: str | os.PathLike, layer_ids: list[int]) -> dict:
-    """Validate a target dir before loading anything big; returns its config.json dict."""
-    target = Path(target)
-    if not (target / "config.json").is_file():
-        raise PayloadError(f"--target {target}: no config.json; point --target at a HF model directory")
-    if not any((target / f).is_file() for f in _WEIGHT_FILES):
-        raise PayloadError(f"--target {target}: no weights ({' / '.join(_WEIGHT_FILES)}); copy the full model")
-    if not (target / "tokenizer.json").is_file():
-        raise PayloadError(f"--target {target}: no tokenizer.json; copy the model's tokenizer files too")
-    config = json.loads(read_regular(target / "config.json"))
-    n = num_layers_of(config)
-    bad = [l for l in layer_ids if l >= n]
-    if bad:
-        raise PayloadError(f"--layers {','.join(map(str, layer_ids))}: layer ids {bad} >= the target's {n} layers; "
-                           f"use ids in 0..{n - 1}")
-    return config
-
-
-def load_target(target: str | os.PathLike, device: torch.device, dtype: torch.dtype, *,
-                shard_over: list[int] | None = None):
-    """HF causal LM from local files only, eval mode, on device. On a GPU with `accelerate` installed the
-    weights are read straight onto the device (device_map), with no full copy in host memory first.
-    shard_over: CUDA device indices to spread the layers over (accelerate's device_map="auto" limited to those
-    GPUs), for a target too big for one; `device` is then the first of them."""
-    import importlib.util
-
-    import transformers
-    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-    # `torch_dtype` was renamed `dtype` in 4.56; pass whichever this version knows.
-    kw = {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
-    if shard_over:
-        if importlib.util.find_spec("accelerate") is None:
-            raise PayloadError("--shard: loading a target across GPUs needs the `accelerate` package; pip install "
-                               "accelerate, or use one GPU a process (--gpus without --shard)")
-        kw["device_map"] = "auto"
-        kw["max_memory"] = {i: int(torch.cuda.get_device_properties(i).total_memory * 0.85) for i in shard_over}
-        return transformers.AutoModelForCausalLM.from_pretrained(str(target), local_files_only=True, **kw).eval()
-    if device.type != "cpu" and importlib.util.find_spec("accelerate") is not None:
-        kw["device_map"] = {"": str(device)}
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(target), local_files_only=True, **kw)
-    return model.to(device).eval()
-
-
-def weights_bytes(target: str | os.PathLike) -> int:
-    """Bytes of the target's weight files (what loading it takes on a device, about)."""
-    target = Path(target)
-    files = {f for f in target.glob("*.safetensors")} or {f for f in target.glob("pytorch_model*.bin")}
-    return sum(f.stat().st_size for f in files)
-
-
-def _new_kv(model):
-    from transformers import DynamicCache
-    try:  # hybrid (linear-attention) targets such as Qwen3.5/3.6 need the config to lay out their cache
-        return DynamicCache(config=model.config)
-    except TypeError:  # older transformers
-        return DynamicCache()
-
-
-def _last_logits_kw(model) -> dict:
-    """Only the last position's logits (a [B, T, vocab] tensor would dwarf the rest), where supported."""
-    import inspect
-    params = inspect.signature(model.forward).parameters
-    return next(({k: 1} for k in ("logits_to_keep", "num_logits_to_keep") if k in params), {})
-
-
-@torch.no_grad()
-def greedy_complete(model, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int]) -> torch.Tensor:
-    """prompt_ids [P] -> prompt + greedy completion [P + C], C <= max_new_tokens, eos kept if produced."""
-    kv = _new_kv(model)
-    # The KV cache is passed positionally: the keyword is `past_key_values` or `cache` by transformers version.
-    logits = model(prompt_ids[None], None, None, kv, use_cache=True).logits  # [1, P, V]
-    out = [int(t) for t in prompt_ids]
-    for _ in range(max_new_tokens):
-        nxt = int(logits[0, -1].argmax())
-        out.append(nxt)
-        if nxt in eos_ids:
-            break
-        logits = model(torch.tensor([[nxt]], device=prompt_ids.device), None, None, kv, use_cache=True).logits
-    return torch.tensor(out, dtype=torch.long)
-
-
-@torch.no_grad()
-def tapped_features(model, ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
-    """ids [T] -> features [T, len(layer_ids), H]: hs[l+1] of one causal prefill."""
-    hs = model(ids[None], output_hidden_states=True, use_cache=False).hidden_states
-    n = model.config.get_text_config().num_hidden_layers
-    if len(hs) != n + 1:
-        raise RuntimeError(f"expected {n + 1} hidden states (embeddings + {n} blocks), got {len(hs)}")
-    return torch.stack([hs[l + 1][0] for l in layer_ids], dim=1)
+from remote_payload.target.forward import last_logits_kw, new_kv
+from remote_payload.target.load import check_target, eos_ids_of, load_target, weights_bytes
 
 
 @torch.no_grad()
@@ -153,7 +44,7 @@ def greedy_complete_batch(model, prompts: list[list[int]], max_new_tokens: int, 
         mask[i, P - len(p):] = 1
     ids, mask = ids.to(dev), mask.to(dev)
     pos = (mask.cumsum(1) - 1).clamp(min=0)
-    kv, keep = _new_kv(model), _last_logits_kw(model)
+    kv, keep = new_kv(model), last_logits_kw(model)
     logits = model(ids, mask, pos, kv, use_cache=True, **keep).logits[:, -1]
     out = [list(p) for p in prompts]
     live = list(range(B))
@@ -240,7 +131,7 @@ def prefill_batch(model, seqs: list[torch.Tensor], layer_ids: list[int], prompt_
     tie_last = getattr(cfg, "tie_last_hidden_states", None) is not False  # HF: hs[-1] = the normed output
     stack = _decoder_stack(model)
     if stack is None:
-        hs = model(ids, output_hidden_states=True, use_cache=False, **_last_logits_kw(model)).hidden_states
+        hs = model(ids, output_hidden_states=True, use_cache=False, **last_logits_kw(model)).hidden_states
         if len(hs) != n + 1:
             raise RuntimeError(f"expected {n + 1} hidden states (embeddings + {n} blocks), got {len(hs)}")
         taps, final = {l: hs[l + 1] for l in layer_ids}, hs[n]
@@ -261,7 +152,7 @@ def prefill_batch(model, seqs: list[torch.Tensor], layer_ids: list[int], prompt_
         if need_final:
             hooks.append(base.register_forward_hook(keep("final", _decoder_output)))
         try:
-            model(ids, use_cache=False, **_last_logits_kw(model))
+            model(ids, use_cache=False, **last_logits_kw(model))
         except _Stop:
             pass
         finally:

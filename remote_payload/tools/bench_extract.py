@@ -18,14 +18,12 @@ import time
 import torch
 
 from remote_payload.eval.target import (
-    _last_logits_kw,
     batches,
     choose_generator,
     extract_batch,
-    greedy_complete,
     greedy_complete_batch,
-    tapped_features,
 )
+from remote_payload.target.forward import greedy_complete, last_logits_kw, tapped_features
 
 QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "rope_theta": 1e6,
@@ -45,7 +43,7 @@ def tapped_features_all_layers(model, seqs: list[torch.Tensor], layer_ids: list[
     ids = torch.zeros((len(seqs), T), dtype=torch.long)
     for i, x in enumerate(seqs):
         ids[i, :len(x)] = x
-    hs = model(ids.to(dev), output_hidden_states=True, use_cache=False, **_last_logits_kw(model)).hidden_states
+    hs = model(ids.to(dev), output_hidden_states=True, use_cache=False, **last_logits_kw(model)).hidden_states
     n = model.config.get_text_config().num_hidden_layers
     if len(hs) != n + 1:
         raise RuntimeError(f"expected {n + 1} hidden states (embeddings + {n} blocks), got {len(hs)}")

@@ -9,7 +9,9 @@ import json
 import pytest
 import torch
 
-from remote_payload.eval.target import eos_ids_of, extract, greedy_complete, load_target, prefill_batch
+from remote_payload.eval.target import extract, prefill_batch
+from remote_payload.target.forward import greedy_complete
+from remote_payload.target.load import eos_ids_of, load_target
 from remote_payload.tools import fixtures
 from remote_payload.tools.bench_extract import tapped_features_all_layers
 

@@ -1,4 +1,4 @@
-"""remote_payload.eval.target: extraction on a tiny random Qwen3 target vs a direct forward."""
+"""remote_payload.extract: extraction on a tiny random Qwen3 target vs a direct forward."""
 from __future__ import annotations
 
 import json
@@ -138,7 +138,7 @@ def test_greedy_complete_on_a_hybrid_linear_attention_target():
 
 
 def _extract(target, prompts, out, *extra, log=lambda line: None):
-    from remote_payload.eval.target import extract
+    from remote_payload.extract.command import extract
     kw = {"max_new_tokens": 10, **dict(extra)}
     return extract(target, prompts, out, layer_ids=LAYERS, device="cpu", log=log, **kw)
 
@@ -204,7 +204,7 @@ def test_batched_greedy_on_a_hybrid_linear_attention_target_equals_batch_1():
     """Left padding must not leak into the linear-attention (recurrent) layers of Qwen3.5/3.6 targets."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    from remote_payload.eval.target import greedy_complete_batch
+    from remote_payload.extract.decode import greedy_complete_batch
     from remote_payload.target.forward import greedy_complete
     cfg = Qwen3_5TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                             num_key_value_heads=2, head_dim=8, vocab_size=64)

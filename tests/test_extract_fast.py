@@ -17,9 +17,11 @@ import torch
 from remote_payload.__main__ import main as payload_main
 from remote_payload.contract import results as R
 from remote_payload.contract.errors import PayloadError
-from remote_payload.eval import target as T
 from remote_payload.eval.cache import open_cache
-from remote_payload.eval.target import extract, prefill_batch
+from remote_payload.extract import prefill as P
+from remote_payload.extract.command import extract
+from remote_payload.extract.decode import choose_generator, greedy_complete_batch, static_refusal
+from remote_payload.extract.prefill import prefill_batch
 from remote_payload.target.forward import greedy_complete
 from remote_payload.target.load import eos_ids_of, load_target
 from remote_payload.tools.bench_extract import tapped_features_all_layers
@@ -100,14 +102,14 @@ def test_hooked_prefill_is_the_output_hidden_states_path_and_runs_only_what_it_n
 def test_a_model_whose_blocks_are_not_found_gets_the_same_numbers(model, monkeypatch):
     seqs = _seqs(model.config.vocab_size, (12, 30))
     hooked = prefill_batch(model, seqs, LAYERS, prompt_lens=[4, 9])
-    monkeypatch.setattr(T, "_decoder_stack", lambda m: None)  # the output_hidden_states fallback
+    monkeypatch.setattr(P, "_decoder_stack", lambda m: None)  # the output_hidden_states fallback
     plain = prefill_batch(model, seqs, LAYERS, prompt_lens=[4, 9])
     assert torch.equal(hooked.features, plain.features) and torch.equal(hooked.agree, plain.agree)
 
 
 def test_agreement_counts_the_positions_where_the_argmax_is_the_next_token(model):
     prompts = [s.tolist() for s in _seqs(model.config.vocab_size, (3, 9, 6), seed=1)]
-    seqs = [torch.tensor(T.greedy_complete_batch(model, [p], 20, set())[0]) for p in prompts]
+    seqs = [torch.tensor(greedy_complete_batch(model, [p], 20, set())[0]) for p in prompts]
     exact = prefill_batch(model, seqs, [0], [len(p) for p in prompts])
     assert exact.agree.tolist() == [[20, 20]] * 3  # the target's own greedy tokens (fp32: no near-ties here)
     bad = [s.clone() for s in seqs]
@@ -185,17 +187,17 @@ def test_the_generator_is_greedy_static_where_it_computes_the_same_else_the_refe
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
     qwen3 = Qwen3ForCausalLM(Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=64))
-    assert T.static_refusal(qwen3) is None and T.choose_generator(qwen3).name == "greedy_static"
+    assert static_refusal(qwen3) is None and choose_generator(qwen3).name == "greedy_static"
     sliding = Qwen3ForCausalLM(Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=64,
                                            use_sliding_window=True, sliding_window=8, max_window_layers=0))
-    assert "sliding_attention" in T.static_refusal(sliding)
+    assert "sliding_attention" in static_refusal(sliding)
     # a hybrid (linear-attention) target, as the seeds' Qwen3.5/3.6: extract falls back to greedy_complete_batch
     cfg = Qwen3_5TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                             num_key_value_heads=2, head_dim=8, vocab_size=64, eos_token_id=1, pad_token_id=0)
     torch.manual_seed(0)
     hybrid = Qwen3_5ForCausalLM(cfg).eval()
-    assert "linear_attention" in T.static_refusal(hybrid)
+    assert "linear_attention" in static_refusal(hybrid)
     hybrid.save_pretrained(tmp_path / "hybrid")
     shutil.copy(fx / "target" / "tokenizer.json", tmp_path / "hybrid" / "tokenizer.json")
     prompts = _prompts(tmp_path / "p.jsonl", TEXTS[:3])
@@ -314,7 +316,7 @@ def test_bad_gpus_and_shard_are_one_line_before_loading(fx, tmp_path, capsys, mo
     assert rc == 3 and len(out) == 1 and out[0].startswith("error: ") and match in out[0], out
     assert not (tmp_path / "c").exists()
     with pytest.raises(PayloadError, match="expected GPU indices"):
-        T.extract(fx / "target", prompts, tmp_path / "c", max_new_tokens=4, layer_ids=[1], gpus="")
+        extract(fx / "target", prompts, tmp_path / "c", max_new_tokens=4, layer_ids=[1], gpus="")
 
 
 # ---- eval shows the agreement, and marks a cache below 0.99 -------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 from remote_payload.__main__ import main as payload_main
 from remote_payload.contract.errors import PayloadError
 from remote_payload.eval.cache import open_cache
-from remote_payload.eval.target import extract
+from remote_payload.extract.command import extract
 from remote_payload.prompts.files import read_prompts
 from tests.runtools import stop_after
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from remote_payload.eval.fastgen import greedy_static
-from remote_payload.eval.target import greedy_complete_batch
+from remote_payload.extract.decode import greedy_complete_batch
 from remote_payload.target.forward import greedy_complete
 from remote_payload.target.load import eos_ids_of, load_target
 from remote_payload.tools.bench_extract import TINY, random_target

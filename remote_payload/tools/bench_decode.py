@@ -3,7 +3,7 @@
 Random-weight Qwen3 targets built on the device (the 8B class: 36 layers, H 4096; the 27B class: 64 layers,
 H 5120; a tiny one on the CPU), 32 prompts of 32-128 tokens, 64 new tokens, no eos (every row runs to the end),
 bf16 on CUDA. Every row decodes the same prompts in the same process:
-  reval dynamic        target.greedy_complete_batch (a DynamicCache, one host sync a step: what extract ran)
+  reval dynamic        decode.greedy_complete_batch (a DynamicCache, one host sync a step: what extract ran)
   reval static         fastgen.greedy_static, the step run eagerly (static KV cache, 4D mask, argmax on device)
   + CUDA graph, SDPA   the decode step captured as one CUDA graph, the model's own (SDPA) attention
   + CUDA graph, grouped ... with fastgen.grouped_decode_attention's torch matmuls over the whole static cache
@@ -45,7 +45,9 @@ import time
 import torch
 
 from remote_payload.eval.fastgen import greedy_static
-from remote_payload.eval.target import batches, greedy_complete_batch, prefill_batch
+from remote_payload.extract.batching import batches
+from remote_payload.extract.decode import greedy_complete_batch
+from remote_payload.extract.prefill import prefill_batch
 from remote_payload.tools.bench import _env, measure_peak
 from remote_payload.tools.bench_extract import QWEN3_8B, TINY, random_target
 

@@ -17,12 +17,8 @@ import time
 
 import torch
 
-from remote_payload.eval.target import (
-    batches,
-    choose_generator,
-    extract_batch,
-    greedy_complete_batch,
-)
+from remote_payload.extract.batching import batches, extract_batch
+from remote_payload.extract.decode import choose_generator, greedy_complete_batch
 from remote_payload.target.forward import greedy_complete, last_logits_kw, tapped_features
 
 QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,

@@ -2,7 +2,7 @@
 
 A small synthetic language (counting up and down, skip-counting, fizzbuzz, named cycles: random only
 in the first few tokens, deterministic after), a WordLevel tokenizer trained on it, a tiny Qwen3 target
-trained to predict it, a cache extracted from that target with `target.extract`, and DFlash drafters trained
+trained to predict it, a cache extracted from that target with `extract`, and DFlash drafters trained
 on the target's features. Deterministic (fixed seeds, CPU) and cached: skipped when DIR/fixtures.json holds
 the same recipe hash.
 
@@ -363,7 +363,7 @@ def _build_into(d: Path, r: Recipe, rh: str, log) -> dict:
     from transformers.utils import logging as hf_logging
 
     from remote_payload.eval.drafter import TargetHead
-    from remote_payload.eval.target import extract
+    from remote_payload.extract.command import extract
     t0 = time.time()
     threads = torch.get_num_threads()
     torch.set_num_threads(r.threads)

@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from remote_payload.eval.target import extract, prefill_batch
+from remote_payload.extract.command import extract
+from remote_payload.extract.prefill import prefill_batch
 from remote_payload.target.forward import greedy_complete
 from remote_payload.target.load import eos_ids_of, load_target
 from remote_payload.tools import fixtures

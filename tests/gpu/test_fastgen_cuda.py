@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from remote_payload.eval.fastgen import greedy_static
-from remote_payload.eval.target import greedy_complete_batch
+from remote_payload.extract.decode import greedy_complete_batch
 from remote_payload.tools.bench_extract import TINY, random_target
 
 assert torch.cuda.is_available(), "tests/gpu needs a CUDA device"

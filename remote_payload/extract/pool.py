@@ -1,9 +1,9 @@
 """`extract --gpus 0,1,...`: one process a GPU, one cache — the cache a one-GPU run writes.
 
-The `extract` process (the coordinator) forms the batches exactly as a one-process run does (`target.batches`,
+The `extract` process (the coordinator) forms the batches exactly as a one-process run does (`batching.batches`,
 round by round for multi-turn files) and puts them on a task queue; each worker process (spawned: its own CUDA
 context) loads the target on its device and takes the next batch whenever it is free. A worker runs what a
-one-process extract runs per batch (`target.extract_batch`: the same generator, the same prefill) and writes the
+one-process extract runs per batch (`batching.extract_batch`: the same generator, the same prefill) and writes the
 batch's prompt files into the cache's work dir (`cache.write_prompt`, from a background thread); the coordinator
 keeps the books (`CacheWriter.record`: partial.json, at the end cache.json) as the workers report the files.
 Same batches and the same kernels give the same numbers, so the merged cache is the one-process cache, file for
@@ -22,6 +22,10 @@ from pathlib import Path
 import torch
 
 from remote_payload.contract.errors import PayloadError
+from remote_payload.eval.cache import write_prompt
+from remote_payload.extract.batching import Background, batch_rows, extract_batch
+from remote_payload.extract.decode import choose_generator, generation_record
+from remote_payload.target.load import load_target
 
 
 def parse_gpus(text: str) -> list[str]:
@@ -44,7 +48,7 @@ def parse_gpus(text: str) -> list[str]:
 
 
 class PoolRunner:
-    """The worker processes, as `target.extract` uses a runner: `with` starts them (each loads the target) and
+    """The worker processes, as `command.extract` uses a runner: `with` starts them (each loads the target) and
     stops them; `run_round(groups, prompts, names)` has every group extracted as one batch, records each prompt
     as its file is reported and returns {entry: prompt + completion ids}."""
 
@@ -142,15 +146,6 @@ class PoolRunner:
 def _worker(rank: int, device: str, spec: dict, tasks, results) -> None:
     """One worker process: load the target on `device`, then extract the batches of `tasks` until None."""
     try:
-        from remote_payload.eval.cache import write_prompt
-        from remote_payload.eval.target import (
-            Background,
-            batch_rows,
-            choose_generator,
-            extract_batch,
-            generation_record,
-        )
-        from remote_payload.target.load import load_target
         if spec["threads"]:
             torch.set_num_threads(spec["threads"])
         dev = torch.device(device)

@@ -1,0 +1,255 @@
+"""`python -m remote_payload extract`: the target over prompts -> a hidden-state cache.
+
+Per prompt: greedy-complete (max_new_tokens, stop after eos), then ONE causal prefill of prompt + completion
+keeping hs[l+1] for each tapped layer l (hs[0] is the embedding output, so hs[l+1] is decoder block l's output;
+for the last block HF returns it after the final norm). `extract` does both for batches of prompts (decode.py:
+the generation, left padding; prefill.py: the prefill, right padding; each row equal to its batch-1 run), runs
+the batches in this process (batching.py) or in one process per GPU (pool.py), and is resumable.
+
+Prompts: read by prompts/files.py (`read_prompts`), rendered by the target's chat template (prompts/chat.py).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from remote_payload.contract.errors import PayloadError
+from remote_payload.contract.runstate import read_regular
+from remote_payload.eval.cache import Cache, CacheWriter, open_cache, parse_layer_ids
+from remote_payload.eval.devices import resolve_device_dtype
+from remote_payload.extract.batching import LocalRunner, batches
+from remote_payload.extract.decode import choose_generator, generation_record
+from remote_payload.extract.pool import PoolRunner, parse_gpus
+from remote_payload.prompts.chat import resolve_chat_template
+from remote_payload.prompts.files import entry_names, read_prompts
+from remote_payload.target.load import check_target, eos_ids_of, load_target, weights_bytes
+
+
+def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str | os.PathLike, *,
+            max_new_tokens: int, layer_ids: list[int], device: str = "auto", dtype: str = "auto",
+            num_prompts: int | None = None, batch_size: int = 32, batch_tokens: int = 32768,
+            chat_template: str = "auto", enable_thinking: bool = False, gpus: str | None = None,
+            shard: bool = False, compile: bool = False, log=print) -> Cache:
+    """Run the target over the prompts and write a reval cache at `out` (atomically; resumable: an interrupted
+    run's finished prompts are kept in `.OUT.partial` and the same command continues from there).
+
+    Prompts go in batches (longest first, <= batch_size prompts and ~batch_tokens padded tokens each): one
+    batched greedy generation with a KV cache (`choose_generator`: fastgen.greedy_static, its decode step a
+    CUDA graph on CUDA; greedy_complete_batch where the target needs it), then one batched prefill of prompt +
+    completion for the tapped hidden states and the argmax agreement (`prefill_batch`); a background thread
+    writes a batch's files while the next one computes. Multi-turn records go turn by turn: round k batches
+    every conversation's turn k, whose prompt holds the completions of round < k. The cache equals a batch-1
+    run's (tests/test_extract*.py). cache.json records "generation" (how) and "argmax_agreement" (exactness).
+    `chat_template` auto|on|off and `enable_thinking`: see the module docstring; num_prompts counts records.
+    gpus: "0,1,..." or "all": one process a GPU (pool.py), the batches formed as one process forms
+    them, so the cache equals a one-GPU run's; "cpu,cpu": CPU processes (tests). shard: one process, the target
+    spread over those GPUs (device_map), for a target too big for one; chosen by itself when the weights take
+    more than 80% of a GPU's memory. compile: the decode step through torch.compile (`Generator`; CUDA only)."""
+    target = Path(target)
+    devices = None
+    if gpus is not None:
+        if device != "auto":
+            raise PayloadError(f"--gpus {gpus} and --device {device}: give one of them (--gpus 0 is --device cuda:0)")
+        devices = parse_gpus(gpus)
+    cuda_ids = sorted({torch.device(d).index for d in devices if d.startswith("cuda")}) if devices else []
+    if shard and len(cuda_ids) < 2:
+        raise PayloadError("--shard spreads the target over several GPUs: name them, e.g. --gpus 0,1 --shard")
+    if num_prompts is not None and num_prompts < 1:
+        raise PayloadError(f"--num-prompts {num_prompts}: need at least 1 (or leave it out for all)")
+    if max_new_tokens < 1:
+        raise PayloadError(f"--max-new-tokens {max_new_tokens}: need at least 1")
+    if batch_size < 1 or batch_tokens < 1:
+        raise PayloadError(f"--batch-size {batch_size} / --batch-tokens {batch_tokens}: need at least 1")
+    shape, records = read_prompts(prompts_file, num_prompts)
+    config = check_target(target, layer_ids)
+    H = config.get("hidden_size") or config.get("text_config", {}).get("hidden_size")
+    template = resolve_chat_template(target, chat_template, enable_thinking, records, prompts_file)
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(target / "tokenizer.json"))
+    names = [n for ns in entry_names(records) for n in ns]
+    entries = [(r, k) for r, (_, turns) in enumerate(records) for k in range(len(turns))]  # entry j -> (record, turn)
+    last_turn = [len(turns) - 1 for _, turns in records]
+
+    def prompt_ids(j: int, completions: dict[tuple[int, int], list[int]]) -> list[int]:
+        r, k = entries[j]
+        turns = records[r][1]
+        if template is None:  # raw text, as before chat templates (single-turn only)
+            return tok.encode(turns[0]).ids
+        messages = []
+        for i in range(k):
+            messages += [{"role": "user", "content": turns[i]},
+                         {"role": "assistant", "content": tok.decode(completions[(r, i)], skip_special_tokens=True)}]
+        messages.append({"role": "user", "content": turns[k]})
+        return tok.encode(template.render(messages, names[j]), add_special_tokens=False).ids
+
+    encoded = {j: prompt_ids(j, {}) for j, (_, k) in enumerate(entries) if k == 0}
+    empty = [names[j] for j, ids in encoded.items() if not ids]
+    if empty:
+        raise PayloadError(f"prompt {empty[0]!r} tokenizes to nothing; remove it from {prompts_file}")
+    prompt_format = {"source": Path(prompts_file).name, "shape": shape, "chat_template": template is not None,
+                     "chat_template_sha256": template.sha256 if template else None,
+                     "enable_thinking": enable_thinking if template else None}
+    dev, dt = resolve_device_dtype(devices[0] if devices else device, dtype)
+    config_sha = hashlib.sha256(read_regular(target / "config.json")).hexdigest()
+    key = hashlib.sha256(json.dumps({"target": config_sha, "layers": layer_ids, "max_new_tokens": max_new_tokens,
+                                     "dtype": str(dt), "prompts": records,
+                                     "prompt_format": prompt_format}).encode()).hexdigest()
+    writer = CacheWriter(out, layer_ids=layer_ids, hidden_size=int(H), target_path=str(target.resolve()),
+                         target_config_sha256=config_sha, tokenizer_path=str((target / "tokenizer.json").resolve()),
+                         resume_key=key, metadata={"prompt_format": prompt_format})  # checks --out before loading
+    completions: dict[tuple[int, int], list[int]] = {}  # (record, turn) -> the target's reply, for later turns
+    for j in sorted(writer.done):
+        r, k = entries[j]
+        if k and j - 1 not in writer.done:  # an earlier turn is to be done again: so is every later one
+            del writer.done[j]
+        elif k < last_turn[r]:
+            completions[(r, k)] = writer.done_ids(j)[writer.done[j]["prompt_len"]:].tolist()
+    if writer.done:
+        log(f"resuming {writer.partial}: {len(writer.done)} of {len(entries)} prompts already extracted")
+    turns_note = f", {len(entries)} turns" if len(entries) != len(records) else ""
+    log(f"prompts: {len(records)} from {Path(prompts_file).name} ({shape}{turns_note}); chat template "
+        + (f"on (sha256 {template.sha256[:12]}, enable_thinking={enable_thinking})" if template else "off (raw text)"))
+    if len(cuda_ids) > 1 and not shard:
+        need, have = weights_bytes(target), min(torch.cuda.get_device_properties(i).total_memory for i in cuda_ids)
+        if need > 0.8 * have:
+            shard = True
+            log(f"the target's weights ({need / 2**30:.1f} GiB) take more than 80% of one GPU's memory "
+                f"({have / 2**30:.0f} GiB): loading it across GPUs {cuda_ids} (--shard)")
+    eos = eos_ids_of(target)
+
+    def report(j: int, n_prompt: int, n_seq: int) -> None:
+        log(f"[{len(writer.done)}/{len(entries)}] {names[j]}: {n_seq} tokens ({n_prompt} prompt + "
+            f"{n_seq - n_prompt} completion)")
+    opts = {"layer_ids": layer_ids, "max_new_tokens": max_new_tokens, "eos": eos, "writer": writer, "report": report}
+    with writer as w:
+        if devices and len(devices) > 1 and not shard:
+            log(f"loading target {target} in {len(devices)} processes ({', '.join(devices)}; "
+                f"{str(dt).removeprefix('torch.')})")
+            runner = PoolRunner(devices, target=target, dtype=dt, batch_size=batch_size, batch_tokens=batch_tokens,
+                                compile=compile, **opts)
+        else:
+            where = f"GPUs {cuda_ids} (sharded)" if shard else str(dev)
+            log(f"loading target {target} on {where} ({str(dt).removeprefix('torch.')})")
+            model = load_target(target, dev, dt, shard_over=cuda_ids if shard else None)
+            gen = choose_generator(model, compile)
+            runner = LocalRunner(model, gen, **opts)
+            runner.generation = generation_record(model, gen, batch_size=batch_size, batch_tokens=batch_tokens,
+                                                  max_new_tokens=max_new_tokens,
+                                                  sharded_over=len(cuda_ids) if shard else 0)
+        with runner:
+            g = runner.generation
+            w.meta["generation"] = _with_history(g, w.resumed_metadata.get("generation"))
+            log(f"generation: {g['generator']}" + (" + CUDA graph" if g["cuda_graphs"] else "")
+                + (" + torch.compile" if g.get("compiled") else "")
+                + (f" + {g['decode_fused']}" if g.get("decode_fused") else "")
+                + (" (--compile: CUDA graphs only, not used here)" if compile and not g.get("compiled") else "")
+                + (f" (not greedy_static: {g['why_not_greedy_static']})" if g.get("why_not_greedy_static") else "")
+                + f", attention {g['attn_implementation']}, batches of <= {batch_size} prompts / {batch_tokens} "
+                  "tokens; prefill: the tapped layers only, + argmax agreement")
+            for turn in range(max(last_turn) + 1):
+                todo = [j for j, (_, k) in enumerate(entries) if k == turn and j not in w.done]
+                for j in todo:
+                    if j not in encoded:
+                        encoded[j] = prompt_ids(j, completions)
+                lengths = [len(encoded[j]) + max_new_tokens for j in todo]
+                groups = [sorted(todo[g] for g in group) for group in batches(lengths, batch_size, batch_tokens)]
+                for j, ids in runner.run_round(groups, {j: encoded[j] for j in todo}, names).items():
+                    r, k = entries[j]
+                    if k < last_turn[r]:
+                        completions[(r, k)] = ids[len(encoded[j]):]
+        total = agreement_total(w.done)
+        if total:
+            w.meta["argmax_agreement"] = total
+            log(f"argmax agreement: the target's argmax is the cached next token at {total['matches']} of "
+                f"{total['positions']} completion positions ({total['fraction']:.6f})")
+    return open_cache(out)
+
+
+def _with_history(current: dict, previous) -> dict:
+    """The generation record; when the interrupted run this one resumes generated with other settings, theirs
+    under "earlier" (prompts of the cache were made by either)."""
+    if not isinstance(previous, dict):
+        return dict(current)
+    earlier = [e for e in previous.get("earlier", []) if isinstance(e, dict)]
+    prev = {k: v for k, v in previous.items() if k != "earlier"}
+    if prev != current and prev not in earlier:
+        earlier.append(prev)
+    return {**current, "earlier": earlier} if earlier else dict(current)
+
+
+def agreement_total(done: dict[int, dict]) -> dict | None:
+    """cache.json's "argmax_agreement" from the prompts' [matches, positions]; None when a prompt lacks them."""
+    pairs = [(e.get("info") or {}).get("argmax_agree") for e in done.values()]
+    if not pairs or not all(isinstance(a, list) and len(a) == 2 and all(isinstance(x, int) for x in a)
+                            for a in pairs):
+        return None
+    m, n = sum(a[0] for a in pairs), sum(a[1] for a in pairs)
+    return {"fraction": m / n if n else 1.0, "matches": m, "positions": n}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="HF model directory (config.json, safetensors, tokenizer.json)")
+    p.add_argument("--prompts", required=True,
+                   help='.jsonl of {"turns": [...]} (z-lab, multi-turn) or {"prompt": ...} (optional "name"), '
+                        "or .txt with one prompt a line")
+    p.add_argument("--chat-template", default="auto", choices=["auto", "on", "off"],
+                   help="render prompts with the target's chat template: auto = when it has one (tokenizer_config."
+                        "json chat_template or chat_template.jinja), on = refuse without one, off = raw text")
+    p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=False,
+                   help="enable_thinking passed to the chat template (Qwen3 reads it; default off, as the papers)")
+    p.add_argument("--out", required=True, help="cache directory to create (must not exist)")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="greedy completion length cap (default 512)")
+    p.add_argument("--layers", help="tapped decoder layers, e.g. 1,16,31,46,61 (default: --for-drafter's)")
+    p.add_argument("--for-drafter", metavar="PATH",
+                   help="take --layers from this drafter's target_layer_ids (its config.json, or the .pt's config)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--gpus", metavar="IDS",
+                   help="several GPUs of this host: 0,1,... or all = one process a GPU, the prompts split between "
+                        "them and merged into one cache equal to a one-GPU run's (with --shard: one process, the "
+                        "target spread over them). cpu,cpu: CPU processes (tests)")
+    p.add_argument("--shard", action="store_true",
+                   help="with --gpus: load the target across those GPUs (device_map) instead of one copy a GPU; for "
+                        "a target too big for one (chosen by itself when its weights exceed 80%% of a GPU's memory)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32", "fp16"],
+                   help="auto = bf16 on GPU, fp32 on CPU")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="only the first N prompts (conversations, for a multi-turn file)")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts generated together (default 32)")
+    p.add_argument("--batch-tokens", type=int, default=32768,
+                   help="padded tokens per batch, prompt + max new tokens per prompt (default 32768)")
+    p.add_argument("--compile", action="store_true",
+                   help="trace the CUDA graph's decode step through torch.compile instead of the default's Triton "
+                        "passes (RMSNorm, SiLU * up, RoPE): a few %% faster decoding, about a minute of compilation "
+                        "per batch shape (pays off only for very long runs; make bench-decode has the numbers). "
+                        "CUDA only")
+
+
+def layers_arg(layers: str | None, for_drafter: str | None) -> list[int]:
+    """--layers, else the target_layer_ids of --for-drafter's config; neither is bad input."""
+    if layers:
+        return parse_layer_ids(layers)
+    if not for_drafter:
+        raise PayloadError("extract needs the tapped layers: --layers 1,16,31,46,61, or --for-drafter PATH to take "
+                           "the drafter's target_layer_ids")
+    from remote_payload.eval.checkpoint import load_drafter, peek_config
+    cfg = peek_config(for_drafter) or load_drafter(for_drafter)[0].cfg  # .pt: its config is inside the file
+    return list(cfg.target_layer_ids)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        c = extract(args.target, args.prompts, args.out, max_new_tokens=args.max_new_tokens,
+                    layer_ids=layers_arg(args.layers, args.for_drafter), device=args.device, dtype=args.dtype,
+                    num_prompts=args.num_prompts, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
+                    chat_template=args.chat_template, enable_thinking=args.enable_thinking, gpus=args.gpus,
+                    shard=args.shard, compile=args.compile)
+    except PayloadError as e:
+        print(f"error: {e}")
+        return e.exit_code
+    print(f"wrote {len(c)} prompts, layers {c.layer_ids}, H={c.hidden_size} -> {c.path}")
+    return 0

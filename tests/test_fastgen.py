@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from remote_payload.eval.fastgen import greedy_static
 from remote_payload.extract.decode import greedy_complete_batch
+from remote_payload.extract.fastgen import greedy_static
 from remote_payload.target.forward import greedy_complete
 from remote_payload.target.load import eos_ids_of, load_target
 from remote_payload.tools.bench_extract import TINY, random_target
@@ -47,7 +47,7 @@ def test_grouped_decode_attention_equals_the_models_own_and_is_restored(monkeypa
     prefill keeps the model's own attention, and the model's implementation is back afterwards."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    import remote_payload.eval.fastgen as fg
+    import remote_payload.extract.fastgen as fg
     model = random_target(TINY, torch.device("cpu"), torch.float32)
     assert TINY["num_attention_heads"] > TINY["num_key_value_heads"]  # grouped: G = 2
     own = model.config._attn_implementation
@@ -74,7 +74,7 @@ def test_grouped_decode_attention_equals_the_models_own_and_is_restored(monkeypa
 def _split_kv_cases() -> None:
     """Run under TRITON_INTERPRET=1 (Triton's interpreter: the kernels on the CPU): fastgen._split_decode (the
     split-KV kernels + their launch) against grouped_decode_attention over the filled slots only."""
-    import remote_payload.eval.fastgen as fg
+    import remote_payload.extract.fastgen as fg
 
     class Module:
         config = object()
@@ -121,8 +121,8 @@ def _fused_cases() -> None:
     import torch.nn.functional as F
     import transformers.models.qwen3.modeling_qwen3 as mq
 
-    import remote_payload.eval.fastgen as fg
     import remote_payload.eval.kernels as K
+    import remote_payload.extract.fastgen as fg
     K.fast_kernels_enabled = lambda t: True
     fg.fused_available = lambda device, dtype: True
     calls = {"rms_norm": 0, "rope": 0, "silu_and_mul": 0}
@@ -171,7 +171,7 @@ def test_fused_layers_run_the_decode_steps_and_are_restored_under_the_triton_int
 def test_fused_layers_only_where_their_kernels_run(monkeypatch):
     """CUDA + bf16 + Triton; REVAL_DECODE_FUSED=0 or REVAL_TORCH_KERNELS turn them off; on this CPU nothing is
     replaced and the cache's record says none."""
-    import remote_payload.eval.fastgen as fg
+    import remote_payload.extract.fastgen as fg
     cuda = torch.device("cuda")
     assert fg.fused_available(cuda, torch.bfloat16) is True
     assert fg.fused_available(cuda, torch.float16) is False

@@ -65,7 +65,7 @@ class Generator:
 
     def __call__(self, model, prompts: list[list[int]], max_new_tokens: int, eos: set[int]) -> list[list[int]]:
         if self.name == "greedy_static":
-            from remote_payload.eval.fastgen import greedy_static
+            from remote_payload.extract.fastgen import greedy_static
             return greedy_static(model, prompts, max_new_tokens, eos, graphs=self.graphs, compile=self.compile)
         return greedy_complete_batch(model, prompts, max_new_tokens, eos)
 
@@ -101,7 +101,7 @@ def generation_record(model, gen: Generator, *, batch_size: int, batch_tokens: i
     many processes wrote the cache does not: a cache of several equals the cache of one)."""
     import transformers
     dev = next(model.parameters()).device
-    from remote_payload.eval.fastgen import decode_attention_name, decode_fused_name
+    from remote_payload.extract.fastgen import decode_attention_name, decode_fused_name
     static = gen.name == "greedy_static"
     rec = {"generator": gen.name, "cuda_graphs": gen.graphs, "compiled": gen.compile,
            "decode_attention": decode_attention_name(model) if static else None,

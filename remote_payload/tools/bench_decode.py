@@ -44,9 +44,9 @@ import time
 
 import torch
 
-from remote_payload.eval.fastgen import greedy_static
 from remote_payload.extract.batching import batches
 from remote_payload.extract.decode import greedy_complete_batch
+from remote_payload.extract.fastgen import greedy_static
 from remote_payload.extract.prefill import prefill_batch
 from remote_payload.tools.bench import _env, measure_peak
 from remote_payload.tools.bench_extract import QWEN3_8B, TINY, random_target

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from remote_payload.eval.fastgen import greedy_static
 from remote_payload.extract.decode import greedy_complete_batch
+from remote_payload.extract.fastgen import greedy_static
 from remote_payload.tools.bench_extract import TINY, random_target
 
 assert torch.cuda.is_available(), "tests/gpu needs a CUDA device"
@@ -35,7 +35,7 @@ def test_split_kv_bf16_equals_grouped_attention_at_the_targets_shapes():
     """The split-KV Triton kernels (extract's decode attention on CUDA) against the torch grouped attention over
     the filled slots, bf16, batch 32, the 8B (32/8 heads) and 27B (40/8: G = 5) shapes, a 641-slot static cache
     whose unfilled slots hold NaN (never read), row 0 left-padded; the default parts and 1 part."""
-    import remote_payload.eval.fastgen as fg
+    import remote_payload.extract.fastgen as fg
 
     class Module:
         config = object()
@@ -66,7 +66,7 @@ def test_split_kv_decoding_in_the_graph_equals_its_eager_step_and_compiles():
     torch.compile the kernels are one opaque op that gives the eager op's numbers bit for bit, and a compiled
     decode runs to the end (its tokens are bf16's: fusion changes roundings, so they are not compared here;
     fp32 equality with compile is test_extract_cuda's)."""
-    import remote_payload.eval.fastgen as fg
+    import remote_payload.extract.fastgen as fg
     model = random_target(TINY, torch.device("cuda"), torch.bfloat16)
     assert "split-KV" in fg.decode_attention_name(model)
     prompts = _prompts(TINY["vocab_size"], (5, 33, 70, 128))
@@ -94,8 +94,8 @@ def test_fused_layers_kernels_give_torchs_numbers_bf16():
     import torch.nn.functional as F
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
 
-    import remote_payload.eval.fastgen as fg
     import remote_payload.eval.kernels as K
+    import remote_payload.extract.fastgen as fg
     dev = torch.device("cuda")
     torch.manual_seed(0)
     for shape in ((32, 1, 4096), (32, 1, 5120), (32, 1, 40, 128), (32, 1, 8, 128), (3, 77, 4096)):
@@ -130,7 +130,7 @@ def test_fused_decode_replays_in_the_graph_and_matches_the_models_own_layers():
 
     import transformers.models.qwen3.modeling_qwen3 as mq
 
-    import remote_payload.eval.fastgen as fg
+    import remote_payload.extract.fastgen as fg
     cfg = {**TINY, "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8, "head_dim": 64}
     model = random_target(cfg, torch.device("cuda"), torch.bfloat16)
     name = fg.decode_fused_name(model)

@@ -1,7 +1,7 @@
 """Greedy decoding at the GPU's memory-bandwidth pace: a static KV cache, one fixed-shape decode step captured
 as a CUDA graph, the argmax on the device and eos looked at every few steps (no host sync per step).
 
-`greedy_static` computes what `target.greedy_complete_batch` computes (left padding, pads masked out, positions
+`greedy_static` computes what `decode.greedy_complete_batch` computes (left padding, pads masked out, positions
 counted from each prompt's first real token; a row ends at its eos, kept): the same model, the same masks, the
 keys of a row being its prompt and its completion so far. What differs is the shape: the KV cache holds
 `P + max_new_tokens (+1)` slots from the start (StaticCache), so every decode step has the same shapes and one

@@ -17,7 +17,7 @@ COMMANDS = {
     # name: (module, one-line help)
     "eval": ("remote_payload.eval.run", "evaluate a drafter on a cache of target hidden states"),
     "extract": ("remote_payload.extract.command", "run a target model over prompts and write a hidden-state cache"),
-    "import-cache": ("remote_payload.eval.cache", "convert a seeds-layout cache (completions.json + aux/last_hidden)"),
+    "import-cache": ("remote_payload.extract.importcache", "convert a seeds-layout cache (completions.json + aux/last_hidden)"),
     "fixtures": ("remote_payload.tools.fixtures", "build the tiny offline fixture models + cache (demo, tests)"),
     "bench": ("remote_payload.tools.bench", "time eval at real Qwen3.6-27B-DFlash sizes vs a naive loop"),
     "wrap": ("remote_payload.runtime.wrapper", "run a command detached-safe: status.json, eval.log, exit code"),

@@ -9,7 +9,8 @@ import torch
 from remote_payload.contract.errors import PayloadError
 from remote_payload.eval import metrics
 from remote_payload.eval.anchors import draft_all_anchors, drafted_prompts
-from remote_payload.eval.cache import CacheWriter, open_cache
+from remote_payload.eval.cache import open_cache
+from remote_payload.extract.writer import CacheWriter
 from tests.tiny_models import random_drafter, random_head, tiny_drafter_config
 
 

@@ -8,7 +8,8 @@ import torch
 
 from remote_payload.__main__ import main as payload_main
 from remote_payload.contract.errors import FeatureMismatchError, PayloadError
-from remote_payload.eval.cache import CACHE_JSON, CacheWriter, open_cache
+from remote_payload.eval.cache import CACHE_JSON, open_cache
+from remote_payload.extract.writer import CacheWriter
 
 H = 8
 LAYERS = [1, 3, 5]

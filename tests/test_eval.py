@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from remote_payload.__main__ import main as payload_main
 from remote_payload.contract import protocol
-from remote_payload.eval.cache import CacheWriter
 from remote_payload.eval.metrics import DEFINITIONS
+from remote_payload.extract.writer import CacheWriter
 from remote_payload.target.forward import tapped_features
 from tests.tiny_models import (
     random_drafter,

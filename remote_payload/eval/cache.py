@@ -1,6 +1,6 @@
 """The hidden-state cache: a target's greedy completions plus its tapped features, one format.
 
-reval layout (written by `extract` and `import-cache`):
+reval layout (written by `extract` and `import-cache` through extract/writer.py):
 
     CACHE/cache.json          {"format": "reval.cache/1", "target": {"path", "config_sha256"},
                                "layer_ids": [1, 16, ...],   # hs[l+1] = output of decoder block l
@@ -28,19 +28,14 @@ requested order, reading only those layers' slices from the reval layout.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
-import shutil
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from remote_payload.contract.errors import FeatureMismatchError, PayloadError
 from remote_payload.contract.runstate import open_regular, read_regular
@@ -104,7 +99,7 @@ def _torch_load(f: Path):
         raise PayloadError(f"seeds cache: cannot read {f} ({str(e).splitlines()[0]}); re-save it with torch.save")
 
 
-def _check_prompt(p: CachePrompt, where: str) -> None:
+def check_prompt(p: CachePrompt, where: str) -> None:
     if not (0 < p.prompt_len < p.seq_len):
         raise PayloadError(f"{where}: prompt {p.name!r} has prompt_len {p.prompt_len} and seq_len {p.seq_len}; "
                            "need 0 < prompt_len < seq_len (no completion?) — re-extract it")
@@ -225,7 +220,7 @@ def open_cache(path: str | os.PathLike, *, seeds_layer_ids: list[int] | None = N
     if not cache.prompts:
         raise PayloadError(f"cache: {path} holds no prompts; re-extract with a non-empty prompt file")
     for p in cache.prompts:
-        _check_prompt(p, f"cache {path}")
+        check_prompt(p, f"cache {path}")
         if not (path / p.file).is_file():
             raise PayloadError(f"cache {path}: prompt {p.name!r} file {p.file} is missing; re-extract")
     return cache
@@ -279,208 +274,3 @@ def _open_seeds(path: Path, layer_ids: list[int] | None) -> Cache:
                                f"{layer_ids} say {len(layer_ids) - 1} aux layers + 1 last; fix --layers")
     meta = {"dtype": None, "tokenizer": None, "ids": all_ids}
     return Cache(path, "seeds", layer_ids, hidden_size, prompts, meta)
-
-
-PARTIAL_JSON = "partial.json"
-_PROMPT_FIELDS = ("name", "prompt_len", "seq_len", "file")
-
-
-def write_prompt(directory: str | os.PathLike, index: int, name: str, prompt_len: int, ids: torch.Tensor,
-                 features: torch.Tensor, *, num_layers: int, hidden_size: int, info: dict | None = None,
-                 where: str | None = None) -> dict:
-    """Prompt `index`'s file p{index:04d}.safetensors in `directory` (under a temporary name, then renamed), as
-    `CacheWriter.add` writes it; returns the entry for `CacheWriter.record`. Also what an `extract` worker process
-    runs, writing into the writer's work dir while the writer's process keeps the books. `info`: per-prompt
-    fields (JSON values) that cache.json lists beside name, prompt_len, seq_len and file."""
-    directory = Path(directory)
-    p = CachePrompt(name, int(prompt_len), int(ids.shape[0]), f"p{int(index):04d}.safetensors")
-    _check_prompt(p, where or f"cache {directory}")
-    if features.shape != (p.seq_len, num_layers, hidden_size):
-        raise ValueError(f"features {tuple(features.shape)} != {(p.seq_len, num_layers, hidden_size)}")
-    if info and set(info) & set(_PROMPT_FIELDS):
-        raise ValueError(f"info may not replace a prompt's own fields {sorted(set(info) & set(_PROMPT_FIELDS))}")
-    part = directory / f"{p.file}.part"
-    save_file({"ids": ids.detach().to("cpu", torch.long).contiguous(),
-               "features": features.detach().to("cpu").contiguous()}, str(part))
-    os.replace(part, directory / p.file)
-    entry = {**vars(p), "index": int(index), "bytes": (directory / p.file).stat().st_size,
-             "dtype": str(features.dtype).removeprefix("torch.")}
-    return {**entry, "info": dict(info)} if info else entry
-
-
-class CacheWriter:
-    """Writes a reval-layout cache atomically: prompts go into a work dir beside `out`, renamed to `out` once
-    all are in, so `open_cache` never sees a half-written cache.
-
-    with CacheWriter(out, layer_ids=[1, 2], hidden_size=64, target_path=..., ...) as w:
-        w.add(name, prompt_len, ids, features, index=i)   # ids [T] int, features [T, n_layers, H]
-
-    Resumable (`resume_key`, a digest of everything that decides the content: target, prompts, options): the
-    work dir is `.OUT.partial`; each prompt file is written under a temporary name and renamed, then
-    partial.json (rewritten atomically) lists it, so only complete files count as done. An interrupted writer
-    keeps that dir; a new writer with the same key continues it (`done`: the finished prompt indices), one with
-    another key refuses. Without a key the work dir is a fresh temp dir, removed on any error.
-    `metadata`: extra top-level fields for cache.json (e.g. {"prompt_format": {...}}); readers ignore them, and
-    they may not replace the format's own fields. Put what they describe into `resume_key` too. Fields added to
-    `meta` later are extra fields as well; partial.json keeps them all, and a resuming writer finds the
-    interrupted one's in `resumed_metadata`.
-    `add` = `write_prompt` (the file) + `record` (the books): another process may write the file into `tmp`.
-    """
-
-    def __init__(self, out: str | os.PathLike, *, layer_ids: list[int], hidden_size: int,
-                 target_path: str | None = None, target_config_sha256: str | None = None,
-                 tokenizer_path: str | None = None, resume_key: str | None = None,
-                 metadata: dict | None = None):
-        self.out = Path(out)
-        if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
-            raise PayloadError(f"--out {self.out} already exists; remove it or choose another directory")
-        self.layer_ids, self.hidden_size = list(layer_ids), hidden_size
-        self.meta = {"format": CACHE_FORMAT,
-                     "target": {"path": target_path, "config_sha256": target_config_sha256},
-                     "layer_ids": self.layer_ids, "hidden_size": hidden_size, "dtype": None,
-                     "tokenizer": tokenizer_path, "prompts": [], "created_at": None}
-        clash = sorted(set(metadata or {}) & set(self.meta))
-        if clash:
-            raise ValueError(f"metadata may not replace the cache format's fields {clash}")
-        self.meta.update(metadata or {})
-        self._own_fields = set(self.meta) - set(metadata or {})
-        self.resume_key = resume_key
-        self.partial = self.out.parent / f".{self.out.name}.partial"
-        self.resumed_metadata: dict = {}
-        self.done: dict[int, dict] = self._read_partial() if resume_key else {}
-        self.tmp: Path | None = None
-
-    def _read_partial(self) -> dict[int, dict]:
-        """The prompts an interrupted writer finished (its partial.json is untrusted: checked field by field)."""
-        state_path = self.partial / PARTIAL_JSON
-        if not state_path.is_file():
-            return {}
-        where = f"interrupted cache {self.partial}"
-        try:
-            state = json.loads(read_regular(state_path))
-            if state.get("key") != self.resume_key:
-                raise PayloadError(f"{where} was started with other inputs (target, prompts, layers or options); "
-                                   f"re-run that command to finish it, or remove {self.partial} to start over")
-            done = {}
-            for e in state["prompts"]:
-                entry = {"name": str(e["name"]), "prompt_len": int(e["prompt_len"]), "seq_len": int(e["seq_len"]),
-                         "file": str(e["file"]), "index": int(e["index"]), "bytes": int(e["bytes"])}
-                f = self.partial / entry["file"]
-                if entry["file"] != f"p{entry['index']:04d}.safetensors" or not f.is_file() \
-                        or f.stat().st_size != entry["bytes"]:
-                    continue  # not what we wrote: done again
-                if isinstance(e.get("info"), dict):
-                    entry["info"] = {str(k): v for k, v in e["info"].items() if k not in entry}
-                done[entry["index"]] = entry
-            self.meta["dtype"] = state.get("dtype") if isinstance(state.get("dtype"), str) else None
-            if isinstance(state.get("metadata"), dict):
-                self.resumed_metadata = state["metadata"]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise PayloadError(f"{where}: {state_path} is unreadable ({e}); remove {self.partial} to start "
-                               "over") from e
-        return done
-
-    def done_ids(self, index: int) -> torch.Tensor:
-        """The token ids [T] of prompt `index`, finished by an interrupted writer (resume: a multi-turn extract
-        needs the earlier turns' completions)."""
-        f = self.partial / self.done[index]["file"]
-        try:
-            with safe_open(str(f), framework="pt") as st:
-                return st.get_tensor("ids").long()
-        except Exception as e:  # safetensors' errors: corrupt header, missing tensor
-            raise PayloadError(f"interrupted cache {self.partial}: cannot read {f.name} ({type(e).__name__}); "
-                               f"remove {self.partial} to start over") from e
-
-    def __enter__(self) -> CacheWriter:  # noqa: PYI034 (typing.Self needs Python 3.11)
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        if self.resume_key:
-            self.partial.mkdir(exist_ok=True)
-            self.tmp = self.partial
-            self._sweep()  # what a killed writer left half-written
-        else:
-            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
-        return self
-
-    def add(self, name: str, prompt_len: int, ids: torch.Tensor, features: torch.Tensor,
-            index: int | None = None, info: dict | None = None) -> None:
-        """One prompt (ids [T] int; features [T, n_layers, H]); `index` = its place in the cache (default:
-        after the last one added); `info`: per-prompt fields for cache.json (write_prompt)."""
-        n = (max(self.done) + 1 if self.done else 0) if index is None else int(index)
-        self.record(write_prompt(self.tmp, n, name, prompt_len, ids, features, num_layers=len(self.layer_ids),
-                                 hidden_size=self.hidden_size, info=info, where=f"cache {self.out}"))
-
-    def record(self, entry: dict) -> None:
-        """The books for a prompt file `write_prompt` wrote into `tmp` (in this process or another)."""
-        entry = dict(entry)
-        self.meta["dtype"] = entry.pop("dtype")
-        self.done[entry["index"]] = entry
-        if self.resume_key:
-            state = {"key": self.resume_key, "dtype": self.meta["dtype"],
-                     "metadata": {k: v for k, v in self.meta.items() if k not in self._own_fields},
-                     "prompts": [self.done[i] for i in sorted(self.done)]}
-            (self.tmp / f"{PARTIAL_JSON}.part").write_text(json.dumps(state))
-            os.replace(self.tmp / f"{PARTIAL_JSON}.part", self.tmp / PARTIAL_JSON)
-
-    def _sweep(self) -> None:
-        """Everything in the work dir that the books do not list goes: the temporary files of a writer killed
-        mid-file (`p0003.safetensors.part`, safetensors' own `.tmpXXXXXX`), a prompt file never recorded. The
-        work dir is this writer's (`.OUT.partial` or its temp dir), so nothing in it belongs to anyone else; a
-        cache holds exactly cache.json and its prompts' files. Never called while other processes write into it."""
-        keep = {e["file"] for e in self.done.values()} | {PARTIAL_JSON}
-        for f in self.tmp.iterdir():
-            if f.name not in keep:
-                if f.is_dir() and not f.is_symlink():
-                    shutil.rmtree(f, ignore_errors=True)
-                else:
-                    f.unlink(missing_ok=True)
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            if not (self.resume_key and self.done):
-                shutil.rmtree(self.tmp, ignore_errors=True)
-            return
-        if not self.done:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            raise PayloadError(f"cache {self.out}: no prompts were written; nothing was created")
-        self.meta["prompts"] = [{**{k: self.done[i][k] for k in _PROMPT_FIELDS}, **self.done[i].get("info", {})}
-                                for i in sorted(self.done)]
-        self.meta["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        (self.tmp / PARTIAL_JSON).unlink(missing_ok=True)
-        self._sweep()
-        (self.tmp / CACHE_JSON).write_text(json.dumps(self.meta, indent=1) + "\n")
-        if self.out.exists():
-            self.out.rmdir()  # empty (checked in __init__)
-        os.replace(self.tmp, self.out)
-
-
-def import_seeds(src: str | os.PathLike, out: str | os.PathLike, layer_ids: list[int] | None = None,
-                 log=print) -> Cache:
-    """Convert a seeds-layout cache to the reval layout; returns the new cache."""
-    cache = open_cache(src, seeds_layer_ids=layer_ids)
-    if cache.layout != "seeds":
-        raise PayloadError(f"import-cache: {src} is already a reval cache ({CACHE_JSON}); use it directly")
-    with CacheWriter(out, layer_ids=cache.layer_ids, hidden_size=cache.hidden_size) as w:
-        for i, p in enumerate(cache.prompts):
-            ids, feats = cache.load(i)  # [T], [T, n*H]
-            w.add(p.name, p.prompt_len, ids, feats.view(p.seq_len, len(cache.layer_ids), cache.hidden_size))
-            log(f"[{i + 1}/{len(cache)}] {p.name}: {p.seq_len} tokens")
-    return open_cache(out)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", help="seeds-layout cache directory (completions.json + <name>.pt)")
-    p.add_argument("--out", required=True, help="new reval-layout cache directory")
-    p.add_argument("--layers", help="tapped layer ids, aux layers then the last, e.g. 1,16,31,46,61 "
-                                    f"(default: SRC/{SEEDS_LAYERS_JSON})")
-
-
-def main(args: argparse.Namespace) -> int:
-    try:
-        layer_ids = parse_layer_ids(args.layers) if args.layers else None
-        c = import_seeds(args.src, args.out, layer_ids)
-    except PayloadError as e:
-        print(f"error: {e}")
-        return e.exit_code
-    print(f"imported {len(c)} prompts, layers {c.layer_ids}, H={c.hidden_size} -> {c.path}")
-    return 0
-

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from remote_payload.eval.cache import CacheWriter
 from remote_payload.extract.decode import Generator
 from remote_payload.extract.prefill import prefill_batch
+from remote_payload.extract.writer import CacheWriter
 
 
 @dataclass

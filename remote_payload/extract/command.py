@@ -20,11 +20,12 @@ import torch
 
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
-from remote_payload.eval.cache import Cache, CacheWriter, open_cache, parse_layer_ids
+from remote_payload.eval.cache import Cache, open_cache, parse_layer_ids
 from remote_payload.eval.devices import resolve_device_dtype
 from remote_payload.extract.batching import LocalRunner, batches
 from remote_payload.extract.decode import choose_generator, generation_record
 from remote_payload.extract.pool import PoolRunner, parse_gpus
+from remote_payload.extract.writer import CacheWriter
 from remote_payload.prompts.chat import resolve_chat_template
 from remote_payload.prompts.files import entry_names, read_prompts
 from remote_payload.target.load import check_target, eos_ids_of, load_target, weights_bytes

@@ -4,7 +4,7 @@ The `extract` process (the coordinator) forms the batches exactly as a one-proce
 round by round for multi-turn files) and puts them on a task queue; each worker process (spawned: its own CUDA
 context) loads the target on its device and takes the next batch whenever it is free. A worker runs what a
 one-process extract runs per batch (`batching.extract_batch`: the same generator, the same prefill) and writes the
-batch's prompt files into the cache's work dir (`cache.write_prompt`, from a background thread); the coordinator
+batch's prompt files into the cache's work dir (`writer.write_prompt`, from a background thread); the coordinator
 keeps the books (`CacheWriter.record`: partial.json, at the end cache.json) as the workers report the files.
 Same batches and the same kernels give the same numbers, so the merged cache is the one-process cache, file for
 file and cache.json field for field but its created_at (on GPUs of one model: the workers must report the same
@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from remote_payload.contract.errors import PayloadError
-from remote_payload.eval.cache import write_prompt
 from remote_payload.extract.batching import Background, batch_rows, extract_batch
 from remote_payload.extract.decode import choose_generator, generation_record
+from remote_payload.extract.writer import write_prompt
 from remote_payload.target.load import load_target
 
 

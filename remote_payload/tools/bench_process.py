@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from remote_payload.contract.drafterconfig import DrafterConfig
-from remote_payload.eval.cache import CacheWriter
+from remote_payload.extract.writer import CacheWriter
 
 # the knobs' effect, one run each: each warm-up mode (anchors.warmup_mode); without the CUDA C passes (rtc.py)
 VARIANTS = [("REVAL_WARMUP=off", {"REVAL_WARMUP": "off"}), ("REVAL_RTC=0", {"REVAL_RTC": "0"})]

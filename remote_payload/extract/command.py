@@ -52,44 +52,16 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
     spread over those GPUs (device_map), for a target too big for one; chosen by itself when the weights take
     more than 80% of a GPU's memory. compile: the decode step through torch.compile (`Generator`; CUDA only)."""
     target = Path(target)
-    devices = None
-    if gpus is not None:
-        if device != "auto":
-            raise PayloadError(f"--gpus {gpus} and --device {device}: give one of them (--gpus 0 is --device cuda:0)")
-        devices = parse_gpus(gpus)
-    cuda_ids = sorted({torch.device(d).index for d in devices if d.startswith("cuda")}) if devices else []
-    if shard and len(cuda_ids) < 2:
-        raise PayloadError("--shard spreads the target over several GPUs: name them, e.g. --gpus 0,1 --shard")
-    if num_prompts is not None and num_prompts < 1:
-        raise PayloadError(f"--num-prompts {num_prompts}: need at least 1 (or leave it out for all)")
-    if max_new_tokens < 1:
-        raise PayloadError(f"--max-new-tokens {max_new_tokens}: need at least 1")
-    if batch_size < 1 or batch_tokens < 1:
-        raise PayloadError(f"--batch-size {batch_size} / --batch-tokens {batch_tokens}: need at least 1")
+    devices, cuda_ids = _devices(gpus, device, shard)
+    _check_sizes(num_prompts, max_new_tokens, batch_size, batch_tokens)
     shape, records = read_prompts(prompts_file, num_prompts)
     config = check_target(target, layer_ids)
     H = config.get("hidden_size") or config.get("text_config", {}).get("hidden_size")
     template = resolve_chat_template(target, chat_template, enable_thinking, records, prompts_file)
     from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(str(target / "tokenizer.json"))
-    names = [n for ns in entry_names(records) for n in ns]
-    entries = [(r, k) for r, (_, turns) in enumerate(records) for k in range(len(turns))]  # entry j -> (record, turn)
-    last_turn = [len(turns) - 1 for _, turns in records]
-
-    def prompt_ids(j: int, completions: dict[tuple[int, int], list[int]]) -> list[int]:
-        r, k = entries[j]
-        turns = records[r][1]
-        if template is None:  # raw text, as before chat templates (single-turn only)
-            return tok.encode(turns[0]).ids
-        messages = []
-        for i in range(k):
-            messages += [{"role": "user", "content": turns[i]},
-                         {"role": "assistant", "content": tok.decode(completions[(r, i)], skip_special_tokens=True)}]
-        messages.append({"role": "user", "content": turns[k]})
-        return tok.encode(template.render(messages, names[j]), add_special_tokens=False).ids
-
-    encoded = {j: prompt_ids(j, {}) for j, (_, k) in enumerate(entries) if k == 0}
-    empty = [names[j] for j, ids in encoded.items() if not ids]
+    entries = _Entries(records, template, Tokenizer.from_file(str(target / "tokenizer.json")))
+    encoded = {j: entries.prompt_ids(j, {}) for j, (_, k) in enumerate(entries.at) if k == 0}
+    empty = [entries.names[j] for j, ids in encoded.items() if not ids]
     if empty:
         raise PayloadError(f"prompt {empty[0]!r} tokenizes to nothing; remove it from {prompts_file}")
     prompt_format = {"source": Path(prompts_file).name, "shape": shape, "chat_template": template is not None,
@@ -103,28 +75,17 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
     writer = CacheWriter(out, layer_ids=layer_ids, hidden_size=int(H), target_path=str(target.resolve()),
                          target_config_sha256=config_sha, tokenizer_path=str((target / "tokenizer.json").resolve()),
                          resume_key=key, metadata={"prompt_format": prompt_format})  # checks --out before loading
-    completions: dict[tuple[int, int], list[int]] = {}  # (record, turn) -> the target's reply, for later turns
-    for j in sorted(writer.done):
-        r, k = entries[j]
-        if k and j - 1 not in writer.done:  # an earlier turn is to be done again: so is every later one
-            del writer.done[j]
-        elif k < last_turn[r]:
-            completions[(r, k)] = writer.done_ids(j)[writer.done[j]["prompt_len"]:].tolist()
+    completions = _resumed(writer, entries)
     if writer.done:
-        log(f"resuming {writer.partial}: {len(writer.done)} of {len(entries)} prompts already extracted")
-    turns_note = f", {len(entries)} turns" if len(entries) != len(records) else ""
+        log(f"resuming {writer.partial}: {len(writer.done)} of {len(entries.at)} prompts already extracted")
+    turns_note = f", {len(entries.at)} turns" if len(entries.at) != len(records) else ""
     log(f"prompts: {len(records)} from {Path(prompts_file).name} ({shape}{turns_note}); chat template "
         + (f"on (sha256 {template.sha256[:12]}, enable_thinking={enable_thinking})" if template else "off (raw text)"))
-    if len(cuda_ids) > 1 and not shard:
-        need, have = weights_bytes(target), min(torch.cuda.get_device_properties(i).total_memory for i in cuda_ids)
-        if need > 0.8 * have:
-            shard = True
-            log(f"the target's weights ({need / 2**30:.1f} GiB) take more than 80% of one GPU's memory "
-                f"({have / 2**30:.0f} GiB): loading it across GPUs {cuda_ids} (--shard)")
+    shard = shard or _too_big_for_one(target, cuda_ids, log)
     eos = eos_ids_of(target)
 
     def report(j: int, n_prompt: int, n_seq: int) -> None:
-        log(f"[{len(writer.done)}/{len(entries)}] {names[j]}: {n_seq} tokens ({n_prompt} prompt + "
+        log(f"[{len(writer.done)}/{len(entries.at)}] {entries.names[j]}: {n_seq} tokens ({n_prompt} prompt + "
             f"{n_seq - n_prompt} completion)")
     opts = {"layer_ids": layer_ids, "max_new_tokens": max_new_tokens, "eos": eos, "writer": writer, "report": report}
     with writer as w:
@@ -145,30 +106,117 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
         with runner:
             g = runner.generation
             w.meta["generation"] = _with_history(g, w.resumed_metadata.get("generation"))
-            log(f"generation: {g['generator']}" + (" + CUDA graph" if g["cuda_graphs"] else "")
-                + (" + torch.compile" if g.get("compiled") else "")
-                + (f" + {g['decode_fused']}" if g.get("decode_fused") else "")
-                + (" (--compile: CUDA graphs only, not used here)" if compile and not g.get("compiled") else "")
-                + (f" (not greedy_static: {g['why_not_greedy_static']})" if g.get("why_not_greedy_static") else "")
-                + f", attention {g['attn_implementation']}, batches of <= {batch_size} prompts / {batch_tokens} "
-                  "tokens; prefill: the tapped layers only, + argmax agreement")
-            for turn in range(max(last_turn) + 1):
-                todo = [j for j, (_, k) in enumerate(entries) if k == turn and j not in w.done]
-                for j in todo:
-                    if j not in encoded:
-                        encoded[j] = prompt_ids(j, completions)
-                lengths = [len(encoded[j]) + max_new_tokens for j in todo]
-                groups = [sorted(todo[g] for g in group) for group in batches(lengths, batch_size, batch_tokens)]
-                for j, ids in runner.run_round(groups, {j: encoded[j] for j in todo}, names).items():
-                    r, k = entries[j]
-                    if k < last_turn[r]:
-                        completions[(r, k)] = ids[len(encoded[j]):]
+            log(_generation_line(g, compile, batch_size, batch_tokens))
+            _rounds(runner, w, entries, encoded, completions, max_new_tokens, batch_size, batch_tokens)
         total = agreement_total(w.done)
         if total:
             w.meta["argmax_agreement"] = total
             log(f"argmax agreement: the target's argmax is the cached next token at {total['matches']} of "
                 f"{total['positions']} completion positions ({total['fraction']:.6f})")
     return open_cache(out)
+
+
+def _devices(gpus: str | None, device: str, shard: bool) -> tuple[list[str] | None, list[int]]:
+    """--gpus (or None) -> (the devices of the processes, or None: one process on --device; their CUDA
+    indices), checked against --device and --shard."""
+    devices = None
+    if gpus is not None:
+        if device != "auto":
+            raise PayloadError(f"--gpus {gpus} and --device {device}: give one of them (--gpus 0 is --device cuda:0)")
+        devices = parse_gpus(gpus)
+    cuda_ids = sorted({torch.device(d).index for d in devices if d.startswith("cuda")}) if devices else []
+    if shard and len(cuda_ids) < 2:
+        raise PayloadError("--shard spreads the target over several GPUs: name them, e.g. --gpus 0,1 --shard")
+    return devices, cuda_ids
+
+
+def _check_sizes(num_prompts: int | None, max_new_tokens: int, batch_size: int, batch_tokens: int) -> None:
+    if num_prompts is not None and num_prompts < 1:
+        raise PayloadError(f"--num-prompts {num_prompts}: need at least 1 (or leave it out for all)")
+    if max_new_tokens < 1:
+        raise PayloadError(f"--max-new-tokens {max_new_tokens}: need at least 1")
+    if batch_size < 1 or batch_tokens < 1:
+        raise PayloadError(f"--batch-size {batch_size} / --batch-tokens {batch_tokens}: need at least 1")
+
+
+class _Entries:
+    """The cache's entries: entry j is turn k of record r (`at[j] = (r, k)`), named `names[j]`."""
+
+    def __init__(self, records: list[tuple[str, list[str]]], template, tok):
+        self.records, self.template, self.tok = records, template, tok
+        self.names = [n for ns in entry_names(records) for n in ns]
+        self.at = [(r, k) for r, (_, turns) in enumerate(records) for k in range(len(turns))]
+        self.last_turn = [len(turns) - 1 for _, turns in records]
+
+    def prompt_ids(self, j: int, completions: dict[tuple[int, int], list[int]]) -> list[int]:
+        """Entry j's prompt: its turn rendered by the chat template after the earlier turns and the target's
+        replies to them (`completions`: (record, turn) -> reply ids); without a template, the raw text."""
+        r, k = self.at[j]
+        turns, tok = self.records[r][1], self.tok
+        if self.template is None:  # raw text, as before chat templates (single-turn only)
+            return tok.encode(turns[0]).ids
+        messages = []
+        for i in range(k):
+            reply = tok.decode(completions[(r, i)], skip_special_tokens=True)
+            messages += [{"role": "user", "content": turns[i]}, {"role": "assistant", "content": reply}]
+        messages.append({"role": "user", "content": turns[k]})
+        return tok.encode(self.template.render(messages, self.names[j]), add_special_tokens=False).ids
+
+
+def _resumed(writer: CacheWriter, entries: _Entries) -> dict[tuple[int, int], list[int]]:
+    """The target's replies that later turns need ((record, turn) -> reply ids), from the entries an interrupted
+    run finished; an entry whose earlier turn is to be done again is dropped from `writer.done`."""
+    completions: dict[tuple[int, int], list[int]] = {}
+    for j in sorted(writer.done):
+        r, k = entries.at[j]
+        if k and j - 1 not in writer.done:  # an earlier turn is to be done again: so is every later one
+            del writer.done[j]
+        elif k < entries.last_turn[r]:
+            completions[(r, k)] = writer.done_ids(j)[writer.done[j]["prompt_len"]:].tolist()
+    return completions
+
+
+def _too_big_for_one(target: Path, cuda_ids: list[int], log) -> bool:
+    """Several GPUs and no --shard: whether the weights take more than 80% of one GPU's memory (then they are
+    spread over the GPUs, said in the log)."""
+    if len(cuda_ids) <= 1:
+        return False
+    need = weights_bytes(target)
+    have = min(torch.cuda.get_device_properties(i).total_memory for i in cuda_ids)
+    if need > 0.8 * have:
+        log(f"the target's weights ({need / 2**30:.1f} GiB) take more than 80% of one GPU's memory "
+            f"({have / 2**30:.0f} GiB): loading it across GPUs {cuda_ids} (--shard)")
+        return True
+    return False
+
+
+def _generation_line(g: dict, compile: bool, batch_size: int, batch_tokens: int) -> str:
+    why_not = g.get("why_not_greedy_static")
+    return (f"generation: {g['generator']}" + (" + CUDA graph" if g["cuda_graphs"] else "")
+            + (" + torch.compile" if g.get("compiled") else "")
+            + (f" + {g['decode_fused']}" if g.get("decode_fused") else "")
+            + (" (--compile: CUDA graphs only, not used here)" if compile and not g.get("compiled") else "")
+            + (f" (not greedy_static: {why_not})" if why_not else "")
+            + f", attention {g['attn_implementation']}, batches of <= {batch_size} prompts / {batch_tokens} "
+              "tokens; prefill: the tapped layers only, + argmax agreement")
+
+
+def _rounds(runner, w: CacheWriter, entries: _Entries, encoded: dict[int, list[int]],
+            completions: dict[tuple[int, int], list[int]], max_new_tokens: int, batch_size: int,
+            batch_tokens: int) -> None:
+    """Turn by turn: round k batches every conversation's turn k (whose prompt holds the replies of the
+    rounds before)."""
+    for turn in range(max(entries.last_turn) + 1):
+        todo = [j for j, (_, k) in enumerate(entries.at) if k == turn and j not in w.done]
+        for j in todo:
+            if j not in encoded:
+                encoded[j] = entries.prompt_ids(j, completions)
+        lengths = [len(encoded[j]) + max_new_tokens for j in todo]
+        groups = [sorted(todo[g] for g in group) for group in batches(lengths, batch_size, batch_tokens)]
+        for j, ids in runner.run_round(groups, {j: encoded[j] for j in todo}, entries.names).items():
+            r, k = entries.at[j]
+            if k < entries.last_turn[r]:
+                completions[(r, k)] = ids[len(encoded[j]):]
 
 
 def _with_history(current: dict, previous) -> dict:

@@ -117,11 +117,11 @@ def test_prime_outcome_is_said_never_raised():
     real weights does its work), never raised, never silent; on the CPU no prime starts."""
     from concurrent.futures import Future
 
-    from remote_payload.eval import run
+    from remote_payload.eval import steps
     ok, bad = Future(), Future()
     ok.set_result(1.25)
     bad.set_exception(RuntimeError("CUDA out of\nmemory"))
-    assert run._prime_outcome(ok) == {"primed beside the load": 1.25}
-    assert run._prime_outcome(bad) == {"prime failed": "RuntimeError: CUDA out of memory"}
-    assert run._prime_outcome(None) == {}
-    assert run._start_prime(None, None, torch.device("cpu"), torch.float32, 16) is None
+    assert steps._prime_outcome(ok) == {"primed beside the load": 1.25}
+    assert steps._prime_outcome(bad) == {"prime failed": "RuntimeError: CUDA out of memory"}
+    assert steps._prime_outcome(None) == {}
+    assert steps._start_prime(None, None, torch.device("cpu"), torch.float32, 16) is None

@@ -261,7 +261,8 @@ def test_a_fresh_process_drafts_without_importing_sympy():
     import sys
     code = (
         "import sys, torch\n"
-        "from remote_payload.eval.run import draft_all_anchors\n"
+        "import remote_payload.eval.run\n"
+        "from remote_payload.eval.anchors import draft_all_anchors\n"
         "from tests.tiny_models import random_drafter, random_head, tiny_drafter_config\n"
         "cfg = tiny_drafter_config(); model, head = random_drafter(cfg), random_head(cfg)\n"
         "feats = torch.randn(40, cfg.fc_in_features); ids = torch.randint(0, cfg.vocab_size - 1, (40,))\n"

@@ -283,11 +283,11 @@ def test_num_prompts_beyond_the_cache_says_how_many_it_uses(inputs, tmp_path, ca
 
 
 def test_ctrl_c_in_a_standalone_eval_is_one_line_exit_103_and_status_cancelled(inputs, tmp_path, capsys, monkeypatch):
-    from remote_payload.eval import run
+    from remote_payload.eval import steps
 
     def interrupted(*a, **kw):
         raise KeyboardInterrupt
-    monkeypatch.setattr(run, "feature_pass", interrupted)  # Ctrl-C while step 3 reads, the weights loading
+    monkeypatch.setattr(steps, "feature_pass", interrupted)  # Ctrl-C while step 3 reads, the weights loading
     rc, run_dir = run_eval(tmp_path, inputs / "drafter", inputs / "target", inputs / "cache", name="int")
     err = capsys.readouterr().err
     assert rc == protocol.EXIT_CANCELLED and "Traceback" not in err
@@ -342,24 +342,25 @@ def test_the_feature_pass_takes_one_cpu_thread_while_the_weights_load(inputs, tm
     """Beside the weight load the pass's torch ops run on one thread (the intra-op pool on every core slowed
     the load's readers on an H200 host); the pool comes back once the load is done, and after the pass."""
     from remote_payload.eval import cache as cache_mod
-    from remote_payload.eval import run
+    from remote_payload.eval import steps
+    from remote_payload.eval.evalopts import EvalOptions
     before = torch.get_num_threads()
     if before < 2:
         torch.set_num_threads(2)  # so that the one-thread phase can be told apart
     threads_seen, loading = [], iter([True, True, False])
-    real_stats = run._stats
+    real_stats = steps._stats
 
     def stats(x):
         threads_seen.append(torch.get_num_threads())
         return real_stats(x)
-    monkeypatch.setattr(run, "_stats", stats)
+    monkeypatch.setattr(steps, "_stats", stats)
     try:
         pool = torch.get_num_threads()
         c = cache_mod.open_cache(str(inputs / "cache"))
-        opts = run.EvalOptions(drafter=str(inputs / "drafter"), target=str(inputs / "target"),
-                               cache=str(inputs / "cache"), run_dir=str(tmp_path / "r"), name="r")
-        out = run.feature_pass(opts, c, c.prompts, run.Reporter(None), loading=lambda: next(loading))
-        assert threads_seen == [run.FEATURE_THREADS_BESIDE_LOAD, run.FEATURE_THREADS_BESIDE_LOAD, pool]
+        opts = EvalOptions(drafter=str(inputs / "drafter"), target=str(inputs / "target"),
+                           cache=str(inputs / "cache"), run_dir=str(tmp_path / "r"), name="r")
+        out = steps.feature_pass(opts, c, c.prompts, steps.Reporter(None), loading=lambda: next(loading))
+        assert threads_seen == [steps.FEATURE_THREADS_BESIDE_LOAD, steps.FEATURE_THREADS_BESIDE_LOAD, pool]
         assert torch.get_num_threads() == pool and sorted(out) == ["prompt-0", "prompt-1", "prompt-2"]
     finally:
         torch.set_num_threads(before)

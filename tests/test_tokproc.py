@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from remote_payload.__main__ import main as payload_main
 from remote_payload.contract import protocol
 from remote_payload.contract.errors import PayloadError
-from remote_payload.eval import run, tokproc
+from remote_payload.eval import steps, tokproc
 from remote_payload.eval.tokproc import TokenizerProcess
 
 
@@ -54,7 +54,7 @@ def test_the_weights_start_loading_before_the_tokenizer_is_read_and_no_helper_ou
     monkeypatch.setattr(tokproc, "HELPER", "import time, pathlib; time.sleep(2)\n" + tokproc.HELPER.replace(
         hello, f"pathlib.Path({str(marker)!r}).touch()\n" + hello, 1))
     seen, helpers = [], []
-    real_load, real_tp = run.load_weights, tokproc.TokenizerProcess
+    real_load, real_tp = steps.load_weights, tokproc.TokenizerProcess
 
     def load(*a, **kw):
         seen.append(marker.exists())
@@ -63,7 +63,7 @@ def test_the_weights_start_loading_before_the_tokenizer_is_read_and_no_helper_ou
     def tp(path):
         helpers.append(real_tp(path))
         return helpers[-1]
-    monkeypatch.setattr(run, "load_weights", load)
+    monkeypatch.setattr(steps, "load_weights", load)
     monkeypatch.setattr(tokproc, "TokenizerProcess", tp)
     assert _eval(fx, tmp_path, fx["target"]) == 0
     out = capsys.readouterr().out

@@ -37,7 +37,7 @@ from remote_payload.eval.anchors import draft_all_anchors, enqueue_anchors
 from remote_payload.eval.checkpoint import sha256_files
 from remote_payload.eval.devices import resolve_device_dtype
 from remote_payload.eval.drafter import DFlashDrafter
-from remote_payload.eval.run import load_weights
+from remote_payload.eval.steps import load_weights
 from remote_payload.tools.benchrows import Row, synthetic_prompt
 
 PRESETS = {

@@ -94,14 +94,14 @@ def warm_eval_s(argv: list[str]) -> float:
     """The eval stage of `evaluate` in this process, second of two runs (the first warms it up)."""
     import argparse
 
-    from remote_payload.eval import run
+    from remote_payload.eval import evalopts, run, steps
     p = argparse.ArgumentParser()
-    run.add_arguments(p)
+    evalopts.add_arguments(p)
     secs = []
     for k in range(2):
         args = p.parse_args([*argv, "--name", f"warm{k}"])
         with contextlib.redirect_stdout(io.StringIO()):
-            results = run.evaluate(run.options_from_args(args), run.Reporter(None))
+            results = run.evaluate(evalopts.options_from_args(args), steps.Reporter(None))
         secs.append(results["timing"]["eval_s"])
     return secs[-1]
 

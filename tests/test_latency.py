@@ -15,6 +15,7 @@ import torch
 from remote_payload.contract.contenthash import content_hash
 from remote_payload.eval import latency as L
 from remote_payload.eval import metrics
+from remote_payload.eval import treeverify as TV
 
 
 @pytest.fixture(scope="module")
@@ -69,21 +70,21 @@ def test_tree_mask_against_a_hand_written_tree():
         [1, 0, 1, 0, 0, 1, 0],
         [1, 1, 0, 1, 0, 0, 1],
     ], dtype=torch.bool)
-    got = L.tree_mask(parents)
+    got = TV.tree_mask(parents)
     assert got.dtype == torch.bool and torch.equal(got, want)
-    assert L.tree_depths(parents) == [0, 1, 1, 2, 2, 2, 3]
-    assert torch.equal(L.tree_mask(L.chain(5)), torch.ones(5, 5, dtype=torch.bool).tril())  # a chain is causal
+    assert TV.tree_depths(parents) == [0, 1, 1, 2, 2, 2, 3]
+    assert torch.equal(TV.tree_mask(TV.chain(5)), torch.ones(5, 5, dtype=torch.bool).tril())  # a chain is causal
     with pytest.raises(ValueError):
-        L.tree_mask([-1, 2, 0])  # a parent after its child
+        TV.tree_mask([-1, 2, 0])  # a parent after its child
 
 
 def test_ddtree_tree_is_the_metrics_tree():
-    lp = L.synthetic_logprobs(15, 32)
+    lp = TV.synthetic_logprobs(15, 32)
     assert np.all(np.diff(lp, axis=1) <= 0) and np.allclose(np.exp(lp).sum(1), 1)
     nodes = metrics.ddtree_build(lp, 32)
-    parents = L.ddtree_tree(32, 16)
+    parents = TV.ddtree_tree(32, 16)
     assert len(parents) == 33 and parents[0] == -1
-    depths = L.tree_depths(parents)
+    depths = TV.tree_depths(parents)
     for j, ranks in enumerate(nodes, start=1):  # node j's parent is its prefix; its depth is its length
         assert depths[j] == len(ranks)
         assert parents[j] == (0 if len(ranks) == 1 else nodes.index(ranks[:-1]) + 1)
@@ -94,17 +95,17 @@ def test_ddtree_tree_is_the_metrics_tree():
 def test_tree_verify_gives_each_node_its_causal_path_logits(models, prefill_chunk, monkeypatch):
     """The independent formulation: node i's logits from the tree-masked verify == the last logits of a plain
     causal forward (no cache) over context + node i's root-to-node path."""
-    monkeypatch.setattr(L, "PREFILL_CHUNK", prefill_chunk)
+    monkeypatch.setattr(TV, "PREFILL_CHUNK", prefill_chunk)
     target, _, _, _ = models
     g = torch.Generator().manual_seed(3)
     V = target.config.vocab_size
     rng = np.random.default_rng(4)
     lp = -np.sort(-rng.normal(size=(5, 4)) * 2, axis=1)
-    parents = L.ddtree_parents(metrics.ddtree_build(lp, 14))  # 15 nodes, random tree shape
-    assert max(L.tree_depths(parents)) >= 3 and len(set(parents)) > 4
+    parents = TV.ddtree_parents(metrics.ddtree_build(lp, 14))  # 15 nodes, random tree shape
+    assert max(TV.tree_depths(parents)) >= 3 and len(set(parents)) > 4
     context = torch.randint(0, V, (11,), generator=g)
     nodes = torch.randint(0, V, (len(parents),), generator=g)
-    got = L.verify_logits(target, context, nodes, parents)
+    got = TV.verify_logits(target, context, nodes, parents)
     assert got.shape == (len(parents), V)
     with torch.no_grad():
         for i in range(len(parents)):
@@ -115,10 +116,10 @@ def test_tree_verify_gives_each_node_its_causal_path_logits(models, prefill_chun
             ids = torch.cat([context, nodes[path[::-1]]])
             ref = target(ids[None], use_cache=False).logits[0, -1]
             torch.testing.assert_close(got[i], ref, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(got, L.verify_logits(target, context, nodes, parents, attention="sdpa"), atol=2e-5,
+    torch.testing.assert_close(got, TV.verify_logits(target, context, nodes, parents, attention="sdpa"), atol=2e-5,
                                rtol=1e-5)  # our GQA-folded attention == HF's own SDPA under the same mask
     # the check has teeth: the same nodes fed causally (one chain) disagree at a node whose path is not a prefix
-    causal = L.verify_logits(target, context, nodes, L.chain(len(parents)))
+    causal = TV.verify_logits(target, context, nodes, TV.chain(len(parents)))
     off_chain = [i for i in range(len(parents)) if parents[i] != i - 1]
     assert off_chain and max((causal[i] - got[i]).abs().max().item() for i in off_chain) > 1e-2
 
@@ -138,7 +139,7 @@ def test_measure_on_cpu_returns_positive_latencies_for_every_size(models):
     assert lat.key == L.latency_key(target, drafter, context_len=24, budgets=budgets, block_size=bs)
     assert lat.key["target"] == content_hash(tdir) == L.target_content_hash(tdir)
     assert lat.key["regime"] == "auto" and lat.key["budgets"] == budgets and lat.key["context_len"] == 24
-    assert lat.key["attention"] == L.GQA_ATTENTION and target.config._attn_implementation == "sdpa"  # restored
+    assert lat.key["attention"] == TV.GQA_ATTENTION and target.config._attn_implementation == "sdpa"  # restored
     assert lat.speedup(3.0) > 0
     json.dumps(lat.to_json())  # JSON-ready
 
@@ -255,13 +256,13 @@ def test_a_decode_step_runs_without_a_mask_and_gives_the_masked_logits(models, o
     target, _, _, _ = models
     g = torch.Generator().manual_seed(5)
     V = target.config.vocab_size
-    impl = L._attention(target) if ours else "sdpa"
-    assert (impl == L.GQA_ATTENTION) == ours
-    groups = L._groups(target, impl)
-    with torch.inference_mode(), L._attention_of(target, impl):
-        cache = L._slot_cache(target, 20)
-        L._prefill(target, cache, torch.randint(0, V, (19,), generator=g), groups)
-        step = L._Step(target, cache, torch.randint(0, V, (1,), generator=g), [-1], 19, groups)
+    impl = TV._attention(target) if ours else "sdpa"
+    assert (impl == TV.GQA_ATTENTION) == ours
+    groups = TV._groups(target, impl)
+    with torch.inference_mode(), TV._attention_of(target, impl):
+        cache = TV._slot_cache(target, 20)
+        TV._prefill(target, cache, torch.randint(0, V, (19,), generator=g), groups)
+        step = TV._Step(target, cache, torch.randint(0, V, (1,), generator=g), [-1], 19, groups)
         unmasked = step()
         assert step.mask_map is not None  # this transformers takes it
         step.mask_map = None

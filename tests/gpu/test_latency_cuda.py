@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from remote_payload.eval import latency as L
+from remote_payload.eval import treeverify as TV
 from remote_payload.eval.drafter import TargetHead
 from tests.tiny_models import random_drafter, tiny_drafter_config
 
@@ -40,7 +41,7 @@ def test_measure_on_cuda_in_each_regime(bf16_models, regime):
     lat = L.measure(target, drafter, head, context_len=256, budgets=[8, 32], block_size=16, repeats=3,
                     regime=regime)
     assert lat.regime == regime and lat.key["regime"] == regime and lat.note == ""
-    assert lat.key["attention"] == L.GQA_ATTENTION and target.config._attn_implementation == "sdpa"
+    assert lat.key["attention"] == TV.GQA_ATTENTION and target.config._attn_implementation == "sdpa"
     assert lat.device.startswith("cuda") and lat.gpu == torch.cuda.get_device_name() and lat.dtype == "bfloat16"
     assert sorted(lat.verify_s) == [9, 16, 33] and lat.context_len == 256
     assert all(0 < s < 1 for s in [lat.decode_s, lat.draft_s, *lat.verify_s.values()])
@@ -61,14 +62,14 @@ def test_auto_is_cuda_graphs_and_graphs_cut_the_launch_overhead(bf16_models):
 def test_graph_replay_equals_the_eager_verify(dtype):
     target, _, _ = _models(dtype)
     g = torch.Generator().manual_seed(1)
-    parents = L.ddtree_tree(24, 16)
-    impl = L._attention(target)
-    assert impl == L.GQA_ATTENTION
-    with torch.inference_mode(), L._attention_of(target, impl):
-        groups = L._groups(target, impl)
-        cache = L._slot_cache(target, 64 + len(parents))
-        L._prefill(target, cache, torch.randint(0, V, (64,), generator=g), groups)
-        step = L._Step(target, cache, torch.randint(0, V, (len(parents),), generator=g), parents, 64, groups)
+    parents = TV.ddtree_tree(24, 16)
+    impl = TV._attention(target)
+    assert impl == TV.GQA_ATTENTION
+    with torch.inference_mode(), TV._attention_of(target, impl):
+        groups = TV._groups(target, impl)
+        cache = TV._slot_cache(target, 64 + len(parents))
+        TV._prefill(target, cache, torch.randint(0, V, (64,), generator=g), groups)
+        step = TV._Step(target, cache, torch.randint(0, V, (len(parents),), generator=g), parents, 64, groups)
         eager = step().clone()
         replay = L._graphed(step, torch.device("cuda"))
         graphed = replay().clone()
@@ -79,10 +80,10 @@ def test_graph_replay_equals_the_eager_verify(dtype):
 def test_tree_verify_on_cuda_gives_each_node_its_causal_path_logits():
     target, _, _ = _models(torch.float32)
     g = torch.Generator().manual_seed(2)
-    parents = L.ddtree_tree(20, 16)
+    parents = TV.ddtree_tree(20, 16)
     context = torch.randint(0, V, (37,), generator=g).cuda()
     nodes = torch.randint(0, V, (len(parents),), generator=g).cuda()
-    got = L.verify_logits(target, context, nodes, parents)
+    got = TV.verify_logits(target, context, nodes, parents)
     with torch.no_grad():
         for i in range(len(parents)):
             path, j = [], i
@@ -91,5 +92,5 @@ def test_tree_verify_on_cuda_gives_each_node_its_causal_path_logits():
                 j = parents[j]
             ref = target(torch.cat([context, nodes[path[::-1]]])[None], use_cache=False).logits[0, -1]
             torch.testing.assert_close(got[i], ref, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(got, L.verify_logits(target, context, nodes, parents, attention="sdpa"), atol=1e-4,
+    torch.testing.assert_close(got, TV.verify_logits(target, context, nodes, parents, attention="sdpa"), atol=1e-4,
                                rtol=1e-4)  # our GQA-folded attention == HF's own SDPA under the same mask

@@ -7,6 +7,7 @@ import typing
 from dataclasses import MISSING, fields
 from typing import Any
 
+from remote_payload.contract.records import _hints, _type_name
 from remote_payload.contract.results import (
     SCHEMA,
     CacheInfo,
@@ -29,8 +30,6 @@ from remote_payload.contract.results import (
     SuiteSpeedup,
     Target,
     Timing,
-    _hints,
-    _type_name,
 )
 
 _SECTIONS = [(Result, "results.json"), (Drafter, "drafter"), (LayerAttention, "drafter.attention[]"),

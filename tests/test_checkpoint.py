@@ -7,15 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from remote_payload.contract.drafterconfig import DrafterConfig, default_target_layer_ids
+from remote_payload.contract.contenthash import parse_step
+from remote_payload.contract.drafterconfig import DrafterConfig, check_features, default_target_layer_ids
 from remote_payload.contract.errors import CheckpointError, ConfigError, FeatureMismatchError, PayloadError
-from remote_payload.eval.checkpoint import (
-    check_features,
-    load_drafter,
-    load_target_head,
-    parse_step,
-    select_features,
-)
+from remote_payload.eval.checkpoint import load_drafter, load_target_head
 from tests.tiny_models import (
     random_drafter,
     random_head,
@@ -310,6 +305,17 @@ def test_check_features():
                    "(4 layers x 32: [1, 2, 3, 4]), without layers [5]. Re-extract with --layers 1,2,3,4,5, or "
                    "evaluate a 4-layer drafter.")
     assert "hidden sizes differ" in _err(FeatureMismatchError, check_features, cfg, [1, 2, 3, 4, 5], 64)
+
+
+# test-only (was eval/checkpoint.py's; nothing in the payload calls it)
+def select_features(feats: torch.Tensor, indices: list[int], hidden_size: int) -> torch.Tensor:
+    """feats [T, n_cache*H] -> [T, len(indices)*H] in `indices` order; a view when they are consecutive."""
+    n = len(indices)
+    if indices == list(range(indices[0], indices[0] + n)):
+        return feats[:, indices[0] * hidden_size:(indices[0] + n) * hidden_size]
+    T = feats.shape[0]
+    idx = torch.tensor(indices, device=feats.device)
+    return feats.view(T, -1, hidden_size).index_select(1, idx).reshape(T, n * hidden_size)
 
 
 def test_select_features():

@@ -18,6 +18,22 @@ from remote_payload.eval import metrics
 from remote_payload.eval import treeverify as TV
 
 
+# test-only (was eval/treeverify.py's): the tree verify as `measure` times it, checked against plain forwards
+@torch.inference_mode()
+def verify_logits(model, context_ids: torch.Tensor, node_ids: torch.Tensor, parents: list[int], *,
+                  attention: str | None = None) -> torch.Tensor:
+    """The tree verify forward, as `measure` times it: the context prefilled into a slot cache, then the tree's
+    nodes fed at once under `tree_mask` at positions len(context) + depth -> logits [n, V] (row i predicts the
+    token after node i's root-to-node path). attention: an HF attention implementation to run instead of the
+    one `measure` picks (`_attention`)."""
+    impl = attention or TV._attention(model)
+    with TV._attention_of(model, impl):
+        groups = TV._groups(model, impl)
+        cache = TV._slot_cache(model, len(context_ids) + len(parents))
+        TV._prefill(model, cache, context_ids, groups)
+        return TV._Step(model, cache, node_ids, parents, len(context_ids), groups)()
+
+
 @pytest.fixture(scope="module")
 def models(trained_fixtures):
     """(target fp32 on CPU, its folder, drafter-good, its TargetHead) from the trained fixtures."""
@@ -105,7 +121,7 @@ def test_tree_verify_gives_each_node_its_causal_path_logits(models, prefill_chun
     assert max(TV.tree_depths(parents)) >= 3 and len(set(parents)) > 4
     context = torch.randint(0, V, (11,), generator=g)
     nodes = torch.randint(0, V, (len(parents),), generator=g)
-    got = TV.verify_logits(target, context, nodes, parents)
+    got = verify_logits(target, context, nodes, parents)
     assert got.shape == (len(parents), V)
     with torch.no_grad():
         for i in range(len(parents)):
@@ -116,10 +132,10 @@ def test_tree_verify_gives_each_node_its_causal_path_logits(models, prefill_chun
             ids = torch.cat([context, nodes[path[::-1]]])
             ref = target(ids[None], use_cache=False).logits[0, -1]
             torch.testing.assert_close(got[i], ref, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(got, TV.verify_logits(target, context, nodes, parents, attention="sdpa"), atol=2e-5,
+    torch.testing.assert_close(got, verify_logits(target, context, nodes, parents, attention="sdpa"), atol=2e-5,
                                rtol=1e-5)  # our GQA-folded attention == HF's own SDPA under the same mask
     # the check has teeth: the same nodes fed causally (one chain) disagree at a node whose path is not a prefix
-    causal = TV.verify_logits(target, context, nodes, TV.chain(len(parents)))
+    causal = verify_logits(target, context, nodes, TV.chain(len(parents)))
     off_chain = [i for i in range(len(parents)) if parents[i] != i - 1]
     assert off_chain and max((causal[i] - got[i]).abs().max().item() for i in off_chain) > 1e-2
 

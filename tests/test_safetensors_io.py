@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from remote_payload.contract.contenthash import sha256_files
 from remote_payload.contract.errors import CheckpointError
-from remote_payload.eval.checkpoint import sha256_files
 from remote_payload.eval.safetensors_io import read_header, read_tensors
 
 

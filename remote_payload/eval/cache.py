@@ -58,12 +58,6 @@ class CachePrompt:
     file: str
 
 
-@dataclass
-class FeatureStats:
-    mean: float
-    std: float
-
-
 def parse_layer_ids(text: str) -> list[int]:
     """'1,16,31' -> [1, 16, 31]; PayloadError on anything else."""
     try:
@@ -197,12 +191,6 @@ class Cache:
         ids = torch.tensor(self.meta["ids"][i], dtype=torch.long)
         parts = [aux[:, j * self.hidden_size:(j + 1) * self.hidden_size] if j < n_aux else last for j in idx]
         return ids, parts
-
-    def stats(self, i: int) -> FeatureStats:
-        """Mean/std over all cached features of prompt i (the log's aux_mean= aux_std=)."""
-        _, x = self.load(i)
-        x = x.float()
-        return FeatureStats(mean=x.mean().item(), std=x.std().item())
 
 
 def open_cache(path: str | os.PathLike, *, seeds_layer_ids: list[int] | None = None) -> Cache:

@@ -33,8 +33,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from remote_payload.contract.contenthash import (  # noqa: F401 - HASH_CHUNK_BYTES, sha256_files re-exported
-    HASH_CHUNK_BYTES,
+from remote_payload.contract.contenthash import (
     INDEX_JSON,
     MASK_EMBEDDING,
     SINGLE_SAFETENSORS,
@@ -42,7 +41,7 @@ from remote_payload.contract.contenthash import (  # noqa: F401 - HASH_CHUNK_BYT
     parse_step,
     sha256_files,
 )
-from remote_payload.contract.drafterconfig import DrafterConfig, check_features  # noqa: F401 - re-exported
+from remote_payload.contract.drafterconfig import DrafterConfig
 from remote_payload.contract.errors import CheckpointError, ConfigError
 from remote_payload.contract.runstate import read_regular
 from remote_payload.eval.drafter import DFlashDrafter, TargetHead
@@ -430,14 +429,3 @@ def load_target_head(target_dir, *, vocab_size: int, hidden_size: int, device="c
                     lm_head_key=lm_key, lm_head_file=None if tied else str(d / weight_map[lm_key]), tied=tied,
                     vocab_size=vocab_size, hidden_size=hidden_size)
     return TargetHead(embed=embed, lm_head=lm_head), info
-
-
-# ---- drafter vs cache ---------------------------------------------------------------------------
-def select_features(feats: Tensor, indices: list[int], hidden_size: int) -> Tensor:
-    """feats [T, n_cache*H] -> [T, len(indices)*H] in `indices` order; a view when they are consecutive."""
-    n = len(indices)
-    if indices == list(range(indices[0], indices[0] + n)):
-        return feats[:, indices[0] * hidden_size:(indices[0] + n) * hidden_size]
-    T = feats.shape[0]
-    idx = torch.tensor(indices, device=feats.device)
-    return feats.view(T, -1, hidden_size).index_select(1, idx).reshape(T, n * hidden_size)

@@ -233,18 +233,3 @@ def _prefill(model, cache, context_ids: torch.Tensor, groups: int = 1) -> None:
     for lo in range(0, len(context_ids), PREFILL_CHUNK):
         part = context_ids[lo:lo + PREFILL_CHUNK]
         _Step(model, cache, part, chain(len(part)), lo, groups)()
-
-
-@torch.inference_mode()
-def verify_logits(model, context_ids: torch.Tensor, node_ids: torch.Tensor, parents: list[int], *,
-                  attention: str | None = None) -> torch.Tensor:
-    """The tree verify forward, as `measure` times it: the context prefilled into a slot cache, then the tree's
-    nodes fed at once under `tree_mask` at positions len(context) + depth -> logits [n, V] (row i predicts the
-    token after node i's root-to-node path). attention: an HF attention implementation to run instead of the
-    one `measure` picks (`_attention`)."""
-    impl = attention or _attention(model)
-    with _attention_of(model, impl):
-        groups = _groups(model, impl)
-        cache = _slot_cache(model, len(context_ids) + len(parents))
-        _prefill(model, cache, context_ids, groups)
-        return _Step(model, cache, node_ids, parents, len(context_ids), groups)()

@@ -129,9 +129,3 @@ def _argmax_agreement(model, final: torch.Tensor, ids: torch.Tensor, lens: list[
     out[:, 0].index_add_(0, rows, hit.long())
     out[:, 1].index_add_(0, rows, torch.ones_like(rows))
     return out
-
-
-def tapped_features_batch(model, seqs: list[torch.Tensor], layer_ids: list[int]) -> list[torch.Tensor]:
-    """Several sequences in one causal prefill -> per sequence [T_i, len(layer_ids), H], as `tapped_features`
-    gives (`prefill_batch` without the agreement: the blocks after the last tapped one do not run)."""
-    return prefill_batch(model, seqs, layer_ids).rows()

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
+from remote_payload.contract.contenthash import sha256_files
 from remote_payload.contract.drafterconfig import DrafterConfig
 from remote_payload.eval import kernels, metrics
 from remote_payload.eval.anchors import draft_all_anchors, enqueue_anchors
-from remote_payload.eval.checkpoint import sha256_files
 from remote_payload.eval.devices import resolve_device_dtype
 from remote_payload.eval.drafter import DFlashDrafter
 from remote_payload.eval.steps import load_weights
@@ -76,7 +76,6 @@ def _env(name: str, value: str):
             os.environ.pop(name, None)
         else:
             os.environ[name] = old
-H200_BF16_PEAK_TFLOPS = 790.0  # measured on this GPU kind (spec §4); re-measured below when on CUDA
 
 
 def block_flops(cfg: DrafterConfig, ctx_len: float) -> float:

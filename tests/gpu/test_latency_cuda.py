@@ -8,6 +8,7 @@ import torch
 from remote_payload.eval import latency as L
 from remote_payload.eval import treeverify as TV
 from remote_payload.eval.drafter import TargetHead
+from tests.test_latency import verify_logits
 from tests.tiny_models import random_drafter, tiny_drafter_config
 
 assert torch.cuda.is_available(), "tests/gpu needs a CUDA device (run it with make test-gpu on a GPU host)"
@@ -83,7 +84,7 @@ def test_tree_verify_on_cuda_gives_each_node_its_causal_path_logits():
     parents = TV.ddtree_tree(20, 16)
     context = torch.randint(0, V, (37,), generator=g).cuda()
     nodes = torch.randint(0, V, (len(parents),), generator=g).cuda()
-    got = TV.verify_logits(target, context, nodes, parents)
+    got = verify_logits(target, context, nodes, parents)
     with torch.no_grad():
         for i in range(len(parents)):
             path, j = [], i
@@ -92,5 +93,5 @@ def test_tree_verify_on_cuda_gives_each_node_its_causal_path_logits():
                 j = parents[j]
             ref = target(torch.cat([context, nodes[path[::-1]]])[None], use_cache=False).logits[0, -1]
             torch.testing.assert_close(got[i], ref, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(got, TV.verify_logits(target, context, nodes, parents, attention="sdpa"), atol=1e-4,
+    torch.testing.assert_close(got, verify_logits(target, context, nodes, parents, attention="sdpa"), atol=1e-4,
                                rtol=1e-4)  # our GQA-folded attention == HF's own SDPA under the same mask

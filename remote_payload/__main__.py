@@ -65,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 # Commands whose main() returns only once everything it makes is on disk (results.json, the cache, both
 # written whole and renamed into place; their thread pools joined). They leave by os._exit: the interpreter's
 # teardown after them (torch freeing gigabytes of device memory and its CUDA handles, the module graph's
-# collection) took 0.6-0.7 s of an eval process's ~6.4 s on an H200 host, after the result was written.
-# Six interleaved pairs on one H200 (2026-12-02): the last event -> the process gone 0.81 -> 0.30 s (medians;
-# the rest is the kernel releasing the process's GPU memory), the wall 7.91 -> 7.50 s.
+# collection) costs a good part of a second after the result is written (docs/benchmarks.md).
 FAST_EXIT = ("eval", "extract")
 
 

@@ -188,11 +188,8 @@ def drafted_prompts(drafter, head, cache, count: int, anchors_of: Callable[[int]
 
 def warmup_mode() -> str:
     """REVAL_WARMUP: after (default; also 1) | off (also 0). `prime` runs beside the load, `warm_up` after it.
-    Measured on an H200 host (bench `process`, the seeds' run): after 1.08-1.15x the floor with the eval stage
-    1.02-1.11x warm; off 1.17-1.49x / 1.56-1.65x. Warming up *during* the load on throwaway full-size weights was
-    slower (1.30-1.66x): allocating them took 2.6-4.4 s beside the load's copies, so that mode is gone; the
-    prime's miniature (2026-12-02) costs ~0.3 GB: the warm-up after the load 0.87-0.90 s -> 0.24 s, the process
-    1.19x -> 1.05x the floor (median of five)."""
+    Warming up *during* the load on throwaway full-size weights was slower (allocating them fought the load's
+    copies), so that mode is gone; the prime drafts on a miniature (~0.3 GB) instead (docs/benchmarks.md)."""
     return "off" if os.environ.get("REVAL_WARMUP", "").strip().lower() in ("0", "off") else "after"
 
 

@@ -308,7 +308,7 @@ class DFlashDrafter(nn.Module):
             if key not in masks:
                 lo, vis = _group_mask(anchors, q_pos, T, ctx.k[i].shape[2], G, g, a_min, *key)
                 if dev.type == "cuda":  # additive (0 / -inf), as SDPA turns a bool mask into in every call:
-                    # once per batch, not once per layer (measured on the H200; the CPU path keeps the bool mask)
+                    # once per batch, not once per layer (the CPU path keeps the bool mask)
                     vis = torch.zeros(vis.shape, dtype=dt, device=dev).masked_fill_(~vis, float("-inf"))
                 masks[key] = lo, vis
             lo, mask = masks[key]  # mask [B*ng, 1, G*g*bs, (R-lo) + G*bs]
@@ -339,7 +339,7 @@ class DFlashDrafter(nn.Module):
 _ALIGN_ROWS = 128
 # Anchors per attention call. All m anchors of a call in one SDPA made every query scan every block's keys
 # (m*bs of them, 2,048 at m = 128) besides the context; groups of 16 scan 256, for ng = m/16 copies of the
-# context keys (H200, 27B sizes: SDPA 1.77 -> see the issue note).
+# context keys (docs/benchmarks.md).
 ATTN_GROUP = 16
 
 

@@ -1,17 +1,17 @@
 """Fused GPU kernels for the drafting's hot spots, each beside the plain torch code it replaces.
 
 `row_logsumexp(logits)` [N, V] -> [N, 1] fp32. torch's `logsumexp(logits.float())` writes an fp32 copy of
-[N, V] and reads it in several passes (at the 27B sizes, 248,320-token vocabulary and 1,920 rows a batch:
-4.5 ms of a 29 ms batch). On CUDA, bf16: one pass of CUDA C (rtc.py: compiled by NVRTC once per host, no
-start to pay) that also takes every 32 columns' maximum for the top-k; where it cannot run, one Triton pass
-(the same contract) when the run is long enough to pay for Triton's start (`plan`; REVAL_TRITON=1/0 forces
-it), else torch's fused log-softmax (3.2 ms). All equal the torch path within fp32 rounding (tests/gpu).
+[N, V] and reads it in several passes. On CUDA, bf16: one pass of CUDA C (rtc.py: compiled by NVRTC once per
+host, no start to pay) that also takes every 32 columns' maximum for the top-k; where it cannot run, one Triton
+pass (the same contract) when the run is long enough to pay for Triton's start (`plan`; REVAL_TRITON=1/0 forces
+it), else torch's fused log-softmax. All equal the torch path within fp32 rounding (tests/gpu); what each costs
+at the 27B sizes: docs/benchmarks.md.
 `row_topk(logits, k)` -> the k largest of each row with their ids, in one defined order: value descending, ties
 by the lower id (what a stable descending sort and `argmax` give; torch.topk leaves ties to its kernel). The
 reference (`topk_reference`) runs torch.topk over unique integer keys (value bits | inverted id); the fast path
 (`topk_chunked`, any device) takes the maximum of each group of columns in one coalesced pass, keeps the k
 best groups and selects among their k*group values only, equal to the reference by construction (see its doc)
-and by test (tests/test_kernels.py, tests/gpu). At the 27B sizes (1,920 rows x 248,320) torch.topk took 3.4 ms.
+and by test (tests/test_kernels.py, tests/gpu).
 `rope` and `silu_mul` / `silu_and_mul`: apply_rope and silu(gate) * up as one pass each, with torch's numbers
 bit for bit (tests/gpu): in the eval the CUDA C ones (rtc.py), else Triton's where it runs. `rms_norm`:
 transformers' RMSNorm in one pass (its roundings; the mean's summation order Triton's). The last three also
@@ -56,7 +56,7 @@ def fast_kernels_enabled(t: Tensor) -> bool:
 
 def prepare(device: torch.device) -> None:
     """Load the CUDA C logsumexp (rtc.py: compiled once per host, then read from its cache) and import Triton
-    (0.24 s on an H200 host) if it will be used, now rather than at the first batch."""
+    (a fraction of a second) if it will be used, now rather than at the first batch."""
     if device.type == "cuda" and not os.environ.get("REVAL_TORCH_KERNELS") and rtc.available(device) is not None:
         _use_triton()  # only where the CUDA C passes do not run: they stand in for Triton's in the eval
 
@@ -66,15 +66,10 @@ def _rtc(logits: Tensor) -> bool:
     return rtc.applies(logits) and rtc.available(logits.device) is None
 
 
-# Triton's first use in a fresh process (import, kernel from its cache) cost the eval stage ~0.5 s on an H200
-# host; its lse saves ~4 ms per 1,920 x 248,320 logits (8.4e-12 s an element): it pays past ~6e10 elements.
-# Tried 2026-12-02 (branch wip/early-triton-plan): the plan made before the weight load and Triton started on a
-# thread beside it, threshold 1e10 so the seeds' 10 x 30 (1.78e10) runs Triton. H200, 7 interleaved pairs of
-# eval processes: eval stage 1.06 -> 0.92 s (55% -> 68% of peak) but the load 1.86 -> 2.21 s (Triton's start is
-# GIL-bound Python beside the load's readers): median wall 8.13 -> 8.22 s, a wash; and a host's first run pays
-# Triton's compile (~3 s, fresh caches 1.84x the floor vs ~1.4x). So the threshold stayed, and the eval's passes
-# became CUDA C (rtc.py: no start to pay, 0.4 s of NVRTC once per host): Triton's plan now matters only where
-# those cannot run (no NVRTC, not bf16).
+# Triton's first use in a fresh process (import, kernel from its cache) costs the eval stage about half a second;
+# its lse saves a few ms per batch of 27B-size logits: it pays past ~6e10 elements. Starting it earlier, beside
+# the weight load, with a lower threshold was a wash (docs/benchmarks.md), so the threshold stayed; the eval's
+# passes are CUDA C (rtc.py), and Triton's plan matters only where those cannot run (no NVRTC, not bf16).
 TRITON_PAYS_ELEMENTS = 6e10
 _planned = False
 
@@ -180,8 +175,8 @@ def row_topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 
 # Columns per maximum in the Triton pass (a divisor of its BLOCK). 32 at the 27B sizes (1,920 x 248,320, k 512):
-# a top-k over 7,760 chunk maxima then over 512 x 32 kept values; 64 made that 3,880 then 32,768 (H200 profile:
-# 1.8 ms a batch, most of it the second top-k).
+# a top-k over 7,760 chunk maxima then over 512 x 32 kept values; 64 made the second top-k 32,768 values wide,
+# the slower one (docs/benchmarks.md).
 LSE_CHUNK = rtc.CHUNK  # 32: the CUDA C pass (rtc.py) takes the same chunks
 
 

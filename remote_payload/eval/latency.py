@@ -1,4 +1,4 @@
-"""The latency model, measured (issue 18 item 2): what one step of each kind costs on this GPU, at batch 1.
+"""The latency model, measured (`--speedup`): what one step of each kind costs on this GPU, at batch 1.
 
 A DFlash round drafts one block (`draft_s`: the drafter's block forward with the context K/V already there, its
 lm_head and top-k) and the target verifies it in one forward over its KV cache (`verify_s[n]`, n tokens fed:
@@ -116,7 +116,7 @@ class Latencies:
 
 def projected_speedup(tau: float, decode_s: float, draft_s: float, verify_s: float) -> float:
     """tau * t(decode) / (t(draft) + t(verify)): tokens a round yields (tau, bonus included) over the round's
-    cost, in units of plain decode steps — the projection issue 18 defines."""
+    cost, in units of plain decode steps: the projection `--speedup` reports."""
     for name, v in (("tau", tau), ("decode_s", decode_s), ("draft_s", draft_s), ("verify_s", verify_s)):
         if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"projected_speedup: {name} must be a finite number >= 0, got {v!r}")

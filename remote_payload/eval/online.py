@@ -1,4 +1,4 @@
-"""Online spot check (issue 18 item 3): real greedy speculative decoding with the real target, round by round,
+"""Online spot check (`--online N`): real greedy speculative decoding with the real target, round by round,
 next to the offline walk (metrics.walk over cached features) for the same prompts.
 
 The offline eval never runs the target: it drafts from cached features of one causal prefill of prompt +
@@ -285,9 +285,8 @@ def online_check(target_model, drafter: DFlashDrafter, head: TargetHead, layer_i
     drafter's fc_layer_ids themselves); the drafter's fc layers must be among them. Online, hs[l+1] is tapped
     for l in drafter.cfg.fc_layer_ids, in fc's input order. None: the drafter's fc_layer_ids.
     rehearse: decode each prompt once untimed (both ways) before the timed runs. On CUDA every new attention
-    shape (query length x KV length) costs a kernel plan the first time (H200, tiny bf16 fixtures, a one-round
-    warm-up only: the first prompt's 8 rounds took 1.39 s, target-only 3.45 s; rehearsed 0.09 s and 0.24 s),
-    so without it the first prompts' times measure plan building, not decoding. The rehearsal's acceptance
+    shape (query length x KV length) costs a kernel plan the first time (many times the decoding itself:
+    docs/benchmarks.md), so without it the first prompts' times measure plan building, not decoding. The rehearsal's acceptance
     lengths must equal the timed run's (a note if not).
     Raises ValueError when `refusal(target_model)` refuses, or on layers the target lacks."""
     why = refusal(target_model)

@@ -3,8 +3,8 @@
 Why not Triton here: at the seeds' size (10 prompts x 30 blocks, 1.8e10 logits) Triton's start in a fresh
 process (its import, the hash of its own 500 MB library for its cache key, its launcher) cost more than its
 pass saved (kernels.py, TRITON_PAYS_ELEMENTS), so the seeds' run reduced its logits with torch's log-softmax
-(an fp32 copy of the logits, then an fp32 output: 3.1 ms of a 25 ms batch at the 27B sizes) and a separate
-max pass for the top-k. NVRTC and the driver are what CUDA torch already loads: no import, nothing hashed; the
+(an fp32 copy of the logits, then an fp32 output; docs/benchmarks.md) and a separate max pass for the top-k.
+NVRTC and the driver are what CUDA torch already loads: no import, nothing hashed; the
 kernel is compiled once per host (NVRTC, a fraction of a second, on the prime's thread beside the weight load)
 and kept as a cubin under the kernel cache (REVAL_KERNEL_CACHE, else ~/.cache/reval/kernels), checked by its
 sha256 when read back; a later process reads and loads it in milliseconds.

@@ -138,9 +138,8 @@ def open_inputs(opts: EvalOptions, rep: Reporter, tok) -> tuple:
 
 
 # While the weights load beside it, the feature pass's torch ops run on one CPU thread: torch's intra-op pool on
-# every core fought the load's readers (and the content hash's threads). H200 host, the seeds' run at 27B sizes,
-# 5 interleaved pairs of eval processes: the load 2.12 -> 1.80 s (medians). Once the load is done the pass gets
-# the pool back, and the eval stage has it as before.
+# every core fought the load's readers (and the content hash's threads; docs/benchmarks.md). Once the load is
+# done the pass gets the pool back, and the eval stage has it as before.
 FEATURE_THREADS_BESIDE_LOAD = 1
 
 

@@ -1,9 +1,8 @@
 """The target's tokenizer.json read by a child interpreter, beside the weight load.
 
 The eval needs the tokenizer only to show tokens (each prompt's first block, the health guard's repeated
-token); reading tokenizer.json took 0.9-1.4 s for a 25 MB, 248k-token BPE file on a CI core, and the
-tokenizers library holds the GIL for all of it (a thread beside it got 0.14 s of 1.69 s), so a thread cannot
-hide it, and it ran at step 1, before the weights began to load. `TokenizerProcess` starts
+token); reading a large tokenizer.json takes about a second, and the tokenizers library holds the GIL for all
+of it (docs/benchmarks.md), so a thread cannot hide it, and it ran at step 1, before the weights began to load. `TokenizerProcess` starts
 `python -c HELPER tokenizer.json` (this interpreter, the tokenizers package) at once and answers
 `get_vocab_size()` and `decode(ids)` like a `tokenizers.Tokenizer`, each over one JSON line of a pipe; the
 first call waits for the child to have read the file. A file the library cannot read is bad input (exit 3,
@@ -33,7 +32,7 @@ print(json.dumps({"vocab_size": tok.get_vocab_size()}), flush=True)
 for line in sys.stdin:
     print(json.dumps(tok.decode(json.loads(line), skip_special_tokens=False)), flush=True)
 """
-LOAD_TIMEOUT_S = 300.0  # reading the file (a 25 MB file took 1.4 s on a CI core)
+LOAD_TIMEOUT_S = 300.0  # reading the file (a 25 MB one takes seconds, not minutes)
 CALL_TIMEOUT_S = 60.0
 
 

@@ -126,9 +126,8 @@ GQA_ATTENTION = "reval_gqa_sdpa"  # our attention function's name in HF's Attent
 
 def _gqa_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """HF attention function: SDPA with the g query heads sharing a kv head as extra query rows, so K/V are read
-    in place. HF's own SDPA copies K/V g times (repeat_kv) whenever there is a mask — every verify step (8B-class
-    target, H200, 4k context, CUDA graphs: a 16-token verify 15.6 -> 13.8 ms). Without a mask (a decode step)
-    it is HF's call: SDPA's own GQA, whose flash kernel runs a CTA per query head. query [B, h, n, d], key/value
+    in place. HF's own SDPA copies K/V g times (repeat_kv) whenever there is a mask — every verify step (what it
+    costs: docs/benchmarks.md). Without a mask (a decode step) it is HF's call: SDPA's own GQA, whose flash kernel runs a CTA per query head. query [B, h, n, d], key/value
     [B, kvh, L, d], attention_mask None or additive [., 1, n or g*n, >= L] (`_Step` passes g*n rows) ->
     ([B, n, h, d], None), as HF's functions return."""
     import torch.nn.functional as F
@@ -208,7 +207,7 @@ class _Step:
         padded[:, :length].masked_fill_(visible, 0)
         self.mask = padded.repeat(groups, 1)[None, None].to(dev)[..., :length]
         # One token sees everything: no mask at all, as HF decodes (SDPA may then take its flash kernel; a
-        # materialised mask costs a decode step at 4k context ~25% on an H200). Passed as HF's prepared mask
+        # materialised mask slows a decode step down). Passed as HF's prepared mask
         # mapping, one None per layer type; a transformers that does not take one gets the 4D mask instead.
         self.mask_map = None
         if n == 1:

@@ -9,8 +9,7 @@ to disk as safetensors (drafter folder + a target folder with an index and the m
   2k        32 prompts of a 2,000-token prompt + 512-token completion x 32 blocks; on CUDA again with one
             fast path off (ABLATIONS: REVAL_STREAMS=1; REVAL_RTC=0, Triton's passes instead of the CUDA C
             ones), so each run shows what they earn; seeds again with REVAL_RTC=0 (too short a run for
-            `kernels.plan` to start Triton: torch's log-softmax and elementwise kernels; H200 2026-12-02, 55.8%
-            of peak, 68.6% with the CUDA C passes, the same as Triton's 68.6%)
+            `kernels.plan` to start Triton: torch's log-softmax and elementwise kernels)
   naive     one prompt, one round at a time, whole context recomputed (`naive_block`): the baseline
 Prints drafter rounds/s (one round = one anchor's 16-token block), achieved TFLOP/s (useful FLOPs: block
 GEMMs, attention, lm_head, context projections) against the measured bf16 peak, and the speed-up over naive.

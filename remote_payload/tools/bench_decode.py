@@ -21,20 +21,7 @@ alone (the loop after the warm-up, synced at its ends), and whether each row's t
 Then the feature prefill (prefill_batch over extract's batches) in useful TFLOP/s against a bf16 matmul measured
 in the same run.
 
-H200, 2026-12-01 (one run; 8B class; a step alone): SDPA 15.05 ms (26% of the floor), grouped attention 11.35 ms
-(34%), + compile 7.04 ms (55%); whole call 2,183 / 3,407 tok/s against transformers' static generate 2,505.
-27B class: 33% / 45% / 66% a step; whole call + compile 1,452 tok/s (49%). Prefill 51% (8B) / 61% (27B) of peak.
-`--quick --new 512` (extract's default length): 8B 25% / 35% (+ compile) a step, 27B 34% / 45%: the attention
-reads the whole static cache every step.
-H200, 2026-12-02 (torch 2.11, Triton 3.6; one run each), the split-KV kernels (the filled slots only):
-  64 new tokens, a step alone: 8B grouped 34% -> split-KV 38%, + compile 60%; 27B 44% -> 49%, + compile 71%;
-  whole call 8B 2,077 tok/s (3,467 + compile), 27B 1,033 (1,465).
-  512 new tokens, 8B: a step alone grouped 25% -> split-KV 37%, + compile 58%; whole call 1,994 -> 2,881 tok/s,
-  + compile 4,558 (55% of the floor; the compilation, 51 s, once per batch shape, not counted).
-H200, 2026-12-02, RMSNorm / SiLU * up / RoPE as Triton passes (fastgen.FusedLayers), `--quick --no-compile`:
-  64 new tokens, a step alone: 8B 38% -> 57%, 27B 49% -> 68%; whole call 8B 2,386 -> 3,233 tok/s, 27B 1,097 ->
-  1,380. 512 new tokens: a step 8B 38% -> 56%, 27B 48% -> 67%; whole call 8B 2,937 -> 4,210 tok/s (51% of the
-  floor), 27B 1,348 -> 1,870 (63%).
+What it measured: docs/benchmarks.md.
 """
 from __future__ import annotations
 

@@ -11,28 +11,8 @@ floor = init + raw read + warm eval. The process's own eval stage (results.json 
 against the warm eval, so first-call costs and host stalls inside the stage show as a ratio.
 On CUDA, before the median runs: the first eval with empty kernel caches (CUDA_CACHE_PATH, TRITON_CACHE_DIR,
 TORCHINDUCTOR_CACHE_DIR, REVAL_KERNEL_CACHE in a fresh folder: a fresh host), again with the caches it filled, and with the CUDA
-driver's cache off. H200, 2026-12-02, two runs: fresh 1.33x / 1.43x the floor (warm-up 2.06 / 1.83 s), again
-1.27x / 1.30x (0.94 / 0.82 s), CUDA_CACHE_DISABLE=1 1.71x / 1.51x, the median of five 1.19x / 1.19x. What the
-empty cache costs is cuDNN's attention compiling its kernel at the process's first call (NVRTC, ~1 s, any
-shape: a probe's tiny first call took 1.0-1.25 s, later shapes 0.06 s). Making that first call on tiny tensors
-while the weights load did not help (three interleaved pairs: warm-up 1.42-1.95 s primed, 1.53-2.02 s not).
-What did (2026-12-02, `anchors.prime`): the whole drafting path once on a miniature of the drafter (its layer
-types, heads, head size, block size, vocabulary; hidden 256) on a thread beside the load. A profile of the
-warm-up on warm caches had shown ~40 first calls of ~5-7 ms each (CUDA's lazy kernel loading, cuBLAS and
-cuDNN handles) besides cuDNN's compile, not one big cost. Probe on an H200, load + warm-up, without -> with:
-fresh caches 4.22 -> 3.05 s, warm 2.45 / 2.31 -> 1.94 / 1.73 s, REVAL_TRITON=1 warm 3.24 / 2.69 -> 2.70 / 2.51 s.
-This bench, same day: median of five 1.19x -> 1.05x the floor (warm-up after the load 0.95 s -> 0.23 s), fresh
-host 1.51x -> 1.42x (single runs; the driver's cache still pays cuDNN's compile, now beside the load).
-Later that day, three more H200 machines: the median 1.17x (fresh host 1.40x, again 1.22x, CUDA_CACHE_DISABLE=1
-1.84x), and 1.36-1.39x in a probe whose interleaved runs took 7.0-7.6 s against a 5.2 s floor: the bare init
-alone read 3.25, 3.5, 4.1 and 4.8 s on those machines, so compare rows of one run only. A probe of the fresh
-host (same machine, same code): first 7.33 s, again 7.07 s, the default's runs 7.04-7.62 s (the fresh host's own
-cost is now inside the spread); efficient attention instead of cuDNN's (no compile on a fresh host) was no faster.
-Later still (the fast exit, `__main__.FAST_EXIT`; the eval's passes as CUDA C, rtc.py), one H200, interleaved:
-CUDA C vs REVAL_RTC=0 (4 pairs) wall 7.24 vs 7.68 s, eval stage 0.95 vs 1.07 s (medians); fresh hosts (2 pairs)
-8.88 / 8.47 vs 9.83 / 7.30 s, NVRTC's compile 0.39-0.41 s on a thread of its own. This bench on another H200 the
-same hour read 0.81x (its bare init, 5.0 s median, was slower than whole eval processes: a floor that moved
-again), fresh host 1.14x, again 0.92x.
+driver's cache off.
+What it measured (and why the prime runs beside the load): docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -144,8 +124,8 @@ def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device,
                                                           "TORCHINDUCTOR_CACHE_DIR": str(fresh / "inductor"),
                                                           "REVAL_KERNEL_CACHE": str(fresh / "reval")})
         cold.append((label, w, t))
-    # the bare inits interleaved with the eval runs: a machine whose speed drifts (torch's import read 2.9-5.0 s
-    # on H200 hosts, and moved within a run) moves both the same way
+    # the bare inits interleaved with the eval runs: a machine whose speed drifts (torch's import time differs
+    # between hosts and moves within a run) moves both the same way
     inits, runs = [], []
     for _ in range(REPEATS):
         inits.append(init_once(dev))

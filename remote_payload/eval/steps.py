@@ -28,7 +28,7 @@ from remote_payload.eval.anchors import drafted_prompts, warm_up
 from remote_payload.eval.cache import open_cache
 from remote_payload.eval.checkpoint import load_drafter, load_target_head, peek_config
 from remote_payload.eval.evalopts import EvalOptions
-from remote_payload.eval.summary import _fmt, decode
+from remote_payload.eval.summary import decode, fmt
 
 STEPS = 5
 
@@ -312,8 +312,8 @@ def eval_prompts(opts: EvalOptions, inp: Inputs, mod: Loaded, device: torch.devi
         if i == 0 and n:
             rep.line(f"      first block, drafted: {first['draft']!r}")
             rep.line(f"      first block, target : {first['target']!r}")
-        rep.line(f"      {len(rec['acceptance_lengths'])} rounds · tau {_fmt(tau_p)} · position-1 accuracy "
-                 f"{_fmt(pos1)}", stage="eval_prompt", i=i + 1, n=len(prompts),
+        rep.line(f"      {len(rec['acceptance_lengths'])} rounds · tau {fmt(tau_p)} · position-1 accuracy "
+                 f"{fmt(pos1)}", stage="eval_prompt", i=i + 1, n=len(prompts),
                  metrics={"tau": tau_p, "position_1_accuracy": pos1})
     if device.type == "cuda":
         torch.cuda.synchronize()

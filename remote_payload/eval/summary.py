@@ -56,7 +56,7 @@ def decode(tok, ids) -> str:
     return tok.decode(ids, skip_special_tokens=False)
 
 
-def _fmt(x, nd=3) -> str:
+def fmt(x, nd=3) -> str:
     return "n/a" if x is None else f"{x:.{nd}f}"
 
 
@@ -74,26 +74,26 @@ def headline(results: dict) -> dict:
 
 def print_summary(results: dict) -> None:
     m, o = results["metrics"], results["options"]
-    rows = [("tau (incl. bonus, macro)", _fmt(m["tau"], 2)), ("tau pooled", _fmt(m["tau_pooled"], 2)),
-            ("streak (excl. bonus)", _fmt(m["streak"], 2))]
-    rows += [(f"DDTree-{b} tau", _fmt(v, 2)) for b, v in m["ddtree_tau"].items()]
-    rows += [(f"width-{w} tree tau", _fmt(v, 2)) for w, v in m["tree_width_tau"].items()]
-    rows += [("position-1 accuracy", _fmt(m["position_1_accuracy"])),
-             ("position accuracy k=1..15", " ".join(_fmt(x, 2) for x in m["position_accuracy"])),
+    rows = [("tau (incl. bonus, macro)", fmt(m["tau"], 2)), ("tau pooled", fmt(m["tau_pooled"], 2)),
+            ("streak (excl. bonus)", fmt(m["streak"], 2))]
+    rows += [(f"DDTree-{b} tau", fmt(v, 2)) for b, v in m["ddtree_tau"].items()]
+    rows += [(f"width-{w} tree tau", fmt(v, 2)) for w, v in m["tree_width_tau"].items()]
+    rows += [("position-1 accuracy", fmt(m["position_1_accuracy"])),
+             ("position accuracy k=1..15", " ".join(fmt(x, 2) for x in m["position_accuracy"])),
              ("acceptance histogram 1..16", " ".join(str(x) for x in m["acceptance_histogram"][1:])),
              ("rounds / prompts / anchors", f"{m['num_rounds']} / {m['num_prompts']} / {m['num_anchors']}"),
              ("max blocks", str(o["max_blocks"])),
              ("attention", (results["comparability"].get("attention") or "n/a").replace("_attention", "")),
-             *[(f"suite {x['name']} tau", f"{_fmt(x['metrics']['tau'], 2)} ({x['metrics']['num_prompts']} prompts)")
+             *[(f"suite {x['name']} tau", f"{fmt(x['metrics']['tau'], 2)} ({x['metrics']['num_prompts']} prompts)")
                for x in results.get("suites") or []],
-             *([("tau, mean over suites", _fmt(results["suite_mean"]["tau"], 2))] if results.get("suite_mean") else []),
+             *([("tau, mean over suites", fmt(results["suite_mean"]["tau"], 2))] if results.get("suite_mean") else []),
              *([("projected speedup", " ".join(f"{k.replace('ddtree_', 'DDT-')} {v:.2f}x"
                                                 for k, v in results["speedup"]["projected"].items() if v is not None)),
                 ("best by speedup", (f"{results['speedup']['best_method']} "
-                                     f"({_fmt(results['speedup']['best_speedup'], 2)}x, {results['speedup']['regime']})"))]
+                                     f"({fmt(results['speedup']['best_speedup'], 2)}x, {results['speedup']['regime']})"))]
                if results.get("speedup") else []),
              *([("online (block)", (f"{results['online']['rounds_agreeing']}/{results['online']['rounds']} rounds "
-                                    f"= offline · measured speedup {_fmt(results['online']['measured_speedup'], 2)}x"))]
+                                    f"= offline · measured speedup {fmt(results['online']['measured_speedup'], 2)}x"))]
                if results.get("online") else []),
              ("load / eval", f"{results['timing']['load_s']:.2f}s / {results['timing']['eval_s']:.2f}s"),
              ("suspect", "YES: " + "; ".join(results["health"]["reasons"]) if results["health"]["suspect"] else "no")]

@@ -14,7 +14,7 @@ from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
 from remote_payload.eval.evalopts import EvalOptions
 from remote_payload.eval.steps import Inputs, Loaded, Reporter
-from remote_payload.eval.summary import _fmt, dtype_name
+from remote_payload.eval.summary import dtype_name, fmt
 
 
 def check_online_target(opts: EvalOptions) -> None:
@@ -104,7 +104,7 @@ def speedup_section(opts: EvalOptions, results: dict, mod: Loaded, model, rep: R
     rep.line(f"  latencies ({lat.regime}{', reused from ' + str(table.path) if reused else ''}): decode "
              f"{lat.decode_s * 1e3:.2f} ms · draft {lat.draft_s * 1e3:.2f} ms · verify {bs} tokens "
              f"{lat.verify_s[bs] * 1e3:.2f} ms", stage="speedup")
-    rep.line(f"  projected speedup: {shown}; best: {best} ({_fmt(best_x, 2)}x)", stage="speedup")
+    rep.line(f"  projected speedup: {shown}; best: {best} ({fmt(best_x, 2)}x)", stage="speedup")
 
 
 def online_section(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, model, device: torch.device,
@@ -134,8 +134,8 @@ def online_section(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, m
                     for r in got]).to_dict()
     o = results["online"]
     rep.line(f"  online: {o['prompts']} prompts · rounds agreeing with the offline walk {o['rounds_agreeing']}/"
-             f"{o['rounds']} · tau {_fmt(o['tau_pooled_online'], 2)} online vs {_fmt(o['tau_pooled_offline'], 2)} "
-             f"offline · measured speedup {_fmt(o['measured_speedup'], 2)}x ({o['spec_s']:.2f}s speculative vs "
+             f"{o['rounds']} · tau {fmt(o['tau_pooled_online'], 2)} online vs {fmt(o['tau_pooled_offline'], 2)} "
+             f"offline · measured speedup {fmt(o['measured_speedup'], 2)}x ({o['spec_s']:.2f}s speculative vs "
              f"{o['target_only_s']:.2f}s target-only)", stage="online")
     if o["rounds_agreeing"] != o["rounds"]:
         rep.line(f"  warning: {o['rounds'] - o['rounds_agreeing']} online rounds differ from the offline walk "

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import transport as transport_mod
-from orchestrator.environment import provision
-from orchestrator.hostcheck import check_hosts
-from orchestrator.inventory import load_inventory
-from orchestrator.sync import payload_source, sync_payload
+from orchestrator.hosts import transport as transport_mod
+from orchestrator.hosts.environment import provision
+from orchestrator.hosts.hostcheck import check_hosts
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.hosts.sync import payload_source, sync_payload
 
 
 @dataclass

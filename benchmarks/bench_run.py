@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 from benchmarks.bench import BenchContext, Row, median_s
-from orchestrator import transport as transport_mod
 from orchestrator.commands.display import PlainSink
 from orchestrator.follow import follow
-from orchestrator.inventory import load_inventory
-from orchestrator.sync import sync_payload
+from orchestrator.hosts import transport as transport_mod
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.hosts.sync import sync_payload
 from remote_payload.contract import protocol
 
 LATENCY_LINES = 50

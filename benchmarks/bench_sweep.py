@@ -103,8 +103,8 @@ import time
 from pathlib import Path
 
 from orchestrator import sweep
-from orchestrator.inventory import load_inventory
-from orchestrator.transport import close_all
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.hosts.transport import close_all
 
 
 def main(argv: list[str] | None = None) -> int:

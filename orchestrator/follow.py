@@ -20,8 +20,8 @@ from remote_payload.contract import protocol
 
 from .errors import ConfigError, HostKeyError, HostUnreachable, RevalError, RunNotFound
 from .events import EventSink
+from .hosts.transport import Transport, q
 from .runs import remote_run_dir, reported_state, save_follow_state
-from .transport import Transport, q
 
 
 @dataclass

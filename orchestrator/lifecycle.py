@@ -28,7 +28,6 @@ from remote_payload.contract import protocol
 
 from . import __version__
 from .backends.base import Backend, Launch, Submission
-from .environment import EnvInfo, provision
 from .errors import (
     EXIT_BAD_INPUT,
     EXIT_CANCELLED,
@@ -40,7 +39,9 @@ from .errors import (
 )
 from .events import Event, EventSink
 from .follow import FollowResult, follow
-from .gpuspec import normalize_gpus
+from .hosts.environment import EnvInfo, provision
+from .hosts.gpuspec import normalize_gpus
+from .hosts.sync import SyncResult
 from .pull import PullResult
 from .runs import (
     NO_ANSWER,
@@ -51,7 +52,6 @@ from .runs import (
     local_run_dir,
     save_follow_state,
 )
-from .sync import SyncResult
 
 
 @dataclass

@@ -9,7 +9,7 @@ from remote_payload.contract import protocol, runstate
 
 from .backends import get_backend
 from .errors import ConfigError, HostUnreachable, RevalError, RunNotFound
-from .inventory import Host, Inventory
+from .hosts.inventory import Host, Inventory
 from .runs import check_run_name, local_registry, local_run_dir, local_runs_root
 
 

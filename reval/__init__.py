@@ -59,7 +59,6 @@ from orchestrator import sweep as _sweep
 from orchestrator import tables as _tables
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Launch
-from orchestrator.environment import EnvInfo, provision
 from orchestrator.errors import (
     ConfigError,
     EvalFailed,
@@ -69,17 +68,18 @@ from orchestrator.errors import (
     RunNotFound,
 )
 from orchestrator.events import Event, EventSink, LogLine, Note, Progress, StatusChange
-from orchestrator.gpuspec import normalize_gpus
-from orchestrator.hostcheck import HostCheck
-from orchestrator.hostcheck import check_hosts as _check_hosts
-from orchestrator.inventory import Host, Inventory, load_inventory
+from orchestrator.hosts.environment import EnvInfo, provision
+from orchestrator.hosts.gpuspec import normalize_gpus
+from orchestrator.hosts.hostcheck import HostCheck
+from orchestrator.hosts.hostcheck import check_hosts as _check_hosts
+from orchestrator.hosts.inventory import Host, Inventory, load_inventory
+from orchestrator.hosts.sync import SyncResult
+from orchestrator.hosts.transport import get_transport, q
 from orchestrator.ledger import LAUNCHED
 from orchestrator.lifecycle import EvalSpec
 from orchestrator.remove import Removal
 from orchestrator.runs import RunState
 from orchestrator.sweep import SweepOptions, SweepReport
-from orchestrator.sync import SyncResult
-from orchestrator.transport import get_transport, q
 from remote_payload.contract import protocol
 from remote_payload.contract.results import Result as _ResultsFile
 

@@ -290,7 +290,7 @@ class Cluster:
         return dict(w.split("=", 1) for w in out.split() if "=" in w)
 
     def close(self) -> None:
-        from orchestrator import transport
+        from orchestrator.hosts import transport
         transport.close_all()
         self.login.close()
         self.slurm.close()

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import sweep
-from orchestrator.inventory import Host, Inventory, VenvSpec
+from orchestrator.hosts.inventory import Host, Inventory, VenvSpec
 
 DUMMY = ["--lines", "4", "--interval-s", "0.1"]
 

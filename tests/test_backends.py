@@ -22,7 +22,7 @@ from orchestrator.backends.base import (
 from orchestrator.backends.slurm import SlurmBackend
 from orchestrator.backends.ssh import SSHBackend
 from orchestrator.errors import RunExists
-from orchestrator.gpuspec import GPUS_SCHEDULER
+from orchestrator.hosts.gpuspec import GPUS_SCHEDULER
 from remote_payload.contract import protocol
 from tests.runtools import fake_nvidia_smi, synced_local, wait_status, wrap
 

@@ -13,7 +13,7 @@ import pytest
 from orchestrator import cli
 from orchestrator.argparsing import subparsers
 from orchestrator.errors import ConfigError
-from orchestrator.inventory import parse_inventory
+from orchestrator.hosts.inventory import parse_inventory
 from tests.runtools import reval
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,9 +12,9 @@ import pytest
 from orchestrator.backends.ssh import launch
 from orchestrator.commands.display import PlainSink
 from orchestrator.follow import FrameParser, follow
+from orchestrator.hosts.transport import SSHTransport
 from orchestrator.pull import extract_contract_files, pull
 from orchestrator.runs import load_follow_state
-from orchestrator.transport import SSHTransport
 from remote_payload.contract import protocol
 from tests.runtools import synced_local, synced_ssh, wait_lines, wait_status
 

@@ -12,10 +12,10 @@ from rich.console import Console
 
 from orchestrator import cli
 from orchestrator.commands.hosts import check_table
-from orchestrator.hostcheck import HostCheck, exit_code, interpret
-from orchestrator.inventory import Host, VenvSpec, load_inventory
-from orchestrator.sync import sync_payload
-from orchestrator.transport import close_all, get_transport
+from orchestrator.hosts.hostcheck import HostCheck, exit_code, interpret
+from orchestrator.hosts.inventory import Host, VenvSpec, load_inventory
+from orchestrator.hosts.sync import sync_payload
+from orchestrator.hosts.transport import close_all, get_transport
 from remote_payload.contract.gpus import inventory as parse_nvidia_smi
 
 
@@ -44,7 +44,7 @@ def test_parse_nvidia_smi_rows():
 
 def test_interpret_payload_and_venv_state():
     h = Host(name="g", address="g", venv=VenvSpec(mode="managed"))
-    from orchestrator.environment import venv_key
+    from orchestrator.hosts.environment import venv_key
     key = venv_key(["numpy"], "3.11.7", False)
     blob = {"python": "3.11.7", "manifest_hash": "abc", "venvs_ready": [key], "missing": [],
             "nvidia_smi": {"rc": 0, "out": "0, H100, 81559, 3, 0\n", "err": ""}}

@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.backends.ssh import describe, kill_run, launch, launch_script, normalize_gpus, run_state
 from orchestrator.errors import ConfigError
-from orchestrator.transport import SSHTransport, resolve_workdir
+from orchestrator.hosts.transport import SSHTransport, resolve_workdir
 from remote_payload.contract import gpus, protocol
 from remote_payload.runtime import wrapper
 from tests.runtools import (

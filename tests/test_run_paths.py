@@ -5,7 +5,7 @@ import pytest
 
 import reval
 from orchestrator.errors import ConfigError
-from orchestrator.inventory import Host
+from orchestrator.hosts.inventory import Host
 
 
 def test_local_relative_paths_become_absolute(tmp_path, monkeypatch):

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, transport
+from orchestrator import cli
 from orchestrator.follow import follow
+from orchestrator.hosts import transport
 from remote_payload.contract import protocol
 from tests import slurm as slurm_mod
 from tests.runtools import wait_lines
@@ -176,7 +177,7 @@ def test_slurms_word_never_overwrites_a_status_written_after_it_was_read(hpc, ca
     (its finish time, error, suspect flag) are kept."""
     from orchestrator.backends import get_backend
     from orchestrator.backends.slurm import SlurmBackend
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
     rc, out, err = reval(capsys, hpc, "run", "hpc", "--payload", "dummy", "--name", "race", *FAST)
     assert rc == 0, out + err
     f = hpc.run_dir("race") / "status.json"
@@ -388,7 +389,7 @@ def test_a_checkpoint_that_fails_in_a_cluster_sweep_fails_alone(hpc):
     faults go in through the sweep's HostPool (its seam for every host operation), not by patching a class."""
     from orchestrator import sweep
     from orchestrator.errors import ConfigError
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
 
     class FaultyHosts(sweep.HostPool):
         def stage_checkpoint(self, hs, ckpt):

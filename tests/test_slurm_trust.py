@@ -97,7 +97,7 @@ def test_slurmctld_gone_mid_sweep_is_waited_for_never_lost(hpc):
     Slurm cannot answer and waits; nothing is recorded `lost`; once slurmctld is back its COMPLETED is the
     run's end in the ledger and the report, and a second sweep evaluates nothing again."""
     from orchestrator import sweep
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
     from tests.sweeptools import make_checkpoints
 
     ck = make_checkpoints(hpc.root / "ckq", [21])
@@ -149,7 +149,7 @@ def test_byte_identical_checkpoints_are_evaluated_once_and_all_named(hpc):
     import shutil
 
     from orchestrator import sweep
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
     from tests.sweeptools import make_checkpoints
 
     ck = make_checkpoints(hpc.root / "ckd", [31])

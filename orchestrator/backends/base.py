@@ -46,12 +46,12 @@ from remote_payload.contract import protocol
 
 from ..errors import ConfigError, HostUnreachable, RevalError
 from ..follow import stream_command as follow_stream_command
-from ..gpuspec import gpu_slots, normalize_gpus
-from ..inventory import Host
+from ..hosts.gpuspec import gpu_slots, normalize_gpus
+from ..hosts.inventory import Host
+from ..hosts.transport import Transport, q, resolve_workdir
 from ..pull import PullResult
 from ..pull import pull as pull_run
 from ..runs import RunState, remote_run_dir
-from ..transport import Transport, q, resolve_workdir
 
 # optional abilities (Backend.abilities / supports)
 BATCH_SUBMIT = "batch-submit"   # submit_many: several runs in one submission

@@ -20,9 +20,10 @@ import time
 
 from remote_payload.contract import protocol
 
-from .. import slurmjobs
 from ..errors import ConfigError, HostUnreachable, RevalError, RunNotFound
-from ..gpuspec import GPUS_SCHEDULER
+from ..hosts import slurmjobs
+from ..hosts.gpuspec import GPUS_SCHEDULER
+from ..hosts.transport import q
 from ..runs import (
     NO_ANSWER,
     RunState,
@@ -34,7 +35,6 @@ from ..runs import (
     save_follow_state,
     symlink_refused,
 )
-from ..transport import q
 from .base import BATCH_STATE, BATCH_SUBMIT, Backend, JobHandle, Launch, Submission
 from .ssh import preflight_sh, script_refusal, wrapper_argv
 

@@ -28,8 +28,9 @@ from pathlib import Path
 from remote_payload.contract import protocol, runstate
 
 from ..errors import ConfigError, HostUnreachable, RemoteCommandError, RevalError, RunExists, RunNotFound
-from ..gpuspec import normalize_gpus
-from ..inventory import Host
+from ..hosts.gpuspec import normalize_gpus
+from ..hosts.inventory import Host
+from ..hosts.transport import Transport, q, resolve_workdir
 from ..pull import PullResult, install_pulled
 from ..runs import (
     RunState,
@@ -42,7 +43,6 @@ from ..runs import (
     save_follow_state,
     symlink_refused,
 )
-from ..transport import Transport, q, resolve_workdir
 from .base import WAIT_THEN_SUBMIT, Backend, Folded, JobHandle, Launch, NoFreeGpu, Submission
 
 STARTUP_WAIT_S = 15.0

@@ -18,7 +18,7 @@ import reval
 from .. import report, tables
 from ..argparsing import positive_int
 from ..errors import EXIT_CANCELLED, EXIT_OK, EXIT_STILL_RUNNING
-from ..gpuspec import normalize_gpus
+from ..hosts.gpuspec import normalize_gpus
 from .run import launch_line
 from .runs import finish_run, make_sink
 

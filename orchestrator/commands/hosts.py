@@ -10,8 +10,8 @@ from rich.table import Table
 import reval
 
 from ..argparsing import positive_int
-from ..hostcheck import HostCheck, describe_address, exit_code
-from ..inventory import Inventory
+from ..hosts.hostcheck import HostCheck, describe_address, exit_code
+from ..hosts.inventory import Inventory
 from ..report import listing_console
 
 

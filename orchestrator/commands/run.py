@@ -14,7 +14,7 @@ import reval
 from ..argparsing import Parser, inventory_option, option_suggestions, positive_int, seconds
 from ..backends.ssh import describe
 from ..errors import EXIT_STILL_RUNNING, ConfigError
-from ..gpuspec import normalize_gpus
+from ..hosts.gpuspec import normalize_gpus
 from .runs import detached_message, finish_run, make_sink, out
 
 

@@ -7,7 +7,7 @@ import argparse
 import reval
 
 from ..argparsing import positive_int
-from ..hostcheck import exit_code
+from ..hosts.hostcheck import exit_code
 from ..report import listing_console
 from .hosts import failure_lines
 

@@ -10,9 +10,9 @@ from remote_payload.contract.contenthash import content_hash as local_content_ha
 
 from .. import compare
 from ..errors import ConfigError, RevalError
-from ..inventory import Inventory
+from ..hosts.inventory import Inventory
+from ..hosts.transport import Transport, get_transport, q
 from ..ledger import Ledger
-from ..transport import Transport, get_transport, q
 from .plan import Checkpoint
 
 _PATTERN = re.compile(r"^[A-Za-z0-9._*?\[\]-]+$")

@@ -21,11 +21,11 @@ from remote_payload.contract import protocol
 from .. import compare, lifecycle, plotworker, runs
 from ..backends.base import WAIT_THEN_SUBMIT, Launch, NoFreeGpu, Submission
 from ..errors import EXIT_BAD_INPUT, ConfigError, HostUnreachable, RevalError, RunExists
-from ..inventory import Inventory
+from ..hosts.inventory import Inventory
+from ..hosts.sync import local_manifest_hash
 from ..ledger import Ledger, LedgerEntry
 from ..pull import PullResult
 from ..runs import RunState
-from ..sync import local_manifest_hash
 from .books import JobQueue, SweepRecord, pull_and_record
 from .cluster import BatchWorker, batches
 from .discover import discover

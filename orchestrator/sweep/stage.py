@@ -13,16 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import hostcheck, lifecycle
+from .. import lifecycle
 from ..backends import get_backend
 from ..backends.base import Backend
-from ..environment import provision
 from ..errors import ConfigError, HostUnreachable, RevalError
-from ..inventory import Host, Inventory
+from ..hosts import hostcheck
+from ..hosts.environment import provision
+from ..hosts.inventory import Host, Inventory
+from ..hosts.sync import rsync, sync_payload
+from ..hosts.transport import LocalTransport, Transport, get_transport, q, resolve_workdir
 from ..pull import PullResult
 from ..runs import save_follow_state
-from ..sync import rsync, sync_payload
-from ..transport import LocalTransport, Transport, get_transport, q, resolve_workdir
 from .discover import hash_command, parse_hashes
 from .plan import Checkpoint, SweepOptions
 

@@ -7,7 +7,7 @@ import re
 
 from remote_payload.contract import gpus
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # `--gpus` value for the wrapper when a scheduler assigned the GPUs (CUDA_VISIBLE_DEVICES kept as is)
 GPUS_SCHEDULER = "scheduler"

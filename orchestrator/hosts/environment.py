@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, RemoteCommandError
+from ..errors import ConfigError, RemoteCommandError
 from .inventory import Host
 from .sync import SyncResult, payload_requirements, push_tree, requirements_text, sync_payload
 from .transport import Transport, q, resolve_workdir

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from remote_payload.contract import gpus
 
+from ..errors import EXIT_OK, EXIT_PARTIAL, EXIT_UNREACHABLE, HostKeyError, HostUnreachable, RevalError
 from .environment import module_names, venv_key
-from .errors import EXIT_OK, EXIT_PARTIAL, EXIT_UNREACHABLE, HostKeyError, HostUnreachable, RevalError
 from .inventory import Host
 from .sync import local_manifest_hash, payload_requirements
 from .transport import get_transport, q, workdir_expr

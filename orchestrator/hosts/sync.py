@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from .errors import ConfigError, HostUnreachable, RemoteCommandError
+from ..errors import ConfigError, HostUnreachable, RemoteCommandError
 from .inventory import Host
 from .transport import Transport, q, resolve_workdir, workdir_expr
 

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import HostKeyError, HostUnreachable, RemoteCommandError
+from ..errors import HostKeyError, HostUnreachable, RemoteCommandError
 
 if TYPE_CHECKING:
     from .inventory import Host

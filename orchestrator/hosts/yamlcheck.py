@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import yaml
 
-from . import argparsing
-from .errors import ConfigError
+from .. import argparsing
+from ..errors import ConfigError
 
 
 def did_you_mean(word: str, options) -> str:

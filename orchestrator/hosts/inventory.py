@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .inventory_slurm import SlurmSpec, parse_slurm
 from .yamlcheck import Checker, did_you_mean
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from benchmarks.bench import BenchContext, Row, median_s
 from orchestrator.commands.display import PlainSink
-from orchestrator.follow import follow
 from orchestrator.hosts import transport as transport_mod
 from orchestrator.hosts.inventory import load_inventory
 from orchestrator.hosts.sync import sync_payload
+from orchestrator.rundir.follow import follow
 from remote_payload.contract import protocol
 
 LATENCY_LINES = 50

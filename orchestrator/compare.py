@@ -24,7 +24,7 @@ from remote_payload.contract.results import Result, ResultsError
 
 from . import intervals
 from .errors import ConfigError, RunNotFound
-from .runs import is_run_name, symlink_refused
+from .rundir.registry import is_run_name, symlink_refused
 from .stats import Estimate, Paired
 
 # comparability_key field -> the words used when telling the user what differs

@@ -37,13 +37,13 @@ from .errors import (
     RunExists,
     RunNotFound,
 )
-from .events import Event, EventSink
-from .follow import FollowResult, follow
 from .hosts.environment import EnvInfo, provision
 from .hosts.gpuspec import normalize_gpus
 from .hosts.sync import SyncResult
-from .pull import PullResult
-from .runs import (
+from .rundir.events import Event, EventSink
+from .rundir.follow import FollowResult, follow
+from .rundir.pull import PullResult
+from .rundir.registry import (
     NO_ANSWER,
     RunState,
     check_run_name,

@@ -52,9 +52,7 @@ from pathlib import Path
 from orchestrator import compare as _compare
 from orchestrator import lifecycle as _lifecycle
 from orchestrator import locate as _locate
-from orchestrator import logs as _logs
 from orchestrator import remove as _remove
-from orchestrator import runs as _runs
 from orchestrator import sweep as _sweep
 from orchestrator import tables as _tables
 from orchestrator.backends import get_backend
@@ -67,7 +65,6 @@ from orchestrator.errors import (
     RevalError,
     RunNotFound,
 )
-from orchestrator.events import Event, EventSink, LogLine, Note, Progress, StatusChange
 from orchestrator.hosts.environment import EnvInfo, provision
 from orchestrator.hosts.gpuspec import normalize_gpus
 from orchestrator.hosts.hostcheck import HostCheck
@@ -78,7 +75,10 @@ from orchestrator.hosts.transport import get_transport, q
 from orchestrator.ledger import LAUNCHED
 from orchestrator.lifecycle import EvalSpec
 from orchestrator.remove import Removal
-from orchestrator.runs import RunState
+from orchestrator.rundir import logs as _logs
+from orchestrator.rundir import registry as _runs
+from orchestrator.rundir.events import Event, EventSink, LogLine, Note, Progress, StatusChange
+from orchestrator.rundir.registry import RunState
 from orchestrator.sweep import SweepOptions, SweepReport
 from remote_payload.contract import protocol
 from remote_payload.contract.results import Result as _ResultsFile

@@ -151,7 +151,7 @@ def test_wait_then_submit_brings_the_ended_runs_files_when_asked(tmp_path, monke
     all than PULL_MAX_BYTES do not come (None: pulled on their own), nor do any without pull=True or from a
     backend without WAIT_THEN_SUBMIT. The launch is the same either way."""
     from orchestrator.backends import ssh
-    from orchestrator.runs import FOLLOW_JSON, local_run_dir
+    from orchestrator.rundir.registry import FOLLOW_JSON, local_run_dir
     host, t, wd = synced_local(tmp_path / "work")
     be = cls(host, t)
 
@@ -201,8 +201,8 @@ def test_files_that_came_incomplete_are_not_installed(tmp_path):
     import io
     import tarfile
 
-    from orchestrator.pull import install_pulled
-    from orchestrator.runs import local_run_dir
+    from orchestrator.rundir.pull import install_pulled
+    from orchestrator.rundir.registry import local_run_dir
 
     def tar_of(files: dict) -> bytes:
         buf = io.BytesIO()
@@ -244,7 +244,7 @@ def test_optional_abilities_are_asked_for_never_assumed(tmp_path):
 
 
 def test_ssh_backend_stream_command_follows_a_run(tmp_path):
-    from orchestrator.follow import FrameParser
+    from orchestrator.rundir.follow import FrameParser
     host, t, wd = synced_local(tmp_path / "work")
     be = get_backend(host, t)
     be.submit(Submission("b2", ["dummy", "--lines", "3", "--interval-s", "0"], sys.executable, gpus="none"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from orchestrator.remove import select_for_prune
-from orchestrator.runs import RunState
+from orchestrator.rundir.registry import RunState
 from remote_payload.contract import protocol
 from tests.runtools import reval, wait_lines
 

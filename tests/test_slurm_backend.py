@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import cli
-from orchestrator.follow import follow
 from orchestrator.hosts import transport
+from orchestrator.rundir.follow import follow
 from remote_payload.contract import protocol
 from tests import slurm as slurm_mod
 from tests.runtools import wait_lines

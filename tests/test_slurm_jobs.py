@@ -262,7 +262,7 @@ def test_stream_with_alive_cmd_ends_when_the_job_does_not_when_status_says(tmp_p
     import select
     import sys
 
-    from orchestrator.follow import FrameParser
+    from orchestrator.rundir.follow import FrameParser
 
     d = tmp_path / "run"
     d.mkdir()

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator import cli
-from orchestrator.runs import NO_ANSWER, UNKNOWN, RunState
+from orchestrator.rundir.registry import NO_ANSWER, UNKNOWN, RunState
 from remote_payload.contract import protocol
 
 WHY = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
@@ -99,9 +99,9 @@ def test_a_wait_asks_again_while_slurm_cannot_answer_and_says_so(here, monkeypat
     """The follow is over (the job's stream ended) but the probe after it finds slurmctld gone: the wait asks
     again (not `failed`, not `no-answer` as an end), says so once, and ends with Slurm's answer."""
     from orchestrator import lifecycle
-    from orchestrator.events import EventSink, Note
-    from orchestrator.follow import FollowResult
-    from orchestrator.pull import PullResult
+    from orchestrator.rundir.events import EventSink, Note
+    from orchestrator.rundir.follow import FollowResult
+    from orchestrator.rundir.pull import PullResult
     answers = [RunState("hpc", "r", NO_ANSWER, {"job_id": "5"}, reason=f"Slurm cannot answer: {WHY}")] * 3 + [
         RunState("hpc", "r", "succeeded", {"state": "succeeded", "exit_code": 0, "slurm_state": "COMPLETED"})]
     asked: list[float] = []
@@ -126,7 +126,7 @@ def test_the_stream_says_when_the_scheduler_stops_answering_and_answers_again(tm
     another when the probe answers again; its end comes from the answer."""
     import select
 
-    from orchestrator.follow import FrameParser
+    from orchestrator.rundir.follow import FrameParser
     d = tmp_path / "run"
     d.mkdir()
     (d / "status.json").write_text('{"state": "succeeded", "exit_code": 0}')  # the run's own word: not proof

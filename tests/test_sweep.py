@@ -438,7 +438,7 @@ def test_long_poll_brings_the_ended_runs_files(ssh_hosts, tmp_path, monkeypatch)
     copy is the host's, byte for byte, its follow state finished. A run too large to ride is pulled on its own,
     the same."""
     from orchestrator.backends import base, ssh
-    from orchestrator.runs import load_follow_state
+    from orchestrator.rundir.registry import load_follow_state
     cluster = ssh_hosts(2)
     monkeypatch.chdir(tmp_path)
     streamed: list[str] = []

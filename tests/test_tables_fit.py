@@ -12,7 +12,7 @@ from rich.console import Console
 
 from orchestrator import cli, report, sweep
 from orchestrator.commands.runs import states_table
-from orchestrator.runs import RunState
+from orchestrator.rundir.registry import RunState
 from orchestrator.stats import Paired
 from tests.resultsgen import write_run
 

@@ -45,13 +45,13 @@ from typing import NamedTuple
 from remote_payload.contract import protocol
 
 from ..errors import ConfigError, HostUnreachable, RevalError
-from ..follow import stream_command as follow_stream_command
 from ..hosts.gpuspec import gpu_slots, normalize_gpus
 from ..hosts.inventory import Host
 from ..hosts.transport import Transport, q, resolve_workdir
-from ..pull import PullResult
-from ..pull import pull as pull_run
-from ..runs import RunState, remote_run_dir
+from ..rundir.follow import stream_command as follow_stream_command
+from ..rundir.pull import PullResult
+from ..rundir.pull import pull as pull_run
+from ..rundir.registry import RunState, remote_run_dir
 
 # optional abilities (Backend.abilities / supports)
 BATCH_SUBMIT = "batch-submit"   # submit_many: several runs in one submission

@@ -24,7 +24,7 @@ from ..errors import ConfigError, HostUnreachable, RevalError, RunNotFound
 from ..hosts import slurmjobs
 from ..hosts.gpuspec import GPUS_SCHEDULER
 from ..hosts.transport import q
-from ..runs import (
+from ..rundir.registry import (
     NO_ANSWER,
     RunState,
     check_local_runs_root,

@@ -31,8 +31,8 @@ from ..errors import ConfigError, HostUnreachable, RemoteCommandError, RevalErro
 from ..hosts.gpuspec import normalize_gpus
 from ..hosts.inventory import Host
 from ..hosts.transport import Transport, q, resolve_workdir
-from ..pull import PullResult, install_pulled
-from ..runs import (
+from ..rundir.pull import PullResult, install_pulled
+from ..rundir.registry import (
     RunState,
     check_local_runs_root,
     check_run_name,

@@ -8,8 +8,8 @@ import sys
 from rich.markup import escape
 
 from .. import output
-from ..events import Progress
-from ..logs import json_line
+from ..rundir.events import Progress
+from ..rundir.logs import json_line
 
 
 class PlainSink:

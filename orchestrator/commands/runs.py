@@ -23,8 +23,8 @@ from ..errors import (
     EXIT_UNREACHABLE,
     RevalError,
 )
-from ..logs import json_line
-from ..runs import NO_ANSWER, RunState, local_registry, progress_text
+from ..rundir.logs import json_line
+from ..rundir.registry import NO_ANSWER, RunState, local_registry, progress_text
 from .display import JsonLinesSink, PlainSink, RichSink
 
 # `reval status RUN`'s exit code by state (failed, lost and `unknown`, an unreadable status.json:

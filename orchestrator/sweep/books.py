@@ -12,8 +12,8 @@ from remote_payload.contract import protocol
 from .. import compare
 from ..errors import HostUnreachable, RevalError
 from ..ledger import LAUNCHED, Ledger, LedgerEntry
-from ..pull import PullResult
-from ..runs import RunState
+from ..rundir.pull import PullResult
+from ..rundir.registry import RunState
 from .plan import NOT_RUN, UNREACHABLE, Job, Outcome
 from .report import LoadedRuns, checkpoint_order
 from .stage import HostPool, HostSession

@@ -18,14 +18,15 @@ from pathlib import Path
 
 from remote_payload.contract import protocol
 
-from .. import compare, lifecycle, plotworker, runs
+from .. import compare, lifecycle, plotworker
 from ..backends.base import WAIT_THEN_SUBMIT, Launch, NoFreeGpu, Submission
 from ..errors import EXIT_BAD_INPUT, ConfigError, HostUnreachable, RevalError, RunExists
 from ..hosts.inventory import Inventory
 from ..hosts.sync import local_manifest_hash
 from ..ledger import Ledger, LedgerEntry
-from ..pull import PullResult
-from ..runs import RunState
+from ..rundir import registry as runs
+from ..rundir.pull import PullResult
+from ..rundir.registry import RunState
 from .books import JobQueue, SweepRecord, pull_and_record
 from .cluster import BatchWorker, batches
 from .discover import discover

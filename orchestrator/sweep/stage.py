@@ -22,8 +22,8 @@ from ..hosts.environment import provision
 from ..hosts.inventory import Host, Inventory
 from ..hosts.sync import rsync, sync_payload
 from ..hosts.transport import LocalTransport, Transport, get_transport, q, resolve_workdir
-from ..pull import PullResult
-from ..runs import save_follow_state
+from ..rundir.pull import PullResult
+from ..rundir.registry import save_follow_state
 from .discover import hash_command, parse_hashes
 from .plan import Checkpoint, SweepOptions
 

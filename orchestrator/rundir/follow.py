@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 from remote_payload.contract import protocol
 
-from .errors import ConfigError, HostKeyError, HostUnreachable, RevalError, RunNotFound
+from ..errors import ConfigError, HostKeyError, HostUnreachable, RevalError, RunNotFound
+from ..hosts.transport import Transport, q
 from .events import EventSink
-from .hosts.transport import Transport, q
-from .runs import remote_run_dir, reported_state, save_follow_state
+from .registry import remote_run_dir, reported_state, save_follow_state
 
 
 @dataclass

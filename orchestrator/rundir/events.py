@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .runs import reported_state
+from .registry import reported_state
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from remote_payload.contract import protocol
 
-from .errors import RemoteCommandError, RevalError, RunNotFound
-from .hosts.transport import Transport, q
+from ..errors import RemoteCommandError, RevalError, RunNotFound
+from ..hosts.transport import Transport, q
 from .logs import drain
-from .runs import FOLLOW_JSON, check_local_runs_root, local_run_dir, remote_run_dir, symlink_refused
+from .registry import FOLLOW_JSON, check_local_runs_root, local_run_dir, remote_run_dir, symlink_refused
 
 
 @dataclass

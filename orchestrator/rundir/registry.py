@@ -12,7 +12,7 @@ from pathlib import Path
 
 from remote_payload.contract import protocol, runstate
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 FOLLOW_JSON = ".follow.json"
 

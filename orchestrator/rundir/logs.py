@@ -9,10 +9,10 @@ from collections.abc import Iterable, Iterator
 
 from remote_payload.contract import protocol
 
-from .errors import ConfigError, RemoteCommandError
+from ..errors import ConfigError, RemoteCommandError
+from ..hosts.transport import Transport, q, resolve_workdir
 from .follow import split_lines
-from .hosts.transport import Transport, q, resolve_workdir
-from .runs import remote_run_dir, symlink_refused
+from .registry import remote_run_dir, symlink_refused
 
 _LINK_EXIT = 113  # the host's answer: the run folder or its eval.log is a symbolic link (never read through it)
 _ODD_EXIT = 114   # ... its eval.log is there but not a regular file (a FIFO: cat would wait on it for ever)

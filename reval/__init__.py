@@ -50,9 +50,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import compare as _compare
-from orchestrator import lifecycle as _lifecycle
-from orchestrator import locate as _locate
-from orchestrator import remove as _remove
 from orchestrator import sweep as _sweep
 from orchestrator import tables as _tables
 from orchestrator.backends import get_backend
@@ -73,12 +70,15 @@ from orchestrator.hosts.inventory import Host, Inventory, load_inventory
 from orchestrator.hosts.sync import SyncResult
 from orchestrator.hosts.transport import get_transport, q
 from orchestrator.ledger import LAUNCHED
-from orchestrator.lifecycle import EvalSpec
-from orchestrator.remove import Removal
 from orchestrator.rundir import logs as _logs
 from orchestrator.rundir import registry as _runs
 from orchestrator.rundir.events import Event, EventSink, LogLine, Note, Progress, StatusChange
 from orchestrator.rundir.registry import RunState
+from orchestrator.runs import lifecycle as _lifecycle
+from orchestrator.runs import locate as _locate
+from orchestrator.runs import remove as _remove
+from orchestrator.runs.lifecycle import EvalSpec
+from orchestrator.runs.remove import Removal
 from orchestrator.sweep import SweepOptions, SweepReport
 from remote_payload.contract import protocol
 from remote_payload.contract.results import Result as _ResultsFile

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.remove import select_for_prune
 from orchestrator.rundir.registry import RunState
+from orchestrator.runs.remove import select_for_prune
 from remote_payload.contract import protocol
 from tests.runtools import reval, wait_lines
 

@@ -98,10 +98,10 @@ def test_status_exit_codes_and_ls_tell_no_answer_from_unknown(here, monkeypatch,
 def test_a_wait_asks_again_while_slurm_cannot_answer_and_says_so(here, monkeypatch):
     """The follow is over (the job's stream ended) but the probe after it finds slurmctld gone: the wait asks
     again (not `failed`, not `no-answer` as an end), says so once, and ends with Slurm's answer."""
-    from orchestrator import lifecycle
     from orchestrator.rundir.events import EventSink, Note
     from orchestrator.rundir.follow import FollowResult
     from orchestrator.rundir.pull import PullResult
+    from orchestrator.runs import lifecycle
     answers = [RunState("hpc", "r", NO_ANSWER, {"job_id": "5"}, reason=f"Slurm cannot answer: {WHY}")] * 3 + [
         RunState("hpc", "r", "succeeded", {"state": "succeeded", "exit_code": 0, "slurm_state": "COMPLETED"})]
     asked: list[float] = []

@@ -6,9 +6,9 @@ import sys
 
 import reval
 
-from .. import remove
 from ..argparsing import age_s
 from ..errors import EXIT_OK, EXIT_PARTIAL, ConfigError
+from ..runs import remove
 from .runs import err, out
 
 

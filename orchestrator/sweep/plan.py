@@ -16,7 +16,7 @@ from remote_payload.contract import protocol
 from ..argparsing import duration_s
 from ..errors import ConfigError
 from ..ledger import LAUNCHED, Ledger, LedgerEntry, ledger_key
-from ..lifecycle import EvalSpec
+from ..runs.lifecycle import EvalSpec
 from ..stats import Paired
 
 # outcome states beyond the run states: checkpoints that were not evaluated in this sweep

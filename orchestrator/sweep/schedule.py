@@ -18,7 +18,7 @@ from pathlib import Path
 
 from remote_payload.contract import protocol
 
-from .. import compare, lifecycle, plotworker
+from .. import compare, plotworker
 from ..backends.base import WAIT_THEN_SUBMIT, Launch, NoFreeGpu, Submission
 from ..errors import EXIT_BAD_INPUT, ConfigError, HostUnreachable, RevalError, RunExists
 from ..hosts.inventory import Inventory
@@ -27,6 +27,7 @@ from ..ledger import Ledger, LedgerEntry
 from ..rundir import registry as runs
 from ..rundir.pull import PullResult
 from ..rundir.registry import RunState
+from ..runs import lifecycle
 from .books import JobQueue, SweepRecord, pull_and_record
 from .cluster import BatchWorker, batches
 from .discover import discover

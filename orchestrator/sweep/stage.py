@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import lifecycle
 from ..backends import get_backend
 from ..backends.base import Backend
 from ..errors import ConfigError, HostUnreachable, RevalError
@@ -24,6 +23,7 @@ from ..hosts.sync import rsync, sync_payload
 from ..hosts.transport import LocalTransport, Transport, get_transport, q, resolve_workdir
 from ..rundir.pull import PullResult
 from ..rundir.registry import save_follow_state
+from ..runs import lifecycle
 from .discover import hash_command, parse_hashes
 from .plan import Checkpoint, SweepOptions
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from remote_payload.contract import protocol
 
-from . import __version__
-from .backends.base import Backend, Launch, Submission
-from .errors import (
+from .. import __version__
+from ..backends.base import Backend, Launch, Submission
+from ..errors import (
     EXIT_BAD_INPUT,
     EXIT_CANCELLED,
     EXIT_EVAL_FAILED,
@@ -37,13 +37,13 @@ from .errors import (
     RunExists,
     RunNotFound,
 )
-from .hosts.environment import EnvInfo, provision
-from .hosts.gpuspec import normalize_gpus
-from .hosts.sync import SyncResult
-from .rundir.events import Event, EventSink
-from .rundir.follow import FollowResult, follow
-from .rundir.pull import PullResult
-from .rundir.registry import (
+from ..hosts.environment import EnvInfo, provision
+from ..hosts.gpuspec import normalize_gpus
+from ..hosts.sync import SyncResult
+from ..rundir.events import Event, EventSink
+from ..rundir.follow import FollowResult, follow
+from ..rundir.pull import PullResult
+from ..rundir.registry import (
     NO_ANSWER,
     RunState,
     check_run_name,

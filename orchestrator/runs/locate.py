@@ -7,10 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from remote_payload.contract import protocol, runstate
 
-from .backends import get_backend
-from .errors import ConfigError, HostUnreachable, RevalError, RunNotFound
-from .hosts.inventory import Host, Inventory
-from .rundir.registry import check_run_name, local_registry, local_run_dir, local_runs_root
+from ..backends import get_backend
+from ..errors import ConfigError, HostUnreachable, RevalError, RunNotFound
+from ..hosts.inventory import Host, Inventory
+from ..rundir.registry import check_run_name, local_registry, local_run_dir, local_runs_root
 
 
 def resolve_run(inventory: Inventory, ref: str, host_opt: str | None = None, *,

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from remote_payload.contract import protocol
 
-from .backends.base import Backend
-from .compare import _iso_s
-from .errors import ConfigError, HostUnreachable, RevalError, RunNotFound
-from .rundir.registry import NO_ANSWER, RunState, local_run_dir
+from ..backends.base import Backend
+from ..compare import _iso_s
+from ..errors import ConfigError, HostUnreachable, RevalError, RunNotFound
+from ..rundir.registry import NO_ANSWER, RunState, local_run_dir
 
 # what `prune --failed` removes: every run seen to end without a result worth keeping. Not `unknown` (no
 # readable status.json): a run that is starting, or one whose status was damaged, proves no end; `reval rm`

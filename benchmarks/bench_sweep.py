@@ -46,7 +46,7 @@ took three round trips (probe, rsync, touch; now one rsync whose remote command 
 run got a first-look probe before its long poll (now the long poll at once); the long poll looked every 0.1 s
 (now it also wakes the moment the run's leader exits: a pidfd); the report's plotting modules loaded after the
 last run (now during the sweep). Then: plots.png (~0.9 s of Agg drawing) is drawn by a plot worker, a second
-process started with the first followed run (orchestrator/plotworker.py), while report.html's five SVGs
+process started with the first followed run (orchestrator/render/plotworker.py), while report.html's five SVGs
 (~0.8 s) are drawn here: the report halves where a core is free, and gains nothing when the machine's two cores
 are taken by other suites (the last row's slowest `after`); each run's bootstraps are computed as it is pulled
 (the report's `build_report` was ~0.25 s after the last run). Then: a slot's long poll on its run also starts

@@ -49,9 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import compare as _compare
 from orchestrator import sweep as _sweep
-from orchestrator import tables as _tables
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Launch
 from orchestrator.errors import (
@@ -70,6 +68,8 @@ from orchestrator.hosts.inventory import Host, Inventory, load_inventory
 from orchestrator.hosts.sync import SyncResult
 from orchestrator.hosts.transport import get_transport, q
 from orchestrator.ledger import LAUNCHED
+from orchestrator.render import tables as _tables
+from orchestrator.results import compare as _compare
 from orchestrator.rundir import logs as _logs
 from orchestrator.rundir import registry as _runs
 from orchestrator.rundir.events import Event, EventSink, LogLine, Note, Progress, StatusChange
@@ -140,12 +140,12 @@ class Comparison:
 
     def save_plot(self, path: str | Path) -> Path:
         """Acceptance curves, histogram and DDTree plots (.png, .svg or .pdf; needs matplotlib)."""
-        from orchestrator import plots
+        from orchestrator.render import plots
         return plots.save_comparison_plot(self.model, path)
 
     def write_html(self, path: str | Path, *, threshold: float = 0.1) -> Path:
         """The self-contained HTML report (tables, plots, definitions, provenance)."""
-        from orchestrator import html
+        from orchestrator.render import html
         return html.write_comparison_report(self.model, path, threshold=threshold)
 
 

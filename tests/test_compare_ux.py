@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 import reval
-from orchestrator import cli, compare, html, stats, sweep, tables
+from orchestrator import cli, sweep
 from orchestrator.ledger import LedgerEntry
+from orchestrator.render import html, tables
+from orchestrator.results import compare, stats
 from orchestrator.sweep.report import detection_note
 from tests import browser
 from tests.resultsgen import write_run

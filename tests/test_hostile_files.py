@@ -242,7 +242,7 @@ def test_the_intervals_of_many_prompts_are_the_same_whatever_the_chunking(monkey
     all draws at once."""
     import numpy as np
 
-    from orchestrator import stats
+    from orchestrator.results import stats
     rng = np.random.default_rng(5)
     n = 300
     names = [f"p{i}" for i in range(n)]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import reval
 
-from .. import compare, report, suites, tables
+from ..render import formats, suites, tables
+from ..results import compare
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,15 +67,15 @@ def main(args: argparse.Namespace) -> int:
     if args.html:
         print(f"html    {found.write_html(args.html, threshold=args.threshold)}", file=sys.stderr)
     if args.format == "json" and args.by == "suite":
-        sys.stdout.write(report.render_json(suites.suite_json(cmp)))
+        sys.stdout.write(formats.render_json(suites.suite_json(cmp)))
     elif args.format == "json":
-        sys.stdout.write(report.render_json(tables.comparison_json(cmp, args.per_position, args.per_prompt)))
+        sys.stdout.write(formats.render_json(tables.comparison_json(cmp, args.per_position, args.per_prompt)))
     elif args.format == "md":
-        sys.stdout.write(report.render_markdown([main_t] + ([paired_t] if paired_t else []) + extra))
+        sys.stdout.write(formats.render_markdown([main_t] + ([paired_t] if paired_t else []) + extra))
     elif args.format == "csv":  # the main table's cells carry the paired comparison: one CSV block per table
-        sys.stdout.write(report.render_csv([main_t] + extra))
+        sys.stdout.write(formats.render_csv([main_t] + extra))
     else:
-        report.print_tables([main_t] + ([paired_t] if paired_t else []) + extra, wide=args.wide)
+        formats.print_tables([main_t] + ([paired_t] if paired_t else []) + extra, wide=args.wide)
     return 0
 
 

@@ -15,10 +15,10 @@ import time
 
 import reval
 
-from .. import report, tables
 from ..argparsing import positive_int
 from ..errors import EXIT_CANCELLED, EXIT_OK, EXIT_STILL_RUNNING
 from ..hosts.gpuspec import normalize_gpus
+from ..render import formats, tables
 from .run import launch_line
 from .runs import finish_run, make_sink
 
@@ -97,7 +97,7 @@ def _demo(args, host, doing: list) -> int:
     print(f"\ndemo    comparing: reval compare {' '.join(refs)} --baseline {refs[-1]}")
     cmp = reval.compare(results, baseline=results[-1], allow_incomparable=False)
     paired = tables.paired_table(cmp.model)  # the early checkpoint paired by prompt with the final one
-    report.print_tables([tables.main_table(cmp.model)] + ([paired] if paired else []))
+    formats.print_tables([tables.main_table(cmp.model)] + ([paired] if paired else []))
     if args.plot:
         print(f"plot    {cmp.save_plot(args.plot)}", file=sys.stderr)
     print(f"\ndemo    done in {time.monotonic() - t0:.0f}s. Next: reval compare {shlex.join(refs)} --per-position "

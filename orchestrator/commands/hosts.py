@@ -12,7 +12,7 @@ import reval
 from ..argparsing import positive_int
 from ..hosts.hostcheck import HostCheck, describe_address, exit_code
 from ..hosts.inventory import Inventory
-from ..report import listing_console
+from ..render.formats import listing_console
 
 
 def register(sub: argparse._SubParsersAction) -> None:

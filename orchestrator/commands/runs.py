@@ -11,9 +11,8 @@ import sys
 import reval
 from remote_payload.contract import protocol
 
-from .. import output, report
+from .. import output
 from ..argparsing import positive_int, seconds
-from ..compare import _iso_s, format_duration
 from ..errors import (
     EXIT_CANCELLED,
     EXIT_EVAL_FAILED,
@@ -23,6 +22,8 @@ from ..errors import (
     EXIT_UNREACHABLE,
     RevalError,
 )
+from ..render import formats
+from ..results.compare import _iso_s, format_duration
 from ..rundir.logs import json_line
 from ..rundir.registry import NO_ANSWER, RunState, local_registry, progress_text
 from .display import JsonLinesSink, PlainSink, RichSink
@@ -117,7 +118,7 @@ def report_final(fin: reval.Finished, say=None, shown: int = 0, width: int | Non
         result = fin.result.result
         flag = " (SUSPECT result)" if result.health.suspect else ""
         say(f"done    {name} succeeded{flag} in {duration_text(status)} · {where}")
-        for line in fitted(report.summary_line(result), width):
+        for line in fitted(formats.summary_line(result), width):
             say(line)
         if result.health.suspect:
             err(f"warning: SUSPECT RESULT — {'; '.join(result.health.reasons or ['see results.json health'])}")
@@ -278,7 +279,7 @@ def _print_states(args, listing: reval.Listing) -> int:
     if getattr(args, "json", False):
         out(json.dumps(listing.to_json(), indent=1))
     else:
-        report.listing_console().print(states_table(listing.runs, listing.unreachable))
+        formats.listing_console().print(states_table(listing.runs, listing.unreachable))
     return EXIT_PARTIAL if listing.unreachable or any(s.state == NO_ANSWER for s in listing.runs) else EXIT_OK
 
 

@@ -9,9 +9,10 @@ from rich.console import Console
 
 import reval
 
-from .. import report, sweep
+from .. import sweep
 from ..argparsing import positive_int, seconds
 from ..errors import EXIT_CANCELLED, EXIT_STILL_RUNNING
+from ..render import formats
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -90,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(sweep.report_json(rep), indent=2, default=str) + "\n")
     else:
-        sweep.print_report(rep, report.listing_console(highlight=False))  # folds a table too wide to lines
+        sweep.print_report(rep, formats.listing_console(highlight=False))  # folds a table too wide to lines
     words = {0: "ok", 1: "an eval failed", 2: "partial: not every checkpoint was evaluated"}
     err.print(f"report  {rep.files.get('html')} · {rep.files.get('markdown')}"
               + (f" · plots {rep.files['plot']}" if "plot" in rep.files else ""), markup=False)

@@ -8,7 +8,7 @@ import reval
 
 from ..argparsing import positive_int
 from ..hosts.hostcheck import exit_code
-from ..report import listing_console
+from ..render.formats import listing_console
 from .hosts import failure_lines
 
 

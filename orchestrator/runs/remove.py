@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from remote_payload.contract import protocol
 
 from ..backends.base import Backend
-from ..compare import _iso_s
 from ..errors import ConfigError, HostUnreachable, RevalError, RunNotFound
+from ..results.compare import _iso_s
 from ..rundir.registry import NO_ANSWER, RunState, local_run_dir
 
 # what `prune --failed` removes: every run seen to end without a result worth keeping. Not `unknown` (no

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from remote_payload.contract import protocol
 
-from .. import compare
 from ..errors import HostUnreachable, RevalError
 from ..ledger import LAUNCHED, Ledger, LedgerEntry
+from ..results import compare
 from ..rundir.pull import PullResult
 from ..rundir.registry import RunState
 from .plan import NOT_RUN, UNREACHABLE, Job, Outcome

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from remote_payload.contract.contenthash import content_hash as local_content_hash
 
-from .. import compare
 from ..errors import ConfigError, RevalError
 from ..hosts.inventory import Inventory
 from ..hosts.transport import Transport, get_transport, q
 from ..ledger import Ledger
+from ..results import compare
 from .plan import Checkpoint
 
 _PATTERN = re.compile(r"^[A-Za-z0-9._*?\[\]-]+$")

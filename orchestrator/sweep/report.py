@@ -12,10 +12,10 @@ from pathlib import Path
 
 from remote_payload.contract import protocol
 
-from .. import compare, intervals, stats
 from ..errors import EXIT_EVAL_FAILED, EXIT_OK, EXIT_PARTIAL, RevalError
 from ..ledger import LedgerEntry
-from ..tables import Cell, Column, Row, StepPoint, Table, fmt_ci, fmt_delta, fmt_p, mark_best
+from ..render.tables import Cell, Column, Row, StepPoint, Table, fmt_ci, fmt_delta, fmt_p, mark_best
+from ..results import compare, intervals, stats
 from .plan import NOT_RUN, UNREACHABLE, Checkpoint, Outcome
 
 
@@ -222,7 +222,7 @@ def suite_taus(result) -> dict[str, dict]:
     suite (pure, seeded)."""
     import numpy as np
 
-    from ..suites import suite_view
+    from ..render.suites import suite_view
     out, per = {}, []
     for s in result.suites:
         est = intervals.estimates(suite_view(result, s), keys={"tau"}).get("tau")
@@ -373,11 +373,11 @@ def print_report(rep: SweepReport, console) -> None:
     """The terminal report: the table and one line per checkpoint under it when the table fits the console's
     width (in a pipe: PIPE_TABLE_WIDTH); else only the title, one line per checkpoint and the table's notes,
     never a table squashed into '…' cells."""
-    from .. import report
+    from ..render import formats
     table = report_table(rep)
-    fits = report.natural_width([table]) <= (console.width if console.is_terminal else PIPE_TABLE_WIDTH)
+    fits = formats.natural_width([table]) <= (console.width if console.is_terminal else PIPE_TABLE_WIDTH)
     if fits:
-        report.print_tables([table], console)
+        formats.print_tables([table], console)
     else:
         console.print(table.title, markup=False, highlight=False)
     for o in rep.outcomes:
@@ -389,8 +389,8 @@ def print_report(rep: SweepReport, console) -> None:
 
 def write_report_files(rep: SweepReport) -> None:
     """report.md, report.json, plots.png (with the tau-vs-step curve) and report.html in the sweep dir."""
-    from .. import html, plots, plotworker, report
-    md = report.render_markdown([report_table(rep)])
+    from ..render import formats, html, plots, plotworker
+    md = formats.render_markdown([report_table(rep)])
     md += "\n" + "\n".join(f"- {outcome_text(o)}" for o in rep.outcomes) + "\n"
     protocol.atomic_write_text(rep.sweep_dir / "report.md", md)
     rep.files["markdown"] = str(rep.sweep_dir / "report.md")

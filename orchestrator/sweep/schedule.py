@@ -18,12 +18,13 @@ from pathlib import Path
 
 from remote_payload.contract import protocol
 
-from .. import compare, plotworker
 from ..backends.base import WAIT_THEN_SUBMIT, Launch, NoFreeGpu, Submission
 from ..errors import EXIT_BAD_INPUT, ConfigError, HostUnreachable, RevalError, RunExists
 from ..hosts.inventory import Inventory
 from ..hosts.sync import local_manifest_hash
 from ..ledger import Ledger, LedgerEntry
+from ..render import plotworker
+from ..results import compare
 from ..rundir import registry as runs
 from ..rundir.pull import PullResult
 from ..rundir.registry import RunState
@@ -99,7 +100,7 @@ def load_report_modules() -> None:
     def load() -> None:
         try:
             with contextlib.suppress(Exception):
-                from .. import html  # noqa: F401
+                from ..render import html  # noqa: F401
             plotworker.warm()
         finally:
             _report_loaded.set()

@@ -12,9 +12,9 @@ from pathlib import Path
 from remote_payload import __version__
 from remote_payload.contract import protocol
 
+from ..results.compare import Comparison, format_duration
 from . import plots, suites, tables
-from .compare import Comparison, format_duration
-from .report import ci_text, visible_columns
+from .formats import ci_text, visible_columns
 from .tables import Cell, Table
 
 CSS = """

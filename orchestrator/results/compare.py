@@ -22,9 +22,9 @@ from remote_payload.contract import protocol, runstate
 from remote_payload.contract.contenthash import STEP_PATTERN as _STEP  # one checkpoint-step rule
 from remote_payload.contract.results import Result, ResultsError
 
+from ..errors import ConfigError, RunNotFound
+from ..rundir.registry import is_run_name, symlink_refused
 from . import intervals
-from .errors import ConfigError, RunNotFound
-from .rundir.registry import is_run_name, symlink_refused
 from .stats import Estimate, Paired
 
 # comparability_key field -> the words used when telling the user what differs

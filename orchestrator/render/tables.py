@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import stats
-from .compare import (
+from ..results import stats
+from ..results.compare import (
     Comparison,
     RunRecord,
     checkpoint_step,
@@ -16,8 +16,8 @@ from .compare import (
     run_duration_s,
     run_marks,
 )
-from .intervals import metric_values
-from .stats import Estimate, Paired
+from ..results.intervals import metric_values
+from ..results.stats import Estimate, Paired
 
 CI_NOTE = (f"[a, b] = 95% bootstrap CI over prompts (seeded; {stats.RESAMPLES:,} resamples up to 10 prompts, "
            "fewer for more); SD and n in --format csv/json")

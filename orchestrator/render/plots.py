@@ -12,8 +12,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from .compare import Comparison
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..results.compare import Comparison
 from .tables import StepPoint
 
 FORMATS = (".png", ".svg", ".pdf")

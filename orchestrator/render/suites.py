@@ -13,8 +13,8 @@ import dataclasses
 
 from remote_payload.contract.results import Result, Suite
 
-from . import intervals
-from .compare import Comparison, RunRecord
+from ..results import intervals
+from ..results.compare import Comparison, RunRecord
 from .tables import Cell, Column, Row, Table, mark_best
 
 SUITE_NOTE = ("rows = runs, columns = benchmark suites: tau (tokens per round incl. the bonus, macro over that "

@@ -20,8 +20,8 @@ import threading
 from pathlib import Path
 
 _HEADER = struct.Struct(">Q")
-_ROOT = str(Path(__file__).resolve().parents[1])  # where the orchestrator package is, for the worker's import
-_SERVE = "from orchestrator.plotworker import serve; serve()"
+_ROOT = str(Path(__file__).resolve().parents[2])  # where the orchestrator package is, for the worker's import
+_SERVE = "from orchestrator.render.plotworker import serve; serve()"
 # the worker only draws what plots.py names here (a request is never an arbitrary call)
 ALLOWED = frozenset({"save_comparison_plot", "panel_svg", "tau_vs_step_svg"})
 

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from remote_payload.contract.results import Result
 
-from . import intervals
+from ..results import intervals
 from .tables import Cell, Column, Table, fmt_ci, shorten
 
 

@@ -67,7 +67,6 @@ from orchestrator.hosts.hostcheck import check_hosts as _check_hosts
 from orchestrator.hosts.inventory import Host, Inventory, load_inventory
 from orchestrator.hosts.sync import SyncResult
 from orchestrator.hosts.transport import get_transport, q
-from orchestrator.ledger import LAUNCHED
 from orchestrator.render import tables as _tables
 from orchestrator.results import compare as _compare
 from orchestrator.rundir import logs as _logs
@@ -80,6 +79,7 @@ from orchestrator.runs import remove as _remove
 from orchestrator.runs.lifecycle import EvalSpec
 from orchestrator.runs.remove import Removal
 from orchestrator.sweep import SweepOptions, SweepReport
+from orchestrator.sweep.ledger import LAUNCHED
 from remote_payload.contract import protocol
 from remote_payload.contract.results import Result as _ResultsFile
 

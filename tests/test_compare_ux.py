@@ -15,9 +15,9 @@ import pytest
 
 import reval
 from orchestrator import cli, sweep
-from orchestrator.ledger import LedgerEntry
 from orchestrator.render import html, tables
 from orchestrator.results import compare, stats
+from orchestrator.sweep.ledger import LedgerEntry
 from orchestrator.sweep.report import detection_note
 from tests import browser
 from tests.resultsgen import write_run

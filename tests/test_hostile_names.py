@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import ledger, sweep
+from orchestrator import sweep
 from orchestrator.hosts.inventory import load_inventory
+from orchestrator.sweep import ledger
 from tests.sweeptools import local_inventory, make_checkpoints, opts
 
 HOSTILE = ["-delete", "--help", "-exec", "-newer", "a b", "it's", 'say "hi"', "semi;colon", "$(touch pwned)",

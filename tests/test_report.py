@@ -13,9 +13,9 @@ import re
 import pytest
 
 from orchestrator import cli, sweep
-from orchestrator.ledger import LedgerEntry
 from orchestrator.render import formats, tables
 from orchestrator.results import compare, stats
+from orchestrator.sweep.ledger import LedgerEntry
 from remote_payload.__main__ import main as payload_main
 from tests import browser
 

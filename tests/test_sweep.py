@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, ledger, sweep
+from orchestrator import cli, sweep
 from orchestrator.errors import ConfigError, RunNotFound
 from orchestrator.hosts import gpuspec
 from orchestrator.hosts.inventory import load_inventory
 from orchestrator.results import compare, stats
+from orchestrator.sweep import ledger
 from remote_payload.contract import protocol
 from tests.resultsgen import write_run
 from tests.runtools import synced_local

@@ -10,10 +10,10 @@ from pathlib import Path
 from remote_payload.contract import protocol
 
 from ..errors import HostUnreachable, RevalError
-from ..ledger import LAUNCHED, Ledger, LedgerEntry
 from ..results import compare
 from ..rundir.pull import PullResult
 from ..rundir.registry import RunState
+from .ledger import LAUNCHED, Ledger, LedgerEntry
 from .plan import NOT_RUN, UNREACHABLE, Job, Outcome
 from .report import LoadedRuns, checkpoint_order
 from .stage import HostPool, HostSession

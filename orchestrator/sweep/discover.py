@@ -11,8 +11,8 @@ from remote_payload.contract.contenthash import content_hash as local_content_ha
 from ..errors import ConfigError, RevalError
 from ..hosts.inventory import Inventory
 from ..hosts.transport import Transport, get_transport, q
-from ..ledger import Ledger
 from ..results import compare
+from .ledger import Ledger
 from .plan import Checkpoint
 
 _PATTERN = re.compile(r"^[A-Za-z0-9._*?\[\]-]+$")

@@ -15,9 +15,9 @@ from remote_payload.contract import protocol
 
 from ..argparsing import duration_s
 from ..errors import ConfigError
-from ..ledger import LAUNCHED, Ledger, LedgerEntry, ledger_key
 from ..results.stats import Paired
 from ..runs.lifecycle import EvalSpec
+from .ledger import LAUNCHED, Ledger, LedgerEntry, ledger_key
 
 # outcome states beyond the run states: checkpoints that were not evaluated in this sweep
 SKIPPED = "skipped"            # the ledger already has it (from an earlier sweep)

@@ -13,9 +13,9 @@ from pathlib import Path
 from remote_payload.contract import protocol
 
 from ..errors import EXIT_EVAL_FAILED, EXIT_OK, EXIT_PARTIAL, RevalError
-from ..ledger import LedgerEntry
 from ..render.tables import Cell, Column, Row, StepPoint, Table, fmt_ci, fmt_delta, fmt_p, mark_best
 from ..results import compare, intervals, stats
+from .ledger import LedgerEntry
 from .plan import NOT_RUN, UNREACHABLE, Checkpoint, Outcome
 
 

@@ -22,7 +22,6 @@ from ..backends.base import WAIT_THEN_SUBMIT, Launch, NoFreeGpu, Submission
 from ..errors import EXIT_BAD_INPUT, ConfigError, HostUnreachable, RevalError, RunExists
 from ..hosts.inventory import Inventory
 from ..hosts.sync import local_manifest_hash
-from ..ledger import Ledger, LedgerEntry
 from ..render import plotworker
 from ..results import compare
 from ..rundir import registry as runs
@@ -32,6 +31,7 @@ from ..runs import lifecycle
 from .books import JobQueue, SweepRecord, pull_and_record
 from .cluster import BatchWorker, batches
 from .discover import discover
+from .ledger import Ledger, LedgerEntry
 from .plan import NOT_RUN, UNREACHABLE, Checkpoint, Job, SweepOptions, parse_since, plan_queue, select
 from .report import SweepFacts, SweepReport, build_report
 from .stage import HostPool, HostSession

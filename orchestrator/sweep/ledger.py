@@ -20,7 +20,7 @@ from pathlib import Path
 
 from remote_payload.contract import protocol
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 LEDGER_SCHEMA = "reval.ledger/1"
 

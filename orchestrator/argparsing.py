@@ -3,18 +3,11 @@ here), mistyped flags and commands get a "did you mean", and every option's help
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import sys
 
 from .errors import EXIT_BAD_INPUT
-
-
-def did_you_mean(word: str, options) -> str | None:
-    """The closest of `options` to `word`, or None (pure)."""
-    close = difflib.get_close_matches(word, sorted(set(options)), n=1, cutoff=0.6)
-    return close[0] if close else None
-
+from .words import did_you_mean, duration_s
 
 # what other tools call reval's commands (Slurm's scancel/squeue, docker's stop/ps, job queues): "did you mean"
 SYNONYMS = {"cancel": "kill", "stop": "kill", "abort": "kill", "terminate": "kill", "scancel": "kill",
@@ -125,12 +118,6 @@ def seconds(text: str) -> float:
     if not s >= 0 or s == float("inf"):  # also refuses nan
         raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds >= 0")
     return s
-
-
-def duration_s(text: str) -> float | None:
-    """A duration like 90m, 36h, 7d or 2w -> seconds; None when it is not one (pure)."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", text.strip())
-    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)] if m else None
 
 
 def age_s(text: str) -> float:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import yaml
 
-from .. import argparsing
 from ..errors import ConfigError
+from ..words import did_you_mean as closest
 
 
 def did_you_mean(word: str, options) -> str:
-    """` — did you mean 'x'?` for the closest option (argparsing.did_you_mean), else ''."""
-    close = argparsing.did_you_mean(word, options)
+    """` — did you mean 'x'?` for the closest option (words.did_you_mean), else ''."""
+    close = closest(word, options)
     return f" — did you mean {close!r}?" if close else ""
 
 

@@ -107,7 +107,7 @@ def wait_lines(path: Path, n: int, timeout_s: float = 60) -> None:
 
 def reval(capsys, *argv) -> tuple[int, str, str]:
     """`reval ARGV` through the CLI runner: (exit code, stdout, stderr); argparse's own exits count too."""
-    from orchestrator import cli
+    from reval import cli
     try:
         rc = cli.main(list(argv))
     except SystemExit as e:

@@ -89,8 +89,8 @@ def test_a_rule_breaker_is_caught(tmp_path):
 
 
 def test_laptop_entry_points_never_load_torch():
-    code = ("import sys; import orchestrator.cli, orchestrator.commands.run, orchestrator.commands.runs, "
-            "orchestrator.commands.compare, orchestrator.results.compare, orchestrator.render.formats, "
+    code = ("import sys; import reval.cli, reval.cli.commands.run, reval.cli.commands.runs, "
+            "reval.cli.commands.compare, orchestrator.results.compare, orchestrator.render.formats, "
             "orchestrator.render.plots, "
             "benchmarks.bench_run, reval\n"
             "print('torch' in sys.modules, 'transformers' in sys.modules, 'numpy' in sys.modules)")

@@ -11,10 +11,10 @@ import sys
 import pytest
 from rich.console import Console
 
-from orchestrator import cli
 from orchestrator.errors import ConfigError, RunNotFound
 from orchestrator.render import formats, tables
 from orchestrator.results import compare
+from reval import cli
 from tests.resultsgen import make_results, write_run
 
 

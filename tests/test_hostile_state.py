@@ -27,7 +27,7 @@ def reval_proc(cwd: Path, *argv, timeout: float = 120, shell_tail: str = "") -> 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("REVAL_HOSTS", None)
     env.pop("REVAL_RUNS_DIR", None)
-    cmd = [sys.executable, "-m", "orchestrator", *argv]
+    cmd = [sys.executable, "-m", "reval", *argv]
     if shell_tail:
         import shlex
         return subprocess.run(["bash", "-o", "pipefail", "-c", shlex.join(cmd) + " " + shell_tail], cwd=cwd,

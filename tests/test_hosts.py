@@ -10,13 +10,13 @@ import subprocess
 import pytest
 from rich.console import Console
 
-from orchestrator import cli
-from orchestrator.commands.hosts import check_table
 from orchestrator.hosts.hostcheck import HostCheck, exit_code, interpret
 from orchestrator.hosts.inventory import Host, VenvSpec, load_inventory
 from orchestrator.hosts.sync import sync_payload
 from orchestrator.hosts.transport import close_all, get_transport
 from remote_payload.contract.gpus import inventory as parse_nvidia_smi
+from reval import cli
+from reval.cli.commands.hosts import check_table
 
 
 def run_cli(capsys, monkeypatch, *argv) -> tuple[int, str]:

@@ -176,7 +176,7 @@ def test_host_names_and_venv_path_are_checked(tmp_path):
 
 
 def test_non_utf8_inventory_is_one_line_exit_3(tmp_path, capsys, monkeypatch):
-    from orchestrator import cli
+    from reval import cli
     monkeypatch.chdir(tmp_path)
     (tmp_path / "hosts.yaml").write_bytes(b"hosts:\n  a: {address: 127.0.0.2}\n  b: {address: caf\xe9}\n")
     with pytest.raises(ConfigError, match=r"hosts.yaml line 3: not UTF-8 text \(byte 0xe9\)"):
@@ -187,7 +187,7 @@ def test_non_utf8_inventory_is_one_line_exit_3(tmp_path, capsys, monkeypatch):
 
 
 def test_every_problem_of_the_file_is_reported_at_once(tmp_path, capsys, monkeypatch):
-    from orchestrator import cli
+    from reval import cli
     monkeypatch.chdir(tmp_path)
     text = textwrap.dedent("""\
         hosts:

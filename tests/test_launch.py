@@ -276,7 +276,7 @@ def test_import_boundaries_of_the_run_path():
     p = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True,
                        cwd=str(Path(wrapper.__file__).resolve().parents[2]))
     assert p.stdout.strip() == ""
-    code = ("import sys; import orchestrator.commands.run, orchestrator.commands.runs, benchmarks.bench_run, reval\n"
+    code = ("import sys; import reval.cli.commands.run, reval.cli.commands.runs, benchmarks.bench_run, reval\n"
             "print('torch' in sys.modules, 'transformers' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert p.stdout.split() == ["False", "False"]

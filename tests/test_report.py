@@ -12,11 +12,12 @@ import re
 
 import pytest
 
-from orchestrator import cli, sweep
+from orchestrator import sweep
 from orchestrator.render import formats, tables
 from orchestrator.results import compare, stats
 from orchestrator.sweep.ledger import LedgerEntry
 from remote_payload.__main__ import main as payload_main
+from reval import cli
 from tests import browser
 
 # drafter-good is the final checkpoint (step 400) of the same training run as drafters/step-*

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
 from orchestrator.results import compare
 from remote_payload.__main__ import main as payload_main
 from remote_payload.contract import results as R
 from remote_payload.tools import results_docs
+from reval import cli
 from tests.conftest import check_results_roundtrip
 from tests.resultsgen import make_results, write_run
 

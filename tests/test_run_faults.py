@@ -30,7 +30,7 @@ def reval_popen(cwd: Path, *argv) -> subprocess.Popen:
     """`reval ARGV` as the user runs it, in its own process (text output captured)."""
     env = {k: v for k, v in os.environ.items() if k not in ("REVAL_HOSTS", "REVAL_RUNS_DIR")}
     env["PYTHONPATH"] = str(REPO)
-    return subprocess.Popen([sys.executable, "-m", "orchestrator", *argv], cwd=cwd, env=env, text=True,
+    return subprocess.Popen([sys.executable, "-m", "reval", *argv], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

@@ -228,7 +228,7 @@ def test_states_from_the_real_cluster(slurm):
 @pytest.mark.slurm
 @pytest.mark.ssh
 def test_hosts_check_reports_partitions_gpus_and_limits(slurm_login, capsys, monkeypatch):
-    from orchestrator import cli
+    from reval import cli
     from tests.slurm import add_cluster_host
 
     _, login = slurm_login

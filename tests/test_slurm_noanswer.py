@@ -23,9 +23,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import cli
 from orchestrator.rundir.registry import NO_ANSWER, UNKNOWN, RunState
 from remote_payload.contract import protocol
+from reval import cli
 
 WHY = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
 
@@ -188,7 +188,7 @@ def _clis(c, *argvs: list[str]) -> list[subprocess.CompletedProcess]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     env.pop("REVAL_HOSTS", None)
     env.pop("REVAL_RUNS_DIR", None)
-    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", c.inv, *argv], cwd=c.here, env=env,
+    procs = [subprocess.Popen([sys.executable, "-m", "reval", "-i", c.inv, *argv], cwd=c.here, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in argvs]
     done = []
     for argv, p in zip(argvs, procs):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
 from remote_payload.contract import protocol
+from reval import cli
 from tests import slurm as slurm_mod
 from tests.slurm import Cluster
 

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, sweep
+from orchestrator import sweep
 from orchestrator.errors import ConfigError, RunNotFound
 from orchestrator.hosts import gpuspec
 from orchestrator.hosts.inventory import load_inventory
 from orchestrator.results import compare, stats
 from orchestrator.sweep import ledger
 from remote_payload.contract import protocol
+from reval import cli
 from tests.resultsgen import write_run
 from tests.runtools import synced_local
 from tests.sweeptools import DUMMY, local_inventory, make_checkpoints, opts
@@ -475,7 +476,7 @@ def test_long_poll_brings_the_ended_runs_files(ssh_hosts, tmp_path, monkeypatch)
 def test_killed_controller_resumes_without_repeating_runs(ssh_hosts, tmp_path):
     cluster = ssh_hosts(2)
     ck = make_checkpoints(tmp_path, [10, 20, 30, 40, 50, 60])
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(cluster.inventory_path), "sweep",
+    argv = [sys.executable, "-m", "reval", "-i", str(cluster.inventory_path), "sweep",
             "--checkpoints", f"{ck}/step-*", "--hosts", "cluster", "--payload", "dummy", "--poll-s", "0.2",
             "--sweep-dir", str(tmp_path / "sweeps"), "--json", "--", "--lines", "8", "--interval-s", "0.25"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
 from orchestrator.errors import ConfigError, RemoteCommandError
 from orchestrator.hosts.environment import build_venv_script, ensure_env, provision, venv_key
 from orchestrator.hosts.inventory import load_inventory
@@ -25,6 +24,7 @@ from orchestrator.hosts.sync import (
     sync_payload,
 )
 from orchestrator.hosts.transport import get_transport
+from reval import cli
 from tests.samples import make_wheel
 
 HOSTILE = ["a b.py", "q'uote.py", 'dq"uote.py', "semi;colon.py", "$(touch PWNED).py", "`id`.py", "-dash.py"]

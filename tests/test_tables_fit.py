@@ -10,11 +10,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from orchestrator import cli, sweep
-from orchestrator.commands.runs import states_table
+from orchestrator import sweep
 from orchestrator.render import formats
 from orchestrator.results.stats import Paired
 from orchestrator.rundir.registry import RunState
+from reval import cli
+from reval.cli.commands.runs import states_table
 from tests.resultsgen import write_run
 
 

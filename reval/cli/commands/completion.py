@@ -17,6 +17,6 @@ def register(sub) -> None:
 
 
 def main(args) -> int:
-    from ..cli import build_parser  # the whole tree, so the script names every command
+    from .. import build_parser  # the whole tree, so the script names every command
     sys.stdout.write(script(args.shell, build_parser()))
     return 0

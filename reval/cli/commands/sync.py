@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 
 import reval
+from orchestrator.hosts.hostcheck import exit_code
+from orchestrator.render.formats import listing_console
 
 from ..argparsing import positive_int
-from ..hosts.hostcheck import exit_code
-from ..render.formats import listing_console
 from .hosts import failure_lines
 
 

@@ -1,5 +1,5 @@
 """`reval`: a thin argparse layer over the `reval` API (reval/__init__.py). Each sub-command lives in
-orchestrator/commands/<name>.py and exposes `register(subparsers)`: it parses its arguments, calls the API and
+reval/cli/commands/<name>.py and exposes `register(subparsers)`: it parses its arguments, calls the API and
 prints what comes back; this file only builds the parser, dispatches, and turns expected errors into one clear
 line + exit code (errors.py)."""
 from __future__ import annotations
@@ -8,11 +8,13 @@ import argparse
 import importlib
 import sys
 
-from . import __version__, output
-from .argparsing import Parser, add_inventory_option, bind_usage_errors
-from .errors import RevalError
+from orchestrator import __version__
+from orchestrator.errors import RevalError
 
-# (module under orchestrator.commands) in --help order: the pipeline reads inventory -> ... -> compare.
+from . import output
+from .argparsing import Parser, add_inventory_option, bind_usage_errors
+
+# (module under reval.cli.commands) in --help order: the pipeline reads inventory -> ... -> compare.
 COMMAND_MODULES = ["hosts", "sync", "run", "runs", "remove", "compare", "sweep", "demo", "completion"]
 
 EPILOG = """\
@@ -38,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hosts file (default: $REVAL_HOSTS, else ./hosts.yaml, else the built-in local host)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        importlib.import_module(f"orchestrator.commands.{name}").register(sub)
+        importlib.import_module(f"reval.cli.commands.{name}").register(sub)
     add_inventory_option(p)
     bind_usage_errors(p)
     return p

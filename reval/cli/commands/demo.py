@@ -14,11 +14,11 @@ import sys
 import time
 
 import reval
+from orchestrator.errors import EXIT_CANCELLED, EXIT_OK, EXIT_STILL_RUNNING
+from orchestrator.hosts.gpuspec import normalize_gpus
+from orchestrator.render import formats, tables
 
 from ..argparsing import positive_int
-from ..errors import EXIT_CANCELLED, EXIT_OK, EXIT_STILL_RUNNING
-from ..hosts.gpuspec import normalize_gpus
-from ..render import formats, tables
 from .run import launch_line
 from .runs import finish_run, make_sink
 

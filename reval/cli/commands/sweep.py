@@ -8,11 +8,11 @@ import sys
 from rich.console import Console
 
 import reval
+from orchestrator import sweep
+from orchestrator.errors import EXIT_CANCELLED, EXIT_STILL_RUNNING
+from orchestrator.render import formats
 
-from .. import sweep
 from ..argparsing import positive_int, seconds
-from ..errors import EXIT_CANCELLED, EXIT_STILL_RUNNING
-from ..render import formats
 
 
 def register(sub: argparse._SubParsersAction) -> None:

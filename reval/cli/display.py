@@ -7,9 +7,10 @@ import sys
 
 from rich.markup import escape
 
-from .. import output
-from ..rundir.events import Progress
-from ..rundir.logs import json_line
+from orchestrator.rundir.events import Progress
+from orchestrator.rundir.logs import json_line
+
+from . import output
 
 
 class PlainSink:

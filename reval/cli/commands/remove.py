@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 
 import reval
+from orchestrator.errors import EXIT_OK, EXIT_PARTIAL, ConfigError
+from orchestrator.runs import remove
 
 from ..argparsing import age_s
-from ..errors import EXIT_OK, EXIT_PARTIAL, ConfigError
-from ..runs import remove
 from .runs import err, out
 
 

@@ -10,11 +10,11 @@ import argparse
 import sys
 
 import reval
+from orchestrator.backends.ssh import describe
+from orchestrator.errors import EXIT_STILL_RUNNING, ConfigError
+from orchestrator.hosts.gpuspec import normalize_gpus
 
 from ..argparsing import Parser, inventory_option, option_suggestions, positive_int, seconds
-from ..backends.ssh import describe
-from ..errors import EXIT_STILL_RUNNING, ConfigError
-from ..hosts.gpuspec import normalize_gpus
 from .runs import detached_message, finish_run, make_sink, out
 
 

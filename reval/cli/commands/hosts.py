@@ -8,11 +8,11 @@ import json
 from rich.table import Table
 
 import reval
+from orchestrator.hosts.hostcheck import HostCheck, describe_address, exit_code
+from orchestrator.hosts.inventory import Inventory
+from orchestrator.render.formats import listing_console
 
 from ..argparsing import positive_int
-from ..hosts.hostcheck import HostCheck, describe_address, exit_code
-from ..hosts.inventory import Inventory
-from ..render.formats import listing_console
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -9,11 +9,7 @@ import json
 import sys
 
 import reval
-from remote_payload.contract import protocol
-
-from .. import output
-from ..argparsing import positive_int, seconds
-from ..errors import (
+from orchestrator.errors import (
     EXIT_CANCELLED,
     EXIT_EVAL_FAILED,
     EXIT_OK,
@@ -22,11 +18,15 @@ from ..errors import (
     EXIT_UNREACHABLE,
     RevalError,
 )
-from ..render import formats
-from ..results.compare import _iso_s, format_duration
-from ..rundir.logs import json_line
-from ..rundir.registry import NO_ANSWER, RunState, local_registry, progress_text
-from .display import JsonLinesSink, PlainSink, RichSink
+from orchestrator.render import formats
+from orchestrator.results.compare import _iso_s, format_duration
+from orchestrator.rundir.logs import json_line
+from orchestrator.rundir.registry import NO_ANSWER, RunState, local_registry, progress_text
+from remote_payload.contract import protocol
+
+from .. import output
+from ..argparsing import positive_int, seconds
+from ..display import JsonLinesSink, PlainSink, RichSink
 
 # `reval status RUN`'s exit code by state (failed, lost and `unknown`, an unreadable status.json:
 # EXIT_EVAL_FAILED); `no-answer`, a scheduler that cannot answer now, is not reached: ask again (EXIT_UNREACHABLE)

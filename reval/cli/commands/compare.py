@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import reval
-
-from ..render import formats, suites, tables
-from ..results import compare
+from orchestrator.render import formats, suites, tables
+from orchestrator.results import compare
 
 
 def register(sub: argparse._SubParsersAction) -> None:

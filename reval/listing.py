@@ -94,7 +94,7 @@ def plan_rm(runs: list[str] | str, *, host: str | None = None, local_only: bool 
     inv = as_inventory(inventory)
     plan = RemovalPlan()
     for ref in [runs] if isinstance(runs, str) else runs:
-        h, name = _locate.resolve_run(inv, ref, host)
+        h, name = _locate.locate_run(inv, ref, host)
         be = get_backend(h)
         plan._add(be, _remove.plan(be, name, local_only=local_only))
     return plan

@@ -33,7 +33,7 @@ def _as_result(rec: _compare.RunRecord) -> Result:
 def load(run: str | Path, *, runs_dir: str | Path | None = None) -> Result:
     """A pulled run: a run directory (runs/<host>/<name>/, or any folder holding its results.json/status.json),
     or as the CLI takes it, NAME or HOST/NAME under `runs_dir` (default: $REVAL_RUNS_DIR, else ./runs)."""
-    path = run if isinstance(run, Path) else _compare.resolve_run(str(run), runs_dir)
+    path = run if isinstance(run, Path) else _compare.pulled_run_dir(str(run), runs_dir)
     return _as_result(_compare.load_run(path))
 
 
@@ -42,7 +42,7 @@ class Comparison:
     """The comparison `reval compare` prints: `rows` (one plain dict per run: metrics, marks, ratio/delta
     vs the baseline), `best` (label of the highest-tau rankable run), `comparable`, `differences`, `note`;
     `model` is the comparison the tables, plots and HTML report are drawn from."""
-    model: _compare.Comparison = field(repr=False)
+    model: _compare.ComparedRuns = field(repr=False)
     rows: list[dict] = field(default_factory=list, repr=False)
     best: str | None = None
     comparable: bool = True
@@ -74,7 +74,7 @@ def compare(results: list[Result | str | Path], *, baseline: Result | str | Path
     def where(x):  # every run found before any is read (a wrong name is that line, whatever else is damaged)
         if isinstance(x, str) and _compare.is_run_glob(x):
             return _compare.expand_runs(x, runs_dir)
-        return [x if isinstance(x, _compare.RunRecord | _ResultsFile | Path) else _compare.resolve_run(x, runs_dir)]
+        return [x if isinstance(x, _compare.RunRecord | _ResultsFile | Path) else _compare.pulled_run_dir(x, runs_dir)]
 
     def read(x):
         return _as_result(_compare.load_run(x)) if isinstance(x, Path) else x

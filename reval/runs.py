@@ -115,7 +115,7 @@ class Pulled:
 class Run:
     """A run on a host: `state`/`status()`, `events()`, `finish()`, `wait()`, `log()`, `pull()`, `kill()`."""
 
-    def __init__(self, handle: _lifecycle.Run, *, reattached: bool = False):
+    def __init__(self, handle: _lifecycle.RunHandle, *, reattached: bool = False):
         self._run = handle
         self.reattached = reattached  # submit(reattach=True) found this command's unfinished run and attached
 
@@ -235,7 +235,7 @@ class Run:
 def find(run: str, *, host: str | None = None, inventory: Inventory | str | Path | None = None) -> Run:
     """The run a RUN reference names: `host/name`, or `name` (with `host`, else looked up in runs/ here, then
     on every inventory host; on several: reval.Error naming them; nowhere: exit_code 102)."""
-    h, name = _locate.resolve_run(as_inventory(inventory), run, host)
+    h, name = _locate.locate_run(as_inventory(inventory), run, host)
     return Run(_lifecycle.attach(get_backend(h), name))
 
 

@@ -35,28 +35,28 @@ def _cli(capsys, *argv):
 
 
 def _cmp(root, names, baseline=None):
-    runs = [compare.load_run(compare.resolve_run(n, root)) for n in names]
-    base = compare.load_run(compare.resolve_run(baseline, root)) if baseline else None
+    runs = [compare.load_run(compare.pulled_run_dir(n, root)) for n in names]
+    base = compare.load_run(compare.pulled_run_dir(baseline, root)) if baseline else None
     return compare.build_comparison(runs, base)
 
 
 # ---- resolution -----------------------------------------------------------------------------------------
 
 def test_resolve_by_name_host_name_and_path(runs_dir):
-    assert compare.resolve_run("zlab_full", runs_dir) == runs_dir / "ct129" / "zlab_full"
-    assert compare.resolve_run("pro6000/step5000", runs_dir) == runs_dir / "pro6000" / "step5000"
-    assert compare.resolve_run(str(runs_dir / "ct129" / "step4000"), runs_dir) == runs_dir / "ct129" / "step4000"
+    assert compare.pulled_run_dir("zlab_full", runs_dir) == runs_dir / "ct129" / "zlab_full"
+    assert compare.pulled_run_dir("pro6000/step5000", runs_dir) == runs_dir / "pro6000" / "step5000"
+    assert compare.pulled_run_dir(str(runs_dir / "ct129" / "step4000"), runs_dir) == runs_dir / "ct129" / "step4000"
 
 
 def test_resolve_errors_name_the_fix(runs_dir):
     write_run(runs_dir, "pro6000", "zlab_full", quality=0.88)
     with pytest.raises(ConfigError, match=r"on several hosts: ct129/zlab_full, pro6000/zlab_full"):
-        compare.resolve_run("zlab_full", runs_dir)
+        compare.pulled_run_dir("zlab_full", runs_dir)
     with pytest.raises(RunNotFound) as e:
-        compare.resolve_run("ct129/nope", runs_dir)
+        compare.pulled_run_dir("ct129/nope", runs_dir)
     assert e.value.exit_code == 102 and "reval pull ct129/nope" in e.value.hint
     with pytest.raises(RunNotFound):
-        compare.resolve_run("nope", runs_dir)
+        compare.pulled_run_dir("nope", runs_dir)
 
 
 def test_cli_missing_run_exits_102(runs_dir, capsys):

@@ -111,7 +111,7 @@ def test_a_wait_asks_again_while_slurm_cannot_answer_and_says_so(here, monkeypat
         return answers[min(len(asked), len(answers)) - 1]
     be = SimpleNamespace(host=SimpleNamespace(name="hpc", python="python3"), queues=True, state=state)
     monkeypatch.setattr(lifecycle, "NO_ANSWER_POLL_S", 0.01, raising=False)
-    run = lifecycle.Run(be, "r")
+    run = lifecycle.RunHandle(be, "r")
     monkeypatch.setattr(run, "follow", lambda sink, **kw: FollowResult("succeeded", {"state": "succeeded"}))
     monkeypatch.setattr(run, "pull", lambda finished=False: PullResult(here / "runs/hpc/r"))
     notes: list[str] = []

@@ -133,7 +133,7 @@ def test_compare_in_a_terminal_still_shortens_long_names(tmp_path, monkeypatch):
     write_run(tmp_path / "runs", "ct129", "zlab_full", quality=0.88)
     from orchestrator.render import tables
     from orchestrator.results import compare
-    runs = [compare.load_run(compare.resolve_run(n, tmp_path / "runs")) for n in (LONG, "zlab_full")]
+    runs = [compare.load_run(compare.pulled_run_dir(n, tmp_path / "runs")) for n in (LONG, "zlab_full")]
     cmp = compare.build_comparison(runs, None)
     con = terminal(100)
     formats.print_tables([tables.main_table(cmp)], con)

@@ -23,7 +23,7 @@ import yaml
 
 from ..errors import ConfigError
 from .inventory_slurm import SlurmSpec, parse_slurm
-from .yamlcheck import Checker, did_you_mean
+from .yamlcheck import Checker, did_you_mean_text
 
 VENV_MODES = ("managed", "python")
 MAX_INVENTORY_BYTES = 256 * 1024  # thousands of hosts; parsing it stays around a second
@@ -80,7 +80,7 @@ class Inventory:
         if name in self.hosts:
             return self.hosts[name]
         raise ConfigError(f"unknown host {name!r} in {self.path or 'the built-in inventory'}"
-                          + did_you_mean(name, self.hosts), hint=f"known hosts: {', '.join(self.hosts)}")
+                          + did_you_mean_text(name, self.hosts), hint=f"known hosts: {', '.join(self.hosts)}")
 
     def __getitem__(self, name: str) -> Host:
         return self.get(name)
@@ -98,7 +98,7 @@ class Inventory:
             return [self.hosts[h] for h in self.groups[name]]
         known = list(self.hosts) + list(self.groups)
         raise ConfigError(f"unknown host or group {name!r} in {self.path or 'the built-in inventory'}"
-                          + did_you_mean(name, known),
+                          + did_you_mean_text(name, known),
                           hint=f"hosts: {', '.join(self.hosts)}" + (f"; groups: {', '.join(self.groups)}"
                                                                      if self.groups else ""))
 
@@ -187,7 +187,7 @@ def _parse_root(c: Checker, root, path: str) -> Inventory:
     top = {}
     for key, knode, vnode in c.mapping(root, "top-level"):
         if key not in _TOP_KEYS:
-            c.collect(c.fail, knode, f"unknown top-level key {key!r}{did_you_mean(key, _TOP_KEYS)}",
+            c.collect(c.fail, knode, f"unknown top-level key {key!r}{did_you_mean_text(key, _TOP_KEYS)}",
                       "top-level keys: hosts, groups")
         top[key] = (knode, vnode)
     if "hosts" not in top:
@@ -227,7 +227,7 @@ def _parse_group(c: Checker, gname: str, knode, vnode, names: list[str]) -> list
         member = c.collect(c.value, item)
         if member not in names:
             c.collect(c.fail, item, f"group {gname!r} names unknown host {member!r}"
-                      f"{did_you_mean(str(member), names)}", f"known hosts: {', '.join(map(str, names))}")
+                      f"{did_you_mean_text(str(member), names)}", f"known hosts: {', '.join(map(str, names))}")
         members.append(member)
     return members
 
@@ -247,7 +247,7 @@ def _host_key(c: Checker, host: Host, given: dict, key: str, kn, vn, base_dir: P
     """One `key: value` of a host, checked and set on `host`."""
     name = host.name
     if key not in _HOST_KEYS:
-        c.fail(kn, f"unknown key {key!r} in host {name!r}{did_you_mean(key, _HOST_KEYS)}",
+        c.fail(kn, f"unknown key {key!r} in host {name!r}{did_you_mean_text(key, _HOST_KEYS)}",
                hint=f"host keys: {', '.join(_HOST_KEYS)}")
     given[key] = vn  # given, even when its value is refused below: no second error for a missing key
     attr, types, expect = _HOST_KEYS[key]
@@ -256,7 +256,7 @@ def _host_key(c: Checker, host: Host, given: dict, key: str, kn, vn, base_dir: P
         val = _parse_venv(c, name, vn, base_dir)
     elif key == "host_key" and val not in HOST_KEY_POLICIES:
         c.fail(vn, f"host {name!r}: host_key {val!r} is not one of {', '.join(HOST_KEY_POLICIES)}"
-               + did_you_mean(val, HOST_KEY_POLICIES))
+               + did_you_mean_text(val, HOST_KEY_POLICIES))
     elif key == "port" and not 0 < val < 65536:
         c.fail(vn, f"host {name!r}: port {val} is out of range 1-65535")
     elif key == "gpus":
@@ -305,7 +305,7 @@ def _parse_venv(c: Checker, name: str, node, base_dir: Path) -> VenvSpec:
 def _venv_key(c: Checker, spec: VenvSpec, name: str, key: str, vn, val, base_dir: Path) -> None:
     if key == "mode" and val not in VENV_MODES:
         c.fail(vn, f"host {name!r}: venv.mode {val!r} is not one of {', '.join(VENV_MODES)}"
-               + did_you_mean(val, VENV_MODES))
+               + did_you_mean_text(val, VENV_MODES))
     if key == "wheelhouse":
         val = str((base_dir / os.path.expanduser(val)).resolve())  # relative to the inventory file
     if key == "path" and not val.startswith("/"):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import yaml
 
 from ..errors import ConfigError
-from ..words import did_you_mean as closest
+from ..words import did_you_mean
 
 
-def did_you_mean(word: str, options) -> str:
+def did_you_mean_text(word: str, options) -> str:
     """` — did you mean 'x'?` for the closest option (words.did_you_mean), else ''."""
-    close = closest(word, options)
+    close = did_you_mean(word, options)
     return f" — did you mean {close!r}?" if close else ""
 
 
@@ -140,7 +140,8 @@ class Checker:
         """(key, value node, typed value) of a host's nested mapping (venv:, slurm:); unknown keys fail."""
         for key, kn, vn in self.mapping(node, f"host {host!r} {what}"):
             if key not in keys:  # recorded; the other keys are still checked
-                self.collect(self.fail, kn, f"unknown key {key!r} in host {host!r} {what}{did_you_mean(key, keys)}",
+                self.collect(self.fail, kn,
+                             f"unknown key {key!r} in host {host!r} {what}{did_you_mean_text(key, keys)}",
                              hint=f"{what} keys: {', '.join(keys)}")
                 continue
             types, expect = keys[key]

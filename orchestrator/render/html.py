@@ -12,7 +12,7 @@ from pathlib import Path
 from remote_payload import __version__
 from remote_payload.contract import protocol
 
-from ..results.compare import Comparison, format_duration
+from ..results.compare import ComparedRuns, format_duration
 from . import plots, suites, tables
 from .formats import ci_text, visible_columns
 from .tables import Cell, Table
@@ -81,7 +81,7 @@ def _figure(svg: str, caption: str) -> str:
     return f'<figure class="plot">{svg}<figcaption class="note">{e(caption)}</figcaption></figure>'
 
 
-def definitions_html(cmp: Comparison) -> str:
+def definitions_html(cmp: ComparedRuns) -> str:
     seen: dict[str, str] = {}
     for r in cmp.runs:
         if r.result is not None:
@@ -91,7 +91,7 @@ def definitions_html(cmp: Comparison) -> str:
     return f'<p class="note">From the runs\' results.json (`definitions`).</p><dl>{items}</dl>'
 
 
-def provenance_table(cmp: Comparison) -> Table:
+def provenance_table(cmp: ComparedRuns) -> Table:
     cols = [tables.Column(k, label, digits=None) for k, label in (
         ("run", "run"), ("host", "host"), ("gpu", "GPU"), ("drafter", "drafter (path)"),
         ("hash", "checkpoint content hash"), ("cache", "cache fingerprint"), ("attention", "drafter attention"),
@@ -118,7 +118,7 @@ def provenance_table(cmp: Comparison) -> Table:
                                                    "whole payload run (results.json timing)")])
 
 
-def render_report(title: str, cmp: Comparison, *, threshold: float = 0.1, sweep_table: Table | None = None,
+def render_report(title: str, cmp: ComparedRuns, *, threshold: float = 0.1, sweep_table: Table | None = None,
                   steps: list[tables.StepPoint] | None = None, baseline_point=None,
                   extra_notes: list[str] = ()) -> str:
     """The report as one HTML string (valid HTML5, no external resource)."""
@@ -162,6 +162,6 @@ def write_report(text: str, path: str | Path) -> Path:
     return path
 
 
-def write_comparison_report(cmp: Comparison, path: str | Path, *, threshold: float = 0.1) -> Path:
+def write_comparison_report(cmp: ComparedRuns, path: str | Path, *, threshold: float = 0.1) -> Path:
     names = ", ".join(cmp.label(r) for r in cmp.runs)
     return write_report(render_report(f"reval compare: {names}", cmp, threshold=threshold), path)

@@ -13,14 +13,14 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from ..errors import ConfigError
-from ..results.compare import Comparison
+from ..results.compare import ComparedRuns
 from .tables import StepPoint
 
 FORMATS = (".png", ".svg", ".pdf")
 PANELS = ("per_position_unconditional", "per_position_conditional", "histogram", "ddtree")
 
 
-def _runs(cmp: Comparison):
+def _runs(cmp: ComparedRuns):
     for r in cmp.runs:
         if r.result is None:
             continue
@@ -30,7 +30,7 @@ def _runs(cmp: Comparison):
         yield r, label, style
 
 
-def draw_panel(ax, cmp: Comparison, panel: str) -> None:
+def draw_panel(ax, cmp: ComparedRuns, panel: str) -> None:
     for r, label, style in _runs(cmp):
         m = r.result.metrics
         if panel in ("per_position_unconditional", "per_position_conditional"):
@@ -132,7 +132,7 @@ def _figure(width: float, height: float, panels: int = 1) -> Figure:
     return fig
 
 
-def comparison_figure(cmp: Comparison, steps: list[StepPoint] | None = None, baseline=None) -> Figure:
+def comparison_figure(cmp: ComparedRuns, steps: list[StepPoint] | None = None, baseline=None) -> Figure:
     """One figure: the four comparison panels, and the tau-vs-step curve first when `steps` is given."""
     n = len(PANELS) + (1 if steps is not None else 0)
     fig = _figure(4.2 * n, 4.6, n)
@@ -154,13 +154,13 @@ def svg_text(fig: Figure) -> str:
     return re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.DOTALL)
 
 
-def panel_figure(cmp: Comparison, panel: str) -> Figure:
+def panel_figure(cmp: ComparedRuns, panel: str) -> Figure:
     fig = _figure(6.4, 4.2)
     draw_panel(fig.axes[0], cmp, panel)
     return fig
 
 
-def panel_svg(cmp: Comparison, panel: str) -> str:
+def panel_svg(cmp: ComparedRuns, panel: str) -> str:
     return svg_text(panel_figure(cmp, panel))
 
 
@@ -174,7 +174,7 @@ def tau_vs_step_svg(points: list[StepPoint], baseline=None) -> str:
     return svg_text(tau_vs_step_figure(points, baseline))
 
 
-def save_comparison_plot(cmp: Comparison, path: str | Path, steps: list[StepPoint] | None = None,
+def save_comparison_plot(cmp: ComparedRuns, path: str | Path, steps: list[StepPoint] | None = None,
                          baseline=None) -> Path:
     path = Path(path)
     if path.suffix.lower() not in FORMATS:

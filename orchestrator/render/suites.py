@@ -14,7 +14,7 @@ import dataclasses
 from remote_payload.contract.results import Result, Suite
 
 from ..results import intervals
-from ..results.compare import Comparison, RunRecord
+from ..results.compare import ComparedRuns, RunRecord
 from .tables import Cell, Column, Row, Table, mark_best
 
 SUITE_NOTE = ("rows = runs, columns = benchmark suites: tau (tokens per round incl. the bonus, macro over that "
@@ -64,7 +64,7 @@ def _speedup_text(res: Result, name: str) -> str:
     return f" · {projected[best]:.2f}x {best.replace('ddtree_', '@').replace('block', 'blk')}"
 
 
-def suite_table(cmp: Comparison) -> Table:
+def suite_table(cmp: ComparedRuns) -> Table:
     runs = cmp.runs
     names = suite_names(runs)
     ref = _reference_keys(runs)
@@ -105,7 +105,7 @@ def suite_table(cmp: Comparison) -> Table:
     return mark_best(Table("tau by suite", cols, rows, notes=notes))
 
 
-def suite_json(cmp: Comparison) -> dict:
+def suite_json(cmp: ComparedRuns) -> dict:
     """Machine-readable: per run, per suite its tau with the interval (value, ci, sd, n) and comparability."""
     ref = _reference_keys(cmp.runs)
     out = {"suites": suite_names(cmp.runs), "runs": []}

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..results import stats
 from ..results.compare import (
-    Comparison,
+    ComparedRuns,
     RunRecord,
     checkpoint_step,
     comparability_note,
@@ -143,7 +143,7 @@ def metric_columns(runs: list[RunRecord]) -> list[Column]:
     return cols
 
 
-def main_table(cmp: Comparison, threshold: float = 0.1) -> Table:
+def main_table(cmp: ComparedRuns, threshold: float = 0.1) -> Table:
     """One row per run: name, host, drafter, step, prompts x blocks, every headline number with its 95%
     bootstrap interval (and, against the baseline, the paired comparison in each cell), duration."""
     cols = [Column("run", "run", digits=None), Column("host", "host", digits=None, headline=False),
@@ -218,7 +218,7 @@ def detectable_cells(tau: Paired | None, threshold: float) -> dict[str, Cell]:
             "tau_needed": Cell(need, "" if need is None else str(need))}
 
 
-def paired_table(cmp: Comparison, threshold: float = 0.1) -> Table | None:
+def paired_table(cmp: ComparedRuns, threshold: float = 0.1) -> Table | None:
     """Against the baseline, paired by prompt: per run Δ [CI] of every headline number, ratio [CI] and p,
     and the smallest tau change its prompts can detect. None without a baseline or another run."""
     others = [r for r in cmp.runs if r is not cmp.baseline and r.result is not None]
@@ -261,7 +261,7 @@ def paired_table(cmp: Comparison, threshold: float = 0.1) -> Table | None:
     return Table(f"paired by prompt vs {cmp.label(cmp.baseline)}", cols, rows, notes=[PAIRED_NOTE] + notes)
 
 
-def per_position_tables(cmp: Comparison) -> list[Table]:
+def per_position_tables(cmp: ComparedRuns) -> list[Table]:
     """Rows k=1..15, one column per run: unconditional and conditional acceptance, teacher-forced accuracy."""
     views = [("per_position_acceptance_unconditional", "per-position acceptance #(acc>=k)/#rounds"),
              ("per_position_acceptance_conditional", "per-position acceptance #(acc>=k)/#(acc>=k-1)"),
@@ -283,7 +283,7 @@ def per_position_tables(cmp: Comparison) -> list[Table]:
     return tables
 
 
-def per_prompt_table(cmp: Comparison) -> Table:
+def per_prompt_table(cmp: ComparedRuns) -> Table:
     """Rows = prompts (by name, in first-seen order), one column per run: that prompt's tau."""
     with_res = [r for r in cmp.runs if r.result is not None]
     names: list[str] = []
@@ -303,11 +303,11 @@ def per_prompt_table(cmp: Comparison) -> Table:
     return mark_best(Table("per-prompt tau", cols, rows, best_per="row"), rankable=_rankable_cols(cmp, with_res))
 
 
-def _col_label(cmp: Comparison, run: RunRecord) -> str:
+def _col_label(cmp: ComparedRuns, run: RunRecord) -> str:
     return cmp.label(run) + "".join(f" ({m})" for m in run_marks(cmp, run))
 
 
-def _rankable_cols(cmp: Comparison, runs: list[RunRecord]) -> set[str]:
+def _rankable_cols(cmp: ComparedRuns, runs: list[RunRecord]) -> set[str]:
     return {cmp.label(r) for r in runs if cmp.rankable(r)}
 
 
@@ -335,7 +335,7 @@ def _flag(cells: list[Cell], digits: int | None) -> None:
         c.best = round(c.value, digits or 0) == top
 
 
-def comparison_json(cmp: Comparison, per_position: bool = False, per_prompt: bool = False) -> dict:
+def comparison_json(cmp: ComparedRuns, per_position: bool = False, per_prompt: bool = False) -> dict:
     """A machine-readable comparison: comparability, and per run its marks, metrics with 95% intervals
     (value, ci, sd, n), and against the baseline the point ratio/delta plus the paired comparison."""
     base_vals = metric_values(cmp.baseline.result) if cmp.baseline and cmp.baseline.result else {}

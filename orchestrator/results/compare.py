@@ -1,7 +1,7 @@
 """Load pulled runs and compare them: name resolution, comparability, intervals and paired comparisons.
 
 The API (what `reval.load()` / `reval.compare()` call): `load_result(path) -> Result` and
-`compare(runs, baseline=...) -> Comparison` (`tables.comparison_json` makes it plain records). Nothing here
+`compare(runs, baseline=...) -> ComparedRuns` (`tables.comparison_json` makes it plain records). Nothing here
 prints or writes; `tables.py` builds the tables (it imports this module, never the other way round),
 `report.py` renders them (rich, markdown, csv, json), `html.py` writes the HTML report and `plots.py` draws
 the curves. A pulled run lives in `runs/<host>/<run>/`.
@@ -114,7 +114,7 @@ def load_run(path: str | Path) -> RunRecord:
     return RunRecord(name=path.name, host=str(host), path=path, result=result, status=status, run_info=run_info)
 
 
-def resolve_run(spec: str, runs_root: str | Path | None = None) -> Path:
+def pulled_run_dir(spec: str, runs_root: str | Path | None = None) -> Path:
     """`name`, `host/name` or a path -> the run's local folder. Ambiguous or missing names are errors.
     runs_root: default $REVAL_RUNS_DIR or ./runs, read at call time (the rule of runs.local_runs_root)."""
     runs_root = Path(runs_root or os.environ.get("REVAL_RUNS_DIR", "runs"))
@@ -205,7 +205,10 @@ def _short(v: Any) -> str:
 
 
 @dataclass
-class Comparison:
+class ComparedRuns:
+    """Runs set side by side (compare()): in order, the baseline first; their labels; what differs from the
+    reference; intervals and paired comparisons computed on demand. The API's reval.Comparison is a view of
+    it (`.model`), with the rows as plain records."""
     runs: list[RunRecord]              # baseline first when there is one
     labels: dict[str, str]             # run path (str) -> display label
     baseline: RunRecord | None = None
@@ -253,12 +256,12 @@ def run_labels(runs: list[RunRecord]) -> dict[str, str]:
     return {str(r.path): r.name if counts[r.name] == 1 else r.spec for r in runs}
 
 
-def build_comparison(runs: list[RunRecord], baseline: RunRecord | None = None) -> Comparison:
+def build_comparison(runs: list[RunRecord], baseline: RunRecord | None = None) -> ComparedRuns:
     """Order runs (baseline first) and find every comparability field that differs from the reference
     (the baseline, else the first run with results). Runs without results take no part."""
     if baseline is not None:
         runs = [baseline] + [r for r in runs if r.path.resolve() != baseline.path.resolve()]
-    cmp = Comparison(runs=runs, labels=run_labels(runs), baseline=baseline)
+    cmp = ComparedRuns(runs=runs, labels=run_labels(runs), baseline=baseline)
     with_results = [r for r in runs if r.result is not None]
     if not with_results:
         return cmp
@@ -302,17 +305,17 @@ def _record(x: RunRecord | Result | str | Path) -> RunRecord:
     return load_run(x)
 
 
-def compare(runs: list, baseline=None, *, allow_incomparable: bool = False) -> Comparison:
+def compare(runs: list, baseline=None, *, allow_incomparable: bool = False) -> ComparedRuns:
     """The comparison the CLI prints: runs (RunRecords, Results or run directories) in order, the baseline
     first; comparability checked (ConfigError naming what differs unless allow_incomparable); intervals and
-    paired comparisons computed on demand (`Comparison.estimates(run)`, `.paired(run)`)."""
+    paired comparisons computed on demand (`ComparedRuns.estimates(run)`, `.paired(run)`)."""
     cmp = build_comparison([_record(r) for r in runs], None if baseline is None else _record(baseline))
     if not allow_incomparable:
         require_comparable(cmp)
     return cmp
 
 
-def require_comparable(cmp: Comparison) -> None:
+def require_comparable(cmp: ComparedRuns) -> None:
     """Raise (exit 3) naming every differing field, unless all runs are comparable."""
     if not cmp.differences:
         return
@@ -337,7 +340,7 @@ def short_attention(signature: str | None) -> str:
     return " + ".join(f"{n}x {p}" if n > 1 else p for p, n in groups)
 
 
-def comparability_note(cmp: Comparison) -> str:
+def comparability_note(cmp: ComparedRuns) -> str:
     if not cmp.differences:
         sigs = {r.result.comparability.attention for r in cmp.runs if r.result is not None}
         layout = f" ({short_attention(sigs.pop())})" if len(sigs) == 1 else ""
@@ -387,7 +390,7 @@ def run_duration_s(run: RunRecord) -> float | None:
     return b - a if a is not None and b is not None else None
 
 
-def run_marks(cmp: Comparison, run: RunRecord) -> list[str]:
+def run_marks(cmp: ComparedRuns, run: RunRecord) -> list[str]:
     marks = []
     if run is cmp.baseline:
         marks.append("base")

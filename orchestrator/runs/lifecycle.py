@@ -1,12 +1,12 @@
 """One run's lifecycle, the same for `reval run`, `reval sweep`, `reval demo` and the `reval` API:
 
     prepare(backend)            payload synced + venv checked (one probe round trip) -> Prepared
-    submit(backend, spec, ...)  the name claimed, the paths checked on the host, the run started -> Run
-    attach(backend, name)       a Run for a run that is already there (re-attach after a killed controller)
-    Run.events()                typed progress events (events.py), resumable from a byte offset of eval.log
-    Run.follow(sink)            the same into a follow sink (the CLI's bar/lines)
-    Run.wait()                  follow until it is over, pull it, and say how it ended -> Finished
-    Run.state / Run.kill()      the backend's state (queued/running/succeeded/failed/cancelled/lost); cancel
+    submit(backend, spec, ...)  the name claimed, the paths checked on the host, the run started -> RunHandle
+    attach(backend, name)       a RunHandle for a run that is already there (re-attach after a killed controller)
+    RunHandle.events()          typed progress events (events.py), resumable from a byte offset of eval.log
+    RunHandle.follow(sink)      the same into a follow sink (the CLI's bar/lines)
+    RunHandle.wait()            follow until it is over, pull it, and say how it ended -> Finished
+    RunHandle.state / .kill()   the backend's state (queued/running/succeeded/failed/cancelled/lost); cancel
 
 Everything goes through a `Backend` (backends/base.py: SSH or the local folder, a Slurm cluster), so every
 backend gets the whole lifecycle. One source of truth for a run's state: the backend's probe
@@ -135,7 +135,7 @@ class Prepared:
 
 @dataclass
 class Finished:
-    """How a run ended (Run.wait): its state in the one vocabulary, status.json, the pulled directory."""
+    """How a run ended (RunHandle.wait): its state in the one vocabulary, status.json, the pulled directory."""
     host: str
     name: str
     state: str
@@ -161,7 +161,7 @@ def _silent() -> EventSink:
 NO_ANSWER_POLL_S = 2.0  # how often a wait asks again a scheduler that cannot answer (slurmctld is shared)
 
 
-class Run:
+class RunHandle:
     """A handle on one run (see the module doc)."""
 
     def __init__(self, backend: Backend, name: str, *, python: str | None = None, launch: Launch | None = None):
@@ -171,7 +171,7 @@ class Run:
         self.launch = launch
 
     def __repr__(self) -> str:
-        return f"Run({self.host}/{self.name})"
+        return f"RunHandle({self.host}/{self.name})"
 
     @property
     def host(self) -> str:
@@ -313,8 +313,8 @@ def failure_exit_code(state: str, status: dict) -> int:
     return EXIT_BAD_INPUT if status.get("exit_code") == protocol.EXIT_BAD_INPUT else EXIT_EVAL_FAILED
 
 
-def attach(backend: Backend, name: str, *, python: str | None = None) -> Run:
-    return Run(backend, name, python=python)
+def attach(backend: Backend, name: str, *, python: str | None = None) -> RunHandle:
+    return RunHandle(backend, name, python=python)
 
 
 def unfinished(host: str, identity: str, name: str | None = None) -> str | None:
@@ -330,7 +330,7 @@ def unfinished(host: str, identity: str, name: str | None = None) -> str | None:
 
 
 def submit(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = None, run_json: dict | None = None,
-           argv: list[str] | None = None) -> Run:
+           argv: list[str] | None = None) -> RunHandle:
     """Start `spec` on the backend's host (prepare() first). Refuses a used name (RunExists); bad paths on
     the host are refused before anything is created there or here (exit 3, nothing left behind)."""
     sub = submission(backend, spec, python=python, name=name, run_json=run_json, argv=argv)
@@ -339,7 +339,7 @@ def submit(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = 
         launched = backend.submit(sub)
     except RunExists as e:
         raise name_taken(backend, sub.name, e) from None
-    return Run(backend, sub.name, python=python, launch=launched)
+    return RunHandle(backend, sub.name, python=python, launch=launched)
 
 
 def submission(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = None,
@@ -388,7 +388,7 @@ __all__ = [
     "EvalSpec",
     "Finished",
     "Prepared",
-    "Run",
+    "RunHandle",
     "attach",
     "prepare",
     "submission",

@@ -13,7 +13,7 @@ from ..hosts.inventory import Host, Inventory
 from ..rundir.registry import check_run_name, local_registry, local_run_dir, local_runs_root
 
 
-def resolve_run(inventory: Inventory, ref: str, host_opt: str | None = None, *,
+def locate_run(inventory: Inventory, ref: str, host_opt: str | None = None, *,
                 search_hosts: bool = True) -> tuple[Host, str]:
     """`host/name` or `name` (+ --host) -> (Host, name). A bare name is looked up in the local registry,
     then on every inventory host; found on several => an error naming them; nowhere => RunNotFound."""

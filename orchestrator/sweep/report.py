@@ -143,7 +143,7 @@ class LoadedRuns:
         return self.estimates(path).get("tau")
 
     def estimates(self, path: str) -> dict:
-        """Every headline number's interval (compare.Comparison.estimates)."""
+        """Every headline number's interval (compare.ComparedRuns.estimates)."""
         if path not in self._estimates:
             run = self.get(path)
             self._estimates[path] = intervals.estimates(run.result) if run is not None else {}

@@ -46,7 +46,7 @@ def load_baseline(spec: str | None) -> compare.RunRecord | None:
     if not spec:
         return None
     try:
-        rec = compare.load_run(compare.resolve_run(spec, runs.local_runs_root()))
+        rec = compare.load_run(compare.pulled_run_dir(spec, runs.local_runs_root()))
     except protocol.ProtocolError as e:
         raise ConfigError(f"--baseline {spec!r}: {e}") from None
     except RevalError as e:

@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.backends import get_backend
@@ -19,7 +19,7 @@ from orchestrator.hosts.inventory import Host, Inventory, load_inventory
 from orchestrator.hosts.sync import SyncResult
 from orchestrator.hosts.transport import get_transport, q
 from orchestrator.runs import lifecycle as _lifecycle
-from orchestrator.runs.lifecycle import EvalSpec
+from orchestrator.runs.lifecycle import EvalSpec, Prepared
 
 
 def as_inventory(inventory: Inventory | str | Path | None) -> Inventory:
@@ -46,33 +46,9 @@ def per_host(hosts: list[Host], fn) -> tuple[dict, dict[str, str]]:
     return ({n: r for n, r, e in done if e is None}, {n: e for n, r, e in done if e is not None})
 
 
-@dataclass
-class Prepared:
-    """A host made ready for runs (reval.prepare): the payload synced (`synced`), its venv checked or built
-    (`env`, `python`). Pass it to submit/build_fixtures to do that once for several runs."""
-    host: str
-    synced: SyncResult
-    env: EnvInfo
-    _backend: object = field(default=None, init=False, repr=False, compare=False)
-
-    @property
-    def python(self) -> str:
-        return self.env.python
-
-    @property
-    def workdir(self) -> str:
-        """The host's workdir (absolute): runs/, payload/, venvs/ live there."""
-        return self._backend.workdir()
-
-
 def prepare(host: Host | str, *, inventory: Inventory | str | Path | None = None) -> Prepared:
     """Sync the payload to `host` (only what changed) and check or build its venv: one probe round trip."""
-    h = as_host(host, inventory)
-    backend = get_backend(h)
-    prep = _lifecycle.prepare(backend)
-    ready = Prepared(h.name, prep.synced, prep.env)
-    ready._backend = backend  # submit and build_fixtures reuse its transport (and the workdir it resolved)
-    return ready
+    return _lifecycle.prepare(get_backend(as_host(host, inventory)))
 
 
 def check_hosts(target: str | None = None, *, accept_new: bool = False, max_workers: int = 16,
@@ -145,7 +121,7 @@ def build_fixtures(host: Host | str, *, out: str | None = None, prepared: Prepar
     (the last of it)."""
     h = as_host(host, inventory)
     prep = prepared or prepare(h)
-    t = prep._backend.transport
+    t = prep.backend.transport
     fixtures = out or f"{prep.workdir}/fixtures"
     proc = t.popen(f"cd {q(prep.workdir + '/payload')} && PYTHONUNBUFFERED=1 {q(prep.python)} -m remote_payload "
                    f"fixtures --out {q(fixtures)} 2>&1")

@@ -9,13 +9,13 @@ from orchestrator.backends import get_backend
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.inventory import Inventory
 from orchestrator.rundir import registry as _runs
+from orchestrator.rundir.pull import Pulled
 from orchestrator.rundir.registry import RunState
 from orchestrator.runs import locate as _locate
 from orchestrator.runs import remove as _remove
 from orchestrator.runs.remove import Removal
 
 from .hosts import as_inventory, hosts_of, per_host
-from .runs import Pulled
 
 
 @dataclass
@@ -60,7 +60,8 @@ def pull_all(target: str | None = None, *, inventory: Inventory | str | Path | N
         pulled = []
         for s in be.list_runs():
             res = be.pull(s.name)
-            pulled.append(Pulled(be.host.name, s.name, res.path, list(res.files), s.state))
+            res.state = s.state
+            pulled.append(res)
         return pulled
     found, unreachable = per_host(hosts, every)
     return PulledAll([p for h in hosts for p in found.get(h.name, [])], unreachable)

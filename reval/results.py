@@ -2,39 +2,23 @@
 `reval.compare` (what `reval compare` prints, as data: Comparison)."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
 from orchestrator.render import tables as _tables
 from orchestrator.results import compare as _compare
-from remote_payload.contract.results import Result as _ResultsFile
+from remote_payload.contract import results as results_json
 
-
-class Result(_compare.RunRecord):
-    """A pulled run directory as read from disk (reval.load, Run.wait): `result` is its typed results.json
-    (None when the eval did not finish; `metrics`, `per_prompt`, `health`... forward to it), `status` and
-    `run_info` its status.json and run.json as dicts; `state`, `suspect`, `path`, `name`, `host`."""
-
-    def __repr__(self) -> str:
-        t = self.result.metrics.tau if self.result is not None else None
-        tau = f" · tau {t:.2f}" if isinstance(t, int | float) else ""
-        flag = " (SUSPECT)" if self.suspect else ""
-        return f"reval.Result({self.spec}: {self.state}{flag}{tau} · {self.path})"
-
-
-def _as_result(rec: _compare.RunRecord) -> Result:
-    if isinstance(rec, Result):
-        return rec
-    return Result(**{f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)})
+# A pulled run as read from disk: the core type itself, under the API's name
+Result = _compare.RunRecord
 
 
 def load(run: str | Path, *, runs_dir: str | Path | None = None) -> Result:
     """A pulled run: a run directory (runs/<host>/<name>/, or any folder holding its results.json/status.json),
     or as the CLI takes it, NAME or HOST/NAME under `runs_dir` (default: $REVAL_RUNS_DIR, else ./runs)."""
     path = run if isinstance(run, Path) else _compare.pulled_run_dir(str(run), runs_dir)
-    return _as_result(_compare.load_run(path))
+    return _compare.load_run(path)
 
 
 @dataclass
@@ -74,10 +58,10 @@ def compare(results: list[Result | str | Path], *, baseline: Result | str | Path
     def where(x):  # every run found before any is read (a wrong name is that line, whatever else is damaged)
         if isinstance(x, str) and _compare.is_run_glob(x):
             return _compare.expand_runs(x, runs_dir)
-        return [x if isinstance(x, _compare.RunRecord | _ResultsFile | Path) else _compare.pulled_run_dir(x, runs_dir)]
+        return [x if isinstance(x, _compare.RunRecord | results_json.Result | Path) else _compare.pulled_run_dir(x, runs_dir)]
 
     def read(x):
-        return _as_result(_compare.load_run(x)) if isinstance(x, Path) else x
+        return _compare.load_run(x) if isinstance(x, Path) else x
     found, seen = [], set()
     for x in (w for r in results for w in where(r)):  # a run named twice (two globs, a glob and its name): once
         key = x.resolve() if isinstance(x, Path) else id(x)

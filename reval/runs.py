@@ -11,70 +11,20 @@ from pathlib import Path
 
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Launch
-from orchestrator.errors import ConfigError, EvalFailed, RevalError, RunNotFound
+from orchestrator.errors import ConfigError, EvalFailed, RunNotFound
 from orchestrator.hosts.gpuspec import normalize_gpus
 from orchestrator.hosts.inventory import Host, Inventory
 from orchestrator.rundir import logs as _logs
 from orchestrator.rundir import registry as _runs
 from orchestrator.rundir.events import Event, EventSink, LogLine
+from orchestrator.rundir.pull import Pulled
 from orchestrator.rundir.registry import RunState
 from orchestrator.runs import lifecycle as _lifecycle
 from orchestrator.runs import locate as _locate
-from orchestrator.runs.lifecycle import EvalSpec
-from remote_payload.contract import protocol
-from remote_payload.contract.results import Result as _ResultsFile
+from orchestrator.runs.lifecycle import EvalSpec, Finished
 
 from .hosts import Prepared, as_host, as_inventory, prepare
-from .results import Result, load
-
-LAST_LINES = 15  # eval.log lines a Finished keeps when the run did not succeed (what the CLI shows)
-
-
-@dataclass(repr=False)
-class Finished(_lifecycle.Finished):
-    """How a run ended (Run.finish): `state` in the one vocabulary, `status` (status.json), `path` (the pulled
-    copy), `result` (that copy as reval.load reads it; None when it cannot be read: `error` says why),
-    `last_lines` (eval.log's last lines when it did not succeed), `discarded` (bad input, the payload's exit
-    3: the run was removed on its host and here, its name is free again), `exit_code` (the CLI's)."""
-    result: Result | None = None
-    error: RevalError | None = None
-    last_lines: list[str] = field(default_factory=list)
-    discarded: bool = False
-
-    @property
-    def has_results(self) -> bool:
-        return self.ok and self.result is not None and self.result.result is not None
-
-    @property
-    def exit_code(self) -> int:
-        """0 succeeded with results · 103 cancelled · 3 bad input · 1 anything else (failed, lost, no results)."""
-        return 0 if self.has_results else _lifecycle.failure_exit_code(self.state, self.status)
-
-    def __repr__(self) -> str:
-        return f"reval.Finished({self.host}/{self.name}: {self.state}, exit {self.exit_code} · {self.path})"
-
-
-def _load_pulled(path: Path, status: dict) -> tuple[Result | None, RevalError | None]:
-    """The pulled copy as reval.load reads it; when a damaged status.json/run.json copy makes that fail, a
-    readable results.json alone still says how the eval ended (the error is kept)."""
-    try:
-        return load(path), None
-    except RevalError as e:
-        try:
-            typed = _ResultsFile.load(path / protocol.RESULTS_JSON)
-        except (OSError, ValueError):  # ResultsError is a ValueError
-            return None, e
-        return Result(name=path.name, host=path.parent.name, path=path, result=typed, status=status), e
-
-
-def _last_lines(path: Path, n: int = LAST_LINES) -> list[str]:
-    """The last n lines of a pulled eval.log, read from its end (its last 64 KiB: a 1.5 GB log stays there)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
-            return f.read().decode("utf-8", errors="replace").splitlines()[-n:]
-    except OSError:
-        return []
+from .results import Result
 
 
 @dataclass
@@ -99,17 +49,6 @@ class Killed:
     name: str
     state: RunState
     already_ended: bool = False
-
-
-@dataclass
-class Pulled:
-    """A run's files copied to runs/<host>/<name>/ (`path`): `files` (contract files only); `state` as its
-    host reported it (None where it was not asked)."""
-    host: str
-    name: str
-    path: Path
-    files: list[str] = field(default_factory=list)
-    state: str | None = None
 
 
 class Run:
@@ -192,16 +131,7 @@ class Run:
             _logs.refuse_links(t, self.name)
         if tail:
             log_offset = _logs.read_log_tail(t, self.name, tail)[1]
-        fin = h.wait(EventSink(on_event) if on_event else None, log_offset=log_offset, give_up_s=give_up_s)
-        result, error = _load_pulled(fin.path, fin.status)
-        done = Finished(**{f.name: getattr(fin, f.name) for f in dataclasses.fields(fin)}, result=result,
-                        error=error)
-        if not done.has_results:
-            done.last_lines = _last_lines(fin.path / protocol.EVAL_LOG)
-        if _lifecycle.bad_input(fin):  # the one clean-up of an exit 3: nothing left on either side
-            h.discard()
-            done.discarded = True
-        return done
+        return h.finish(EventSink(on_event) if on_event else None, log_offset=log_offset, give_up_s=give_up_s)
 
     def wait(self, *, give_up_s: float = 120.0, on_event: Callable[[Event], None] | None = None) -> Result:
         """Follow to the end, pull, and load the result. A run that did not succeed raises reval.Error
@@ -218,8 +148,7 @@ class Run:
 
     def pull(self) -> Pulled:
         """Copy its files to runs/<host>/<name>/ (only the run-directory contract's files)."""
-        res = self._run.pull()
-        return Pulled(self.host, self.name, res.path, list(res.files))
+        return self._run.pull()
 
     def kill(self, *, grace_s: float = 10.0) -> Killed:
         """Cancel it (TERM, wait grace_s, KILL; confirmed; a Slurm job: scancel, then until Slurm says it is
@@ -301,7 +230,7 @@ def submit(host: Host | str, spec: EvalSpec, *, name: str | None = None,
     if prepared is not None and prepared.host != h.name:
         raise ConfigError(f"prepared for {prepared.host}, not {h.name}", hint=f"reval.prepare({h.name!r})")
     prep = prepared or prepare(h)
-    backend = prep._backend
+    backend = prep.backend
     again = _lifecycle.unfinished(h.name, spec.identity(h.name), name=name) if reattach else None
     if again:
         return Run(_lifecycle.attach(backend, again, python=prep.python), reattached=True)

@@ -100,7 +100,7 @@ def test_a_wait_asks_again_while_slurm_cannot_answer_and_says_so(here, monkeypat
     again (not `failed`, not `no-answer` as an end), says so once, and ends with Slurm's answer."""
     from orchestrator.rundir.events import EventSink, Note
     from orchestrator.rundir.follow import FollowResult
-    from orchestrator.rundir.pull import PullResult
+    from orchestrator.rundir.pull import Pulled
     from orchestrator.runs import lifecycle
     answers = [RunState("hpc", "r", NO_ANSWER, {"job_id": "5"}, reason=f"Slurm cannot answer: {WHY}")] * 3 + [
         RunState("hpc", "r", "succeeded", {"state": "succeeded", "exit_code": 0, "slurm_state": "COMPLETED"})]
@@ -113,7 +113,7 @@ def test_a_wait_asks_again_while_slurm_cannot_answer_and_says_so(here, monkeypat
     monkeypatch.setattr(lifecycle, "NO_ANSWER_POLL_S", 0.01, raising=False)
     run = lifecycle.RunHandle(be, "r")
     monkeypatch.setattr(run, "follow", lambda sink, **kw: FollowResult("succeeded", {"state": "succeeded"}))
-    monkeypatch.setattr(run, "pull", lambda finished=False: PullResult(here / "runs/hpc/r"))
+    monkeypatch.setattr(run, "pull", lambda finished=False: Pulled(here / "runs/hpc/r"))
     notes: list[str] = []
     fin = run.wait(EventSink(lambda ev: notes.append(ev.text) if isinstance(ev, Note) else None))
     assert (fin.state, fin.status.get("slurm_state")) == ("succeeded", "COMPLETED") and len(asked) == 4

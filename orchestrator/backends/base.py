@@ -49,7 +49,7 @@ from ..hosts.gpuspec import gpu_slots, normalize_gpus
 from ..hosts.inventory import Host
 from ..hosts.transport import Transport, q, resolve_workdir
 from ..rundir.follow import stream_command as follow_stream_command
-from ..rundir.pull import PullResult
+from ..rundir.pull import Pulled
 from ..rundir.pull import pull as pull_run
 from ..rundir.registry import RunState, remote_run_dir
 
@@ -71,7 +71,7 @@ class Folded(NamedTuple):
     when asked and the backend could (None: pull it as usual)."""
     state: RunState | None
     started: Launch | RevalError | None
-    pulled: PullResult | None = None
+    pulled: Pulled | None = None
 
 
 class NoFreeGpu(ConfigError):
@@ -219,7 +219,7 @@ class Backend(ABC):
         """The remote command streaming the run's files (framed; remote_payload/runtime/stream.py)."""
         return follow_stream_command(self.workdir(), python, self.run_dir(name), log_offset, events_offset)
 
-    def pull(self, name: str) -> PullResult:
+    def pull(self, name: str) -> Pulled:
         """Copy the run's contract files to runs/<host>/<name>/."""
         return pull_run(self.transport, name, workdir=self.workdir())
 

@@ -31,7 +31,7 @@ from ..errors import ConfigError, HostUnreachable, RemoteCommandError, RevalErro
 from ..hosts.gpuspec import normalize_gpus
 from ..hosts.inventory import Host
 from ..hosts.transport import Transport, q, resolve_workdir
-from ..rundir.pull import PullResult, install_pulled
+from ..rundir.pull import Pulled, install_pulled
 from ..rundir.registry import (
     RunState,
     check_local_runs_root,
@@ -292,7 +292,7 @@ def pull_part(run_dir: str, max_bytes: int) -> str:
     ])
 
 
-def _pulled_part(host: str, run: str, answer: str) -> tuple[str, PullResult | None]:
+def _pulled_part(host: str, run: str, answer: str) -> tuple[str, Pulled | None]:
     """The launch's answer without the pull part, and the ended run's files from it, put in runs/<host>/<run>/
     (None when there are none, or they are incomplete or damaged: the caller pulls the run on its own)."""
     head, sep, rest = answer.rpartition(f"\n{PULL} ")  # the last: base64 has no "@" or " "

@@ -36,16 +36,24 @@ FIELD_WORDS = {"cache_fingerprint": "cache", "prompt_set": "prompt set", "num_pr
 _RESULT_SECTIONS = frozenset(f.name for f in dataclasses.fields(Result) if not f.metadata.get("internal"))
 
 
-@dataclass
+@dataclass(repr=False)
 class RunRecord:
-    """One pulled run directory, as read from disk (result is None when the eval did not finish).
-    `result` is the typed results.json (remote_payload/contract/results.py); `results` the same file as a plain dict."""
+    """A pulled run directory as read from disk (load_run; the API calls it reval.Result: reval.load,
+    Run.wait): `result` is its typed results.json (remote_payload/contract/results.py; None when the eval did
+    not finish; `metrics`, `per_prompt`, `health`... forward to it), `results` the same file as a plain dict,
+    `status` and `run_info` its status.json and run.json as dicts; `state`, `suspect`, `path`, `name`, `host`."""
     name: str
     host: str
     path: Path
     result: Result | None = None
     status: dict | None = None
     run_info: dict | None = None
+
+    def __repr__(self) -> str:
+        t = self.result.metrics.tau if self.result is not None else None
+        tau = f" · tau {t:.2f}" if isinstance(t, int | float) else ""
+        flag = " (SUSPECT)" if self.suspect else ""
+        return f"reval.Result({self.spec}: {self.state}{flag}{tau} · {self.path})"
 
     @property
     def results(self) -> dict | None:

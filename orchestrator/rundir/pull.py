@@ -23,10 +23,16 @@ from .registry import FOLLOW_JSON, check_local_runs_root, local_run_dir, remote_
 
 
 @dataclass
-class PullResult:
+class Pulled:
+    """A run's files copied to runs/<host>/<name>/ (`path`): `files` (the contract's files only), `refused`
+    (stream members that were not contract files); `state` as its host reported it (None where it was not
+    asked: reval.pull and pull_all ask)."""
     path: Path
     files: list[str] = field(default_factory=list)
-    refused: list[str] = field(default_factory=list)  # stream members that were not contract files
+    refused: list[str] = field(default_factory=list)
+    host: str = ""
+    name: str = ""
+    state: str | None = None
 
 
 def pull_script(run_dir: str) -> str:
@@ -72,7 +78,7 @@ class _Prefixed:
         return self.rest.read(size)
 
 
-def pull(transport: Transport, name: str, *, workdir: str) -> PullResult:
+def pull(transport: Transport, name: str, *, workdir: str) -> Pulled:
     host = transport.host.name
     check_local_runs_root(host)  # before the transfer: a `runs` that is a file refuses at once
     final = local_run_dir(host, name)  # and a copy here that is a symbolic link (nothing written through it)
@@ -94,10 +100,10 @@ def pull(transport: Transport, name: str, *, workdir: str) -> PullResult:
         p.stdout.read()
         _pull_failed(transport, p, err, head, run_dir, name)
         return got
-    return _install(final, name, fill)
+    return _install(final, host, name, fill)
 
 
-def install_pulled(host: str, name: str, tar_bytes: bytes, expected: list[str]) -> PullResult | None:
+def install_pulled(host: str, name: str, tar_bytes: bytes, expected: list[str]) -> Pulled | None:
     """A run's contract files that came back as a tar inside another command's answer (the sweep's long poll
     carries a finished run's files: backends/ssh.py) put in runs/<host>/<name>/ as pull() puts them; None
     (nothing changed here) when the stream is damaged or does not hold exactly the files `expected` (the
@@ -114,7 +120,7 @@ def install_pulled(host: str, name: str, tar_bytes: bytes, expected: list[str]) 
             raise _Incomplete
         return written, refused
     try:
-        return _install(final, name, fill)
+        return _install(final, host, name, fill)
     except (_Incomplete, tarfile.TarError, EOFError):
         return None
 
@@ -123,7 +129,8 @@ class _Incomplete(Exception):
     pass
 
 
-def _install(final: Path, name: str, fill: Callable[[Path], tuple[list[str], list[str]]]) -> PullResult:
+def _install(final: Path, host: str, name: str, fill: Callable[[Path], tuple[list[str], list[str]]]
+             ) -> Pulled:
     """fill(tmp) writes the files into a temp dir that then replaces `final` (its .follow.json kept)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".pull-{name}-{os.getpid()}"
@@ -141,7 +148,7 @@ def _install(final: Path, name: str, fill: Callable[[Path], tuple[list[str], lis
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-    return PullResult(final, sorted(written), refused)
+    return Pulled(final, sorted(written), refused, host, name)
 
 
 def _pull_failed(transport: Transport, p, err: Callable[[], str], head: bytes, run_dir: str, name: str) -> None:

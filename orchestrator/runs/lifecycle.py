@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import queue
 import threading
 import time
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from remote_payload.contract import protocol
+from remote_payload.contract import results as results_json
 
 from .. import __version__
 from ..backends.base import Backend, Launch, Submission
@@ -40,9 +42,10 @@ from ..errors import (
 from ..hosts.environment import EnvInfo, provision
 from ..hosts.gpuspec import normalize_gpus
 from ..hosts.sync import SyncResult
+from ..results.compare import RunRecord, load_run
 from ..rundir.events import Event, EventSink
 from ..rundir.follow import FollowResult, follow
-from ..rundir.pull import PullResult
+from ..rundir.pull import Pulled
 from ..rundir.registry import (
     NO_ANSWER,
     RunState,
@@ -125,33 +128,89 @@ class EvalSpec:
 
 @dataclass
 class Prepared:
+    """A host made ready for runs (prepare; reval.prepare): the payload synced (`synced`), its venv checked or
+    built (`env`, `python`); `backend` is the host's, whose transport (and the workdir it resolved) submit and
+    build_fixtures reuse. Pass it to submit/build_fixtures to do that once for several runs."""
+    host: str
     synced: SyncResult
     env: EnvInfo
+    backend: Backend | None = field(default=None, repr=False, compare=False)
 
     @property
     def python(self) -> str:
         return self.env.python
 
+    @property
+    def workdir(self) -> str:
+        """The host's workdir (absolute): runs/, payload/, venvs/ live there."""
+        return self.backend.workdir()
 
-@dataclass
+
+LAST_LINES = 15  # eval.log lines a Finished keeps when the run did not succeed (what the CLI shows)
+
+
+@dataclass(repr=False)
 class Finished:
-    """How a run ended (RunHandle.wait): its state in the one vocabulary, status.json, the pulled directory."""
+    """How a run ended (RunHandle.wait; with RunHandle.finish, what reval's Run.finish returns): `state` in
+    the one vocabulary, `status` (status.json), `path` (the pulled copy); after finish() also `result` (that
+    copy as load_run reads it; None when it cannot be read: `error` says why), `last_lines` (eval.log's last
+    lines when it did not succeed), `discarded` (bad input, the payload's exit 3: the run was removed on its
+    host and here, its name is free again), `exit_code` (the CLI's)."""
     host: str
     name: str
     state: str
     status: dict
     path: Path
     follow: FollowResult | None = None
+    result: RunRecord | None = None
+    error: RevalError | None = None
+    last_lines: list[str] = field(default_factory=list)
+    discarded: bool = False
 
     @property
     def ok(self) -> bool:
         return self.state == protocol.SUCCEEDED
 
+    @property
+    def has_results(self) -> bool:
+        return self.ok and self.result is not None and self.result.result is not None
+
+    @property
+    def exit_code(self) -> int:
+        """0 succeeded with results · 103 cancelled · 3 bad input · 1 anything else (failed, lost, no results)."""
+        return 0 if self.has_results else failure_exit_code(self.state, self.status)
+
+    def __repr__(self) -> str:
+        return f"reval.Finished({self.host}/{self.name}: {self.state}, exit {self.exit_code} · {self.path})"
+
 
 def prepare(backend: Backend) -> Prepared:
     """Sync the payload and check (or build) its venv on the backend's host: one probe round trip."""
     synced, env = provision(backend.transport, backend.host)
-    return Prepared(synced, env)
+    return Prepared(backend.host.name, synced, env, backend)
+
+
+def load_pulled(path: Path, status: dict) -> tuple[RunRecord | None, RevalError | None]:
+    """The pulled copy as load_run reads it; when a damaged status.json/run.json copy makes that fail, a
+    readable results.json alone still says how the eval ended (the error is kept)."""
+    try:
+        return load_run(path), None
+    except RevalError as e:
+        try:
+            typed = results_json.Result.load(path / protocol.RESULTS_JSON)
+        except (OSError, ValueError):  # ResultsError is a ValueError
+            return None, e
+        return RunRecord(name=path.name, host=path.parent.name, path=path, result=typed, status=status), e
+
+
+def last_lines(path: Path, n: int = LAST_LINES) -> list[str]:
+    """The last n lines of a pulled eval.log, read from its end (its last 64 KiB: a 1.5 GB log stays there)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            return f.read().decode("utf-8", errors="replace").splitlines()[-n:]
+    except OSError:
+        return []
 
 
 def _silent() -> EventSink:
@@ -264,7 +323,7 @@ class RunHandle:
         if failure:
             raise failure[0]
 
-    def pull(self, *, finished: bool = False) -> PullResult:
+    def pull(self, *, finished: bool = False) -> Pulled:
         """Copy the run's files to runs/<host>/<name>/; `finished`: it is over and seen to its end (the same
         command again then starts a new run instead of re-attaching)."""
         res = self.backend.pull(self.name)
@@ -288,6 +347,19 @@ class RunHandle:
             s = after if after is not None else s
         state, status = (s.state, s.status) if s is not None else (res.state, res.status)
         return Finished(self.host, self.name, state, status, pulled.path, res)
+
+    def finish(self, sink=None, *, log_offset: int | None = None, give_up_s: float = 120.0) -> Finished:
+        """wait(), then the pulled copy read (`result`, `error`), eval.log's last lines when it did not
+        succeed, and bad input (the payload's exit 3) cleaned up: the run removed on its host and here
+        (`discarded`), after its log's tail was read."""
+        fin = self.wait(sink, log_offset=log_offset, give_up_s=give_up_s)
+        fin.result, fin.error = load_pulled(fin.path, fin.status)
+        if not fin.has_results:
+            fin.last_lines = last_lines(fin.path / protocol.EVAL_LOG)
+        if bad_input(fin):  # the one clean-up of an exit 3: nothing left on either side
+            self.discard()
+            fin.discarded = True
+        return fin
 
     def kill(self, *, grace_s: float = 10.0) -> RunState:
         return self.backend.cancel(self.name, grace_s=grace_s)

@@ -11,7 +11,7 @@ from remote_payload.contract import protocol
 
 from ..errors import HostUnreachable, RevalError
 from ..results import compare
-from ..rundir.pull import PullResult
+from ..rundir.pull import Pulled
 from ..rundir.registry import RunState
 from .ledger import LAUNCHED, Ledger, LedgerEntry
 from .plan import NOT_RUN, UNREACHABLE, Job, Outcome
@@ -164,7 +164,7 @@ class SweepRecord:
 
 
 def pull_and_record(hosts: HostPool, record: SweepRecord, hs: HostSession, job: Job, st: RunState,
-                    pulled: PullResult | None = None) -> None:
+                    pulled: Pulled | None = None) -> None:
     """A run that is over: pulled from hs (unless `pulled` already: its files, brought by the long poll), its
     outcome recorded and logged (a host gone: `unreachable`)."""
     try:

@@ -25,7 +25,7 @@ from ..hosts.sync import local_manifest_hash
 from ..render import plotworker
 from ..results import compare
 from ..rundir import registry as runs
-from ..rundir.pull import PullResult
+from ..rundir.pull import Pulled
 from ..rundir.registry import RunState
 from ..runs import lifecycle
 from .books import JobQueue, SweepRecord, pull_and_record
@@ -37,7 +37,7 @@ from .report import SweepFacts, SweepReport, build_report
 from .stage import HostPool, HostSession
 
 Fold = tuple[LedgerEntry | None, Launch | RevalError]  # a job the long poll started: its ledger entry before, the answer
-Ended = tuple[Job, RunState, PullResult | None]  # a run seen to its end; its files when the long poll brought them
+Ended = tuple[Job, RunState, Pulled | None]  # a run seen to its end; its files when the long poll brought them
 
 
 def load_baseline(spec: str | None) -> compare.RunRecord | None:
@@ -352,7 +352,7 @@ class SlotWorkers:
             return None
 
     def _wait_then_start(self, hs: HostSession, job: Job, nxt: Job, sub: Submission, wait_s: float,
-                         held: list[Job], folds: dict[str, Fold]) -> tuple[RunState | None, PullResult | None]:
+                         held: list[Job], folds: dict[str, Fold]) -> tuple[RunState | None, Pulled | None]:
         """The long poll on job's run that starts `nxt` once it ended (Backend.wait_then_submit); the run's
         state, and its files when they came in the same answer (pulled here already). nxt's ledger entry says
         `launched` during the call (a controller killed meanwhile re-attaches, or launches it when it is not

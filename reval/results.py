@@ -8,10 +8,8 @@ from pathlib import Path
 from orchestrator.errors import ConfigError
 from orchestrator.render import tables as _tables
 from orchestrator.results import compare as _compare
+from orchestrator.results.compare import Result
 from remote_payload.contract import results as results_json
-
-# A pulled run as read from disk: the core type itself, under the API's name
-Result = _compare.RunRecord
 
 
 def load(run: str | Path, *, runs_dir: str | Path | None = None) -> Result:
@@ -58,7 +56,7 @@ def compare(results: list[Result | str | Path], *, baseline: Result | str | Path
     def where(x):  # every run found before any is read (a wrong name is that line, whatever else is damaged)
         if isinstance(x, str) and _compare.is_run_glob(x):
             return _compare.expand_runs(x, runs_dir)
-        return [x if isinstance(x, _compare.RunRecord | results_json.Result | Path) else _compare.pulled_run_dir(x, runs_dir)]
+        return [x if isinstance(x, _compare.Result | results_json.Result | Path) else _compare.pulled_run_dir(x, runs_dir)]
 
     def read(x):
         return _compare.load_run(x) if isinstance(x, Path) else x
@@ -75,7 +73,7 @@ def compare(results: list[Result | str | Path], *, baseline: Result | str | Path
                           hint="the baseline is one run: give its NAME or HOST/NAME, or a glob that matches one")
     runs = [read(x) for x in found]
     base = None if bases is None else read(bases[0])
-    if isinstance(base, _compare.RunRecord) and base.result is None:
+    if isinstance(base, _compare.Result) and base.result is None:
         what = baseline if isinstance(baseline, str) else str(base.path)
         raise ConfigError(f"baseline {what!r} has no results ({base.state})", hint="pick a finished run as --baseline")
     model = _compare.compare(runs, base, allow_incomparable=allow_incomparable)

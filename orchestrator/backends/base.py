@@ -126,6 +126,7 @@ class Launch:
     gpu_info: list[dict] = field(default_factory=list)
     status: dict = field(default_factory=dict)
     queued: bool = False           # accepted by a scheduler, not started yet
+    requested_gpus: str = ""       # the --gpus it was started with (auto | none | 0,1; "" for a scheduler's)
 
 
 class Backend(ABC):

@@ -130,7 +130,8 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
     workdir, d, script, staged = _launch_parts(host, transport, name=name, payload_argv=payload_argv, gpus=gpus,
                                                run_json=run_json, python=python, preflight=preflight)
     out = transport.run(script, input=staged, timeout_s=STARTUP_WAIT_S + 60).stdout
-    return _launched(host, transport, out, workdir=workdir, name=name, d=d, python=python, run_json=run_json)
+    return _launched(host, transport, out, workdir=workdir, name=name, d=d, python=python, run_json=run_json,
+                     gpus=normalize_gpus(gpus))
 
 
 def _launch_parts(host: Host, transport: Transport, *, name: str, payload_argv: list[str], gpus: str, run_json: dict,
@@ -151,7 +152,7 @@ def _launch_parts(host: Host, transport: Transport, *, name: str, payload_argv: 
 
 
 def _launched(host: Host, transport: Transport, out: str, *, workdir: str, name: str, d: str, python: str,
-              run_json: dict) -> Launch:
+              run_json: dict, gpus: str) -> Launch:
     """The launch script's answer `out` -> the Launch (its follow state saved), or the refusal raised."""
     refused = script_refusal(host.name, out, workdir=workdir, name=name, what="launch")
     if refused:
@@ -174,20 +175,8 @@ def _launched(host: Host, transport: Transport, out: str, *, workdir: str, name:
     pgid = int(status.get("pgid", 0))
     return Launch(host=host.name, name=name, run_dir=d, handle=JobHandle("ssh", str(pgid)),
                   pid=int(status.get("pid", 0)), pgid=pgid, device=status.get("device", "cpu"),
-                  gpus=list(status.get("gpus", [])), gpu_info=list(status.get("gpu_info", [])), status=status)
-
-
-def describe(info: Launch, requested_gpus: str) -> str:
-    """The `launch` line for the screen (pure)."""
-    if info.gpus:
-        mem = {g["index"]: g for g in info.gpu_info}
-        where = ", ".join(
-            f"GPU {i}" + (f" ({'free, ' if requested_gpus == 'auto' else ''}"
-                          f"{(mem[i]['memory_total_mib'] - mem[i]['memory_used_mib']) / 1024:.0f} GB)"
-                          if i in mem else "") for i in info.gpus)
-    else:
-        where = "CPU (no GPU on this host)" if requested_gpus == "auto" else "CPU"
-    return f"{info.name} on {info.host} · {where} · log {info.run_dir}/eval.log on the server"
+                  gpus=list(status.get("gpus", [])), gpu_info=list(status.get("gpu_info", [])), status=status,
+                  requested_gpus=gpus)
 
 
 # -- probes: status / ls / kill, one remote script each (moved from runs.py) ------------------------------
@@ -340,7 +329,8 @@ def wait_then_launch(host: Host, transport: Transport, run: str, sub: Submission
         if p.returncode != 0:  # the launch part failed (its run folder could not be made): the launch's failure
             raise RemoteCommandError(host.name, script, p.returncode, p.stderr, answer)
         return Folded(st, _launched(host, transport, answer, workdir=workdir, name=sub.name, d=d,
-                                    python=sub.python, run_json=sub.run_json), pulled)
+                                    python=sub.python, run_json=sub.run_json, gpus=normalize_gpus(sub.gpus)),
+                      pulled)
     except HostUnreachable:
         raise
     except RevalError as e:

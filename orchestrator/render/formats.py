@@ -14,20 +14,20 @@ from rich.markup import escape
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from remote_payload.contract.results import Result
+from remote_payload.contract import results as results_json
 
 from ..results import intervals
 from .tables import Cell, Column, Table, fmt_ci, shorten
 
 
-def summary_line(result: Result | dict) -> str:
+def summary_line(result: results_json.Result | dict) -> str:
     """'tau 8.37 [7.91, 8.80] · streak 7.37 · DDTree-512 12.38 [11.9, 12.8] · width-8 11.90 [...] · position-1
     accuracy 0.920 [0.901, 0.938] · 300 blocks, 10 prompts' (+ SUSPECT and its reasons) for one results.json (a
-    Result, or the file's dict). The brackets: 95% bootstrap intervals over prompts (intervals.py), shown
-    where two prompts or more rebuild the number shown (intervals.estimates: a damaged or hand-edited file gets
-    none rather than one around another number)."""
+    results_json.Result, or the file's dict). The brackets: 95% bootstrap intervals over prompts
+    (intervals.py), shown where two prompts or more rebuild the number shown (intervals.estimates: a damaged
+    or hand-edited file gets none rather than one around another number)."""
     if isinstance(result, dict):
-        result = Result.from_dict(result)
+        result = results_json.Result.from_dict(result)
     m = result.metrics
     widths = {w: v for w, v in m.tree_width_tau.items() if v is not None}
     w = max(widths, key=int) if widths else None

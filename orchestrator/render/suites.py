@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from remote_payload.contract.results import Result, Suite
+from remote_payload.contract import results as results_json
+from remote_payload.contract.results import Suite
 
 from ..results import intervals
-from ..results.compare import ComparedRuns, RunRecord
+from ..results.compare import ComparedRuns, Result
 from .tables import Cell, Column, Row, Table, mark_best
 
 SUITE_NOTE = ("rows = runs, columns = benchmark suites: tau (tokens per round incl. the bonus, macro over that "
@@ -23,14 +24,14 @@ SUITE_NOTE = ("rows = runs, columns = benchmark suites: tau (tokens per round in
 MISMATCH = "≠"
 
 
-def suite_view(result: Result, suite: Suite) -> Result:
+def suite_view(result: results_json.Result, suite: Suite) -> results_json.Result:
     """The result as if it held only `suite`'s prompts (what intervals and the tables read)."""
     a, b = suite.prompt_range
     return dataclasses.replace(result, per_prompt=result.per_prompt[a:b], metrics=suite.metrics, cache=suite.cache,
                                comparability=suite.comparability, suites=None, suite_mean=None)
 
 
-def suite_names(runs: list[RunRecord]) -> list[str]:
+def suite_names(runs: list[Result]) -> list[str]:
     """Every suite any run holds, in the order first seen."""
     names: list[str] = []
     for r in runs:
@@ -40,7 +41,7 @@ def suite_names(runs: list[RunRecord]) -> list[str]:
     return names
 
 
-def _reference_keys(runs: list[RunRecord]) -> dict[str, dict]:
+def _reference_keys(runs: list[Result]) -> dict[str, dict]:
     """Per suite: the comparability key of the first run that has it (the others are compared with it)."""
     ref: dict[str, dict] = {}
     for r in runs:
@@ -49,7 +50,7 @@ def _reference_keys(runs: list[RunRecord]) -> dict[str, dict]:
     return ref
 
 
-def _speedup(res: Result, name: str):
+def _speedup(res: results_json.Result, name: str):
     """The suite's projected speedups when the run measured them (--speedup): (projected dict, best method)."""
     if res.speedup is None or not res.speedup.by_suite:
         return None, None
@@ -57,7 +58,7 @@ def _speedup(res: Result, name: str):
     return (s.projected, s.best_method) if s is not None else (None, None)
 
 
-def _speedup_text(res: Result, name: str) -> str:
+def _speedup_text(res: results_json.Result, name: str) -> str:
     projected, best = _speedup(res, name)
     if not projected or best is None or projected.get(best) is None:
         return ""

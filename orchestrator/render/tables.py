@@ -9,7 +9,7 @@ from typing import Any
 from ..results import stats
 from ..results.compare import (
     ComparedRuns,
-    RunRecord,
+    Result,
     checkpoint_step,
     comparability_note,
     format_duration,
@@ -115,7 +115,7 @@ def shorten(name: str, width: int = 22) -> str:
     return name[: (keep + 1) // 2] + "…" + name[len(name) - keep // 2:]
 
 
-def _budgets(runs: list[RunRecord], key: str) -> list[str]:
+def _budgets(runs: list[Result], key: str) -> list[str]:
     keys = {k for r in runs if r.result for k in getattr(r.result.metrics, key)}
     return sorted(keys, key=lambda k: int(k))
 
@@ -130,7 +130,7 @@ def _num_cell(v: float | None, digits: int, base: float | None) -> Cell:
     return c
 
 
-def metric_columns(runs: list[RunRecord]) -> list[Column]:
+def metric_columns(runs: list[Result]) -> list[Column]:
     """The ranked numbers: tau, tau pooled, streak, DDTree best and per budget, width-k, position-1 accuracy."""
     budgets, widths = _budgets(runs, "ddtree_tau"), _budgets(runs, "tree_width_tau")
     cols = [Column("tau", "tau\ntok/round", ranked=True), Column("tau_pooled", "tau\npooled", ranked=True,
@@ -303,11 +303,11 @@ def per_prompt_table(cmp: ComparedRuns) -> Table:
     return mark_best(Table("per-prompt tau", cols, rows, best_per="row"), rankable=_rankable_cols(cmp, with_res))
 
 
-def _col_label(cmp: ComparedRuns, run: RunRecord) -> str:
+def _col_label(cmp: ComparedRuns, run: Result) -> str:
     return cmp.label(run) + "".join(f" ({m})" for m in run_marks(cmp, run))
 
 
-def _rankable_cols(cmp: ComparedRuns, runs: list[RunRecord]) -> set[str]:
+def _rankable_cols(cmp: ComparedRuns, runs: list[Result]) -> set[str]:
     return {cmp.label(r) for r in runs if cmp.rankable(r)}
 
 

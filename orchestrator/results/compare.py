@@ -1,10 +1,11 @@
 """Load pulled runs and compare them: name resolution, comparability, intervals and paired comparisons.
 
-The API (what `reval.load()` / `reval.compare()` call): `load_result(path) -> Result` and
+The API (what `reval.load()` / `reval.compare()` call): `load_run(path) -> Result` (a pulled run; its
+`result` is the typed results.json, remote_payload's results_json.Result) and
 `compare(runs, baseline=...) -> ComparedRuns` (`tables.comparison_json` makes it plain records). Nothing here
-prints or writes; `tables.py` builds the tables (it imports this module, never the other way round),
-`report.py` renders them (rich, markdown, csv, json), `html.py` writes the HTML report and `plots.py` draws
-the curves. A pulled run lives in `runs/<host>/<run>/`.
+prints or writes; render/tables.py builds the tables (it imports this module, never the other way round),
+render/formats.py renders them (rich, markdown, csv, json), render/html.py writes the HTML report and
+render/plots.py draws the curves. A pulled run lives in `runs/<host>/<run>/`.
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from remote_payload.contract import protocol, runstate
+from remote_payload.contract import results as results_json
 from remote_payload.contract.contenthash import STEP_PATTERN as _STEP  # one checkpoint-step rule
-from remote_payload.contract.results import Result, ResultsError
+from remote_payload.contract.results import ResultsError
 
 from ..errors import ConfigError, RunNotFound
 from ..rundir.registry import is_run_name, symlink_refused
@@ -33,19 +35,20 @@ FIELD_WORDS = {"cache_fingerprint": "cache", "prompt_set": "prompt set", "num_pr
                "attention": "drafter attention (window / causal inside the block)"}
 
 
-_RESULT_SECTIONS = frozenset(f.name for f in dataclasses.fields(Result) if not f.metadata.get("internal"))
+_RESULT_SECTIONS = frozenset(f.name for f in dataclasses.fields(results_json.Result)
+                             if not f.metadata.get("internal"))
 
 
 @dataclass(repr=False)
-class RunRecord:
-    """A pulled run directory as read from disk (load_run; the API calls it reval.Result: reval.load,
-    Run.wait): `result` is its typed results.json (remote_payload/contract/results.py; None when the eval did
+class Result:
+    """A pulled run directory as read from disk (load_run; the API's reval.Result: reval.load, Run.wait):
+    `result` is its typed results.json (remote_payload/contract/results.py; None when the eval did
     not finish; `metrics`, `per_prompt`, `health`... forward to it), `results` the same file as a plain dict,
     `status` and `run_info` its status.json and run.json as dicts; `state`, `suspect`, `path`, `name`, `host`."""
     name: str
     host: str
     path: Path
-    result: Result | None = None
+    result: results_json.Result | None = None
     status: dict | None = None
     run_info: dict | None = None
 
@@ -99,7 +102,7 @@ def _read_optional(path: Path, limit: int | None = None) -> dict | None:
     return obj
 
 
-def load_run(path: str | Path) -> RunRecord:
+def load_run(path: str | Path) -> Result:
     """Read a run directory (results.json, status.json, run.json; any may be missing but not all). A run folder
     that is a symbolic link is refused (exit 3): it is no copy of a run, whatever it points to."""
     path = Path(path)
@@ -109,7 +112,7 @@ def load_run(path: str | Path) -> RunRecord:
     result = None
     if results is not None:
         try:
-            result = Result.from_dict(results, source=path / protocol.RESULTS_JSON)
+            result = results_json.Result.from_dict(results, source=path / protocol.RESULTS_JSON)
         except ResultsError as e:
             raise ConfigError(str(e), hint="re-pull the run (reval pull RUN), or re-run the eval with this "
                                            "version of reval") from None
@@ -119,7 +122,7 @@ def load_run(path: str | Path) -> RunRecord:
         raise RunNotFound(f"{path}: not a run directory (no results.json, status.json or run.json)",
                           hint="pull it first: reval pull <run>, or pass the run's folder")
     host = (run_info or {}).get("host") or path.parent.name
-    return RunRecord(name=path.name, host=str(host), path=path, result=result, status=status, run_info=run_info)
+    return Result(name=path.name, host=str(host), path=path, result=result, status=status, run_info=run_info)
 
 
 def pulled_run_dir(spec: str, runs_root: str | Path | None = None) -> Path:
@@ -217,34 +220,34 @@ class ComparedRuns:
     """Runs set side by side (compare()): in order, the baseline first; their labels; what differs from the
     reference; intervals and paired comparisons computed on demand. The API's reval.Comparison is a view of
     it (`.model`), with the rows as plain records."""
-    runs: list[RunRecord]              # baseline first when there is one
+    runs: list[Result]              # baseline first when there is one
     labels: dict[str, str]             # run path (str) -> display label
-    baseline: RunRecord | None = None
+    baseline: Result | None = None
     differences: list[Difference] = field(default_factory=list)
     _estimates: dict = field(default_factory=dict, repr=False)
     _paired: dict = field(default_factory=dict, repr=False)
 
-    def label(self, run: RunRecord) -> str:
+    def label(self, run: Result) -> str:
         return self.labels[str(run.path)]
 
-    def incomparable(self, run: RunRecord) -> bool:
+    def incomparable(self, run: Result) -> bool:
         return any(d.run == self.label(run) for d in self.differences)
 
-    def rankable(self, run: RunRecord) -> bool:
+    def rankable(self, run: Result) -> bool:
         return run.result is not None and not run.suspect and not self.incomparable(run)
 
-    def estimates(self, run: RunRecord) -> dict[str, Estimate]:
+    def estimates(self, run: Result) -> dict[str, Estimate]:
         """95% bootstrap intervals over prompts of the run's headline numbers (computed once)."""
         key = str(run.path)
         if key not in self._estimates:
             self._estimates[key] = intervals.estimates(run.result) if run.result is not None else {}
         return self._estimates[key]
 
-    def use_estimates(self, run: RunRecord, est: dict[str, Estimate]) -> None:
+    def use_estimates(self, run: Result, est: dict[str, Estimate]) -> None:
         """The run's intervals, computed before (intervals.estimates of its result: the same numbers)."""
         self._estimates[str(run.path)] = est
 
-    def paired(self, run: RunRecord) -> dict[str, Paired]:
+    def paired(self, run: Result) -> dict[str, Paired]:
         """The run against the baseline, paired by prompt (empty for the baseline itself, runs without
         results, and runs that are not comparable with the baseline)."""
         base = self.baseline
@@ -256,7 +259,7 @@ class ComparedRuns:
         return self._paired[key]
 
 
-def run_labels(runs: list[RunRecord]) -> dict[str, str]:
+def run_labels(runs: list[Result]) -> dict[str, str]:
     """Display labels: the bare name where it is unique among `runs`, else host/name."""
     counts: dict[str, int] = {}
     for r in runs:
@@ -264,7 +267,7 @@ def run_labels(runs: list[RunRecord]) -> dict[str, str]:
     return {str(r.path): r.name if counts[r.name] == 1 else r.spec for r in runs}
 
 
-def build_comparison(runs: list[RunRecord], baseline: RunRecord | None = None) -> ComparedRuns:
+def build_comparison(runs: list[Result], baseline: Result | None = None) -> ComparedRuns:
     """Order runs (baseline first) and find every comparability field that differs from the reference
     (the baseline, else the first run with results). Runs without results take no part."""
     if baseline is not None:
@@ -287,9 +290,9 @@ def build_comparison(runs: list[RunRecord], baseline: RunRecord | None = None) -
     return cmp
 
 
-def load_result(path: str | Path) -> Result:
-    """A results.json, or a run directory holding one, as a typed Result (ConfigError naming the file and
-    field when it breaks the schema; RunNotFound when there is none)."""
+def load_result(path: str | Path) -> results_json.Result:
+    """A results.json, or a run directory holding one, as a typed results_json.Result (ConfigError naming the
+    file and field when it breaks the schema; RunNotFound when there is none)."""
     path = Path(path)
     rec = load_run(path) if path.is_dir() else None
     if rec is not None:
@@ -297,24 +300,24 @@ def load_result(path: str | Path) -> Result:
             raise RunNotFound(f"{path}: no results.json (state {rec.state})", hint="pull it when it has finished")
         return rec.result
     try:
-        return Result.load(path)
+        return results_json.Result.load(path)
     except FileNotFoundError:
         raise RunNotFound(f"{path}: no such results.json or run directory") from None
     except ResultsError as e:
         raise ConfigError(str(e), hint="re-run the eval with this version of reval") from None
 
 
-def _record(x: RunRecord | Result | str | Path) -> RunRecord:
-    if isinstance(x, RunRecord):
-        return x
+def _record(x: Result | results_json.Result | str | Path) -> Result:
     if isinstance(x, Result):
+        return x
+    if isinstance(x, results_json.Result):
         where = x.source.parent if x.source is not None else Path(x.run)
-        return RunRecord(name=x.run, host=x.environment.hostname, path=where, result=x)
+        return Result(name=x.run, host=x.environment.hostname, path=where, result=x)
     return load_run(x)
 
 
 def compare(runs: list, baseline=None, *, allow_incomparable: bool = False) -> ComparedRuns:
-    """The comparison the CLI prints: runs (RunRecords, Results or run directories) in order, the baseline
+    """The comparison the CLI prints: runs (Results, results_json.Results or run directories) in order, the baseline
     first; comparability checked (ConfigError naming what differs unless allow_incomparable); intervals and
     paired comparisons computed on demand (`ComparedRuns.estimates(run)`, `.paired(run)`)."""
     cmp = build_comparison([_record(r) for r in runs], None if baseline is None else _record(baseline))
@@ -360,7 +363,7 @@ def comparability_note(cmp: ComparedRuns) -> str:
 
 
 
-def checkpoint_step(result: Result | None, name: str = "") -> int | None:
+def checkpoint_step(result: results_json.Result | None, name: str = "") -> int | None:
     """The drafter's training step: results.drafter.step, else a `step-N`/`ckpt-N` in its path or the run name."""
     if result is not None and result.drafter.step is not None:
         return result.drafter.step
@@ -389,7 +392,7 @@ def _iso_s(ts: str | None) -> float | None:
         return None
 
 
-def run_duration_s(run: RunRecord) -> float | None:
+def run_duration_s(run: Result) -> float | None:
     t = run.result.timing.total_s if run.result is not None else None
     if t is not None:
         return float(t)
@@ -398,7 +401,7 @@ def run_duration_s(run: RunRecord) -> float | None:
     return b - a if a is not None and b is not None else None
 
 
-def run_marks(cmp: ComparedRuns, run: RunRecord) -> list[str]:
+def run_marks(cmp: ComparedRuns, run: Result) -> list[str]:
     marks = []
     if run is cmp.baseline:
         marks.append("base")

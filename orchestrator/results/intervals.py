@@ -7,7 +7,8 @@ import math
 
 import numpy as np
 
-from remote_payload.contract.results import PromptResult, Result
+from remote_payload.contract import results as results_json
+from remote_payload.contract.results import PromptResult
 
 from . import stats
 
@@ -35,7 +36,7 @@ def _tree_tau(p: PromptResult, field: str, key: str) -> float | None:
     return taus.get(key)
 
 
-def samples(result: Result) -> dict[str, stats.Sample]:
+def samples(result: results_json.Result) -> dict[str, stats.Sample]:
     """Every headline number of `result` that its per_prompt records can rebuild."""
     pp = result.per_prompt
     out = {"tau": _macro(pp, lambda p: p.tau),
@@ -53,7 +54,7 @@ def samples(result: Result) -> dict[str, stats.Sample]:
     return {k: s for k, s in out.items() if s is not None}
 
 
-def metric_values(result: Result) -> dict[str, float | None]:
+def metric_values(result: results_json.Result) -> dict[str, float | None]:
     """The ranked numbers of one result as results.json states them, flat: tau, tau_pooled, streak, ddtree_best,
     ddtree_<B>, width_<k>, pos1_acc (the keys of `samples`)."""
     m = result.metrics
@@ -68,7 +69,7 @@ def metric_values(result: Result) -> dict[str, float | None]:
 
 
 
-def trusted_samples(result: Result) -> dict[str, stats.Sample]:
+def trusted_samples(result: results_json.Result) -> dict[str, stats.Sample]:
     """`samples` that rebuild the number results.json states (a damaged or hand-edited file's others would
     give an interval around another number) and are finite."""
     vals = metric_values(result)
@@ -77,7 +78,8 @@ def trusted_samples(result: Result) -> dict[str, stats.Sample]:
                                                                               abs_tol=1e-6))}
 
 
-def estimates(result: Result, *, seed: int | None = None, keys=None) -> dict[str, stats.Estimate]:
+def estimates(result: results_json.Result, *, seed: int | None = None, keys=None
+              ) -> dict[str, stats.Estimate]:
     """Bootstrap 95% intervals (SD, n) of every headline number (or those in `keys`) that its per-prompt data
     rebuilds; none where the interval is not finite."""
     wanted = {k: s for k, s in trusted_samples(result).items() if keys is None or k in keys}
@@ -85,7 +87,8 @@ def estimates(result: Result, *, seed: int | None = None, keys=None) -> dict[str
             if math.isfinite(e.lo) and math.isfinite(e.hi)}
 
 
-def compare_paired(result: Result, reference: Result, *, seed: int | None = None, keys=None) -> dict[str, stats.Paired]:
+def compare_paired(result: results_json.Result, reference: results_json.Result, *, seed: int | None = None,
+                   keys=None) -> dict[str, stats.Paired]:
     """`result` against `reference`, paired by prompt, for every headline number (or those in `keys`) both
     rebuild."""
     a, b = trusted_samples(result), trusted_samples(reference)

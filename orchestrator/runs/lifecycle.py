@@ -42,7 +42,7 @@ from ..errors import (
 from ..hosts.environment import EnvInfo, provision
 from ..hosts.gpuspec import normalize_gpus
 from ..hosts.sync import SyncResult
-from ..results.compare import RunRecord, load_run
+from ..results.compare import Result, load_run
 from ..rundir.events import Event, EventSink
 from ..rundir.follow import FollowResult, follow
 from ..rundir.pull import Pulled
@@ -162,7 +162,7 @@ class Finished:
     status: dict
     path: Path
     follow: FollowResult | None = None
-    result: RunRecord | None = None
+    result: Result | None = None
     error: RevalError | None = None
     last_lines: list[str] = field(default_factory=list)
     discarded: bool = False
@@ -190,7 +190,7 @@ def prepare(backend: Backend) -> Prepared:
     return Prepared(backend.host.name, synced, env, backend)
 
 
-def load_pulled(path: Path, status: dict) -> tuple[RunRecord | None, RevalError | None]:
+def load_pulled(path: Path, status: dict) -> tuple[Result | None, RevalError | None]:
     """The pulled copy as load_run reads it; when a damaged status.json/run.json copy makes that fail, a
     readable results.json alone still says how the eval ended (the error is kept)."""
     try:
@@ -200,7 +200,7 @@ def load_pulled(path: Path, status: dict) -> tuple[RunRecord | None, RevalError 
             typed = results_json.Result.load(path / protocol.RESULTS_JSON)
         except (OSError, ValueError):  # ResultsError is a ValueError
             return None, e
-        return RunRecord(name=path.name, host=path.parent.name, path=path, result=typed, status=status), e
+        return Result(name=path.name, host=path.parent.name, path=path, result=typed, status=status), e
 
 
 def last_lines(path: Path, n: int = LAST_LINES) -> list[str]:

@@ -28,7 +28,7 @@ class SweepFacts:
     outcomes: list[Outcome]              # this sweep's and the earlier ones it skipped, in any order
     series: list[LedgerEntry]            # the ledger's entries of this configuration (every night's)
     baseline: str | None                 # --baseline as given
-    baseline_run: compare.RunRecord | None
+    baseline_run: compare.Result | None
     threshold: float
     hosts_down: dict[str, str]           # host -> why it left the sweep
     loaded: LoadedRuns | None = None     # the runs the sweep pulled, parsed once
@@ -44,7 +44,7 @@ class SweepReport:
     threshold: float
     exit_code: int = 0
     files: dict[str, str] = field(default_factory=dict)
-    baseline_run: compare.RunRecord | None = None
+    baseline_run: compare.Result | None = None
     history: list[StepPoint] = field(default_factory=list)  # tau vs step: every checkpoint of this configuration
     loaded: LoadedRuns | None = None  # the runs' records, parsed once (None: read them when needed)
 
@@ -117,16 +117,16 @@ class LoadedRuns:
     them (the same numbers: each is a pure, seeded function of the two runs' files)."""
 
     def __init__(self):
-        self.cache: dict[str, compare.RunRecord | None] = {}
+        self.cache: dict[str, compare.Result | None] = {}
         self.order: dict[str, tuple] = {}  # pulled runs by path -> checkpoint_order (for prepare's neighbours)
         self._estimates: dict[str, dict] = {}
         self._pairs: dict[tuple[str, str], tuple[stats.Paired | None, str]] = {}
         self.lock = threading.Lock()
 
-    def put(self, path, rec: compare.RunRecord) -> None:
+    def put(self, path, rec: compare.Result) -> None:
         self.cache[str(path)] = rec if rec.result is not None else None
 
-    def get(self, path: str | None) -> compare.RunRecord | None:
+    def get(self, path: str | None) -> compare.Result | None:
         if not path:
             return None
         if path not in self.cache:
@@ -149,7 +149,7 @@ class LoadedRuns:
             self._estimates[path] = intervals.estimates(run.result) if run is not None else {}
         return self._estimates[path]
 
-    def paired_tau(self, path: str, ref_path: str | None, ref: compare.RunRecord | None = None
+    def paired_tau(self, path: str, ref_path: str | None, ref: compare.Result | None = None
                    ) -> tuple[stats.Paired | None, str]:
         """(tau of `path` paired by prompt against `ref_path`'s run, or `ref`, '') or (None, why not)."""
         key = (path, ref_path or "", ref is not None)
@@ -175,7 +175,7 @@ class LoadedRuns:
             self.paired_tau(min(after, key=ok.__getitem__), path)
 
 
-def _paired_tau(run: compare.RunRecord | None, ref: compare.RunRecord | None) -> tuple[stats.Paired | None, str]:
+def _paired_tau(run: compare.Result | None, ref: compare.Result | None) -> tuple[stats.Paired | None, str]:
     """(tau paired by prompt, '') or (None, why not)."""
     if run is None or ref is None:
         return None, "no per-prompt results to pair with"
@@ -186,7 +186,7 @@ def _paired_tau(run: compare.RunRecord | None, ref: compare.RunRecord | None) ->
     return intervals.compare_paired(run.result, ref.result, keys={"tau"}).get("tau"), ""
 
 
-def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: compare.RunRecord | None,
+def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: compare.Result | None,
                        threshold: float, loaded: LoadedRuns | None = None) -> None:
     """Fill, per outcome: prev_* (the closest earlier finished, non-suspect checkpoint of the same
     configuration), tau_ci, vs_prev (paired against it), base_ratio, vs_base and base_verdict (paired against

@@ -40,7 +40,7 @@ Fold = tuple[LedgerEntry | None, Launch | RevalError]  # a job the long poll sta
 Ended = tuple[Job, RunState, Pulled | None]  # a run seen to its end; its files when the long poll brought them
 
 
-def load_baseline(spec: str | None) -> compare.RunRecord | None:
+def load_baseline(spec: str | None) -> compare.Result | None:
     """The --baseline run, loaded before anything runs: a wrong name fails at once (exit 102 or 3), not
     after a night of evals."""
     if not spec:
@@ -61,7 +61,7 @@ PAYLOAD_MAX_BLOCKS = 30  # the eval payload's --max-blocks default (remote_paylo
 STOP_GRACE_S = 10.0  # Ctrl-C: how long the sweep waits for its workers to return (Workers.wait)
 
 
-def baseline_differences(opts: SweepOptions, baseline: compare.RunRecord | None, cache_fingerprint: str) -> list[str]:
+def baseline_differences(opts: SweepOptions, baseline: compare.Result | None, cache_fingerprint: str) -> list[str]:
     """What the sweep's evals will certainly differ in from the --baseline run (known before anything runs:
     max blocks, prompts asked for, the cache's fingerprint), as 'max_blocks 30 there, 20 here' (pure)."""
     if baseline is None or baseline.result is None:
@@ -401,7 +401,7 @@ class Sweep:
     returns the report. `hosts`: the HostPool to use (default: one over --hosts; a test's seam)."""
 
     def __init__(self, opts: SweepOptions, inventory: Inventory, *, log=None,
-                 baseline: compare.RunRecord | None = None, hosts: HostPool | None = None):
+                 baseline: compare.Result | None = None, hosts: HostPool | None = None):
         self.opts = opts
         self.inventory = inventory
         self.log = log or (lambda line: None)

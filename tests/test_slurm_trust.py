@@ -169,7 +169,7 @@ def test_byte_identical_checkpoints_are_evaluated_once_and_all_named(hpc):
     entries = _ledger(sw)
     assert [(e["checkpoint"], e["also"], e["state"]) for e in entries] == [("step-31", ["step-32", "step-33"],
                                                                              "succeeded")]
-    from orchestrator.sweep.report import outcome_text, write_report_files
+    from orchestrator.sweep.render import outcome_text, write_report_files
     assert outcome_text(rep.outcomes[0]).startswith("step-31 (= step-32, step-33)  tau ")
     write_report_files(rep)
     assert "step-31 (= step-32, step-33)" in Path(rep.files["markdown"]).read_text()

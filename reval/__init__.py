@@ -38,23 +38,43 @@ Nothing here prints. Errors are `reval.Error` (a RevalError: `str(e)` is the one
 read from disk: its typed results.json (`res.result`, remote_payload/contract/results.py; `res.metrics`,
 `res.per_prompt`, `res.health`... forward to it), status.json, run.json, `res.state`, `res.suspect`, `res.path`.
 
+Beside the verbs: the run states (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST; UNKNOWN and NO_ANSWER,
+the controller's own), the exit codes (EXIT_OK ... EXIT_CANCELLED: `exit_code` of reval.Error, Finished and
+SweepReport), local_runs() (the runs kept in runs/ here, no host asked), is_run_glob(RUN), hosts_exit_code(
+[HostCheck | HostSync]), did_you_mean and duration_s (the words every command reads one way) and
+PLAUSIBLE_SINCE (prune ages no run that ended before it).
+
 This file is the face: the names above, re-exported from reval/hosts.py (inventory, hosts check, sync, prepare,
 fixtures), runs.py (one run), listing.py (the runs on hosts: ls, pull_all, rm, prune), results.py (load,
 compare) and sweeps.py (sweep); the CLI over them is reval/cli/.
 """
 from __future__ import annotations
 
-from orchestrator.errors import RevalError
-from orchestrator.hosts.hostcheck import HostCheck
+from orchestrator import __version__ as __version__
+from orchestrator.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_CANCELLED,
+    EXIT_EVAL_FAILED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_STILL_RUNNING,
+    EXIT_UNREACHABLE,
+    RevalError,
+)
+from orchestrator.hosts.hostcheck import HostCheck, hosts_exit_code
 from orchestrator.hosts.inventory import Host, Inventory
+from orchestrator.results.compare import is_run_glob
 from orchestrator.rundir.events import Event, LogLine, Note, Progress, StatusChange
-from orchestrator.rundir.registry import RunState
+from orchestrator.rundir.registry import NO_ANSWER, UNKNOWN, RunState
 from orchestrator.runs.lifecycle import EvalSpec
-from orchestrator.runs.remove import Removal
+from orchestrator.runs.remove import PLAUSIBLE_SINCE, Removal
 from orchestrator.sweep import SweepOptions, SweepReport
+from orchestrator.words import did_you_mean, duration_s
+from remote_payload.contract.protocol import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED
 
 from .hosts import Fixtures, HostSync, Prepared, build_fixtures, check_hosts, prepare, sync
-from .listing import Listing, PulledAll, RemovalPlan, ls, plan_prune, plan_rm, prune, pull_all, rm
+from .listing import Listing, PulledAll, RemovalPlan, local_runs, ls, plan_prune, plan_rm, prune, pull_all, rm
 from .results import Comparison, Result, compare, load
 from .runs import (
     Finished,
@@ -76,9 +96,13 @@ from .sweeps import SweepInterrupted, sweep
 
 Error = RevalError
 
-__all__ = ["Comparison", "Error", "EvalSpec", "Event", "Finished", "Fixtures", "Host", "HostCheck", "HostSync",
-           "Inventory", "Killed", "Listing", "Log", "LogLine", "Note", "Prepared", "Progress", "Pulled",
-           "PulledAll", "Removal", "RemovalPlan", "Result", "Run", "RunState", "StatusChange", "SweepInterrupted",
-           "SweepOptions", "SweepReport", "attach", "build_fixtures", "check_hosts", "check_spec", "compare", "find",
-           "kill", "load", "logs", "ls", "plan_prune", "plan_rm", "prepare", "prune", "pull", "pull_all", "rm",
-           "status", "submit", "sweep", "sync", "unfinished"]
+__all__ = ["CANCELLED", "EXIT_BAD_INPUT", "EXIT_CANCELLED", "EXIT_EVAL_FAILED", "EXIT_NOT_FOUND", "EXIT_OK",
+           "EXIT_PARTIAL", "EXIT_STILL_RUNNING", "EXIT_UNREACHABLE", "FAILED", "LOST", "NO_ANSWER",
+           "PLAUSIBLE_SINCE", "QUEUED", "RUNNING", "SUCCEEDED", "UNKNOWN", "Comparison", "Error", "EvalSpec",
+           "Event", "Finished", "Fixtures", "Host", "HostCheck", "HostSync", "Inventory", "Killed", "Listing",
+           "Log", "LogLine", "Note", "Prepared", "Progress", "Pulled", "PulledAll", "Removal", "RemovalPlan",
+           "Result", "Run", "RunState", "StatusChange", "SweepInterrupted", "SweepOptions", "SweepReport",
+           "attach", "build_fixtures", "check_hosts", "check_spec", "compare", "did_you_mean", "duration_s",
+           "find", "hosts_exit_code", "is_run_glob", "kill", "load", "local_runs", "logs", "ls", "plan_prune",
+           "plan_rm", "prepare", "prune", "pull", "pull_all", "rm", "status", "submit", "sweep", "sync",
+           "unfinished"]

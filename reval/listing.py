@@ -45,6 +45,12 @@ def ls(target: str | None = None, *, here: bool = False, inventory: Inventory | 
     return Listing(_runs.by_start_time(states), unreachable)
 
 
+def local_runs() -> list[tuple[str, str]]:
+    """(host, name) of every run kept here in runs/ (launched or pulled from this folder), sorted; no host is
+    asked (`reval ls --names`)."""
+    return _runs.local_registry()
+
+
 @dataclass
 class PulledAll:
     """pull_all's answer: every run pulled, host by host; `unreachable`: {host: why}."""

@@ -54,9 +54,11 @@ class Killed:
 class Run:
     """A run on a host: `state`/`status()`, `events()`, `finish()`, `wait()`, `log()`, `pull()`, `kill()`."""
 
-    def __init__(self, handle: _lifecycle.RunHandle, *, reattached: bool = False):
+    def __init__(self, handle: _lifecycle.RunHandle, *, reattached: bool = False,
+                 runs_dir: str | Path | None = None):
         self._run = handle
         self.reattached = reattached  # submit(reattach=True) found this command's unfinished run and attached
+        self.runs_dir = runs_dir  # where its copy here goes (find(runs_dir=)); None: $REVAL_RUNS_DIR or ./runs
 
     def __repr__(self) -> str:
         return f"reval.Run({self.ref})"
@@ -126,6 +128,10 @@ class Run:
         last `tail` lines; default: where the last follow from this folder stopped), pull, and say how it
         ended. Never raises for a failed eval (see `wait`). Bad input (the payload's exit 3) leaves nothing:
         the run is removed on its host and here (`discarded`), after its log's tail was read."""
+        with _runs.runs_root(self.runs_dir):
+            return self._finish(on_event, log_offset, tail, give_up_s)
+
+    def _finish(self, on_event, log_offset, tail, give_up_s) -> Finished:
         h, t = self._run, self._run.backend.transport
         if h.launch is None:  # a run found rather than started now: a linked run folder or log is never followed
             _logs.refuse_links(t, self.name)
@@ -148,7 +154,8 @@ class Run:
 
     def pull(self) -> Pulled:
         """Copy its files to runs/<host>/<name>/ (only the run-directory contract's files)."""
-        return self._run.pull()
+        with _runs.runs_root(self.runs_dir):
+            return self._run.pull()
 
     def kill(self, *, grace_s: float = 10.0) -> Killed:
         """Cancel it (TERM, wait grace_s, KILL; confirmed; a Slurm job: scancel, then until Slurm says it is
@@ -161,11 +168,14 @@ class Run:
         return Killed(self.host, self.name, be.cancel(self.name, grace_s=grace_s, known=before))
 
 
-def find(run: str, *, host: str | None = None, inventory: Inventory | str | Path | None = None) -> Run:
+def find(run: str, *, host: str | None = None, inventory: Inventory | str | Path | None = None,
+         runs_dir: str | Path | None = None) -> Run:
     """The run a RUN reference names: `host/name`, or `name` (with `host`, else looked up in runs/ here, then
-    on every inventory host; on several: reval.Error naming them; nowhere: exit_code 102)."""
-    h, name = _locate.locate_run(as_inventory(inventory), run, host)
-    return Run(_lifecycle.attach(get_backend(h), name))
+    on every inventory host; on several: reval.Error naming them; nowhere: exit_code 102). `runs_dir`: the
+    runs/ here that is looked in and that its pull and finish write to (default: $REVAL_RUNS_DIR, else ./runs)."""
+    with _runs.runs_root(runs_dir):
+        h, name = _locate.locate_run(as_inventory(inventory), run, host)
+        return Run(_lifecycle.attach(get_backend(h), name), runs_dir=runs_dir)
 
 
 def attach(host: Host | str, name: str, *, inventory: Inventory | str | Path | None = None) -> Run:

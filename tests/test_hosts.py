@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from rich.console import Console
 
-from orchestrator.hosts.hostcheck import HostCheck, exit_code, interpret
+from orchestrator.hosts.hostcheck import HostCheck, hosts_exit_code, interpret
 from orchestrator.hosts.inventory import Host, VenvSpec, load_inventory
 from orchestrator.hosts.sync import sync_payload
 from orchestrator.hosts.transport import close_all, get_transport
@@ -62,8 +62,9 @@ def test_interpret_payload_and_venv_state():
 
 def test_exit_code_rules():
     ok, down, bad = HostCheck("a", "", reachable=True, ok=True), HostCheck("b", ""), HostCheck("c", "", reachable=True)
-    assert exit_code([ok, ok]) == 0 and exit_code([down, down]) == 4
-    assert exit_code([ok, down]) == 2 and exit_code([bad, down]) == 2 and exit_code([bad]) == 2
+    assert hosts_exit_code([ok, ok]) == 0 and hosts_exit_code([down, down]) == 4
+    assert hosts_exit_code([ok, down]) == 2 and hosts_exit_code([bad, down]) == 2
+    assert hosts_exit_code([bad]) == 2
 
 
 def test_hosts_table_lists_inventory(tmp_path, capsys, monkeypatch):

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.ssh import describe, kill_run, launch, launch_script, normalize_gpus, run_state
+from orchestrator.backends.ssh import kill_run, launch, launch_script, normalize_gpus, run_state
 from orchestrator.errors import ConfigError
 from orchestrator.hosts.transport import SSHTransport, resolve_workdir
 from remote_payload.contract import gpus, protocol
 from remote_payload.runtime import wrapper
+from reval.cli.commands.run import describe
 from tests.runtools import (
     fake_nvidia_smi,
     group_members,

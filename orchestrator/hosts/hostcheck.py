@@ -101,7 +101,7 @@ def check_command(host: Host, modules: list[str]) -> str:
 
 def interpret(host: Host, blob: dict, *, manifest_hash: str, requirements: list[str]) -> HostCheck:
     """The check script's JSON -> a HostCheck (pure)."""
-    r = HostCheck(host.name, describe_address(host), reachable=True, ok=True, python=blob.get("python"),
+    r = HostCheck(host.name, host.describe_address(), reachable=True, ok=True, python=blob.get("python"),
                   workdir=blob.get("workdir"), disk_free_bytes=blob.get("disk_free_bytes"))
     r.payload = ("absent" if not blob.get("manifest_hash") else
                  "current" if blob["manifest_hash"] == manifest_hash else "stale")
@@ -128,13 +128,6 @@ def interpret(host: Host, blob: dict, *, manifest_hash: str, requirements: list[
     return r
 
 
-def describe_address(host: Host) -> str:
-    if host.is_local:
-        return "(local)"
-    s = f"{host.user}@{host.address}" if host.user else host.address
-    return f"{s}:{host.port}" if host.port else s
-
-
 def check_host(host: Host, *, manifest_hash: str, requirements: list[str]) -> HostCheck:
     t0 = time.monotonic()
     transport = get_transport(host)
@@ -142,20 +135,20 @@ def check_host(host: Host, *, manifest_hash: str, requirements: list[str]) -> Ho
     try:
         p = transport.run(check_command(host, modules), input=CHECK_SCRIPT, check=False, timeout_s=60)
         if p.returncode == 127:
-            r = HostCheck(host.name, describe_address(host), reachable=True,
+            r = HostCheck(host.name, host.describe_address(), reachable=True,
                           error=f"python interpreter {host.python!r} not found",
                           hint=f"set `python:` for {host.name} in hosts.yaml")
         elif p.returncode != 0:
             tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
-            r = HostCheck(host.name, describe_address(host), reachable=True,
+            r = HostCheck(host.name, host.describe_address(), reachable=True,
                           error=f"check script failed (exit {p.returncode}): {tail}")
         else:
             r = interpret(host, json.loads(p.stdout.strip().splitlines()[-1]), manifest_hash=manifest_hash,
                           requirements=requirements)
     except (HostUnreachable, HostKeyError) as e:
-        r = HostCheck(host.name, describe_address(host), error=str(e).split(": ", 1)[-1], hint=e.hint)
+        r = HostCheck(host.name, host.describe_address(), error=str(e).split(": ", 1)[-1], hint=e.hint)
     except RevalError as e:
-        r = HostCheck(host.name, describe_address(host), reachable=True, error=str(e), hint=e.hint)
+        r = HostCheck(host.name, host.describe_address(), reachable=True, error=str(e), hint=e.hint)
     r.elapsed_s = time.monotonic() - t0
     return r
 
@@ -171,7 +164,7 @@ def check_hosts(hosts: list[Host], *, accept_new: bool = False, max_workers: int
         return list(pool.map(lambda h: check_host(h, manifest_hash=manifest_hash, requirements=reqs), hosts))
 
 
-def exit_code(results: list) -> int:
+def hosts_exit_code(results: list) -> int:
     """0 all ok · 4 all unreachable · 2 anything else failed (pure; works for check and sync results)."""
     if all(r.ok for r in results):
         return EXIT_OK

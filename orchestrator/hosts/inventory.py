@@ -63,6 +63,13 @@ class Host:
     def is_local(self) -> bool:
         return self.local
 
+    def describe_address(self) -> str:
+        """`(local)`, or where SSH reaches it: `user@address:port` (pure)."""
+        if self.is_local:
+            return "(local)"
+        s = f"{self.user}@{self.address}" if self.user else self.address
+        return f"{s}:{self.port}" if self.port else s
+
 
 def builtin_local_host() -> Host:
     """The embedded default: a folder under the current directory, the controller's own interpreter."""

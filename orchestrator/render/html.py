@@ -12,10 +12,10 @@ from pathlib import Path
 from remote_payload import __version__
 from remote_payload.contract import protocol
 
-from ..results.compare import ComparedRuns, format_duration
+from ..results.compare import ComparedRuns
 from . import plots, suites, tables
 from .formats import ci_text, visible_columns
-from .tables import Cell, Table
+from .tables import Cell, Table, format_duration
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1200px;

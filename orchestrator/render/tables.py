@@ -1,8 +1,10 @@
 """The comparison's tables (pure): one row per run with 95% bootstrap intervals, the paired comparison against
 the baseline (Δ and ratio with paired-bootstrap intervals, p-values, the smallest detectable change),
-per-position and per-prompt views, and the machine-readable comparison. report.py renders them."""
+per-position and per-prompt views, and the machine-readable comparison; durations as text. formats.py
+renders them."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,12 +14,30 @@ from ..results.compare import (
     Result,
     checkpoint_step,
     comparability_note,
-    format_duration,
     run_duration_s,
     run_marks,
 )
 from ..results.intervals import metric_values
 from ..results.stats import Estimate, Paired
+from ..rundir.registry import iso_s
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):  # NaN / Infinity: no duration
+        return ""
+    s = round(seconds)
+    if s < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def duration_text(status: dict) -> str:
+    """`2m41s` from status.json's started_at/finished_at, `?` without both (pure)."""
+    a, b = iso_s(status.get("started_at")), iso_s(status.get("finished_at"))
+    return format_duration(b - a) if a is not None and b is not None else "?"
+
 
 CI_NOTE = (f"[a, b] = 95% bootstrap CI over prompts (seeded; {stats.RESAMPLES:,} resamples up to 10 prompts, "
            "fewer for more); SD and n in --format csv/json")

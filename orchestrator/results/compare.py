@@ -9,12 +9,8 @@ render/plots.py draws the curves. A pulled run lives in `runs/<host>/<run>/`.
 """
 from __future__ import annotations
 
-import calendar
 import dataclasses
 import fnmatch
-import math
-import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +21,7 @@ from remote_payload.contract.contenthash import STEP_PATTERN as _STEP  # one che
 from remote_payload.contract.results import ResultsError
 
 from ..errors import ConfigError, RunNotFound
-from ..rundir.registry import is_run_name, symlink_refused
+from ..rundir.registry import is_run_name, iso_s, local_runs_root, symlink_refused
 from . import intervals
 from .stats import Estimate, Paired
 
@@ -127,8 +123,8 @@ def load_run(path: str | Path) -> Result:
 
 def pulled_run_dir(spec: str, runs_root: str | Path | None = None) -> Path:
     """`name`, `host/name` or a path -> the run's local folder. Ambiguous or missing names are errors.
-    runs_root: default $REVAL_RUNS_DIR or ./runs, read at call time (the rule of runs.local_runs_root)."""
-    runs_root = Path(runs_root or os.environ.get("REVAL_RUNS_DIR", "runs"))
+    runs_root: default registry.local_runs_root() ($REVAL_RUNS_DIR or ./runs), read at call time."""
+    runs_root = Path(runs_root) if runs_root else local_runs_root()
     p = Path(spec)
     if p.is_dir() and any((p / f).exists() for f in (protocol.RESULTS_JSON, protocol.STATUS_JSON,
                                                      protocol.RUN_JSON)):
@@ -170,7 +166,7 @@ def expand_runs(spec: str, runs_root: str | Path | None = None) -> list[Path]:
     """A glob over the local registry: `step-*` (every host's runs/<host>/step-*), `HOST/step-*` (the host may
     be a glob too) -> the matching pulled runs, by step where their names carry one (step-N, ckpt-N, ...), then
     the others by name, then by host. None matching: RunNotFound (exit 102); not NAME or HOST/NAME: exit 3."""
-    runs_root = Path(runs_root or os.environ.get("REVAL_RUNS_DIR", "runs"))
+    runs_root = Path(runs_root) if runs_root else local_runs_root()
     parts = spec.strip("/").split("/")
     if len(parts) > 2 or any(not p or p in (".", "..") or not set(p) <= _GLOB_PART for p in parts):
         raise ConfigError(f"{spec}: a run glob is NAME or HOST/NAME with * ? [...] among letters, digits, . _ -",
@@ -374,30 +370,12 @@ def checkpoint_step(result: results_json.Result | None, name: str = "") -> int |
     return None
 
 
-def format_duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):  # NaN / Infinity: no duration
-        return ""
-    s = round(seconds)
-    if s < 60:
-        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def _iso_s(ts: str | None) -> float | None:
-    try:
-        return float(calendar.timegm(time.strptime(ts, "%Y-%m-%dT%H:%M:%SZ")))
-    except (TypeError, ValueError):
-        return None
-
-
 def run_duration_s(run: Result) -> float | None:
     t = run.result.timing.total_s if run.result is not None else None
     if t is not None:
         return float(t)
     st = run.status or {}
-    a, b = _iso_s(st.get("started_at")), _iso_s(st.get("finished_at"))
+    a, b = iso_s(st.get("started_at")), iso_s(st.get("finished_at"))
     return b - a if a is not None and b is not None else None
 
 

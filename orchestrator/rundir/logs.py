@@ -1,9 +1,8 @@
 """A run's eval.log as data: read whole from the host, streamed in chunks, or its last N lines read from its
 end (never the whole of a 1.5 GB log in memory); its lines with their byte offsets, where the last N lines
-start, and one line as JSON (`reval logs --json`)."""
+start."""
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterable, Iterator
 
@@ -149,8 +148,4 @@ def tail_start(data: bytes, n: int | None) -> int:
     """The byte offset where the last `n` lines of `data` begin (0 for all of it) (pure)."""
     lines = lines_with_offsets(data)
     return lines[-n][0] if n and len(lines) > n else 0
-
-
-def json_line(offset: int, text: str) -> str:
-    return json.dumps({"offset": offset, "line": text}, ensure_ascii=False) + "\n"
 

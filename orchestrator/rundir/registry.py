@@ -6,7 +6,12 @@ The probes that ask a host (status / ls / kill) are the backends' (backends/); w
 means is locate.py's."""
 from __future__ import annotations
 
+import calendar
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +52,11 @@ class RunState:
     def suspect(self) -> bool:
         """Succeeded, but results.json flags the result suspect (the wrapper copies that into status.json)."""
         return self.state == protocol.SUCCEEDED and self.status.get("suspect") is True
+
+    @property
+    def progress(self) -> str:
+        """`[3/5] eval 6/10`: where its last progress event says it is (progress_text)."""
+        return progress_text(self.last_event)
 
     def to_json(self) -> dict:
         """What `--json` prints for a run (pure)."""
@@ -97,9 +107,36 @@ def reported_state(status: dict, alive: bool) -> str:
     return state
 
 
+def iso_s(ts: str | None) -> float | None:
+    """status.json's UTC time (`2026-11-30T12:00:00Z`, protocol.now_iso) -> epoch seconds; None when it is not
+    one (pure)."""
+    try:
+        return float(calendar.timegm(time.strptime(ts, "%Y-%m-%dT%H:%M:%SZ")))
+    except (TypeError, ValueError):
+        return None
+
+
 # -- paths ------------------------------------------------------------------------------------------------
+_RUNS_ROOT: ContextVar[Path | None] = ContextVar("reval_runs_root", default=None)
+
+
 def local_runs_root() -> Path:
-    return Path(os.environ.get("REVAL_RUNS_DIR", "runs"))
+    """runs/ here: the folder of a runs_root() around the call, else $REVAL_RUNS_DIR, else ./runs."""
+    return _RUNS_ROOT.get() or Path(os.environ.get("REVAL_RUNS_DIR", "runs"))
+
+
+@contextmanager
+def runs_root(path: str | Path | None) -> Iterator[None]:
+    """Within it, local_runs_root() is `path` (None: as without it): the API's `runs_dir=`, given to one call
+    instead of set in the environment."""
+    if path is None:
+        yield
+        return
+    token = _RUNS_ROOT.set(Path(path))
+    try:
+        yield
+    finally:
+        _RUNS_ROOT.reset(token)
 
 
 def symlink_refused(path, *, host: str | None = None, what: str = "a run folder") -> ConfigError:

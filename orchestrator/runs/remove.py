@@ -15,8 +15,7 @@ from remote_payload.contract import protocol
 
 from ..backends.base import Backend
 from ..errors import ConfigError, HostUnreachable, RevalError, RunNotFound
-from ..results.compare import _iso_s
-from ..rundir.registry import NO_ANSWER, RunState, local_run_dir
+from ..rundir.registry import NO_ANSWER, RunState, iso_s, local_run_dir
 
 # what `prune --failed` removes: every run seen to end without a result worth keeping. Not `unknown` (no
 # readable status.json): a run that is starting, or one whose status was damaged, proves no end; `reval rm`
@@ -33,11 +32,16 @@ class Removal:
     remote: bool                 # the host's run directory is (to be) removed
     local: bool                  # the copy here is (to be) removed
 
+    def describe(self) -> str:
+        """One line of the plan (pure)."""
+        where = " and ".join(w for w, on in (("on the host", self.remote), ("here", self.local)) if on) or "nothing"
+        return f"{self.host}/{self.name} ({self.state}): {where}"
+
 
 # No reval run ended before this: an earlier finish time was written by a wrong clock (a host whose clock was
 # years behind, since corrected), and its "age" says nothing about when the run ended.
 PLAUSIBLE_SINCE = "2024-01-01T00:00:00Z"
-_PLAUSIBLE_SINCE_S = _iso_s(PLAUSIBLE_SINCE)
+_PLAUSIBLE_SINCE_S = iso_s(PLAUSIBLE_SINCE)
 # how far a finish time may lie after the host's "now" and still count as "just ended" (a cluster's nodes and
 # its login node may disagree by a little)
 CLOCK_SLACK_S = 60.0
@@ -51,7 +55,7 @@ def age_of(s: RunState) -> tuple[float | None, str | None]:
     now (its clock went back) or before PLAUSIBLE_SINCE (a wrong clock wrote it) gives no age, and says why;
     no recorded time gives (None, None) (pure)."""
     when = s.status.get("finished_at") or s.status.get("started_at")
-    t = _iso_s(when)
+    t = iso_s(when)
     if t is None:
         return None, None
     if s.host_now is None:
@@ -113,8 +117,3 @@ def remove(be: Backend, r: Removal) -> Removal:
         shutil.rmtree(local_run_dir(r.host, r.name), ignore_errors=False)
     return r
 
-
-def describe(r: Removal) -> str:
-    """One line of the plan (pure)."""
-    where = " and ".join(w for w, on in (("on the host", r.remote), ("here", r.local)) if on) or "nothing"
-    return f"{r.host}/{r.name} ({r.state}): {where}"

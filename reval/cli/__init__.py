@@ -1,21 +1,21 @@
 """`reval`: a thin argparse layer over the `reval` API (reval/__init__.py). Each sub-command lives in
 reval/cli/commands/<name>.py and exposes `register(subparsers)`: it parses its arguments, calls the API and
 prints what comes back; this file only builds the parser, dispatches, and turns expected errors into one clear
-line + exit code (errors.py)."""
+line + exit code (reval.Error). A command imports only `reval` (the API), reval/cli's own modules and the
+rendering modules (orchestrator/render/, orchestrator/sweep/render.py); tests/test_boundaries.py holds it."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-from orchestrator import __version__
-from orchestrator.errors import RevalError
+import reval
 
 from . import output
 from .argparsing import Parser, add_inventory_option, bind_usage_errors
+from .commands import compare, completion, demo, hosts, remove, run, runs, sweep, sync
 
-# (module under reval.cli.commands) in --help order: the pipeline reads inventory -> ... -> compare.
-COMMAND_MODULES = ["hosts", "sync", "run", "runs", "remove", "compare", "sweep", "demo", "completion"]
+# the command modules in --help order: the pipeline reads inventory -> ... -> compare.
+COMMAND_MODULES = [hosts, sync, run, runs, remove, compare, sweep, demo, completion]
 
 EPILOG = """\
 exit codes: 0 ok · 1 an eval failed · 2 partial (some hosts failed) · 3 bad input or config ·
@@ -35,14 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="reval",
         description="Run DFlash drafter evals on remote GPU servers over SSH, follow them live, pull and compare.",
         epilog=EPILOG)
-    p.add_argument("--version", action="version", version=f"reval {__version__}")
+    p.add_argument("--version", action="version", version=f"reval {reval.__version__}")
     p.add_argument("-i", "--inventory", metavar="FILE", default=None,
                    help="hosts file (default: $REVAL_HOSTS, else ./hosts.yaml, else the built-in local host)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"reval.cli.commands.{name}").register(sub)
+    for module in COMMAND_MODULES:
+        module.register(sub)
     add_inventory_option(p)
     bind_usage_errors(p)
+    p.set_defaults(_root=p)  # `reval completion` describes the whole tree, its own command included
     return p
 
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         rc = args.func(args)
-    except RevalError as e:
+    except reval.Error as e:
         for one in (e, *e.more):
             print(f"error: {one}", file=sys.stderr)
             for line in str(one.hint or "").splitlines():

@@ -6,8 +6,7 @@ import argparse
 import re
 import sys
 
-from orchestrator.errors import EXIT_BAD_INPUT
-from orchestrator.words import did_you_mean, duration_s
+from reval import EXIT_BAD_INPUT, did_you_mean, duration_s
 
 # what other tools call reval's commands (Slurm's scancel/squeue, docker's stop/ps, job queues): "did you mean"
 SYNONYMS = {"cancel": "kill", "stop": "kill", "abort": "kill", "terminate": "kill", "scancel": "kill",

@@ -2,15 +2,20 @@
 not a terminal, a rich progress bar with the log lines above it on a terminal. Only the CLI prints."""
 from __future__ import annotations
 
+import json
 import math
 import sys
 
 from rich.markup import escape
 
-from orchestrator.rundir.events import Progress
-from orchestrator.rundir.logs import json_line
+from reval import Progress
 
 from . import output
+
+
+def json_line(offset: int, text: str) -> str:
+    """One eval.log line as `reval logs --json` prints it: {"offset": its byte offset, "line": its text} (pure)."""
+    return json.dumps({"offset": offset, "line": text}, ensure_ascii=False) + "\n"
 
 
 class PlainSink:

@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import reval
 from orchestrator.render import formats, suites, tables
-from orchestrator.results import compare
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,11 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.runs_dir:  # one place for pulled runs: pull, resolve and the run registry all read it
-        os.environ["REVAL_RUNS_DIR"] = args.runs_dir
-    if args.pull:
+    if args.pull:  # into --runs-dir: the pulls, the lookups and the comparison all read that one folder
         for spec in list(args.runs) + ([args.baseline] if args.baseline else []):
-            print(f"pulled  {pull_spec(args.inventory, spec)}", file=sys.stderr)
+            print(f"pulled  {pull_spec(args.inventory, spec, args.runs_dir)}", file=sys.stderr)
     found = reval.compare(args.runs, baseline=args.baseline, allow_incomparable=args.allow_incomparable,
                           runs_dir=args.runs_dir)
     cmp = found.model  # what the tables are drawn from
@@ -78,11 +74,11 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def pull_spec(inventory_path: str | None, spec: str) -> str:
+def pull_spec(inventory_path: str | None, spec: str, runs_dir: str | None = None) -> str:
     """Pull one RUN (HOST/NAME, or a NAME found on one host) into runs/<host>/<name>/; a path is left as is."""
     if "/" in spec and Path(spec).is_dir():
         return f"{spec} (a local folder: not pulled)"
-    if compare.is_run_glob(spec):
+    if reval.is_run_glob(spec):
         return f"{spec} (a glob: the runs pulled here that match it; not pulled)"
-    p = reval.find(spec, inventory=inventory_path).pull()
+    p = reval.find(spec, inventory=inventory_path, runs_dir=runs_dir).pull()
     return f"{p.host}/{p.name} -> {p.path}/"

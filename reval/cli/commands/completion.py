@@ -17,6 +17,5 @@ def register(sub) -> None:
 
 
 def main(args) -> int:
-    from .. import build_parser  # the whole tree, so the script names every command
-    sys.stdout.write(script(args.shell, build_parser()))
+    sys.stdout.write(script(args.shell, args._root))  # the whole tree (cli.build_parser), every command named
     return 0

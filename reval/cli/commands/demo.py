@@ -14,9 +14,8 @@ import sys
 import time
 
 import reval
-from orchestrator.errors import EXIT_CANCELLED, EXIT_OK, EXIT_STILL_RUNNING
-from orchestrator.hosts.gpuspec import normalize_gpus
 from orchestrator.render import formats, tables
+from reval import EXIT_CANCELLED, EXIT_OK, EXIT_STILL_RUNNING
 
 from ..argparsing import positive_int
 from .run import launch_line
@@ -86,7 +85,7 @@ def _demo(args, host, doing: list) -> int:
             name = f"demo-{label}-{stamp}"
             print(f"\ndemo    eval {label} drafter {drafter} as {name}")
             run = reval.submit(host, spec, name=name, prepared=prep)
-            print(f"launch  {launch_line(run.launch, normalize_gpus(host.gpus))}", flush=True)
+            print(f"launch  {launch_line(run.launch)}", flush=True)
         doing[0] = run
         rc = finish_run(run, sink=make_sink())  # the same follow/pull/final line as `reval run`
         doing[0] = "compare"

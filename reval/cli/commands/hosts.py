@@ -8,8 +8,6 @@ import json
 from rich.table import Table
 
 import reval
-from orchestrator.hosts.hostcheck import HostCheck, describe_address, exit_code
-from orchestrator.hosts.inventory import Inventory
 from orchestrator.render.formats import listing_console
 
 from ..argparsing import positive_int
@@ -37,18 +35,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=main_check)
 
 
-def inventory_table(inv: Inventory) -> Table:
+def inventory_table(inv: reval.Inventory) -> Table:
     t = Table(title=f"hosts ({inv.path or 'built-in'})", title_justify="left")
     for col in ("host", "address", "workdir", "python / venv", "gpus", "tags"):
         t.add_column(col)
     for h in inv.hosts.values():
         venv = h.venv.mode + (" +system-site" if h.venv.system_site_packages else "") + \
             (" +wheelhouse" if h.venv.wheelhouse else "")
-        t.add_row(h.name, describe_address(h), h.workdir, f"{h.python} ({venv})", gpus_cell(h), ", ".join(h.tags))
+        t.add_row(h.name, h.describe_address(), h.workdir, f"{h.python} ({venv})", gpus_cell(h), ", ".join(h.tags))
     return t
 
 
-def inventory_json(inv: Inventory) -> dict:
+def inventory_json(inv: reval.Inventory) -> dict:
     """What `reval hosts --json` prints (pure): the file, every host with all its settings, the groups."""
     return {"inventory": inv.path, "hosts": [dataclasses.asdict(h) for h in inv.hosts.values()],
             "groups": {g: list(members) for g, members in inv.groups.items()}}
@@ -63,7 +61,7 @@ def gpus_cell(h) -> str:
     return f"Slurm, per job {ask}" + (f" on {s.partition}" if s.partition else "")
 
 
-def gpu_summary(r: HostCheck) -> str:
+def gpu_summary(r: reval.HostCheck) -> str:
     if r.cluster is not None:  # a Slurm cluster: its partitions (GPUs per node from gres), not the login node
         return "\n".join(f"{p['name']}{'*' if p['default'] else ''} ({p['available']}): {p['nodes']} node(s) · "
                          f"{p['gres'] or 'no GPU'} · {p['cpus']} CPUs · limit {p['time_limit']}"
@@ -80,7 +78,7 @@ def _gb(mib) -> str:
     return "?" if mib is None else f"{mib / 1024:.0f}"
 
 
-def check_table(results: list[HostCheck]) -> Table:
+def check_table(results: list[reval.HostCheck]) -> Table:
     t = Table(title_justify="left")
     for col in ("host", "status", "python", "disk free", "GPUs", "payload", "venv", "time"):
         t.add_column(col)
@@ -145,4 +143,4 @@ def main_check(args: argparse.Namespace) -> int:
         con.print(check_table(results))
         for line in cluster_lines(results) + failure_lines(results):
             con.print(line, highlight=False, markup=False)
-    return exit_code(results)
+    return reval.hosts_exit_code(results)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 
 import reval
-from orchestrator.errors import EXIT_OK, EXIT_PARTIAL, ConfigError
-from orchestrator.runs import remove
+from reval import EXIT_OK, EXIT_PARTIAL, PLAUSIBLE_SINCE
 
 from ..argparsing import age_s
 from .runs import err, out
@@ -28,7 +27,7 @@ def register(sub) -> None:
                                    "readable status.json is left alone: it may be starting, remove it with reval rm) "
                                    "and/or --older-than AGE (ended that long ago by the host's own clock; a run that "
                                    "ended after the host's clock now, or before "
-                                   f"{remove.PLAUSIBLE_SINCE[:10]} (a wrong clock), is skipped and named), on HOST or "
+                                   f"{PLAUSIBLE_SINCE[:10]} (a wrong clock), is skipped and named), on HOST or "
                                    "every host of a group (default: every inventory host); never a running run. "
                                    "Shows what goes and asks first, unless --yes. Exit 2 when a host was unreachable.")
     p.add_argument("host", metavar="HOST|GROUP", nargs="?", help="where to prune (default: every host)")
@@ -47,7 +46,7 @@ def confirm(question: str, yes: bool) -> bool:
     if yes:
         return True
     if not sys.stdin.isatty():
-        raise ConfigError("not removing anything without asking, and there is no terminal to ask on",
+        raise reval.Error("not removing anything without asking, and there is no terminal to ask on",
                           hint="add --yes to remove them")
     try:
         return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
@@ -63,7 +62,7 @@ def cmd_rm(args) -> int:
 
 def _carry_out(plan: reval.RemovalPlan, yes: bool) -> int:
     for r in plan.runs:
-        out(f"remove  {remove.describe(r)}")
+        out(f"remove  {r.describe()}")
     if not plan.runs:
         out("nothing to remove")
         return EXIT_OK

@@ -10,9 +10,7 @@ import argparse
 import sys
 
 import reval
-from orchestrator.backends.ssh import describe
-from orchestrator.errors import EXIT_STILL_RUNNING, ConfigError
-from orchestrator.hosts.gpuspec import normalize_gpus
+from reval import EXIT_STILL_RUNNING
 
 from ..argparsing import Parser, inventory_option, option_suggestions, positive_int, seconds
 from .runs import detached_message, finish_run, make_sink, out
@@ -84,7 +82,7 @@ def _split_extra(args) -> argparse.Namespace:
     ns, unknown = _OPTIONS.parse_known_args(opts, namespace=args)
     if unknown:
         sugg = option_suggestions(_OPTIONS, unknown)
-        raise ConfigError(f"reval run: unrecognized arguments: {' '.join(unknown)}",
+        raise reval.Error(f"reval run: unrecognized arguments: {' '.join(unknown)}",
                           hint=f"did you mean: {', '.join(sugg)}" if sugg else
                           "payload arguments go after --, e.g. reval run HOST ... -- --batch-size 32")
     ns.extra = extra
@@ -98,12 +96,25 @@ def spec_from_args(args) -> reval.EvalSpec:
                     speedup=bool(getattr(args, "speedup", False)), online=getattr(args, "online", None) or 0)
 
 
-def launch_line(info, gpus: str) -> str:
-    """The `launch` line (pure): where the run started, or the scheduler's job it waits in."""
+def launch_line(info) -> str:
+    """The `launch` line (pure): where the run (Run.launch) started, or the scheduler's job it waits in."""
     if info.queued:
         return (f"{info.name} on {info.host} · {info.handle.backend} job {info.handle.job_id} (GPUs: the job's) · "
                 f"log {info.run_dir}/eval.log on the cluster")
-    return describe(info, gpus)
+    return describe(info, info.requested_gpus)
+
+
+def describe(info, requested_gpus: str) -> str:
+    """The `launch` line for the screen, of a run a host started (Run.launch) (pure)."""
+    if info.gpus:
+        mem = {g["index"]: g for g in info.gpu_info}
+        where = ", ".join(
+            f"GPU {i}" + (f" ({'free, ' if requested_gpus == 'auto' else ''}"
+                          f"{(mem[i]['memory_total_mib'] - mem[i]['memory_used_mib']) / 1024:.0f} GB)"
+                          if i in mem else "") for i in info.gpus)
+    else:
+        where = "CPU (no GPU on this host)" if requested_gpus == "auto" else "CPU"
+    return f"{info.name} on {info.host} · {where} · log {info.run_dir}/eval.log on the server"
 
 
 def cmd_run(args) -> int:
@@ -124,7 +135,7 @@ def cmd_run(args) -> int:
         out(f"attach  {run.name} on {host.name}: this command's run from before (its controller stopped) "
             f"is {run.state}; following it, not starting another")
     else:
-        out(f"launch  {launch_line(run.launch, normalize_gpus(spec.gpus or host.gpus))}")
+        out(f"launch  {launch_line(run.launch)}")
     if args.detach:
         out(detached_message(run.name, host.name))
         return EXIT_STILL_RUNNING

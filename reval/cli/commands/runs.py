@@ -9,35 +9,39 @@ import json
 import sys
 
 import reval
-from orchestrator.errors import (
+from orchestrator.render import formats
+from orchestrator.render.tables import duration_text
+from reval import (
+    CANCELLED,
     EXIT_CANCELLED,
     EXIT_EVAL_FAILED,
     EXIT_OK,
     EXIT_PARTIAL,
     EXIT_STILL_RUNNING,
     EXIT_UNREACHABLE,
-    RevalError,
+    FAILED,
+    LOST,
+    NO_ANSWER,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    RunState,
 )
-from orchestrator.render import formats
-from orchestrator.results.compare import _iso_s, format_duration
-from orchestrator.rundir.logs import json_line
-from orchestrator.rundir.registry import NO_ANSWER, RunState, local_registry, progress_text
-from remote_payload.contract import protocol
 
 from .. import output
 from ..argparsing import positive_int, seconds
-from ..display import JsonLinesSink, PlainSink, RichSink
+from ..display import JsonLinesSink, PlainSink, RichSink, json_line
 
 # `reval status RUN`'s exit code by state (failed, lost and `unknown`, an unreadable status.json:
 # EXIT_EVAL_FAILED); `no-answer`, a scheduler that cannot answer now, is not reached: ask again (EXIT_UNREACHABLE)
-STATUS_EXIT = {protocol.SUCCEEDED: EXIT_OK, protocol.RUNNING: EXIT_STILL_RUNNING, protocol.QUEUED: EXIT_STILL_RUNNING,
-               protocol.CANCELLED: EXIT_CANCELLED, NO_ANSWER: EXIT_UNREACHABLE}
+STATUS_EXIT = {SUCCEEDED: EXIT_OK, RUNNING: EXIT_STILL_RUNNING, QUEUED: EXIT_STILL_RUNNING,
+               CANCELLED: EXIT_CANCELLED, NO_ANSWER: EXIT_UNREACHABLE}
 
 
 def state_text(s: RunState) -> str:
     """`queued (Priority)`, `failed (TIMEOUT)`, `succeeded (SUSPECT)`, `running` (pure): the state, a
     scheduler's reason, and whether the result is suspect."""
-    text = f"{s.state} ({s.reason})" if s.reason and s.state != protocol.RUNNING else s.state
+    text = f"{s.state} ({s.reason})" if s.reason and s.state != RUNNING else s.state
     return f"{text} (SUSPECT)" if s.suspect else text  # a suspect result is marked in every listing
 
 
@@ -81,12 +85,6 @@ def detached_message(name: str, host: str) -> str:
     return f"detached: {name} keeps running on {host}. Re-attach: reval logs {name} -f"
 
 
-def duration_text(status: dict) -> str:
-    """`2m41s` from started_at/finished_at, `?` without both (pure)."""
-    a, b = _iso_s(status.get("started_at")), _iso_s(status.get("finished_at"))
-    return format_duration(b - a) if a is not None and b is not None else "?"
-
-
 def fitted(text: str, width: int | None, indent: str = "        ") -> list[str]:
     """`text` (parts joined by " · ") as lines of at most `width` columns after `indent`, broken only between
     parts, so that no interval `[a, b]` is cut by the terminal; one line when width is None (a pipe) (pure)."""
@@ -109,7 +107,7 @@ def report_final(fin: reval.Finished, say=None, shown: int = 0, width: int | Non
     say = say or out
     name, host, state, status = fin.name, fin.host, fin.state, fin.status
     where = f"pulled to {fin.path}/"
-    if state == protocol.SUCCEEDED:
+    if state == SUCCEEDED:
         if not fin.has_results:
             err(f"failed  {name} exited 0 but wrote no readable results.json · {where}")
             for line in fin.last_lines:
@@ -123,14 +121,14 @@ def report_final(fin: reval.Finished, say=None, shown: int = 0, width: int | Non
         if result.health.suspect:
             err(f"warning: SUSPECT RESULT — {'; '.join(result.health.reasons or ['see results.json health'])}")
         return fin.exit_code
-    if state == protocol.CANCELLED:
+    if state == CANCELLED:
         say(f"cancelled {name} on {host} after {duration_text(status)} · {where}")
         return fin.exit_code
     if fin.last_lines and shown < len(fin.last_lines):  # not just shown live on this terminal: the log's tail
         err("        last lines of eval.log:")
         for line in fin.last_lines:
             err(f"        | {line}")
-    if state == protocol.LOST:  # the last line says how it ended, and why
+    if state == LOST:  # the last line says how it ended, and why
         err(f"lost    {name}: status.json on {host} says running but its process group {status.get('pgid')} is "
             f"gone (host rebooted? OOM killer?); no result · {where}")
     else:
@@ -261,8 +259,8 @@ def states_table(states: list[RunState], unreachable: dict[str, str]):
         table.add_column(col, no_wrap=col in ("state", "started", "took", "exit", "gpus"), overflow="fold")
     for s in states:
         st = s.status
-        last = (progress_text(s.last_event) if s.state == protocol.RUNNING
-                else failure_cause(s.host, st) or "" if s.state == protocol.FAILED
+        last = (s.progress if s.state == RUNNING
+                else failure_cause(s.host, st) or "" if s.state == FAILED
                 else s.reason if s.state == NO_ANSWER else "")
         # no-answer: the word in the state column, Slurm's why in the cause column (as an unreachable host's)
         table.add_row(s.host, s.name, s.state if s.state == NO_ANSWER else state_text(s), st.get("started_at", ""),
@@ -293,8 +291,8 @@ def cmd_status(args) -> int:
         extra += f" · {failure_cause(run.host, st)}" if st.get("error") else ""
         took = f" · {duration_text(st)}" if st.get("finished_at") else (
             f" · since {st.get('started_at')}" if st.get("started_at") else "")
-        if s.state == protocol.RUNNING and s.last_event:
-            took += f" · {progress_text(s.last_event)}"
+        if s.state == RUNNING and s.last_event:
+            took += f" · {s.progress}"
         took += f" · job {st['job_id']}" if st.get("job_id") else ""
         if s.suspect:
             extra += f" · {'; '.join(st.get('suspect_reasons') or ['see results.json health'])}"
@@ -306,7 +304,7 @@ def cmd_status(args) -> int:
 
 def cmd_ls(args) -> int:
     if args.names:  # for shell completion: instant, from runs/ here
-        known = local_registry()
+        known = reval.local_runs()
         names = sorted({r for _, r in known}) + [f"{h}/{r}" for h, r in known]
         out("\n".join(n for n in names if not args.host or n.startswith(f"{args.host}/")))
         return EXIT_OK
@@ -317,7 +315,7 @@ def cmd_pull(args) -> int:
     inv = reval.Inventory.load(args.inventory)
     if not args.all:
         if not args.run:
-            raise RevalError("reval pull: give a RUN or --all", hint="reval pull HOST/NAME ; reval pull --all")
+            raise reval.Error("reval pull: give a RUN or --all", hint="reval pull HOST/NAME ; reval pull --all")
         p = reval.pull(args.run, host=args.host, inventory=inv)
         out(f"pulled  {p.host}/{p.name} ({p.state or '?'}) -> {p.path}/ · {', '.join(p.files)}")
         return EXIT_OK

@@ -8,9 +8,9 @@ import sys
 from rich.console import Console
 
 import reval
-from orchestrator import sweep
-from orchestrator.errors import EXIT_CANCELLED, EXIT_STILL_RUNNING
 from orchestrator.render import formats
+from orchestrator.sweep import render
+from reval import EXIT_CANCELLED, EXIT_STILL_RUNNING
 
 from ..argparsing import positive_int, seconds
 
@@ -89,9 +89,9 @@ def main(args: argparse.Namespace) -> int:
         err.print(interrupted_text(e), markup=False, soft_wrap=True)
         return EXIT_STILL_RUNNING if e.launched or e.maybe else EXIT_CANCELLED
     if args.json:
-        sys.stdout.write(json.dumps(sweep.report_json(rep), indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps(render.report_json(rep), indent=2, default=str) + "\n")
     else:
-        sweep.print_report(rep, formats.listing_console(highlight=False))  # folds a table too wide to lines
+        render.print_report(rep, formats.listing_console(highlight=False))  # folds a table too wide to lines
     words = {0: "ok", 1: "an eval failed", 2: "partial: not every checkpoint was evaluated"}
     err.print(f"report  {rep.files.get('html')} · {rep.files.get('markdown')}"
               + (f" · plots {rep.files['plot']}" if "plot" in rep.files else ""), markup=False)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 import reval
-from orchestrator.hosts.hostcheck import exit_code
 from orchestrator.render.formats import listing_console
 
 from ..argparsing import positive_int
@@ -58,4 +57,4 @@ def main(args: argparse.Namespace) -> int:
     for line in failure_lines([r for r in failed if r.hint]):
         if line.startswith("  fix:"):
             con.print(line, highlight=False, markup=False)
-    return exit_code(results)
+    return reval.hosts_exit_code(results)

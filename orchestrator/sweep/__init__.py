@@ -22,7 +22,7 @@ The package by stage: discover (checkpoints and their content hashes), plan (the
 checkpoints to a queue; the data types and outcome states live there so the parts never import each other
 in a circle), stage (HostPool: hosts made ready, checkpoints copied, every host operation retried), books
 (JobQueue: the jobs left; SweepRecord: outcomes and ledger entries), schedule (the Sweep wiring those parts
-explicitly, and SlotWorkers: launch/re-attach, follow, pull, record per slot), cluster (BatchWorker), report
+explicitly), slots (SlotWorkers: launch/re-attach, follow, pull, record per slot), cluster (BatchWorker), report
 (built from a SweepFacts value: verdicts, exit code), render (the report shown: table, lines, report files)
 and ledger (what was evaluated how, across sweeps).
 """
@@ -62,7 +62,8 @@ from .report import (
     sweep_exit_code,
     verdict,
 )
-from .schedule import SlotWorkers, Sweep, load_baseline
+from .schedule import Sweep, load_baseline
+from .slots import SlotWorkers
 from .stage import HostPool, HostSession, retrying
 
 __all__ = ["CHECKPOINT_NAME", "NOT_RUN", "SKIPPED", "UNREACHABLE", "Checkpoint", "HostPool", "HostSession", "Job",

@@ -1,6 +1,6 @@
 """The sweep's books as it goes: the jobs left (JobQueue: the workers take from it) and what happened to each
 job (SweepRecord: its Outcome for the report, its ledger entry for the next sweep, written as it happens).
-Both are shared by the slot workers (schedule.py) and the batch workers (cluster.py), and hold no host."""
+Both are shared by the slot workers (slots.py) and the batch workers (cluster.py), and hold no host."""
 from __future__ import annotations
 
 import threading

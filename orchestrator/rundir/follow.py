@@ -95,22 +95,112 @@ def _stop(p: subprocess.Popen) -> str:
     return (err or b"").decode(errors="replace")
 
 
+class _Frames:
+    """One follow's state across its connections, and the frames of each handed to the sink: the log's lines
+    (res.log_offset: past whole lines handed over), events.jsonl's lines (events_offset, and the unfinished
+    last line), status.json, the host's notes, the end (D) and the refusals (X, R, B)."""
+
+    def __init__(self, res: FollowResult, sink, host: str, name: str, save: bool):
+        self.res, self.sink, self.host, self.name, self.save = res, sink, host, name, save
+        self.events_offset = 0
+        # the tail of events.jsonl after its last newline (only sent once the run is over)
+        self.pending = b""
+        # an event line over MAX_EVENT_LINE was dropped: its end is skipped when it comes
+        self.skip_event = False
+
+    def handle(self, fr: Frame) -> bool:
+        """Hand one frame on; True when it says the stream is done (D)."""
+        if fr.tag == "L":
+            self._log(fr)
+        elif fr.tag == "E":
+            self._events(fr)
+        elif fr.tag == "S":
+            st = json.loads(fr.data)
+            self.res.status = {k: v for k, v in st.items() if k != "alive"}
+            self.res.state = reported_state(self.res.status, bool(st.get("alive")))
+            self.sink.status(st)
+        elif fr.tag == "N":  # the host says why nothing came for a while; the follow goes on
+            self.sink.note(f"{self.name}: {fr.data.decode(errors='replace')}")
+        elif fr.tag == "D":
+            return True
+        else:
+            self._refusal(fr)
+        return False
+
+    def _log(self, fr: Frame) -> None:
+        res = self.res
+        skip = res.log_offset - fr.offset  # >0 only if the server re-sent bytes we have
+        if skip < 0:
+            raise RuntimeError(f"log stream gap: have {res.log_offset}, got {fr.offset}")
+        for raw in split_lines(fr.data[skip:]):
+            try:
+                text = raw.rstrip(b"\n").decode("utf-8", errors="replace")
+                self.sink.line_at(res.log_offset, text)
+            finally:  # a line handed to the sink counts as shown, even if Ctrl-C hit it
+                res.log_offset += len(raw)
+        if self.save:
+            save_follow_state(self.host, self.name, log_offset=res.log_offset)
+
+    def _events(self, fr: Frame) -> None:
+        if fr.offset + len(fr.data) <= self.events_offset:
+            return
+        data = self.pending + fr.data[max(0, self.events_offset - fr.offset):]
+        self.events_offset = fr.offset + len(fr.data)
+        lines = data.split(b"\n")
+        self.pending = lines.pop()
+        if lines and self.skip_event:  # the end of the event line dropped as too long
+            lines, self.skip_event = lines[1:], False
+        if len(self.pending) > MAX_EVENT_LINE:  # the host sends a long line in pieces: never held
+            self.pending, self.skip_event = b"", True
+        for raw in lines:
+            try:
+                self.sink.event(protocol.loads(raw))
+            except ValueError:
+                continue
+
+    def _refusal(self, fr: Frame) -> None:
+        host, name, why = self.host, self.name, fr.data.decode(errors="replace")
+        if fr.tag == "X":
+            raise RunNotFound(f"{host}: {why}", hint=f"list runs: reval ls {host}")
+        if fr.tag == "R":  # a link, or a FIFO where a run file belongs: never read (exit 3)
+            raise ConfigError(f"{host}: {why}", hint="reval reads a run only from real folders and regular files "
+                                                    "under runs/; remove what is in the way")
+        if fr.tag == "B":  # status.json damaged for good: say so, never wait on it forever
+            raise RevalError(f"{host}: {why}", hint=f"the log so far: reval logs {host}/{name} ; remove the run: "
+                                                   f"reval rm {host}/{name}", exit_code=1)
+
+
+def _not_reconnecting(transport: Transport, p: subprocess.Popen, err: str, got_frames: bool, stalled: bool,
+                      name: str) -> None:
+    """Raise when a dropped stream is not worth another connection: a refused host key, or the remote command
+    itself failed (no python or payload there)."""
+    e = transport.connection_error(p.returncode, err)
+    if e is not None:
+        if isinstance(e, HostKeyError):
+            raise e
+    elif not got_frames and not stalled and p.returncode not in (0, -9, None):
+        # The remote command itself failed (no python or payload there): retrying will not help. A stream we
+        # ended for its silence is a stalled connection, whatever its exit (None: not reaped in _stop's time).
+        last = (err.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+        host = transport.host.name
+        raise RevalError(f"{host}: cannot follow {name}: {last}",
+                         hint=f"re-sync the payload: reval sync {host}", exit_code=1)
+
+
 def follow(transport: Transport, name: str, *, workdir: str, python: str, log_offset: int = 0, sink=None,
            stall_s: float = 3.0, give_up_s: float = 60.0, max_backoff_s: float = 5.0,
            save: bool = True, stream_cmd=None) -> FollowResult:
     """Stream eval.log from `log_offset` until the run is terminal (or lost) and drained. `stream_cmd(log_offset,
     events_offset)`: the remote stream command (a backend's; default: stream_command for this workdir)."""
-    sink = sink or EventSink(lambda ev: None)  # the library prints nothing (the CLI's sinks: commands/display.py)
+    sink = sink or EventSink(lambda ev: None)  # the library prints nothing (the CLI's sinks: reval/cli/display.py)
     host = transport.host
     run_dir = remote_run_dir(workdir, name)
     res = FollowResult(state=protocol.RUNNING, log_offset=log_offset)
-    events_offset = 0
-    pending = b""  # the tail of events.jsonl after its last newline (only sent once the run is over)
-    skip_event = False  # an event line over MAX_EVENT_LINE was dropped: its end is skipped when it comes
+    frames = _Frames(res, sink, host.name, name, save)
     attempt, down_since = 0, None
     while True:
-        cmd = (stream_cmd(res.log_offset, events_offset) if stream_cmd else
-               stream_command(workdir, python, run_dir, res.log_offset, events_offset))
+        cmd = (stream_cmd(res.log_offset, frames.events_offset) if stream_cmd else
+               stream_command(workdir, python, run_dir, res.log_offset, frames.events_offset))
         p = transport.popen(cmd)
         parser = FrameParser()
         done = got_frames = stalled = False
@@ -126,71 +216,16 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
                     break  # EOF: the stream ended without D (connection dropped, stream killed)
                 attempt, down_since, got_frames = 0, None, True
                 for fr in parser.feed(chunk):
-                    if fr.tag == "L":
-                        skip = res.log_offset - fr.offset  # >0 only if the server re-sent bytes we have
-                        if skip < 0:
-                            raise RuntimeError(f"log stream gap: have {res.log_offset}, got {fr.offset}")
-                        for raw in split_lines(fr.data[skip:]):
-                            try:
-                                text = raw.rstrip(b"\n").decode("utf-8", errors="replace")
-                                sink.line_at(res.log_offset, text)
-                            finally:  # a line handed to the sink counts as shown, even if Ctrl-C hit it
-                                res.log_offset += len(raw)
-                        if save:
-                            save_follow_state(host.name, name, log_offset=res.log_offset)
-                    elif fr.tag == "E":
-                        if fr.offset + len(fr.data) <= events_offset:
-                            continue
-                        data = pending + fr.data[max(0, events_offset - fr.offset):]
-                        events_offset = fr.offset + len(fr.data)
-                        lines = data.split(b"\n")
-                        pending = lines.pop()
-                        if lines and skip_event:  # the end of the event line dropped as too long
-                            lines, skip_event = lines[1:], False
-                        if len(pending) > MAX_EVENT_LINE:  # the host sends a long line in pieces: never held
-                            pending, skip_event = b"", True
-                        for raw in lines:
-                            try:
-                                sink.event(protocol.loads(raw))
-                            except ValueError:
-                                continue
-                    elif fr.tag == "S":
-                        st = json.loads(fr.data)
-                        res.status = {k: v for k, v in st.items() if k != "alive"}
-                        res.state = reported_state(res.status, bool(st.get("alive")))
-                        sink.status(st)
-                    elif fr.tag == "N":  # the host says why nothing came for a while; the follow goes on
-                        sink.note(f"{name}: {fr.data.decode(errors='replace')}")
-                    elif fr.tag == "D":
+                    if frames.handle(fr):
                         done = True
                         break
-                    elif fr.tag == "X":
-                        raise RunNotFound(f"{host.name}: {fr.data.decode(errors='replace')}",
-                                          hint=f"list runs: reval ls {host.name}")
-                    elif fr.tag == "R":  # a link, or a FIFO where a run file belongs: never read (exit 3)
-                        raise ConfigError(f"{host.name}: {fr.data.decode(errors='replace')}",
-                                          hint="reval reads a run only from real folders and regular files "
-                                               "under runs/; remove what is in the way")
-                    elif fr.tag == "B":  # status.json damaged for good: say so, never wait on it forever
-                        raise RevalError(f"{host.name}: {fr.data.decode(errors='replace')}",
-                                         hint=f"the log so far: reval logs {host.name}/{name} ; remove the run: "
-                                              f"reval rm {host.name}/{name}", exit_code=1)
         finally:
             err = _stop(p)
             if save:
                 save_follow_state(host.name, name, log_offset=res.log_offset)
         if done:
             return res
-        e = transport.connection_error(p.returncode, err)
-        if e is not None:
-            if isinstance(e, HostKeyError):
-                raise e
-        elif not got_frames and not stalled and p.returncode not in (0, -9, None):
-            # The remote command itself failed (no python or payload there): retrying will not help. A stream we
-            # ended for its silence is a stalled connection, whatever its exit (None: not reaped in _stop's time).
-            last = (err.strip().splitlines() or [f"exit {p.returncode}"])[-1]
-            raise RevalError(f"{host.name}: cannot follow {name}: {last}",
-                             hint=f"re-sync the payload: reval sync {host.name}", exit_code=1)
+        _not_reconnecting(transport, p, err, got_frames, stalled, name)
         now = time.monotonic()
         down_since = down_since or now
         if now - down_since > give_up_s:

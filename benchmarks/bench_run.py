@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.bench import BenchContext, Row, median_s
+from benchmarks.harness import BenchContext, Row, median_s
 from orchestrator.hosts import transport as transport_mod
 from orchestrator.hosts.inventory import load_inventory
 from orchestrator.hosts.sync import sync_payload

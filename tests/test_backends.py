@@ -33,6 +33,13 @@ PRINT_CVD = ("import os; v = os.environ.get('CUDA_VISIBLE_DEVICES'); "
 pytestmark = pytest.mark.usefixtures("runs_here")
 
 
+def handle_from_json(d) -> JobHandle | None:
+    """run.json's `handle` read back as a JobHandle (None when it is not one): reval writes it, only tests read it."""
+    if not isinstance(d, dict) or not isinstance(d.get("backend"), str) or d.get("job_id") in (None, ""):
+        return None
+    return JobHandle(d["backend"], str(d["job_id"]))
+
+
 def _wrap(run_dir: Path, gpus: str, env: dict, *extra: str, run_json: dict | None = None):
     """The wrapper running a probe that prints the CUDA_VISIBLE_DEVICES it was given (CVD=...)."""
     return wrap(run_dir, sys.executable, "-c", PRINT_CVD, gpus=gpus, env=env, run_json=run_json,
@@ -74,8 +81,8 @@ def test_wrapper_records_the_job_handle_in_run_json(tmp_path):
     assert p.returncode == 0, p.stderr
     run = protocol.read_json(d / "run.json")
     assert run["handle"] == {"backend": "slurm", "job_id": "4242"} and run["drafter"] == "/d"
-    assert JobHandle.from_json(run["handle"]) == JobHandle("slurm", "4242")
-    assert JobHandle.from_json({"backend": "ssh"}) is None and JobHandle.from_json([1]) is None
+    assert handle_from_json(run["handle"]) == JobHandle("slurm", "4242")
+    assert handle_from_json({"backend": "ssh"}) is None and handle_from_json([1]) is None
 
 
 def test_ssh_backend_submit_state_cancel_pull_list(tmp_path):

@@ -15,7 +15,7 @@ from orchestrator.errors import ConfigError, RunNotFound
 from orchestrator.render import formats, tables
 from orchestrator.results import compare
 from reval import cli
-from tests.resultsgen import make_results, write_run
+from tests.resultsgen import make_results, render_text, write_run
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_main_table_values_and_baseline_ratios(runs_dir):
 def test_rendered_table_at_fixed_width(runs_dir):
     cmp = _cmp(runs_dir, ["step4000"], baseline="zlab_full")
     main, paired = tables.main_table(cmp), tables.paired_table(cmp)
-    text = formats.render_text([main, paired], width=100)
+    text = render_text([main, paired], width=100)
     base, s4k = (r.results["metrics"] for r in cmp.runs)
     assert "zlab_full (base)" in text and "step4000" in text
     assert f"{s4k['tau']:.2f}" in text and f"{base['tau']:.2f}" in text
@@ -181,7 +181,7 @@ def test_suspect_runs_marked_never_ranked(runs_dir):
     assert t.rows[1].marks == ["SUSPECT"]
     assert t.rows[1].cells["tau"].value > t.rows[0].cells["tau"].value
     assert not t.rows[1].cells["tau"].best
-    text = formats.render_text([t], width=220)
+    text = render_text([t], width=220)
     assert "gibberish (SUSPECT)" in text
     js = tables.comparison_json(cmp)
     assert js["runs"][1]["rankable"] is False and js["runs"][1]["suspect_reasons"] == ["position-1 accuracy 0.000"]
@@ -193,7 +193,7 @@ def test_failed_run_is_shown_without_metrics(runs_dir):
     t = tables.main_table(cmp)
     assert t.rows[1].marks == ["FAILED"] and t.rows[1].cells["tau"].value is None
     assert t.rows[1].cells["duration"].text == "2m41s"  # from status.json
-    assert "oom (FAILED)" in formats.render_text([t], width=220)
+    assert "oom (FAILED)" in render_text([t], width=220)
 
 
 # ---- views and exports ----------------------------------------------------------------------------------
@@ -214,7 +214,7 @@ def test_per_position_and_per_prompt_views(runs_dir):
     pp = tables.per_prompt_table(cmp)
     assert [r.cells["prompt"].value for r in pp.rows] == [f"prompt-{i}" for i in range(4)]
     assert pp.rows[2].cells["step4000"].value == cmp.runs[1].results["per_prompt"][2]["tau"]
-    text = formats.render_text([unc, pp], width=160)
+    text = render_text([unc, pp], width=160)
     assert "per-prompt tau" in text and "prompt-3" in text
 
 

@@ -16,12 +16,11 @@ from orchestrator.hosts.slurmjobs import (
     Task,
     batch_script,
     parse_scontrol,
-    parse_squeue,
     slurm_run_state,
 )
 from remote_payload.contract import protocol
 from tests.hostsyaml import error_of, parse
-from tests.slurm import wait_state
+from tests.slurm import parse_squeue, wait_state
 
 
 # --- hosts.yaml ------------------------------------------------------------------------------------------

@@ -92,12 +92,6 @@ class JobHandle:
     def to_json(self) -> dict:
         return {"backend": self.backend, "job_id": self.job_id}
 
-    @classmethod
-    def from_json(cls, d) -> JobHandle | None:
-        if not isinstance(d, dict) or not isinstance(d.get("backend"), str) or d.get("job_id") in (None, ""):
-            return None
-        return cls(d["backend"], str(d["job_id"]))
-
 
 @dataclass
 class Submission:

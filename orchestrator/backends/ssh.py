@@ -33,6 +33,7 @@ from ..hosts.inventory import Host
 from ..hosts.transport import Transport, q, resolve_workdir
 from ..rundir.pull import Pulled, install_pulled
 from ..rundir.registry import (
+    UNKNOWN,
     RunState,
     check_local_runs_root,
     check_run_name,
@@ -208,7 +209,7 @@ def state_from_probe(rec: dict, host: str) -> RunState | None:
     now = rec.get("now")  # the host's clock, read with its status.json
     now = float(now) if isinstance(now, (int, float)) and not isinstance(now, bool) and math.isfinite(now) else None
     if "state" not in st:
-        return RunState(host, name, "unknown", {}, alive, event, host_now=now)
+        return RunState(host, name, UNKNOWN, {}, alive, event, host_now=now)
     return RunState(host, name, reported_state(st, alive), st, alive, event, host_now=now)
 
 

@@ -175,12 +175,6 @@ def _job_rows(text: str):
             yield parts
 
 
-def parse_squeue(text: str) -> dict[str, JobInfo]:
-    """`squeue -h -r -t all -o '%i|%T|%r|%N'` -> {job id: JobInfo} (exit codes: not in squeue)."""
-    return {p[0]: JobInfo(p[0], _state_word(p[1]), _reason(p[2]), node=p[3] if len(p) > 3 else "")
-            for p in _job_rows(text)}
-
-
 def parse_sacct(text: str) -> dict[str, JobInfo]:
     """`sacct -n -P -X -o JobID,State,ExitCode` (also `-c`: jobcomp) -> {job id: JobInfo}; steps skipped."""
     return {p[0]: JobInfo(p[0], _state_word(p[1]), exit_code=_exit_code(p[2])) for p in _job_rows(text)}

@@ -91,14 +91,6 @@ def rich_table(table: Table, wide: bool = False, whole_names: bool = False) -> R
     return t
 
 
-def render_text(tables: list[Table], width: int = 160, wide: bool = False) -> str:
-    """Tables rendered by rich to plain text at a fixed width (no colour, no bold): tests and logs."""
-    con = Console(width=width, file=io.StringIO(), color_system=None, force_terminal=False, record=True)
-    for t in tables:
-        con.print(rich_table(t, wide))
-    return con.export_text()
-
-
 PIPE_WIDTH = 4096  # a listing in a pipe (grep, a file, cron mail) is never cut to 80 columns ("UNREACH…")
 
 

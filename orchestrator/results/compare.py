@@ -21,7 +21,7 @@ from remote_payload.contract.contenthash import STEP_PATTERN as _STEP  # one che
 from remote_payload.contract.results import ResultsError
 
 from ..errors import ConfigError, RunNotFound
-from ..rundir.registry import is_run_name, iso_s, local_runs_root, symlink_refused
+from ..rundir.registry import UNKNOWN, is_run_name, iso_s, local_runs_root, symlink_refused
 from . import intervals
 from .stats import Estimate, Paired
 
@@ -73,7 +73,7 @@ class Result:
     def state(self) -> str:
         if self.result is not None:
             return protocol.SUCCEEDED
-        return (self.status or {}).get("state", "unknown")
+        return (self.status or {}).get("state", UNKNOWN)
 
     @property
     def suspect(self) -> bool:
@@ -284,23 +284,6 @@ def build_comparison(runs: list[Result], baseline: Result | None = None) -> Comp
             if key[f] != expected:
                 cmp.differences.append(Difference(cmp.label(r), f, key[f], expected, cmp.label(ref)))
     return cmp
-
-
-def load_result(path: str | Path) -> results_json.Result:
-    """A results.json, or a run directory holding one, as a typed results_json.Result (ConfigError naming the
-    file and field when it breaks the schema; RunNotFound when there is none)."""
-    path = Path(path)
-    rec = load_run(path) if path.is_dir() else None
-    if rec is not None:
-        if rec.result is None:
-            raise RunNotFound(f"{path}: no results.json (state {rec.state})", hint="pull it when it has finished")
-        return rec.result
-    try:
-        return results_json.Result.load(path)
-    except FileNotFoundError:
-        raise RunNotFound(f"{path}: no such results.json or run directory") from None
-    except ResultsError as e:
-        raise ConfigError(str(e), hint="re-run the eval with this version of reval") from None
 
 
 def _record(x: Result | results_json.Result | str | Path) -> Result:

@@ -31,7 +31,6 @@ from __future__ import annotations
 from .books import JobQueue, SweepRecord, failure_line
 from .discover import (
     CHECKPOINT_NAME,
-    _local_matches,  # noqa: F401 - used by the tests
     discover,
     hash_command,
     list_script,

@@ -175,6 +175,3 @@ class Ledger:
                                                "hashes": self.hashes})
 
 
-def entry_from(entry: LedgerEntry, **changes) -> LedgerEntry:
-    return LedgerEntry(**{**asdict(entry), **changes})
-

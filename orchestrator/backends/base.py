@@ -1,6 +1,6 @@
 """The backend seam: what differs between "a host over SSH / the local folder" (ssh.py) and "a cluster
 scheduler" (slurm.py: a Slurm cluster through its login node), behind one small interface. Everything above
-it — the run lifecycle (lifecycle.py), the sweep, `reval run/sweep/demo`, the `reval` API — talks to a
+it — the run lifecycle (runs/lifecycle.py), the sweep, `reval run/sweep/demo`, the `reval` API — talks to a
 `Backend` only, and never asks which one it holds.
 
 A backend knows, for one inventory host:
@@ -10,7 +10,7 @@ A backend knows, for one inventory host:
     wrapper; returns a `Launch` whose `handle` (backend kind + job id) is recorded in run.json (the wrapper
     writes it); the local .follow.json is written the moment the run exists. A used name raises RunExists;
     nothing started -> nothing left.
-  - `state(name, wait_s=)` / `list_runs()`: a `RunState` (runs.py) — `queued` (with `reason`, e.g. the scheduler's
+  - `state(name, wait_s=)` / `list_runs()`: a `RunState` (rundir/registry.py) — `queued` (with `reason`, e.g. the scheduler's
     pending reason) | running | succeeded | failed | cancelled | lost, `unknown` (no readable status.json),
     `no-answer` (with `reason`: the scheduler cannot answer now; not an end); None when there is no such run.
   - `cancel(name, grace_s=, known=)`: stop it (TERM, wait, KILL for a process group; scancel for a job),
@@ -79,7 +79,8 @@ class NoFreeGpu(ConfigError):
 
 
 class Unsupported(ConfigError):
-    """An optional ability (BATCH_SUBMIT, ...) that the host's backend does not have."""
+    """An optional ability (BATCH_SUBMIT, BATCH_STATE) that the host's backend does not have (WAIT_THEN_SUBMIT
+    never raises it: without the ability, wait_then_submit takes two round trips)."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,8 @@ class Backend(ABC):
 
     kind: str = ""
     queues: bool = False  # a scheduler: a submitted run may wait (`queued`, with a reason) before it starts
-    abilities: frozenset[str] = frozenset()  # the optional abilities it has (BATCH_SUBMIT, BATCH_STATE)
+    # the optional abilities it has: BATCH_SUBMIT, BATCH_STATE, WAIT_THEN_SUBMIT
+    abilities: frozenset[str] = frozenset()
 
     def __init__(self, host: Host, transport: Transport):
         self.host = host
@@ -143,7 +145,7 @@ class Backend(ABC):
         return remote_run_dir(self.workdir(), name)
 
     def supports(self, ability: str) -> bool:
-        """Whether it has the optional `ability` (BATCH_SUBMIT, BATCH_STATE)."""
+        """Whether it has the optional `ability` (BATCH_SUBMIT, BATCH_STATE, WAIT_THEN_SUBMIT)."""
         return ability in self.abilities
 
     def _unsupported(self, ability: str) -> Unsupported:
@@ -168,7 +170,8 @@ class Backend(ABC):
         """Stop the run and record `cancelled`; RunNotFound when there is no such run. `known`: its state as the
         caller just probed it (one probe, not two; the host still proves the job is the run's before a signal)."""
 
-    # -- optional abilities (supports(...) says which; without one these raise Unsupported) --------------
+    # -- optional abilities (supports(...) says which; without BATCH_SUBMIT or BATCH_STATE their methods raise
+    # Unsupported; without WAIT_THEN_SUBMIT, wait_then_submit is the two round trips below) ------------------
     def submit_many(self, subs: list[Submission], *, max_running: int | None = None) -> list[Launch]:
         """BATCH_SUBMIT: start all of `subs` in one submission, at most `max_running` at once (None: the
         backend's own cap); one Launch each, in order. A used name refuses every one (RunExists)."""

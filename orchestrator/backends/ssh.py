@@ -1,7 +1,8 @@
 """The SSH backend (also the `local` host: a folder, no SSH): a host that runs its runs itself, behind the
-seam of base.py, with none of its optional abilities (one run per submit, one probe per state). Its transport
-is transport.py (OpenSSH + ControlMaster, or the local shell). This module starts runs (below) and probes
-them (status / ls / kill: remote_payload/contract/runstate.py fed to the host's python, one round trip each).
+seam of base.py, with one of its optional abilities, WAIT_THEN_SUBMIT (below), and not the batch ones (one run
+per submit, one probe per state). Its transport is hosts/transport.py (OpenSSH + ControlMaster, or the local
+shell). This module starts runs (below) and probes them (status / ls / kill: remote_payload/contract/runstate.py
+fed to the host's python, one round trip each).
 
 Start a run detached on a host: one remote shell script (one SSH round trip) that claims the run name
 (`mkdir` is atomic, so a used name is refused), stages run.json, and starts the payload's wrapper with

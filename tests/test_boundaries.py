@@ -10,7 +10,7 @@
   face), its own modules and the rendering modules (orchestrator/render/, orchestrator/sweep/render.py); no
   command sets an environment variable to configure the library;
 - no import circle in orchestrator/, reval/ or benchmarks/ (imports anywhere in a file count: at module level,
-  inside functions, under TYPE_CHECKING).
+  inside functions, under TYPE_CHECKING), and orchestrator's rooms import only the rooms before them (ROOMS).
 Each checker takes the tree it reads, so that the rule breakers below are planted in a temp copy of it.
 """
 from __future__ import annotations
@@ -159,6 +159,23 @@ def test_the_core_never_imports_the_api_or_the_cli():
     _check_core_below_the_api()
 
 
+# orchestrator's rooms, each importing only the ones before it (orchestrator/__init__.py draws the map)
+ROOMS = ("errors", "words", "hosts", "rundir", "results", "backends", "runs", "render", "sweep")
+
+
+def _check_rooms_in_order(root: Path = ROOT) -> None:
+    graph = _import_graph(root)
+    room = {m: m.split(".")[1] for m in graph if m.startswith("orchestrator.")}
+    assert set(room.values()) <= set(ROOMS), sorted(set(room.values()) - set(ROOMS))
+    bad = sorted(f"{m} -> {d}" for m, deps in graph.items() if m in room for d in deps
+                 if d in room and ROOMS.index(room[d]) > ROOMS.index(room[m]))
+    assert not bad, f"a room imports one after it (the order: {', '.join(ROOMS)}):\n" + "\n".join(bad)
+
+
+def test_the_rooms_import_only_the_rooms_before_them():
+    _check_rooms_in_order()
+
+
 # what reval/cli/ may import besides the standard library and third-party packages (rich): the API's face,
 # its own modules, and the rendering modules (pure rendering of the API's values)
 CLI_MAY_IMPORT = ("reval", "reval.cli", "orchestrator.render", "orchestrator.sweep.render")
@@ -254,6 +271,8 @@ def test_a_rule_breaker_is_caught(tmp_path):
     ("reval/cli/commands/_probe.py", "import os\n\ndef main(a):\n    os.environ['REVAL_RUNS_DIR'] = a\n",
      _check_cli_sets_no_environment, "reval/cli/commands/_probe.py:4"),
     ("orchestrator/errors.py", "from .runs import lifecycle\n", _check_no_circle, "orchestrator.errors"),
+    ("orchestrator/hosts/gpuspec.py", "from ..runs import lifecycle\n", _check_rooms_in_order,
+     "orchestrator.hosts.gpuspec -> orchestrator.runs.lifecycle"),
 ])
 def test_each_rule_catches_its_breaker(tmp_path, where, text, check, says):
     """Each rule's checker on a temp copy with one breaker planted: it fails, naming the file and line."""

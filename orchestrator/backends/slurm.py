@@ -3,7 +3,7 @@ queues, places, limits and accounts the jobs; reval submits, follows, pulls and 
 SSH hosts. The payload and its venv are synced once to the workdir on the shared filesystem (the login
 node's transport); every run is a batch job (one sbatch; several runs = one job array with %K) whose task
 runs the payload's wrapper with `--gpus scheduler` (CUDA_VISIBLE_DEVICES is the job's), its output
-appended to the run's eval.log. The texts (batch script, parsers, state mapping) are slurmjobs.py's.
+appended to the run's eval.log. The texts (batch script, parsers, state mapping) are hosts/slurmjobs.py's.
 
 Per run, on the shared filesystem: `runs/<run>/.slurm.json` (the job id, written right after sbatch),
 `runs/<run>/.run.json.job` (what was asked, copied for the wrapper at every (re)start), and

@@ -1,8 +1,8 @@
 """The SSH backend (also the `local` host: a folder, no SSH): a host that runs its runs itself, behind the
 seam of base.py, with one of its optional abilities, WAIT_THEN_SUBMIT (below), and not the batch ones (one run
 per submit, one probe per state). Its transport is hosts/transport.py (OpenSSH + ControlMaster, or the local
-shell). This module starts runs (below) and probes them (status / ls / kill: remote_payload/contract/runstate.py
-fed to the host's python, one round trip each).
+shell). This module starts runs (below) and probes them (status / ls / kill: the payload's
+remote_payload/contract/runstate.py fed to the host's python, one round trip each).
 
 Start a run detached on a host: one remote shell script (one SSH round trip) that claims the run name
 (`mkdir` is atomic, so a used name is refused), stages run.json, and starts the payload's wrapper with
@@ -181,7 +181,7 @@ def _launched(host: Host, transport: Transport, out: str, *, workdir: str, name:
                   requested_gpus=gpus)
 
 
-# -- probes: status / ls / kill, one remote script each (moved from runs.py) ------------------------------
+# -- probes: status / ls / kill, one remote script each (remote_payload/contract/runstate.py) ---------------
 # The host-side half of status/ls/kill: a stdlib-only script fed to the host's python on stdin (so it works
 # whatever payload version is synced there). It parses status.json as JSON and counts a process group as the
 # run's only when a live member proves it (remote_payload/contract/runstate.py); it prints one JSON object a line.

@@ -3,7 +3,7 @@ state vocabulary — including `lost` (status.json says running but its process 
 readable status.json) and `no-answer` (its scheduler cannot answer now): the controller's words, never written
 on the server.
 The probes that ask a host (status / ls / kill) are the backends' (backends/); which host a RUN reference
-means is locate.py's."""
+means is runs/locate.py's."""
 from __future__ import annotations
 
 import calendar

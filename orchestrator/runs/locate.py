@@ -1,6 +1,6 @@
 """Which host a RUN reference means: `host/name`, or a bare `name` looked up in the local registry (runs/
-here) and then on every inventory host, through its backend. It sits above runs.py (the registry, the
-names) and backends/ (the probe), so neither imports the other back."""
+here) and then on every inventory host, through its backend. It sits above rundir/registry.py (the
+registry, the names) and backends/ (the probe), so neither imports the other back."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor

@@ -1,5 +1,6 @@
-"""The CLI's display of a followed run (follow sinks, see follow.py / events.py): plain lines when stdout is
-not a terminal, a rich progress bar with the log lines above it on a terminal. Only the CLI prints."""
+"""The CLI's display of a followed run (follow sinks, see orchestrator/rundir/follow.py and events.py): plain
+lines when stdout is not a terminal, a rich progress bar with the log lines above it on a terminal. Only the
+CLI prints."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,7 @@
 """The backend seam: what differs between "a host over SSH / the local folder" (ssh.py) and "a cluster
 scheduler" (slurm.py: a Slurm cluster through its login node), behind one small interface. Everything above
-it — the run lifecycle (runs/lifecycle.py), the sweep, `reval run/sweep/demo`, the `reval` API — talks to a
-`Backend` only, and never asks which one it holds.
+it — the run lifecycle (runs/lifecycle.py), the sweep, `reval run/sweep/demo`, the `reval` API — talks to
+a `Backend` only, and never asks which one it holds.
 
 A backend knows, for one inventory host:
   - `transport`: how commands and files reach the machine where the run directories live (the host
@@ -10,8 +10,8 @@ A backend knows, for one inventory host:
     wrapper; returns a `Launch` whose `handle` (backend kind + job id) is recorded in run.json (the wrapper
     writes it); the local .follow.json is written the moment the run exists. A used name raises RunExists;
     nothing started -> nothing left.
-  - `state(name, wait_s=)` / `list_runs()`: a `RunState` (rundir/registry.py) — `queued` (with `reason`, e.g. the scheduler's
-    pending reason) | running | succeeded | failed | cancelled | lost, `unknown` (no readable status.json),
+  - `state(name, wait_s=)` / `list_runs()`: a `RunState` (rundir/registry.py) — `queued` (with `reason`,
+    e.g. the scheduler's pending reason) | running | succeeded | failed | cancelled | lost, `unknown` (no readable status.json),
     `no-answer` (with `reason`: the scheduler cannot answer now; not an end); None when there is no such run.
   - `cancel(name, grace_s=, known=)`: stop it (TERM, wait, KILL for a process group; scancel for a job),
     each only after the host proves it is the run's, and record `cancelled`; returns the final RunState.

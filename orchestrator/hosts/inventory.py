@@ -234,7 +234,8 @@ def _parse_group(c: Checker, gname: str, knode, vnode, names: list[str]) -> list
         member = c.collect(c.value, item)
         if member not in names:
             c.collect(c.fail, item, f"group {gname!r} names unknown host {member!r}"
-                      f"{did_you_mean_text(str(member), names)}", f"known hosts: {', '.join(map(str, names))}")
+                      f"{did_you_mean_text(str(member), names)}",
+                      f"known hosts: {', '.join(map(str, names))}")
         members.append(member)
     return members
 

@@ -40,7 +40,8 @@ class Result:
     """A pulled run directory as read from disk (load_run; the API's reval.Result: reval.load, Run.wait):
     `result` is its typed results.json (remote_payload/contract/results.py; None when the eval did
     not finish; `metrics`, `per_prompt`, `health`... forward to it), `results` the same file as a plain dict,
-    `status` and `run_info` its status.json and run.json as dicts; `state`, `suspect`, `path`, `name`, `host`."""
+    `status` and `run_info` its status.json and run.json as dicts; `state`, `suspect`, `path`, `name`,
+    `host`."""
     name: str
     host: str
     path: Path
@@ -296,8 +297,8 @@ def _record(x: Result | results_json.Result | str | Path) -> Result:
 
 
 def compare(runs: list, baseline=None, *, allow_incomparable: bool = False) -> ComparedRuns:
-    """The comparison the CLI prints: runs (Results, results_json.Results or run directories) in order, the baseline
-    first; comparability checked (ConfigError naming what differs unless allow_incomparable); intervals and
+    """The comparison the CLI prints: runs (Results, results_json.Results or run directories) in order, the
+    baseline first; comparability checked (ConfigError naming what differs unless allow_incomparable); intervals and
     paired comparisons computed on demand (`ComparedRuns.estimates(run)`, `.paired(run)`)."""
     cmp = build_comparison([_record(r) for r in runs], None if baseline is None else _record(baseline))
     if not allow_incomparable:

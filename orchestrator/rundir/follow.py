@@ -163,11 +163,11 @@ class _Frames:
         if fr.tag == "X":
             raise RunNotFound(f"{host}: {why}", hint=f"list runs: reval ls {host}")
         if fr.tag == "R":  # a link, or a FIFO where a run file belongs: never read (exit 3)
-            raise ConfigError(f"{host}: {why}", hint="reval reads a run only from real folders and regular files "
-                                                    "under runs/; remove what is in the way")
+            raise ConfigError(f"{host}: {why}", hint="reval reads a run only from real folders and regular "
+                                                    "files under runs/; remove what is in the way")
         if fr.tag == "B":  # status.json damaged for good: say so, never wait on it forever
-            raise RevalError(f"{host}: {why}", hint=f"the log so far: reval logs {host}/{name} ; remove the run: "
-                                                   f"reval rm {host}/{name}", exit_code=1)
+            raise RevalError(f"{host}: {why}", hint=f"the log so far: reval logs {host}/{name} ; remove the "
+                                                   f"run: reval rm {host}/{name}", exit_code=1)
 
 
 def _not_reconnecting(transport: Transport, p: subprocess.Popen, err: str, got_frames: bool, stalled: bool,
@@ -192,7 +192,7 @@ def follow(transport: Transport, name: str, *, workdir: str, python: str, log_of
            save: bool = True, stream_cmd=None) -> FollowResult:
     """Stream eval.log from `log_offset` until the run is terminal (or lost) and drained. `stream_cmd(log_offset,
     events_offset)`: the remote stream command (a backend's; default: stream_command for this workdir)."""
-    sink = sink or EventSink(lambda ev: None)  # the library prints nothing (the CLI's sinks: reval/cli/display.py)
+    sink = sink or EventSink(lambda ev: None)  # the library prints nothing (the CLI's: reval/cli/display.py)
     host = transport.host
     run_dir = remote_run_dir(workdir, name)
     res = FollowResult(state=protocol.RUNNING, log_offset=log_offset)

@@ -2,7 +2,7 @@
 
     prepare(backend)            payload synced + venv checked (one probe round trip) -> Prepared
     submit(backend, spec, ...)  the name claimed, the paths checked on the host, the run started -> RunHandle
-    attach(backend, name)       a RunHandle for a run that is already there (re-attach after a killed controller)
+    attach(backend, name)       a RunHandle of a run already there (re-attach after a killed controller)
     RunHandle.events()          typed progress events (events.py), resumable from a byte offset of eval.log
     RunHandle.follow(sink)      the same into a follow sink (the CLI's bar/lines)
     RunHandle.wait()            follow until it is over, pull it, and say how it ended -> Finished
@@ -177,7 +177,8 @@ class Finished:
 
     @property
     def exit_code(self) -> int:
-        """0 succeeded with results · 103 cancelled · 3 bad input · 1 anything else (failed, lost, no results)."""
+        """0 succeeded with results · 103 cancelled · 3 bad input · 1 anything else (failed, lost, no
+        results)."""
         return 0 if self.has_results else failure_exit_code(self.state, self.status)
 
     def __repr__(self) -> str:
@@ -204,7 +205,8 @@ def load_pulled(path: Path, status: dict) -> tuple[Result | None, RevalError | N
 
 
 def last_lines(path: Path, n: int = LAST_LINES) -> list[str]:
-    """The last n lines of a pulled eval.log, read from its end (its last 64 KiB: a 1.5 GB log stays there)."""
+    """The last n lines of a pulled eval.log, read from its end (its last 64 KiB: a 1.5 GB log stays
+    there)."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))

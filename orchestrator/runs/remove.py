@@ -34,7 +34,8 @@ class Removal:
 
     def describe(self) -> str:
         """One line of the plan (pure)."""
-        where = " and ".join(w for w, on in (("on the host", self.remote), ("here", self.local)) if on) or "nothing"
+        where = " and ".join(w for w, on in (("on the host", self.remote), ("here", self.local)) if on)
+        where = where or "nothing"
         return f"{self.host}/{self.name} ({self.state}): {where}"
 
 

@@ -22,9 +22,9 @@ The package by stage: discover (checkpoints and their content hashes), plan (the
 checkpoints to a queue; the data types and outcome states live there so the parts never import each other
 in a circle), stage (HostPool: hosts made ready, checkpoints copied, every host operation retried), books
 (JobQueue: the jobs left; SweepRecord: outcomes and ledger entries), schedule (the Sweep wiring those parts
-explicitly), slots (SlotWorkers: launch/re-attach, follow, pull, record per slot), cluster (BatchWorker), report
-(built from a SweepFacts value: verdicts, exit code), render (the report shown: table, lines, report files)
-and ledger (what was evaluated how, across sweeps).
+explicitly), slots (SlotWorkers: launch/re-attach, follow, pull, record per slot), cluster (BatchWorker),
+report (built from a SweepFacts value: verdicts, exit code), render (the report shown: table, lines, report
+files) and ledger (what was evaluated how, across sweeps).
 """
 from __future__ import annotations
 

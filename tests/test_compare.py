@@ -354,7 +354,7 @@ def test_pull_then_compare(tmp_path, monkeypatch, capsys):
 def test_pull_honours_runs_dir(tmp_path, monkeypatch, capsys):
     """--runs-dir is where --pull puts runs and where compare then finds them (one place, not two)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("REVAL_RUNS_DIR", "runs")  # main() sets it from --runs-dir: restored after the test
+    monkeypatch.setenv("REVAL_RUNS_DIR", "runs")  # --runs-dir wins over it (and sets nothing)
     work = tmp_path / "hostwork"
     write_run(work, "runs", "step4000", quality=0.7, step=4000)
     inv = tmp_path / "hosts.yaml"

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from orchestrator import sweep
-from orchestrator.inventory import Host, Inventory, VenvSpec
+from orchestrator.hosts.inventory import Host, Inventory, VenvSpec
+from orchestrator.sweep.ledger import LedgerEntry
 
 DUMMY = ["--lines", "4", "--interval-s", "0.1"]
 
@@ -35,3 +37,8 @@ def local_inventory(root: Path, n: int) -> Inventory:
 def opts(ckpt_glob: str, hosts: list[str], tmp: Path, **kw) -> sweep.SweepOptions:
     return sweep.SweepOptions(checkpoints=[ckpt_glob], hosts=hosts, payload="dummy", eval_args=DUMMY,
                               sweep_dir=str(tmp / "sweeps"), poll_s=0.2, backoff_s=0.2, **kw)
+
+
+def entry_from(entry: LedgerEntry, **changes) -> LedgerEntry:
+    """A copy of a ledger entry with `changes` (a ledger as an earlier sweep left it)."""
+    return LedgerEntry(**{**asdict(entry), **changes})

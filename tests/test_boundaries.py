@@ -5,23 +5,32 @@
 - nothing in remote_payload imports orchestrator or reval;
 - remote_payload.contract and remote_payload.runtime run where only a bare python is: stdlib + remote_payload,
   no torch (checked in a fresh interpreter, so a transitive import counts too);
-- the laptop side's entry points never load torch.
+- the laptop side's entry points never load torch;
+- the CLI is above the API: nothing under orchestrator/ imports reval; reval/cli/ imports only `reval` (the API's
+  face), its own modules and the rendering modules (orchestrator/render/, orchestrator/sweep/render.py); no
+  command sets an environment variable to configure the library;
+- no import circle in orchestrator/, reval/ or benchmarks/ (imports anywhere in a file count: at module level,
+  inside functions, under TYPE_CHECKING), and orchestrator's rooms import only the rooms before them (ROOMS).
+Each checker takes the tree it reads, so that the rule breakers below are planted in a temp copy of it.
 """
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAPTOP = ("orchestrator", "reval", "benchmarks")
 
 
-def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
+def _imports(path: Path, root: Path = ROOT) -> list[tuple[int, str, list[str]]]:
     """(line, module, names) of every import in a file, relative ones resolved against its package."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    pkg = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    pkg = path.relative_to(root).with_suffix("").parts[:-1]
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -34,21 +43,25 @@ def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
     return out
 
 
-def _py_files(*tops: str) -> list[Path]:
-    return sorted(f for top in tops for f in (ROOT / top).rglob("*.py"))
+def _py_files(*tops: str, root: Path = ROOT) -> list[Path]:
+    return sorted(f for top in tops for f in (root / top).rglob("*.py"))
 
 
-def test_the_laptop_side_imports_only_the_payloads_contract():
+def _check_contract_only(root: Path = ROOT) -> None:
     bad = []
-    for f in _py_files(*LAPTOP):
-        for line, mod, names in _imports(f):
+    for f in _py_files(*LAPTOP, root=root):
+        for line, mod, names in _imports(f, root):
             if mod == "remote_payload":
                 extra = [n for n in names if n not in ("__version__", "contract")]
                 if extra:
-                    bad.append(f"{f.relative_to(ROOT)}:{line} imports {extra} from remote_payload")
+                    bad.append(f"{f.relative_to(root)}:{line} imports {extra} from remote_payload")
             elif mod.startswith("remote_payload.") and not mod.startswith("remote_payload.contract"):
-                bad.append(f"{f.relative_to(ROOT)}:{line} imports {mod}")
+                bad.append(f"{f.relative_to(root)}:{line} imports {mod}")
     assert not bad, "orchestrator/reval/benchmarks may import only remote_payload.contract:\n" + "\n".join(bad)
+
+
+def test_the_laptop_side_imports_only_the_payloads_contract():
+    _check_contract_only()
 
 
 def test_the_payload_never_imports_the_laptop_side():
@@ -71,26 +84,211 @@ def test_contract_and_runtime_are_stdlib_only():
     assert p.stdout.strip() == "", f"contract/runtime import non-stdlib modules: {p.stdout.strip()}"
 
 
+def _module(f: Path, root: Path) -> str:
+    parts = f.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _targets(mod: str, names: list[str], modules: set[str]) -> set[str]:
+    """The modules an import loads (`from pkg import mod` names a module, `from mod import name` the module)."""
+    out = set()
+    for m in [f"{mod}.{n}" for n in names if f"{mod}.{n}" in modules] or [mod]:
+        parts = m.split(".")
+        found = next((".".join(parts[:k]) for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in modules),
+                     None)
+        if found:
+            out.add(found)
+    return out
+
+
+def _import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """module -> the laptop modules it imports (anywhere in the file)."""
+    files = {_module(f, root): f for f in _py_files(*LAPTOP, root=root)}
+    graph = {}
+    for m, f in files.items():
+        graph[m] = set().union(*[_targets(mod, names, set(files)) for _, mod, names in _imports(f, root)]) - {m}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each import circle (a strongly connected set of more than one module), found by Tarjan's algorithm."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while (w := stack.pop()) != v:
+                on.discard(w)
+                comp.append(w)
+            on.discard(v)
+            if comp:
+                out.append(sorted([v, *comp]))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _check_no_circle(root: Path = ROOT) -> None:
+    circles = _cycles(_import_graph(root))
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_no_import_circle_on_the_laptop_side():
+    graph = _import_graph()
+    assert "reval.cli" in graph["reval.__main__"] and "benchmarks.harness" in graph["benchmarks.bench_run"]
+    _check_no_circle()
+
+
+def _check_core_below_the_api(root: Path = ROOT) -> None:
+    bad = [f"{f.relative_to(root)}:{line} imports {mod}" for f in _py_files("orchestrator", root=root)
+           for line, mod, _ in _imports(f, root) if mod.split(".")[0] == "reval"]
+    assert not bad, "orchestrator/ is below the API and the CLI: it never imports reval:\n" + "\n".join(bad)
+
+
+def test_the_core_never_imports_the_api_or_the_cli():
+    _check_core_below_the_api()
+
+
+# orchestrator's rooms, each importing only the ones before it (orchestrator/__init__.py draws the map)
+ROOMS = ("errors", "words", "hosts", "rundir", "results", "backends", "runs", "render", "sweep")
+
+
+def _check_rooms_in_order(root: Path = ROOT) -> None:
+    graph = _import_graph(root)
+    room = {m: m.split(".")[1] for m in graph if m.startswith("orchestrator.")}
+    assert set(room.values()) <= set(ROOMS), sorted(set(room.values()) - set(ROOMS))
+    bad = sorted(f"{m} -> {d}" for m, deps in graph.items() if m in room for d in deps
+                 if d in room and ROOMS.index(room[d]) > ROOMS.index(room[m]))
+    assert not bad, f"a room imports one after it (the order: {', '.join(ROOMS)}):\n" + "\n".join(bad)
+
+
+def test_the_rooms_import_only_the_rooms_before_them():
+    _check_rooms_in_order()
+
+
+# what reval/cli/ may import besides the standard library and third-party packages (rich): the API's face,
+# its own modules, and the rendering modules (pure rendering of the API's values)
+CLI_MAY_IMPORT = ("reval", "reval.cli", "orchestrator.render", "orchestrator.sweep.render")
+FIRST_PARTY = ("orchestrator", "reval", "remote_payload", "benchmarks", "tests")
+
+
+def _cli_import_allowed(mod: str, names: list[str], root: Path) -> bool:
+    def allowed(m: str) -> bool:
+        return any(m == a or m.startswith(a + ".") for a in CLI_MAY_IMPORT[1:])
+    if mod == "reval":  # the face's names, never the modules behind it (reval.runs, reval.hosts, ...)
+        return all(n == "cli" or not ((root / "reval" / f"{n}.py").exists() or (root / "reval" / n).is_dir())
+                   for n in names)
+    return allowed(mod) or bool(names) and all(allowed(f"{mod}.{n}") for n in names)
+
+
+def _check_cli_imports(root: Path = ROOT) -> None:
+    bad = [f"{f.relative_to(root)}:{line} imports {mod}" + (f" ({', '.join(names)})" if names else "")
+           for f in _py_files("reval/cli", root=root) for line, mod, names in _imports(f, root)
+           if mod.split(".")[0] in FIRST_PARTY and not _cli_import_allowed(mod, names, root)]
+    assert not bad, ("reval/cli/ imports only reval (the API), reval.cli and the rendering modules "
+                     f"({', '.join(CLI_MAY_IMPORT[2:])}):\n" + "\n".join(bad))
+
+
+def test_the_cli_imports_only_the_api_and_rendering():
+    used = {mod for f in _py_files("reval/cli") for _, mod, _ in _imports(f)}
+    assert {"reval", "orchestrator.render", "orchestrator.sweep"} <= used  # what the rule is about is there
+    _check_cli_imports()
+
+
+def _sets_environment(tree: ast.AST) -> list[int]:
+    """Lines that change os.environ (item assignment or deletion, update/setdefault/pop/clear...) or call
+    os.putenv/os.unsetenv."""
+    def is_environ(node) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name)
+                and node.value.id == "os") or (isinstance(node, ast.Name) and node.id == "environ")
+    lines = []
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign | ast.Delete) else
+                   [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+        if any(isinstance(t, ast.Subscript) and is_environ(t.value) for t in targets):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            f = node.func
+            changes = is_environ(f.value) and f.attr in ("update", "setdefault", "pop", "popitem", "clear",
+                                                         "__setitem__", "__delitem__")
+            if changes or isinstance(f.value, ast.Name) and f.value.id == "os" and f.attr in ("putenv", "unsetenv"):
+                lines.append(node.lineno)
+    return lines
+
+
+def _check_cli_sets_no_environment(root: Path = ROOT) -> None:
+    bad = [f"{f.relative_to(root)}:{line}" for f in _py_files("reval/cli", root=root)
+           for line in _sets_environment(ast.parse(f.read_text(encoding="utf-8")))]
+    assert not bad, "a command configures the library through its parameters, never os.environ:\n" + "\n".join(bad)
+
+
+def test_no_command_sets_environment_variables():
+    probe = "import os\nos.environ['X'] = '1'\nos.environ.setdefault('Y', '')\nos.environ.get('Z')\n"
+    assert _sets_environment(ast.parse(probe)) == [2, 3]
+    _check_cli_sets_no_environment()
+
+
+def _laptop_copy(tmp_path: Path) -> Path:
+    """The laptop side copied under tmp_path (the source tree is never written)."""
+    for top in LAPTOP:
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
 def test_a_rule_breaker_is_caught(tmp_path):
-    """The checker itself: an orchestrator-style file importing the eval is reported."""
-    f = ROOT / "orchestrator" / "_boundary_probe.py"
+    """The checker itself: an orchestrator-style file importing the eval is reported (in a temp copy)."""
+    root = _laptop_copy(tmp_path)
+    f = root / "orchestrator" / "_boundary_probe.py"
     f.write_text("from remote_payload.eval import config\nfrom remote_payload import contract\n")
+    bad = [(mod, names) for _, mod, names in _imports(f, root)]
+    assert ("remote_payload.eval", ["config"]) in bad
     try:
-        bad = [(mod, names) for _, mod, names in _imports(f)]
-        assert ("remote_payload.eval", ["config"]) in bad
-        try:
-            test_the_laptop_side_imports_only_the_payloads_contract()
-        except AssertionError as e:
-            assert "_boundary_probe.py:1 imports remote_payload.eval" in str(e)
-        else:
-            raise AssertionError("the rule breaker was not caught")
-    finally:
-        f.unlink()
+        _check_contract_only(root)
+    except AssertionError as e:
+        assert "_boundary_probe.py:1 imports remote_payload.eval" in str(e)
+    else:
+        raise AssertionError("the rule breaker was not caught")
+    assert not (ROOT / "orchestrator" / "_boundary_probe.py").exists()
+
+
+@pytest.mark.parametrize("where, text, check, says", [
+    ("orchestrator/results/_probe.py", "import reval\n", _check_core_below_the_api,
+     "orchestrator/results/_probe.py:1 imports reval"),
+    ("reval/cli/commands/_probe.py", "from orchestrator.runs import lifecycle\n", _check_cli_imports,
+     "reval/cli/commands/_probe.py:1 imports orchestrator.runs (lifecycle)"),
+    ("reval/cli/commands/_probe.py", "from reval import runs\n", _check_cli_imports,
+     "reval/cli/commands/_probe.py:1 imports reval (runs)"),
+    ("reval/cli/commands/_probe.py", "import os\n\ndef main(a):\n    os.environ['REVAL_RUNS_DIR'] = a\n",
+     _check_cli_sets_no_environment, "reval/cli/commands/_probe.py:4"),
+    ("orchestrator/errors.py", "from .runs import lifecycle\n", _check_no_circle, "orchestrator.errors"),
+    ("orchestrator/hosts/gpuspec.py", "from ..runs import lifecycle\n", _check_rooms_in_order,
+     "orchestrator.hosts.gpuspec -> orchestrator.runs.lifecycle"),
+])
+def test_each_rule_catches_its_breaker(tmp_path, where, text, check, says):
+    """Each rule's checker on a temp copy with one breaker planted: it fails, naming the file and line."""
+    root = _laptop_copy(tmp_path)
+    check(root)  # the copy as it is keeps the rule
+    f = root / where
+    f.write_text(f.read_text() + text if f.exists() else text)
+    with pytest.raises(AssertionError) as e:
+        check(root)
+    assert says in str(e.value)
 
 
 def test_laptop_entry_points_never_load_torch():
-    code = ("import sys; import orchestrator.cli, orchestrator.commands.run, orchestrator.commands.runs, "
-            "orchestrator.commands.compare, orchestrator.compare, orchestrator.report, orchestrator.plots, "
+    code = ("import sys; import reval.cli, reval.cli.commands.run, reval.cli.commands.runs, "
+            "reval.cli.commands.compare, orchestrator.results.compare, orchestrator.render.formats, "
+            "orchestrator.render.plots, "
             "benchmarks.bench_run, reval\n"
             "print('torch' in sys.modules, 'transformers' in sys.modules, 'numpy' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)

@@ -5,7 +5,7 @@ import pytest
 
 import reval
 from orchestrator.errors import ConfigError
-from orchestrator.inventory import Host
+from orchestrator.hosts.inventory import Host
 
 
 def test_local_relative_paths_become_absolute(tmp_path, monkeypatch):
@@ -30,7 +30,7 @@ def test_remote_relative_path_is_refused_with_the_fix():
 @pytest.mark.parametrize("argv", [["sweep", "--hosts", "x"], ["bogus"], ["run"], ["compare", "a", "--format", "xls"]])
 def test_usage_errors_exit_3_not_2(argv, capsys):
     """argparse's own exit 2 would read as "partial" to cron/CI; bad usage is bad input."""
-    from orchestrator.cli import main
+    from reval.cli import main
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 3 and "error:" in capsys.readouterr().err

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
 from remote_payload.contract import protocol
+from reval import cli
 from tests import slurm as slurm_mod
 from tests.slurm import Cluster
 
@@ -97,7 +97,7 @@ def test_slurmctld_gone_mid_sweep_is_waited_for_never_lost(hpc):
     Slurm cannot answer and waits; nothing is recorded `lost`; once slurmctld is back its COMPLETED is the
     run's end in the ledger and the report, and a second sweep evaluates nothing again."""
     from orchestrator import sweep
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
     from tests.sweeptools import make_checkpoints
 
     ck = make_checkpoints(hpc.root / "ckq", [21])
@@ -149,7 +149,7 @@ def test_byte_identical_checkpoints_are_evaluated_once_and_all_named(hpc):
     import shutil
 
     from orchestrator import sweep
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
     from tests.sweeptools import make_checkpoints
 
     ck = make_checkpoints(hpc.root / "ckd", [31])
@@ -169,7 +169,7 @@ def test_byte_identical_checkpoints_are_evaluated_once_and_all_named(hpc):
     entries = _ledger(sw)
     assert [(e["checkpoint"], e["also"], e["state"]) for e in entries] == [("step-31", ["step-32", "step-33"],
                                                                              "succeeded")]
-    from orchestrator.sweep.report import outcome_text, write_report_files
+    from orchestrator.sweep.render import outcome_text, write_report_files
     assert outcome_text(rep.outcomes[0]).startswith("step-31 (= step-32, step-33)  tau ")
     write_report_files(rep)
     assert "step-31 (= step-32, step-33)" in Path(rep.files["markdown"]).read_text()

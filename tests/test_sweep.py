@@ -18,13 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, compare, gpuspec, ledger, stats, sweep
+from orchestrator import sweep
 from orchestrator.errors import ConfigError, RunNotFound
-from orchestrator.inventory import load_inventory
+from orchestrator.hosts import gpuspec
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.results import compare, stats
+from orchestrator.sweep import ledger
+from orchestrator.sweep.discover import _local_matches
 from remote_payload.contract import protocol
+from reval import cli
 from tests.resultsgen import write_run
 from tests.runtools import synced_local
-from tests.sweeptools import DUMMY, local_inventory, make_checkpoints, opts
+from tests.sweeptools import DUMMY, entry_from, local_inventory, make_checkpoints, opts
 
 
 def remote_run_dirs(workdirs: list[Path]) -> dict[str, Path]:
@@ -126,7 +131,7 @@ def test_content_hash_and_listing_agree_with_the_remote_scripts(tmp_path):
     for line in t.run(sweep.list_script(str(d), "step-*")).stdout.splitlines():
         p, size, mtime = line.split("\t")
         listed[os.path.basename(p)] = (int(size), int(mtime))
-    assert listed == {c.name: (c.size, c.mtime) for c in sweep._local_matches(str(d), "step-*")}
+    assert listed == {c.name: (c.size, c.mtime) for c in _local_matches(str(d), "step-*")}
 
 
 def test_ledger_persists_and_refuses_a_second_controller(tmp_path):
@@ -243,7 +248,7 @@ def test_resumed_sweep_keeps_its_runs_when_the_payload_changed(tmp_path, monkeyp
                                {**protocol.read_json(rep.sweep_dir / "sweep.json"), "complete": False})
     lg = ledger.Ledger(tmp_path / "sweeps" / "ledger.json")
     by = {e.checkpoint: e for e in lg.entries.values()}
-    lg.put(ledger.entry_from(by["step-2"], state=ledger.LAUNCHED, tau=None, local_path=None))
+    lg.put(entry_from(by["step-2"], state=ledger.LAUNCHED, tau=None, local_path=None))
     del lg.entries[by["step-3"].key]
     lg.put(by["step-1"])
     (tmp_path / "loc1" / "runs" / by["step-3"].run).rename(tmp_path / "gone")
@@ -437,7 +442,7 @@ def test_long_poll_brings_the_ended_runs_files(ssh_hosts, tmp_path, monkeypatch)
     copy is the host's, byte for byte, its follow state finished. A run too large to ride is pulled on its own,
     the same."""
     from orchestrator.backends import base, ssh
-    from orchestrator.runs import load_follow_state
+    from orchestrator.rundir.registry import load_follow_state
     cluster = ssh_hosts(2)
     monkeypatch.chdir(tmp_path)
     streamed: list[str] = []
@@ -472,7 +477,7 @@ def test_long_poll_brings_the_ended_runs_files(ssh_hosts, tmp_path, monkeypatch)
 def test_killed_controller_resumes_without_repeating_runs(ssh_hosts, tmp_path):
     cluster = ssh_hosts(2)
     ck = make_checkpoints(tmp_path, [10, 20, 30, 40, 50, 60])
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(cluster.inventory_path), "sweep",
+    argv = [sys.executable, "-m", "reval", "-i", str(cluster.inventory_path), "sweep",
             "--checkpoints", f"{ck}/step-*", "--hosts", "cluster", "--payload", "dummy", "--poll-s", "0.2",
             "--sweep-dir", str(tmp_path / "sweeps"), "--json", "--", "--lines", "8", "--interval-s", "0.25"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}

@@ -9,7 +9,7 @@ import pytest
 
 import reval
 from orchestrator import sweep
-from orchestrator.inventory import Host
+from orchestrator.hosts.inventory import Host
 from tests.resultsgen import write_run
 from tests.sweeptools import local_inventory, make_checkpoints, opts
 

@@ -17,7 +17,7 @@ from remote_payload.contract import protocol
 
 from ..backends.base import BATCH_STATE, BATCH_SUBMIT, Backend, Submission
 from ..errors import HostUnreachable, RevalError
-from ..runs import NO_ANSWER
+from ..rundir.registry import NO_ANSWER
 from .books import JobQueue, SweepRecord, pull_and_record
 from .plan import UNREACHABLE, Job, SweepOptions
 from .stage import HostPool, HostSession

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 from remote_payload.contract import protocol
 
-from ..argparsing import duration_s
 from ..errors import ConfigError
-from ..ledger import LAUNCHED, Ledger, LedgerEntry, ledger_key
-from ..lifecycle import EvalSpec
-from ..stats import Paired
+from ..results.stats import Paired
+from ..runs.lifecycle import EvalSpec
+from ..words import duration_s
+from .ledger import LAUNCHED, Ledger, LedgerEntry, ledger_key
 
 # outcome states beyond the run states: checkpoints that were not evaluated in this sweep
 SKIPPED = "skipped"            # the ledger already has it (from an earlier sweep)
@@ -41,7 +41,7 @@ class Checkpoint:
 
 
 def parse_since(text: str | None, now: float | None = None) -> float | None:
-    """'36h', '7d', '90m', '2w' (ago: argparsing.duration_s) or an ISO date/time (UTC) -> epoch seconds."""
+    """'36h', '7d', '90m', '2w' (ago: words.duration_s) or an ISO date/time (UTC) -> epoch seconds."""
     if not text:
         return None
     now = time.time() if now is None else now

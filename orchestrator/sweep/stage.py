@@ -13,16 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import hostcheck, lifecycle
 from ..backends import get_backend
 from ..backends.base import Backend
-from ..environment import provision
 from ..errors import ConfigError, HostUnreachable, RevalError
-from ..inventory import Host, Inventory
-from ..pull import PullResult
-from ..runs import save_follow_state
-from ..sync import rsync, sync_payload
-from ..transport import LocalTransport, Transport, get_transport, q, resolve_workdir
+from ..hosts import hostcheck
+from ..hosts.environment import provision
+from ..hosts.inventory import Host, Inventory
+from ..hosts.sync import rsync, sync_payload
+from ..hosts.transport import LocalTransport, Transport, get_transport, q, resolve_workdir
+from ..rundir.pull import Pulled
+from ..rundir.registry import save_follow_state
+from ..runs import lifecycle
 from .discover import hash_command, parse_hashes
 from .plan import Checkpoint, SweepOptions
 
@@ -216,12 +217,12 @@ class HostPool:
                 self.sources[name] = self.session(self.inventory.get(name))
             return self.sessions.get(name) or self.sources[name]
 
-    def pull(self, hs: HostSession, run: str) -> PullResult:
+    def pull(self, hs: HostSession, run: str) -> Pulled:
         """Pull a run that is over to runs/<host>/<run>/ (its follow state marked finished)."""
         handle = lifecycle.attach(hs.backend, run, python=hs.python)
         return self.op(hs, "pull", lambda: handle.pull(finished=True))
 
-    def pulled(self, hs: HostSession, run: str, res: PullResult) -> PullResult:
+    def pulled(self, hs: HostSession, run: str, res: Pulled) -> Pulled:
         """A run that is over whose files the long poll brought to runs/<host>/<run>/ already: as pull() leaves
         it (its follow state marked finished), no SSH session."""
         save_follow_state(hs.host.name, run, finished=True)  # as Run.pull(finished=True) marks it

@@ -31,6 +31,7 @@ from pathlib import Path
 from orchestrator import sweep
 from orchestrator.hosts.inventory import load_inventory
 from orchestrator.hosts.transport import close_all
+from orchestrator.runs.lifecycle import EvalSpec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +78,7 @@ def measure(args, sshd, login_rc: bool) -> dict:
                 (d / "model.safetensors").write_bytes(os.urandom(256 * 1024))
             lines = max(1, round(args.eval_s / 0.1))
             opts = sweep.SweepOptions(checkpoints=[str(root / "ckpts" / "step-*")], hosts=["cluster"],
-                                      payload="dummy", eval_args=["--lines", str(lines), "--interval-s", "0.1"],
+                                      spec=EvalSpec(payload="dummy", extra=["--lines", str(lines), "--interval-s", "0.1"]),
                                       sweep_dir=str(root / "sweeps"), poll_s=args.poll_s)
             lines_at: list[tuple[float, str]] = []
             t0, w0 = time.perf_counter(), time.time()

@@ -3,7 +3,6 @@ status, events, log, finish (-> Finished), wait (-> Result), pull (-> Pulled), k
 one-call forms status/logs/pull/kill take a RUN reference."""
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -198,20 +197,13 @@ def check_spec(host: Host | str, spec: EvalSpec, *, name: str | None = None,
     """What submit refuses before anything happens anywhere (reval.Error, exit_code 3): the spec itself, a
     relative path on a remote host (it would silently mean the payload folder there; on a local host it is taken
     from the current directory), the GPUs, the run name, a runs/ here that is a file or unwritable. Returns the
-    spec with its paths made absolute (`cache`: a path, or [NAME=PATH, ...] for benchmark suites)."""
+    spec with its paths made absolute (the drafter, target and every cache)."""
     h = as_host(host, inventory)
-    spec = dataclasses.replace(spec.validate())
-    spec.drafter, spec.target = host_path("drafter", spec.drafter, h), host_path("target", spec.target, h)
-    caches = spec.cache
-    if isinstance(caches, list):  # --cache PATH, or NAME=PATH per suite: the PATH part is the host's
-        paths = []
-        for c in caches:
-            suite, sep, path = c.partition("=")
-            named = sep and path and "/" not in suite
-            paths.append(f"{suite}={host_path('cache', path, h)}" if named else host_path("cache", c, h))
-        spec.cache = paths[0] if len(paths) == 1 and "=" not in caches[0] else paths
-    else:
-        spec.cache = host_path("cache", caches, h)
+    missing = spec.missing()
+    if missing:
+        raise ConfigError(f"reval run: missing {', '.join(missing)}",
+                          hint="reval run HOST --drafter PATH --target PATH --cache PATH")
+    spec = spec.with_paths(lambda k, v: host_path(k, v, h))
     normalize_gpus(spec.gpus or h.gpus)
     if name is not None:
         _runs.check_run_name(name)

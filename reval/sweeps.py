@@ -21,7 +21,7 @@ def sweep(options: SweepOptions, *, inventory: Inventory | str | Path | None = N
     """Evaluate every new checkpoint over the hosts (`reval sweep`): discover, skip what the ledger has, run,
     pull, compare, and write the report files (report.md/.json/.html, plots) into the sweep's folder. Progress
     lines go to `on_line`; the report's `exit_code` is the CLI's."""
-    if options.payload == "eval" and not (options.target and options.cache):
+    if [m for m in options.spec.missing() if m != "--drafter"]:  # the drafter is each checkpoint
         raise ConfigError("reval sweep needs --target and --cache (paths on the hosts)",
                           hint="e.g. --target /root/models/Qwen3.6-27B --cache /root/eval/cache")
     inv = as_inventory(inventory)
@@ -68,13 +68,4 @@ def _sweep_paths(options: SweepOptions, inventory: Inventory) -> SweepOptions:
                               f"absolute path there", hint=f"e.g. --{k} /data/{v}")
         return host_path(k, v, here)
 
-    caches = options.cache
-    if isinstance(caches, list):
-        out = []
-        for c in caches:
-            suite, sep, path = c.partition("=")
-            out.append(f"{suite}={fix('cache', path)}" if sep and path and "/" not in suite else fix("cache", c))
-        caches = out
-    else:
-        caches = fix("cache", caches)
-    return dataclasses.replace(options, target=fix("target", options.target), cache=caches)
+    return dataclasses.replace(options, spec=options.spec.with_paths(fix))

@@ -20,6 +20,7 @@ import pytest
 
 from orchestrator.hosts import transport
 from orchestrator.rundir.follow import follow
+from orchestrator.runs.lifecycle import EvalSpec
 from remote_payload.contract import protocol
 from reval import cli
 from tests import slurm as slurm_mod
@@ -403,8 +404,8 @@ def test_a_checkpoint_that_fails_in_a_cluster_sweep_fails_alone(hpc):
             return super().pull(hs, run)
     # names of their own: a run name comes from the checkpoint, and the cluster's runs/ is shared by the module
     ck = make_checkpoints(hpc.root / "ckf", [11, 12, 13])
-    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], payload="dummy", poll_s=0.2, sweep_dir=str(hpc.root / "swf"),
-                           eval_args=["--lines", "6", "--interval-s", "0.2"])
+    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], poll_s=0.2, sweep_dir=str(hpc.root / "swf"),
+                           spec=EvalSpec(payload="dummy", extra=["--lines", "6", "--interval-s", "0.2"]))
     inv = load_inventory(hpc.inv)
     log: list[str] = []
     rep = sweep.Sweep(o, inv, log=log.append, hosts=FaultyHosts(o, inv, log=log.append)).run()

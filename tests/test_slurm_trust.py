@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.runs.lifecycle import EvalSpec
 from remote_payload.contract import protocol
 from reval import cli
 from tests import slurm as slurm_mod
@@ -102,8 +103,8 @@ def test_slurmctld_gone_mid_sweep_is_waited_for_never_lost(hpc):
 
     ck = make_checkpoints(hpc.root / "ckq", [21])
     sw = hpc.root / "swq"
-    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], payload="dummy", poll_s=0.2, sweep_dir=str(sw),
-                           eval_args=["--lines", "40", "--interval-s", "0.2"])
+    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], poll_s=0.2, sweep_dir=str(sw),
+                           spec=EvalSpec(payload="dummy", extra=["--lines", "40", "--interval-s", "0.2"]))
     inv = load_inventory(hpc.inv)
     log: list[str] = []
     got: list = []
@@ -156,8 +157,8 @@ def test_byte_identical_checkpoints_are_evaluated_once_and_all_named(hpc):
     for n in ("step-32", "step-33"):
         shutil.copytree(ck / "step-31", ck / n)
     sw = hpc.root / "swd"
-    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], payload="dummy", poll_s=0.2, sweep_dir=str(sw),
-                           eval_args=["--lines", "4", "--interval-s", "0.1"])
+    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], poll_s=0.2, sweep_dir=str(sw),
+                           spec=EvalSpec(payload="dummy", extra=["--lines", "4", "--interval-s", "0.1"]))
     inv = load_inventory(hpc.inv)
     log: list[str] = []
     rep = sweep.Sweep(o, inv, log=log.append).run()

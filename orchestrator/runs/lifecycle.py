@@ -15,8 +15,6 @@ prints: progress is events and return values.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import queue
 import threading
@@ -27,6 +25,7 @@ from pathlib import Path
 
 from remote_payload.contract import protocol
 from remote_payload.contract import results as results_json
+from remote_payload.contract import spec as _spec
 
 from .. import __version__
 from ..backends.base import Backend, Launch, Submission
@@ -57,73 +56,19 @@ from ..rundir.registry import (
 )
 
 
-@dataclass
-class EvalSpec:
-    """What to evaluate (paths on the host) and how; `payload="dummy"` runs the torch-free stand-in."""
-    drafter: str | None = None
-    target: str | None = None
-    cache: str | list[str] | None = None  # one cache, or [NAME=PATH, ...]: benchmark suites in one eval
-    num_prompts: int | None = None
-    max_blocks: int | None = None
-    extra: list[str] = field(default_factory=list)   # more `python -m remote_payload eval` options
-    payload: str = "eval"                             # eval | dummy
-    gpus: str | None = None                           # auto | none | 0,1 (None: the host's `gpus`)
-    allow_unknown_config: list[str] = field(default_factory=list)  # drafter config keys evaluated uninterpreted
-    speedup: bool = False  # measure the target's latencies on the host and project the speedup per method
-    online: int = 0        # decode the first N prompts online with the whole target (spot check + measured speedup)
+class EvalSpec(_spec.EvalSpec):
+    """What to evaluate: the contract's one spec (remote_payload/contract/spec.py, the value the payload parses
+    back), its refusals raised as this half's ConfigError (exit 3)."""
 
-    def validate(self) -> EvalSpec:
-        if self.payload not in ("eval", "dummy"):
-            raise ConfigError(f"payload {self.payload!r}: use eval or dummy")
-        if self.payload == "eval":
-            missing = [f"--{k}" for k in ("drafter", "target", "cache") if not getattr(self, k)]
-            if missing:
-                raise ConfigError(f"reval run: missing {', '.join(missing)}",
-                                  hint="reval run HOST --drafter PATH --target PATH --cache PATH")
-        for k in ("num_prompts", "max_blocks"):
-            v = getattr(self, k)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ConfigError(f"--{k.replace('_', '-')} must be at least 1")
-        return self
+    def __post_init__(self):
+        try:
+            super().__post_init__()
+        except _spec.SpecError as e:
+            raise ConfigError(str(e), hint=e.hint) from None
 
-    def payload_argv(self, name: str | None = None) -> list[str]:
-        """`python -m remote_payload ...` arguments, without --run-dir (the launcher adds it) (pure)."""
-        if self.payload == "dummy":
-            return ["dummy", *self.extra]
-        argv = ["eval", "--drafter", str(self.drafter), "--target", str(self.target), *self._cache_argv()]
-        argv += ["--name", name] if name else []
-        if self.num_prompts is not None:
-            argv += ["--num-prompts", str(self.num_prompts)]
-        if self.max_blocks is not None:
-            argv += ["--max-blocks", str(self.max_blocks)]
-        argv += ["--speedup"] if self.speedup else []
-        argv += ["--online", str(self.online)] if self.online else []
-        return argv + self._allow_argv() + list(self.extra)
 
-    def _allow_argv(self) -> list[str]:
-        return [a for k in self.allow_unknown_config for a in ("--allow-unknown-config", str(k))]
-
-    def preflight_argv(self) -> list[str] | None:
-        """`python -m remote_payload preflight ...`: the paths checked on the host before anything starts."""
-        if self.payload != "eval":
-            return None
-        # keys allowed through the payload's own arguments (a sweep's `-- --allow-unknown-config K`) count too
-        passed = [a for i, a in enumerate(self.extra) if a.startswith("--allow-unknown-config=")
-                  or (i and self.extra[i - 1] == "--allow-unknown-config") or a == "--allow-unknown-config"]
-        return ["preflight", "--drafter", str(self.drafter), "--target", str(self.target), *self._cache_argv(),
-                *self._allow_argv(), *passed]
-
-    def _cache_argv(self) -> list[str]:
-        caches = self.cache if isinstance(self.cache, list) else [self.cache]
-        return [a for c in caches for a in ("--cache", str(c))]
-
-    def default_name(self) -> str:
-        return protocol.default_run_name(self.drafter or self.payload)
-
-    def identity(self, host: str) -> str:
-        """The same command on the same host = the same run (re-attach instead of a duplicate)."""
-        blob = json.dumps({"host": host, "argv": self.payload_argv(), "gpus": self.gpus}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+def default_run_name(spec: EvalSpec) -> str:
+    return protocol.default_run_name(spec.drafter or spec.payload)
 
 
 @dataclass
@@ -420,13 +365,13 @@ def submission(backend: Backend, spec: EvalSpec, *, python: str, name: str | Non
                run_json: dict | None = None, argv: list[str] | None = None) -> Submission:
     """What submit() hands the backend (validated; the name checked), without starting it: the sweep hands it
     to Backend.wait_then_submit, which starts it once the slot's run before it is over."""
-    spec.validate()
-    name = name or spec.default_name()
+    name = name or default_run_name(spec)
     check_run_name(name)
     gpus = normalize_gpus(spec.gpus or backend.host.gpus)
     ident = spec.identity(backend.host.name)
     info = {"argv": argv if argv is not None else [], "payload_argv": spec.payload_argv(name),
-            "drafter": spec.drafter, "target": spec.target, "cache": spec.cache, "gpus_requested": gpus,
+            "drafter": spec.drafter, "target": spec.target, "cache": [c.text() for c in spec.cache],
+            "gpus_requested": gpus,
             "created_at": protocol.now_iso(), "controller_version": __version__, "identity": ident,
             **(run_json or {})}
     return Submission(name, spec.payload_argv(name), python, gpus=gpus, run_json=info,

@@ -76,7 +76,7 @@ class BatchWorker:
                 jobs.remove(job)
                 self.record.failed(hs.host.name, job, e)
                 continue
-            argv = self.opts.spec(path, gpus).payload_argv(job.run)
+            argv = self.opts.spec_for(path, gpus).payload_argv(job.run)
             subs.append(Submission(job.run, argv, hs.python, gpus, self.record.run_json(job, path, argv)))
             entries.append(self.record.launched_entry(hs.host.name, job))
         if not subs:

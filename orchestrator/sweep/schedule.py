@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from remote_payload.contract import protocol
+from remote_payload.contract.spec import DEFAULT_MAX_BLOCKS
 
 from ..errors import EXIT_BAD_INPUT, ConfigError, RevalError
 from ..hosts.inventory import Inventory
@@ -47,7 +47,6 @@ def load_baseline(spec: str | None) -> compare.Result | None:
     return rec
 
 
-PAYLOAD_MAX_BLOCKS = 30  # the eval payload's --max-blocks default (remote_payload/eval/evalopts.py)
 STOP_GRACE_S = 10.0  # Ctrl-C: how long the sweep waits for its workers to return (Workers.wait)
 
 
@@ -57,15 +56,16 @@ def baseline_differences(opts: SweepOptions, baseline: compare.Result | None, ca
     if baseline is None or baseline.result is None:
         return []
     c, res = baseline.result.comparability, baseline.result
-    eval_payload = opts.payload == "eval"
-    blocks = opts.max_blocks if opts.max_blocks is not None else (PAYLOAD_MAX_BLOCKS if eval_payload else None)
+    ask = opts.spec
+    eval_payload = ask.payload == "eval"
+    blocks = ask.max_blocks if ask.max_blocks is not None else (DEFAULT_MAX_BLOCKS if eval_payload else None)
     out = []
     if blocks is not None and c.max_blocks != blocks:
         out.append(f"{compare.FIELD_WORDS['max_blocks']} {c.max_blocks} there, {blocks} here")
     total = res.cache.num_prompts_total if res.cache is not None else None
-    if opts.num_prompts is not None and c.num_prompts != opts.num_prompts and not (
-            c.num_prompts < opts.num_prompts and c.num_prompts == total):  # both ran the whole (smaller) cache
-        out.append(f"{compare.FIELD_WORDS['num_prompts']} {c.num_prompts} there, {opts.num_prompts} here")
+    if ask.num_prompts is not None and c.num_prompts != ask.num_prompts and not (
+            c.num_prompts < ask.num_prompts and c.num_prompts == total):  # both ran the whole (smaller) cache
+        out.append(f"{compare.FIELD_WORDS['num_prompts']} {c.num_prompts} there, {ask.num_prompts} here")
     if eval_payload and cache_fingerprint and c.cache_fingerprint != cache_fingerprint:
         out.append(f"cache {c.cache_fingerprint[:19]} there, {cache_fingerprint[:19]} here")
     return out
@@ -117,7 +117,7 @@ class Sweep:
     def _write_state(self, complete: bool) -> None:
         protocol.atomic_write_json(self.dir / "sweep.json", {
             "id": self.sweep_id, "identity": self.opts.identity(), "created_at": protocol.now_iso(),
-            "complete": complete, "options": asdict(self.opts)})
+            "complete": complete, "options": self.opts.to_json()})
 
     # -- planning -------------------------------------------------------------------------------------------
     def plan(self, checkpoints: list[Checkpoint]) -> None:

@@ -186,9 +186,9 @@ class SlotWorkers:
                 return None
             before = ledger.get(job.key)
             ledger.put(self.record.launched_entry(hs.host.name, job))  # a killed controller finds it and re-attaches
-            run_json = self.record.run_json(job, path, self.opts.spec(path).payload_argv(job.run))
+            run_json = self.record.run_json(job, path, self.opts.spec_for(path).payload_argv(job.run))
             try:
-                spec = self.opts.spec(path, gpu)
+                spec = self.opts.spec_for(path, gpu)
                 return self._take(hs, job, before, lambda: self.hosts.op(hs, "launch", lambda: lifecycle.submit(
                     hs.backend, spec, python=hs.python, name=job.run, run_json=run_json)).launch)
             except HostUnreachable:
@@ -287,9 +287,9 @@ class SlotWorkers:
         """nxt's Submission (as its launch makes it), or None when that fails: its own launch then says why."""
         path = nxt.staged[1]
         try:
-            return lifecycle.submission(hs.backend, self.opts.spec(path, gpu), python=hs.python, name=nxt.run,
+            return lifecycle.submission(hs.backend, self.opts.spec_for(path, gpu), python=hs.python, name=nxt.run,
                                         run_json=self.record.run_json(nxt, path,
-                                                                      self.opts.spec(path).payload_argv(nxt.run)))
+                                                                      self.opts.spec_for(path).payload_argv(nxt.run)))
         except Exception:  # noqa: BLE001 - bad input for that checkpoint: not this run's business
             return None
 

@@ -12,37 +12,18 @@ import sys
 import reval
 from reval import EXIT_STILL_RUNNING
 
-from ..argparsing import Parser, inventory_option, option_suggestions, positive_int, seconds
+from ..argparsing import Parser, inventory_option, option_suggestions, seconds
+from ..specargs import add_spec_options, spec_from_args
 from .runs import detached_message, finish_run, make_sink, out
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", metavar="PATH", help="drafter checkpoint (dir or .pt) on the host")
-    p.add_argument("--target", metavar="PATH",
-                   help="target model dir on the host (embed_tokens / lm_head are borrowed)")
-    p.add_argument("--cache", metavar="[NAME=]PATH", action="append",
-                   help="hidden-state cache dir on the host; repeat it as NAME=PATH to evaluate benchmark suites "
-                        "in one process (per-suite tau and their mean; reval compare --by suite)")
+    add_spec_options(p)
     p.add_argument("--name", help="run name (default <drafter-name>-<UTC time>); refused if already used")
     p.add_argument("--gpus", metavar="auto|none|0,1",
                    help="auto (one free GPU; CPU on a host without GPUs) | none | 0,1 "
                         "(default: the host's gpus in hosts.yaml)")
     p.add_argument("--detach", action="store_true", help="start it and return (exit 101); follow later with logs -f")
-    p.add_argument("--num-prompts", type=positive_int, metavar="N", help="evaluate the first N prompts of the cache")
-    p.add_argument("--max-blocks", type=positive_int, metavar="M", help="at most M draft rounds per prompt")
-    p.add_argument("--allow-unknown-config", action="append", default=[], metavar="KEY",
-                   help="evaluate although the drafter's config.json has KEY, which reval does not interpret "
-                        "(dflash_config.KEY when nested; repeatable; recorded in results.json). Without it "
-                        "such a key is refused before the run starts (exit 3)")
-    p.add_argument("--speedup", action="store_true",
-                   help="also load the whole target on the host and measure its latencies (decode, block and "
-                        "DDTree verify, drafter block; CUDA graphs on a GPU): the projected speedup per method "
-                        "and the best DDTree budget by speedup; measured once per host, GPU, target and dtype")
-    p.add_argument("--online", type=positive_int, metavar="N",
-                   help="also decode the first N prompts by real speculative decoding with the whole target: "
-                        "acceptance checked against the offline walk, measured speedup beside the projection")
-    p.add_argument("--payload", choices=("eval", "dummy"), default="eval",
-                   help="what to run: the eval, or a torch-free stand-in (tests, demos of the plumbing)")
     p.add_argument("--give-up-s", type=seconds, default=120.0, metavar="S",
                    help="stop reconnecting after this long (exit 4)")
     inventory_option(p)  # also after HOST: reval run HOST -i FILE ...
@@ -89,13 +70,6 @@ def _split_extra(args) -> argparse.Namespace:
     return ns
 
 
-def spec_from_args(args) -> reval.EvalSpec:
-    return reval.EvalSpec(drafter=args.drafter, target=args.target, cache=args.cache, num_prompts=args.num_prompts,
-                    max_blocks=args.max_blocks, extra=list(args.extra), payload=args.payload, gpus=args.gpus,
-                    allow_unknown_config=list(args.allow_unknown_config or []),
-                    speedup=bool(getattr(args, "speedup", False)), online=getattr(args, "online", None) or 0)
-
-
 def launch_line(info) -> str:
     """The `launch` line (pure): where the run (Run.launch) started, or the scheduler's job it waits in."""
     if info.queued:
@@ -120,7 +94,7 @@ def describe(info, requested_gpus: str) -> str:
 def cmd_run(args) -> int:
     """A thin layer over the API: check_spec -> prepare -> submit (or re-attach) -> Run.finish -> the final line."""
     args = _split_extra(args)
-    spec = spec_from_args(args).validate()
+    spec = spec_from_args(args, args.extra, gpus=args.gpus)
     inv = reval.Inventory.load(args.inventory)
     host = inv[args.host]
     spec = reval.check_spec(host, spec, name=args.name)  # refused here: nothing synced, launched or written

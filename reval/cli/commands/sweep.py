@@ -13,6 +13,7 @@ from orchestrator.sweep import render
 from reval import EXIT_CANCELLED, EXIT_STILL_RUNNING
 
 from ..argparsing import positive_int, seconds
+from ..specargs import add_spec_options, spec_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,12 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="'HOST:/root/ckpt/step-*' or a local './ckpt/step-*' (synced to the hosts); repeatable")
     p.add_argument("--hosts", action="append", required=True, metavar="GROUP|HOST", help="where to run; repeatable. A Slurm cluster (slurm: in hosts.yaml) takes its share "
                         "as one job array, at most slurm.max_running tasks at once")
-    p.add_argument("--target", help="target model folder on the hosts")
-    p.add_argument("--cache", action="append", metavar="[NAME=]PATH",
-                   help="hidden-state cache on the hosts; repeated (NAME=PATH each): benchmark suites in one eval, "
-                        "reported per suite")
-    p.add_argument("--num-prompts", type=positive_int, metavar="N", help="evaluate the first N prompts of the cache")
-    p.add_argument("--max-blocks", type=positive_int, metavar="M", help="at most M draft rounds per prompt")
+    add_spec_options(p, drafter=False, payload_help=argparse.SUPPRESS)
     p.add_argument("--latest", type=positive_int, metavar="N", help="only the N newest checkpoints (by step, then mtime)")
     p.add_argument("--since", metavar="WHEN", help="only checkpoints modified since: 36h, 7d, or 2026-11-30")
     p.add_argument("--baseline", metavar="RUN", help="a pulled run to compare every checkpoint with")
@@ -52,9 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--poll-s", type=seconds, default=10.0,
                    help="longest single wait on a run's status (a long poll that returns when the run ends)")
     p.add_argument("--retries", type=positive_int, default=3, help="attempts per SSH operation on transport errors")
-    p.add_argument("--payload", choices=("eval", "dummy"), default="eval", help=argparse.SUPPRESS)
     p.add_argument("eval_args", nargs="*", metavar="-- EVAL-ARGS",
-                   help="more options for the eval payload (e.g. -- --dtype bf16 --batch-size 64)")
+                   help="more options for the eval payload (e.g. -- --dtype bf16 --batch-size 64); --speedup, --online and --allow-unknown-config are options of reval sweep itself")
     p.set_defaults(func=main)
 
 
@@ -76,12 +71,9 @@ def interrupted_text(e: reval.SweepInterrupted) -> str:
 
 def main(args: argparse.Namespace) -> int:
     opts = reval.SweepOptions(
-        checkpoints=args.checkpoints, hosts=args.hosts, target=args.target,
-        cache=args.cache[0] if args.cache and len(args.cache) == 1 else args.cache,  # one cache: as before
-        num_prompts=args.num_prompts, max_blocks=args.max_blocks, eval_args=list(args.eval_args),
+        checkpoints=args.checkpoints, hosts=args.hosts, spec=spec_from_args(args, args.eval_args),
         latest=args.latest, since=args.since, baseline=args.baseline, threshold=args.threshold, force=args.force,
-        sweep_dir=args.sweep_dir, max_ssh=args.max_ssh, poll_s=args.poll_s, retries=max(1, args.retries),
-        payload=args.payload)
+        sweep_dir=args.sweep_dir, max_ssh=args.max_ssh, poll_s=args.poll_s, retries=max(1, args.retries))
     err = Console(stderr=True, highlight=False)
     try:
         rep = reval.sweep(opts, inventory=args.inventory, on_line=lambda line: err.print(line, markup=False))

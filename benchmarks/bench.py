@@ -1,9 +1,10 @@
 """`python -m benchmarks.bench` (under scripts/netns-run; `make bench` does): the orchestrator's speed
 targets as ratios measured in one run, against real OpenSSH sshd on loopback.
 
-BENCHES is a list of functions `bench(ctx) -> list[Row]`; add yours to it. Each takes the shared BenchContext
-(a scratch dir and a factory for sshd hosts) and returns rows. Timings are medians of `repeat` runs, each from
-a cold SSH connection (ControlMaster closed), as a user's `reval` invocation would see them.
+BENCHES is a list of functions `bench(ctx) -> list[Row]`; add yours to it (the run path's are bench_run.py's
+RUN_BENCHES). Each takes the shared BenchContext (harness.py: a scratch dir and a factory for sshd hosts) and
+returns rows. Timings are medians of `repeat` runs, each from a cold SSH connection (ControlMaster closed),
+as a user's `reval` invocation would see them.
 
 Needs the repo checkout (it uses the tests' sshd harness, tests/sshd.py); dev-only.
 """
@@ -12,65 +13,19 @@ from __future__ import annotations
 import argparse
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import transport as transport_mod
-from orchestrator.environment import provision
-from orchestrator.hostcheck import check_hosts
-from orchestrator.inventory import load_inventory
-from orchestrator.sync import payload_source, sync_payload
-
-
-@dataclass
-class Row:
-    name: str
-    ours_s: float
-    baseline_s: float
-    baseline: str
-    target_ratio: float
-
-    @property
-    def ratio(self) -> float:
-        return self.ours_s / self.baseline_s if self.baseline_s else float("inf")
-
-
-@dataclass
-class BenchContext:
-    root: Path
-    repeat: int = 7
-    _clusters: list = field(default_factory=list)
-    _next_addr: int = 2
-
-    def ssh_hosts(self, n: int, **kw):
-        from tests.sshd import make_ssh_hosts  # dev-only harness
-        c = make_ssh_hosts(Path(tempfile.mkdtemp(dir=self.root)), n, first_address=self._next_addr, **kw)
-        self._next_addr += n
-        self._clusters.append(c)
-        return c
-
-    def close(self):
-        transport_mod.close_all()
-        for c in self._clusters:
-            c.close()
-
-
-def median_s(fn: Callable[[], object], repeat: int, setup: Callable[[], object] | None = None) -> float:
-    times = []
-    for _ in range(repeat):
-        if setup:
-            setup()
-        transport_mod.close_all()  # every sample starts from a cold connection
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from benchmarks.bench_run import RUN_BENCHES
+from benchmarks.harness import BenchContext, Row, format_table, median_s
+from orchestrator.hosts import transport as transport_mod
+from orchestrator.hosts.environment import provision
+from orchestrator.hosts.hostcheck import check_hosts
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.hosts.sync import payload_source, sync_payload
 
 
 def _bare_rsync(cluster, i: int, src: str, dest: str) -> list[str]:
@@ -155,17 +110,6 @@ def bench_hosts_check(ctx: BenchContext) -> list[Row]:
 BENCHES: list[Callable[[BenchContext], list[Row]]] = [bench_sync, bench_hosts_check]
 
 
-def format_table(rows: list[Row]) -> str:
-    """Plain-text table (pure)."""
-    head = f"{'benchmark':40} {'ours':>9} {'baseline':>9} {'ratio':>6} {'target':>7}  ok   baseline is"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        ok = "yes" if r.ratio <= r.target_ratio else "NO"
-        lines.append(f"{r.name:40} {r.ours_s * 1000:7.0f}ms {r.baseline_s * 1000:7.0f}ms {r.ratio:5.2f}x "
-                     f"{'<=' + format(r.target_ratio, 'g') + 'x':>7}  {ok:4} {r.baseline}")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=7)
@@ -180,9 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="reval-bench-") as root:
         ctx = BenchContext(Path(root), repeat=args.repeat)
         try:
-            from benchmarks.bench_run import (
-                RUN_BENCHES,  # the run path's rows (launch/follow); imports this module
-            )
             for bench in [*BENCHES, *RUN_BENCHES]:
                 if not args.k or args.k in bench.__name__:
                     rows += bench(ctx)

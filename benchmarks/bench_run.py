@@ -15,13 +15,13 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.bench import BenchContext, Row, median_s
-from orchestrator import transport as transport_mod
-from orchestrator.commands.display import PlainSink
-from orchestrator.follow import follow
-from orchestrator.inventory import load_inventory
-from orchestrator.sync import sync_payload
+from benchmarks.harness import BenchContext, Row, median_s
+from orchestrator.hosts import transport as transport_mod
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.hosts.sync import sync_payload
+from orchestrator.rundir.follow import follow
 from remote_payload.contract import protocol
+from reval.cli.display import PlainSink
 
 LATENCY_LINES = 50
 
@@ -76,7 +76,7 @@ def bench_live_latency(ctx: BenchContext) -> list[Row]:
 def bench_run_overhead(ctx: BenchContext) -> list[Row]:
     cwd = Path(tempfile.mkdtemp(dir=ctx.root))
     env = {k: v for k, v in os.environ.items() if k not in ("REVAL_HOSTS", "REVAL_RUNS_DIR")}
-    reval = [sys.executable, "-m", "orchestrator"]
+    reval = [sys.executable, "-m", "reval"]
     payload = ["--lines", "5", "--interval-s", "0.05"]
     n = iter(range(10_000))
 

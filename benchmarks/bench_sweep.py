@@ -13,82 +13,8 @@ launch: hosts ready, payload sync, discovery, the first staging and launch), `pe
 one launch to the next, beyond the eval's own time, which the dummy's events give), `end` (from the last run's
 end to the report), `report` (report.md/.json/.html and plots.png).
 
-History (defaults: 3 hosts, 12 checkpoints, 3 s evals). Measured on a 2-core machine with other test suites
-running beside it: +-25% from run to run, so each row is a range over interleaved runs of the two versions.
-Every SSH session there paid root's ~/.bashrc (`pyenv init`: an `ssh host true` 0.12 s, 0.009 s without it);
-since 2026-12-02 06:00 the bench runs the sweep twice, on hosts whose sessions skip it (`SetEnv SHLVL=1`, what
-tests/sshd.py now gives every test: reval's own overhead, the headline) and on hosts whose sessions run it
-(`login rc`, as a plain sshd here does; every row before the 32f3c97 rows measured only this, most at load
-2-3.5: the 32f3c97 rows are the same code at load ~1). `--login-rc skip|run` runs one of the two.
-
-| version | overhead / checkpoint | split (start · per cycle · end · report) |
-|---|---|---|
-| a turn before issue 19 item 26 | 1.2 s (as reported) | |
-| issue 19 item 26 reported | 2.20 s | |
-| before (8d2e010), 2026-12-02 | 2.3-3.3 s (9 runs) | |
-| after | 1.4-2.1 s (8 runs; one more at load 3.7: 2.85 s) | 1.3-2.1 s · 0.5-0.8 s · 0.4-0.6 s · 1.4-2.0 s |
-| f316c9c, 2026-12-02 (load 1.1-1.6) | 1.54-1.69 s (4 runs) | 1.6-2.0 s · 0.43-0.48 s · 0.48-0.58 s · 1.66-2.12 s |
-| + plot worker (f4f29c6), interleaved with the row above | 1.30-1.53 s (4 runs) | 1.7-2.0 s · 0.40-0.54 s · 0.38-0.63 s · 0.76-1.04 s |
-| + statistics as runs are pulled (16a1720); f4f29c6 interleaved: 1.26-1.47 s | 1.30-1.39 s (4 runs) | 1.5-1.9 s · 0.45-0.57 s · 0.22-0.27 s · 0.71-1.01 s |
-| f316c9c vs 16a1720 interleaved at load 1.8-3.5 | 1.45-2.00 s vs 1.21-1.72 s (4 runs each) | after: 1.55-2.3 s · 0.37-0.66 s · 0.19-0.45 s · 0.77-2.1 s |
-| 03b08ec, 2026-12-02 (load 2.0-3.1) | 1.54-2.26 s (4 runs) | 1.8-2.7 s · 0.59-0.79 s · 0.29-0.44 s · 0.97-2.36 s |
-| + run over -> next launch in one SSH command, interleaved with the row above | 1.27-1.76 s (4 runs; a 5th alone: 1.16 s) | 2.0-2.5 s · 0.29-0.49 s · 0.24-0.43 s · 0.89-2.06 s |
-| 32f3c97, 2026-12-02 06:05 (load 0.6-1.1), login rc | 0.77-0.84 s (3 runs) | 1.20-1.52 s · 0.18-0.19 s · 0.15-0.18 s · 0.56-0.58 s |
-| the same, sessions skip ~/.bashrc (reval's own) | 0.56-0.59 s (3 runs) | 0.62-0.80 s · 0.20-0.21 s · 0.06-0.07 s · 0.55-0.65 s |
-| + plots with fixed margins, plain DDTree ticks (1356a85), interleaved, login rc | 0.65-0.94 s (3 runs) | 1.09-1.28 s · 0.17-0.28 s · 0.15-0.25 s · 0.32-0.50 s |
-| the same, skip ~/.bashrc | 0.51-0.58 s (3 runs) | 0.69-0.81 s · 0.22-0.26 s · 0.08-0.09 s · 0.33-0.39 s |
-| 1356a85 vs + the long poll brings the ended run's files (this row), interleaved (load 0.4-1.1), login rc | 0.71-0.73 s vs 0.68-0.70 s (4 runs each) | after: 1.16-1.29 s · 0.16-0.21 s · 0.07-0.09 s (was 0.16-0.18) · 0.33-0.37 s |
-| the same, skip ~/.bashrc | 0.46-0.57 s vs 0.46-0.56 s (5 runs each) | after: 0.58-0.67 s · 0.22-0.28 s · 0.07-0.11 s · 0.32-0.39 s |
-
-What changed (issue 19 item 26): discovery hashed each small checkpoint with 64 MiB buffers zeroed per thread
-(12 checkpoints: 0.9 s, now 10 ms); a run's pull waited before the slot's next launch (now after it); staging
-took three round trips (probe, rsync, touch; now one rsync whose remote command writes the marker); a launched
-run got a first-look probe before its long poll (now the long poll at once); the long poll looked every 0.1 s
-(now it also wakes the moment the run's leader exits: a pidfd); the report's plotting modules loaded after the
-last run (now during the sweep). Then: plots.png (~0.9 s of Agg drawing) is drawn by a plot worker, a second
-process started with the first followed run (orchestrator/plotworker.py), while report.html's five SVGs
-(~0.8 s) are drawn here: the report halves where a core is free, and gains nothing when the machine's two cores
-are taken by other suites (the last row's slowest `after`); each run's bootstraps are computed as it is pulled
-(the report's `build_report` was ~0.25 s after the last run). Then: a slot's long poll on its run also starts
-the slot's next (staged) run the moment the run ends, in the same SSH command (Backend.wait_then_submit,
-the SSH backend's WAIT_THEN_SUBMIT: runstate.py's `wait-over` exits 10 only when status.json says the run
-ended and its group is gone, and only then does the launch script run): three SSH sessions a checkpoint
-instead of four, `per cycle` halved.
-
-Then (2026-12-02, second round): the plots have fixed margins in inches instead of constrained layout (which
-measured every text twice: the report's five SVGs 0.48-0.60 s -> 0.25-0.35 s, plots.png 0.56-0.60 s ->
-0.35-0.43 s alone; tests/test_plots.py holds that nothing drawn leaves its figure or meets a neighbour) and the
-DDTree panel's budgets are plain numbers (16 ... 512; its mathtext 2^k ticks were ~40% of that panel):
-`report` 0.55-0.65 s -> 0.32-0.39 s. The long poll that sees a run end brings its contract files in the same
-answer (a base64 tar after the next launch's answer, up to 4 MiB; backends/ssh.py): a checkpoint costs two
-SSH sessions (staging, long poll + launch + files) instead of three, and the slot's last run is pulled by its
-long poll too, so `end` lost a session (0.16-0.18 s -> 0.07-0.09 s with the login rc); where sessions are
-cheap (skip) it is within the noise. The test harness's sessions skip ~/.bashrc (see above).
-
-What is left (reval's own overhead, sessions without ~/.bashrc: 0.46-0.57 s, around the 0.5 s target; with
-root's ~/.bashrc here 0.68-0.73 s). `per cycle` (0.2-0.28 s; a third of the headline; `on the host`, from one
-eval's last event to the next one's first: 0.16-0.17 s at load ~0.3) is now almost all Python starting on
-the host, on the critical path from one run's last event to the next one's first: the
-long poll notices the end (~0.04 s: the wrapper records it, then exits), the launch starts the wrapper
-(python -m remote_payload wrap: ~0.07-0.13 s until its status.json), the wrapper starts the payload (~0.1 s
-until the dummy's first event; a real eval imports torch there), while the slot's staging and the other slots'
-cycles share the 2 cores; what the controller does after the launch's answer is off that path. Shortening it
-means a lighter wrapper start (its imports: remote_payload.contract.gpus ~14 ms, the site's editable-install
-finder ~17 ms in this venv) or a wrapper started ahead that waits for the slot's run to end: payload work, not
-the sweep's. `start` (0.6-0.7 s; 1.2-1.3 s with the login rc, its four sessions: probe, payload rsync, staging,
-launch) counts once per slot: hosts ready ~0.35-0.47 s (the ControlMaster's key exchange, the probe's python,
-the payload rsync), then staging and launch. `report` (0.32-0.39 s) is plots.png in the plot worker beside the
-five SVGs here, each ~0.3 s of matplotlib drawing.
-
-Tried and reverted (8097696, reverted in 0295a91): a slot's first run started by its checkpoint's copy (the
-staging rsync's remote command launching the run, for local checkpoints <= 64 MiB). Interleaved with its parent,
-5 runs each at load 0.35-1.2: login rc 0.64-0.85 -> 0.61-0.74 s (start 1.15-1.50 -> 1.06-1.31 s), skip
-0.47-0.53 -> 0.47-0.54 s (no gain). Real checkpoints (GBs) would never take that path, it changed what a cut
-means for the slot's first job (kept on its host until the next sweep instead of handed to another), and it was
-~350 lines: a benchmark-only gain, not worth that. Also measured and dropped: planning before the hosts are
-ready and copying each host's first checkpoint beside its payload push (skip 0.45-0.47 vs 0.43-0.46 s; the
-sessions are CPU-bound on this 2-core machine, and the real eval's cache fingerprint, part of the ledger key,
-is only known after the sync).
+The measurements so far, what each change gained and what was tried and dropped:
+docs/benchmarks-laptop-history.md.
 """
 from __future__ import annotations
 
@@ -103,8 +29,9 @@ import time
 from pathlib import Path
 
 from orchestrator import sweep
-from orchestrator.inventory import load_inventory
-from orchestrator.transport import close_all
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.hosts.transport import close_all
+from orchestrator.runs.lifecycle import EvalSpec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,7 +78,7 @@ def measure(args, sshd, login_rc: bool) -> dict:
                 (d / "model.safetensors").write_bytes(os.urandom(256 * 1024))
             lines = max(1, round(args.eval_s / 0.1))
             opts = sweep.SweepOptions(checkpoints=[str(root / "ckpts" / "step-*")], hosts=["cluster"],
-                                      payload="dummy", eval_args=["--lines", str(lines), "--interval-s", "0.1"],
+                                      spec=EvalSpec(payload="dummy", extra=["--lines", str(lines), "--interval-s", "0.1"]),
                                       sweep_dir=str(root / "sweeps"), poll_s=args.poll_s)
             lines_at: list[tuple[float, str]] = []
             t0, w0 = time.perf_counter(), time.time()

@@ -33,7 +33,7 @@ def ssh_hosts(tmp_path_factory):
     Starts n real sshd on 127.0.0.2.. (port 2222) inside the private netns, writes an inventory yaml
     (`.inventory_path`, hosts ssh1..sshN, group `cluster`). Skips, saying why, outside scripts/netns-run.
     Teardown: iptables rules undone, every sshd (and its sessions) killed by pid, ssh masters closed."""
-    from orchestrator import transport
+    from orchestrator.hosts import transport
     from tests import sshd
 
     reason = sshd.netns_skip_reason()

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from orchestrator.errors import EXIT_BAD_INPUT, ConfigError
-from orchestrator.inventory import parse_inventory
+from orchestrator.hosts.inventory import parse_inventory
 
 
 def parse(text: str):

@@ -4,9 +4,15 @@ Metrics are derived from generated acceptance walks (so tau, streak, histogram a
 agree with each other as the payload's would), not typed in by hand."""
 from __future__ import annotations
 
+import io
 import random
 from pathlib import Path
 
+from rich.console import Console
+
+from orchestrator.errors import ConfigError, RunNotFound
+from orchestrator.render import formats
+from orchestrator.results.compare import load_run
 from remote_payload.contract import protocol
 from remote_payload.contract import results as R
 
@@ -100,3 +106,29 @@ def write_run(root: Path, host: str, run: str, results: dict | None = None, *, s
         protocol.atomic_write_json(d / protocol.RESULTS_JSON, results or make_results(run, **kw))
     (d / protocol.EVAL_LOG).write_text("log\n")
     return d
+
+
+# helpers the library does not need: comparison tables as plain text, and a results.json read as its type
+def render_text(tables, width: int = 160, wide: bool = False) -> str:
+    """Comparison tables rendered by rich to plain text at a fixed width (no colour, no bold)."""
+    con = Console(width=width, file=io.StringIO(), color_system=None, force_terminal=False, record=True)
+    for t in tables:
+        con.print(formats.rich_table(t, wide))
+    return con.export_text()
+
+
+def load_result(path: str | Path) -> R.Result:
+    """A results.json, or a run directory holding one, as a typed R.Result (ConfigError naming the
+    file and field when it breaks the schema; RunNotFound when there is none)."""
+    path = Path(path)
+    rec = load_run(path) if path.is_dir() else None
+    if rec is not None:
+        if rec.result is None:
+            raise RunNotFound(f"{path}: no results.json (state {rec.state})", hint="pull it when it has finished")
+        return rec.result
+    try:
+        return R.Result.load(path)
+    except FileNotFoundError:
+        raise RunNotFound(f"{path}: no such results.json or run directory") from None
+    except R.ResultsError as e:
+        raise ConfigError(str(e), hint="re-run the eval with this version of reval") from None

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import remote_payload
-from orchestrator.inventory import Host, VenvSpec, load_inventory
-from orchestrator.sync import sync_payload
-from orchestrator.transport import LocalTransport, SSHTransport, resolve_workdir
+from orchestrator.hosts.inventory import Host, VenvSpec, load_inventory
+from orchestrator.hosts.sync import sync_payload
+from orchestrator.hosts.transport import LocalTransport, SSHTransport, resolve_workdir
 from remote_payload.contract import protocol
 
 # the folder holding remote_payload/, where `python -m remote_payload` finds it
@@ -107,7 +107,7 @@ def wait_lines(path: Path, n: int, timeout_s: float = 60) -> None:
 
 def reval(capsys, *argv) -> tuple[int, str, str]:
     """`reval ARGV` through the CLI runner: (exit code, stdout, stderr); argparse's own exits count too."""
-    from orchestrator import cli
+    from reval import cli
     try:
         rc = cli.main(list(argv))
     except SystemExit as e:

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.hosts.slurmjobs import JobInfo, _job_rows, _reason, _state_word
+
 BINARIES = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sbatch", "/usr/bin/sacct")
 CTLD_PORT, SLURMD_PORT = 6817, 6818
 NODE = "node1"
@@ -290,7 +292,7 @@ class Cluster:
         return dict(w.split("=", 1) for w in out.split() if "=" in w)
 
     def close(self) -> None:
-        from orchestrator import transport
+        from orchestrator.hosts import transport
         transport.close_all()
         self.login.close()
         self.slurm.close()
@@ -315,3 +317,10 @@ def cluster_here(root: Path):
     finally:
         os.chdir(old)
         c.close()
+
+
+def parse_squeue(text: str) -> dict[str, JobInfo]:
+    """`squeue -h -r -t all -o '%i|%T|%r|%N'` -> {job id: JobInfo} (exit codes: not in squeue). reval reads
+    scontrol and sacct; squeue is read here, to check the states against what a third Slurm command says."""
+    return {p[0]: JobInfo(p[0], _state_word(p[1]), _reason(p[2]), node=p[3] if len(p) > 3 else "")
+            for p in _job_rows(text)}

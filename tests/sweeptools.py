@@ -2,13 +2,17 @@
 checkpoint folders, an inventory of local hosts, and the options of a dummy-payload sweep."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from orchestrator import sweep
-from orchestrator.inventory import Host, Inventory, VenvSpec
+from orchestrator.hosts.inventory import Host, Inventory, VenvSpec
+from orchestrator.runs.lifecycle import EvalSpec
+from orchestrator.sweep.ledger import LedgerEntry
 
 DUMMY = ["--lines", "4", "--interval-s", "0.1"]
 
@@ -33,5 +37,13 @@ def local_inventory(root: Path, n: int) -> Inventory:
 
 
 def opts(ckpt_glob: str, hosts: list[str], tmp: Path, **kw) -> sweep.SweepOptions:
-    return sweep.SweepOptions(checkpoints=[ckpt_glob], hosts=hosts, payload="dummy", eval_args=DUMMY,
-                              sweep_dir=str(tmp / "sweeps"), poll_s=0.2, backoff_s=0.2, **kw)
+    """The dummy payload's sweep; keywords that are EvalSpec fields (target, cache, ...) go to its spec."""
+    names = {f.name for f in dataclasses.fields(EvalSpec)}
+    spec = EvalSpec(**{"payload": "dummy", "extra": DUMMY, **{k: v for k, v in kw.items() if k in names}})
+    return sweep.SweepOptions(checkpoints=[ckpt_glob], hosts=hosts, spec=spec, sweep_dir=str(tmp / "sweeps"),
+                              poll_s=0.2, backoff_s=0.2, **{k: v for k, v in kw.items() if k not in names})
+
+
+def entry_from(entry: LedgerEntry, **changes) -> LedgerEntry:
+    """A copy of a ledger entry with `changes` (a ledger as an earlier sweep left it)."""
+    return LedgerEntry(**{**asdict(entry), **changes})

@@ -227,7 +227,7 @@ def test_api_load_and_compare_take_names_and_read_short(inv, tmp_path):
 def test_api_sweep_and_sync_and_hosts_check(inv, tmp_path):
     from tests.sweeptools import make_checkpoints
     ckpts = make_checkpoints(tmp_path, [100, 200])
-    opts = reval.SweepOptions(checkpoints=[f"{ckpts}/step-*"], hosts=["box"], payload="dummy", eval_args=DUMMY,
+    opts = reval.SweepOptions(checkpoints=[f"{ckpts}/step-*"], hosts=["box"], spec=reval.EvalSpec(payload="dummy", extra=DUMMY),
                               sweep_dir=str(tmp_path / "sweeps"), poll_s=0.2, backoff_s=0.2)
     lines = []
     rep = reval.sweep(opts, inventory=inv, on_line=lines.append)

@@ -22,7 +22,7 @@ from orchestrator.backends.base import (
 from orchestrator.backends.slurm import SlurmBackend
 from orchestrator.backends.ssh import SSHBackend
 from orchestrator.errors import RunExists
-from orchestrator.gpuspec import GPUS_SCHEDULER
+from orchestrator.hosts.gpuspec import GPUS_SCHEDULER
 from remote_payload.contract import protocol
 from tests.runtools import fake_nvidia_smi, synced_local, wait_status, wrap
 
@@ -31,6 +31,13 @@ PRINT_CVD = ("import os; v = os.environ.get('CUDA_VISIBLE_DEVICES'); "
 
 
 pytestmark = pytest.mark.usefixtures("runs_here")
+
+
+def handle_from_json(d) -> JobHandle | None:
+    """run.json's `handle` read back as a JobHandle (None when it is not one): reval writes it, only tests read it."""
+    if not isinstance(d, dict) or not isinstance(d.get("backend"), str) or d.get("job_id") in (None, ""):
+        return None
+    return JobHandle(d["backend"], str(d["job_id"]))
 
 
 def _wrap(run_dir: Path, gpus: str, env: dict, *extra: str, run_json: dict | None = None):
@@ -74,8 +81,8 @@ def test_wrapper_records_the_job_handle_in_run_json(tmp_path):
     assert p.returncode == 0, p.stderr
     run = protocol.read_json(d / "run.json")
     assert run["handle"] == {"backend": "slurm", "job_id": "4242"} and run["drafter"] == "/d"
-    assert JobHandle.from_json(run["handle"]) == JobHandle("slurm", "4242")
-    assert JobHandle.from_json({"backend": "ssh"}) is None and JobHandle.from_json([1]) is None
+    assert handle_from_json(run["handle"]) == JobHandle("slurm", "4242")
+    assert handle_from_json({"backend": "ssh"}) is None and handle_from_json([1]) is None
 
 
 def test_ssh_backend_submit_state_cancel_pull_list(tmp_path):
@@ -151,7 +158,7 @@ def test_wait_then_submit_brings_the_ended_runs_files_when_asked(tmp_path, monke
     all than PULL_MAX_BYTES do not come (None: pulled on their own), nor do any without pull=True or from a
     backend without WAIT_THEN_SUBMIT. The launch is the same either way."""
     from orchestrator.backends import ssh
-    from orchestrator.runs import FOLLOW_JSON, local_run_dir
+    from orchestrator.rundir.registry import FOLLOW_JSON, local_run_dir
     host, t, wd = synced_local(tmp_path / "work")
     be = cls(host, t)
 
@@ -201,8 +208,8 @@ def test_files_that_came_incomplete_are_not_installed(tmp_path):
     import io
     import tarfile
 
-    from orchestrator.pull import install_pulled
-    from orchestrator.runs import local_run_dir
+    from orchestrator.rundir.pull import install_pulled
+    from orchestrator.rundir.registry import local_run_dir
 
     def tar_of(files: dict) -> bytes:
         buf = io.BytesIO()
@@ -244,7 +251,7 @@ def test_optional_abilities_are_asked_for_never_assumed(tmp_path):
 
 
 def test_ssh_backend_stream_command_follows_a_run(tmp_path):
-    from orchestrator.follow import FrameParser
+    from orchestrator.rundir.follow import FrameParser
     host, t, wd = synced_local(tmp_path / "work")
     be = get_backend(host, t)
     be.submit(Submission("b2", ["dummy", "--lines", "3", "--interval-s", "0"], sys.executable, gpus="none"))

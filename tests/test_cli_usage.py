@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from orchestrator import cli
-from orchestrator.argparsing import subparsers
 from orchestrator.errors import ConfigError
-from orchestrator.inventory import parse_inventory
+from orchestrator.hosts.inventory import parse_inventory
+from reval import cli
+from reval.cli.argparsing import subparsers
 from tests.runtools import reval
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,7 +106,7 @@ def test_bash_completion_in_a_real_bash(here, capsys):
     (here / "other" / "cluster.yaml").write_text("hosts:\n  hpc: {address: 127.0.0.4, slurm: {gpus: 1}}\n")
     driver = f"""
 source {here}/reval.bash
-reval() {{ PYTHONPATH={REPO} {sys.executable} -m orchestrator "$@"; }}
+reval() {{ PYTHONPATH={REPO} {sys.executable} -m reval "$@"; }}
 comp() {{ COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); COMPREPLY=(); _reval; echo "${{COMPREPLY[*]}}"; }}
 comp reval l
 comp reval run --dr

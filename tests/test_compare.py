@@ -11,9 +11,11 @@ import sys
 import pytest
 from rich.console import Console
 
-from orchestrator import cli, compare, report, tables
 from orchestrator.errors import ConfigError, RunNotFound
-from tests.resultsgen import make_results, write_run
+from orchestrator.render import formats, tables
+from orchestrator.results import compare
+from reval import cli
+from tests.resultsgen import make_results, render_text, write_run
 
 
 @pytest.fixture
@@ -33,28 +35,28 @@ def _cli(capsys, *argv):
 
 
 def _cmp(root, names, baseline=None):
-    runs = [compare.load_run(compare.resolve_run(n, root)) for n in names]
-    base = compare.load_run(compare.resolve_run(baseline, root)) if baseline else None
+    runs = [compare.load_run(compare.pulled_run_dir(n, root)) for n in names]
+    base = compare.load_run(compare.pulled_run_dir(baseline, root)) if baseline else None
     return compare.build_comparison(runs, base)
 
 
 # ---- resolution -----------------------------------------------------------------------------------------
 
 def test_resolve_by_name_host_name_and_path(runs_dir):
-    assert compare.resolve_run("zlab_full", runs_dir) == runs_dir / "ct129" / "zlab_full"
-    assert compare.resolve_run("pro6000/step5000", runs_dir) == runs_dir / "pro6000" / "step5000"
-    assert compare.resolve_run(str(runs_dir / "ct129" / "step4000"), runs_dir) == runs_dir / "ct129" / "step4000"
+    assert compare.pulled_run_dir("zlab_full", runs_dir) == runs_dir / "ct129" / "zlab_full"
+    assert compare.pulled_run_dir("pro6000/step5000", runs_dir) == runs_dir / "pro6000" / "step5000"
+    assert compare.pulled_run_dir(str(runs_dir / "ct129" / "step4000"), runs_dir) == runs_dir / "ct129" / "step4000"
 
 
 def test_resolve_errors_name_the_fix(runs_dir):
     write_run(runs_dir, "pro6000", "zlab_full", quality=0.88)
     with pytest.raises(ConfigError, match=r"on several hosts: ct129/zlab_full, pro6000/zlab_full"):
-        compare.resolve_run("zlab_full", runs_dir)
+        compare.pulled_run_dir("zlab_full", runs_dir)
     with pytest.raises(RunNotFound) as e:
-        compare.resolve_run("ct129/nope", runs_dir)
+        compare.pulled_run_dir("ct129/nope", runs_dir)
     assert e.value.exit_code == 102 and "reval pull ct129/nope" in e.value.hint
     with pytest.raises(RunNotFound):
-        compare.resolve_run("nope", runs_dir)
+        compare.pulled_run_dir("nope", runs_dir)
 
 
 def test_cli_missing_run_exits_102(runs_dir, capsys):
@@ -91,7 +93,7 @@ def test_main_table_values_and_baseline_ratios(runs_dir):
 def test_rendered_table_at_fixed_width(runs_dir):
     cmp = _cmp(runs_dir, ["step4000"], baseline="zlab_full")
     main, paired = tables.main_table(cmp), tables.paired_table(cmp)
-    text = report.render_text([main, paired], width=100)
+    text = render_text([main, paired], width=100)
     base, s4k = (r.results["metrics"] for r in cmp.runs)
     assert "zlab_full (base)" in text and "step4000" in text
     assert f"{s4k['tau']:.2f}" in text and f"{base['tau']:.2f}" in text
@@ -111,7 +113,7 @@ def test_rendered_table_at_fixed_width(runs_dir):
     assert max(len(line) for line in text.splitlines()) <= 100
     # best values are bold in a terminal
     con = Console(width=220, file=io.StringIO(), force_terminal=True, color_system="standard")
-    report.print_tables([tables.main_table(cmp)], con)
+    formats.print_tables([tables.main_table(cmp)], con)
     ansi = con.file.getvalue()
     assert re.search(rf"\x1b\[1m *{base['tau']:.2f}", ansi)
     assert not re.search(rf"\x1b\[1m *{s4k['tau']:.2f}", ansi)
@@ -119,7 +121,7 @@ def test_rendered_table_at_fixed_width(runs_dir):
 
 def test_markdown_bold_best_per_column(runs_dir):
     cmp = _cmp(runs_dir, ["zlab_full", "step4000", "step5000"])
-    md = report.render_markdown([tables.main_table(cmp)])
+    md = formats.render_markdown([tables.main_table(cmp)])
     lines = md.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| run |"))
     assert lines[header + 1].startswith("|---|---|")
@@ -179,7 +181,7 @@ def test_suspect_runs_marked_never_ranked(runs_dir):
     assert t.rows[1].marks == ["SUSPECT"]
     assert t.rows[1].cells["tau"].value > t.rows[0].cells["tau"].value
     assert not t.rows[1].cells["tau"].best
-    text = report.render_text([t], width=220)
+    text = render_text([t], width=220)
     assert "gibberish (SUSPECT)" in text
     js = tables.comparison_json(cmp)
     assert js["runs"][1]["rankable"] is False and js["runs"][1]["suspect_reasons"] == ["position-1 accuracy 0.000"]
@@ -191,7 +193,7 @@ def test_failed_run_is_shown_without_metrics(runs_dir):
     t = tables.main_table(cmp)
     assert t.rows[1].marks == ["FAILED"] and t.rows[1].cells["tau"].value is None
     assert t.rows[1].cells["duration"].text == "2m41s"  # from status.json
-    assert "oom (FAILED)" in report.render_text([t], width=220)
+    assert "oom (FAILED)" in render_text([t], width=220)
 
 
 # ---- views and exports ----------------------------------------------------------------------------------
@@ -212,7 +214,7 @@ def test_per_position_and_per_prompt_views(runs_dir):
     pp = tables.per_prompt_table(cmp)
     assert [r.cells["prompt"].value for r in pp.rows] == [f"prompt-{i}" for i in range(4)]
     assert pp.rows[2].cells["step4000"].value == cmp.runs[1].results["per_prompt"][2]["tau"]
-    text = report.render_text([unc, pp], width=160)
+    text = render_text([unc, pp], width=160)
     assert "per-prompt tau" in text and "prompt-3" in text
 
 
@@ -246,7 +248,7 @@ def test_json_export(runs_dir, capsys):
 def test_plot_is_a_png_with_one_curve_per_run(runs_dir, tmp_path, capsys):
     from matplotlib import image
 
-    from orchestrator import plots
+    from orchestrator.render import plots
     out_png = tmp_path / "cmp.png"
     rc, _out, err = _cli(capsys, "zlab_full", "step4000", "step5000", "--plot", str(out_png))
     assert rc == 0, err
@@ -279,19 +281,19 @@ def test_summary_line():
     m = r["metrics"]
     m.update(tau=8.37, streak=7.37, ddtree_best={"budget": 512, "tau": 12.38}, tree_width_tau={"4": 10.0, "8": 11.9},
              position_1_accuracy=0.92, num_rounds=300, num_prompts=10)
-    assert report.summary_line(r) == ("tau 8.37 · streak 7.37 · DDTree-512 12.38 · width-8 11.90 · "
+    assert formats.summary_line(r) == ("tau 8.37 · streak 7.37 · DDTree-512 12.38 · width-8 11.90 · "
                                       "position-1 accuracy 0.920 · 300 blocks, 10 prompts")
     r["health"] = {"suspect": True, "reasons": ["drafts repeat one token"]}
-    assert report.summary_line(r).endswith(" · SUSPECT (drafts repeat one token)")
+    assert formats.summary_line(r).endswith(" · SUSPECT (drafts repeat one token)")
 
 
 def test_summary_line_carries_the_bootstrap_intervals_of_the_numbers_it_shows():
     import re
 
-    from orchestrator import intervals
+    from orchestrator.results import intervals
     from remote_payload.contract.results import Result
     r = make_results("x", quality=0.8, num_prompts=10)
-    line = report.summary_line(r)
+    line = formats.summary_line(r)
     est = intervals.estimates(Result.from_dict(r))
     m = r["metrics"]
     for label, key, value, digits in (("tau", "tau", m["tau"], 2),
@@ -311,14 +313,14 @@ def test_summary_line_shows_no_interval_a_damaged_file_cannot_back():
     r = make_results("x", quality=0.8, num_prompts=6)
     r["per_prompt"][1]["tau"] = float("nan")  # json.loads takes NaN
     r["per_prompt"][2]["position_hits"] = [h + 5 for h in r["per_prompt"][2]["position_hits"]]  # no longer the metric
-    line = report.summary_line(r)
+    line = formats.summary_line(r)
     assert "nan" not in line and line.startswith(f"tau {r['metrics']['tau']:.2f} · streak")
     assert f"position-1 accuracy {r['metrics']['position_1_accuracy']:.3f} · " in line
     assert " [" in line  # DDTree and width-k are intact: their intervals stay
 
 
 def test_tables_show_tau_pooled_and_no_interval_a_damaged_file_cannot_back():
-    from orchestrator import tables
+    from orchestrator.render import tables
     from remote_payload.contract.results import Result
     good = Result.from_dict(make_results("a", num_prompts=6))
     bad = make_results("c", num_prompts=6)
@@ -352,7 +354,7 @@ def test_pull_then_compare(tmp_path, monkeypatch, capsys):
 def test_pull_honours_runs_dir(tmp_path, monkeypatch, capsys):
     """--runs-dir is where --pull puts runs and where compare then finds them (one place, not two)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("REVAL_RUNS_DIR", "runs")  # main() sets it from --runs-dir: restored after the test
+    monkeypatch.setenv("REVAL_RUNS_DIR", "runs")  # --runs-dir wins over it (and sets nothing)
     work = tmp_path / "hostwork"
     write_run(work, "runs", "step4000", quality=0.7, step=4000)
     inv = tmp_path / "hosts.yaml"

@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 
 import reval
-from orchestrator import cli, compare, html, stats, sweep, tables
-from orchestrator.ledger import LedgerEntry
+from orchestrator import sweep
+from orchestrator.render import html, tables
+from orchestrator.results import compare, stats
+from orchestrator.sweep.ledger import LedgerEntry
 from orchestrator.sweep.report import detection_note
+from reval import cli
 from tests import browser
 from tests.resultsgen import write_run
 from tests.sweeptools import local_inventory, make_checkpoints, opts

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.remove import select_for_prune
-from orchestrator.runs import RunState
+from orchestrator.rundir.registry import RunState
+from orchestrator.runs.remove import select_for_prune
 from remote_payload.contract import protocol
 from tests.runtools import reval, wait_lines
 
@@ -136,7 +136,7 @@ def test_progress_rate_and_eta_by_the_events_clock():
 
     from rich.console import Console
 
-    from orchestrator.commands.display import RichSink, rate_eta, rate_text
+    from reval.cli.display import RichSink, rate_eta, rate_text
     assert rate_eta([(100.0, 2)], 10) == (None, None)
     assert rate_eta([(100.0, 2), (104.0, 4)], 10) == (0.5, 12.0)  # 2 items in 4 s; 6 left
     assert rate_text(0.5, 12.0) == "0.5/s · ETA 0:00:12" and rate_text(0.01, 4000) == "0.6/min · ETA 1:06:40"

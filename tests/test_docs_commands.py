@@ -24,9 +24,9 @@ def cli():
     """The real parsers: the one place that names where the CLI lives (change it here when the CLI moves).
     `run_options`: `reval run` takes everything after HOST as one REMAINDER list and parses the options in it
     itself (a typo there is only caught by that second parse), so a `run` line is checked by both."""
-    from orchestrator.cli import build_parser
-    from orchestrator.commands.run import _split_extra as run_options
-    from orchestrator.inventory import parse_inventory
+    from orchestrator.hosts.inventory import parse_inventory
+    from reval.cli import build_parser
+    from reval.cli.commands.run import _split_extra as run_options
     return argparse.Namespace(build_parser=build_parser, run_options=run_options, parse_inventory=parse_inventory)
 
 

@@ -44,8 +44,24 @@ def test_quality_is_real_signal(meta):
     assert good["mean_acceptance_length"] > 3
     assert pt["position_1_accuracy"] > 0.4
     assert untrained["position_1_accuracy"] < 0.2 and untrained["mean_acceptance_length"] < 1.5
+    # where an eval's walk spends its rounds (each completion's start), not only on average over all anchors:
+    # uniform training anchors gave 13 on average and 1.66 here (every round of tests/test_online.py's walk short)
+    assert good["tau_max_blocks_8"] > 3 and untrained["tau_max_blocks_8"] < 1.5
     losses = list(q["drafter_loss"].values())
     assert losses[-1] < losses[0] / 5
+
+
+@pytest.mark.slow
+def test_the_builds_walk_tau_is_the_evals(trained_fixtures, meta, tmp_path):
+    """fixtures.json's tau_max_blocks_8 is the tau `eval --max-blocks 8` reports for the same drafter and cache
+    (the build's quality numbers say what an eval of the fixtures will show)."""
+    from remote_payload.__main__ import main as payload_main
+    p, run_dir = meta["paths"], tmp_path / "run"
+    assert payload_main(["eval", "--drafter", str(trained_fixtures / p["drafter_good"]), "--target",
+                         str(trained_fixtures / p["target"]), "--cache", str(trained_fixtures / p["cache"]),
+                         "--run-dir", str(run_dir), "--device", "cpu", "--max-blocks", "8"]) == 0
+    tau = json.loads((run_dir / "results.json").read_text())["metrics"]["tau"]
+    assert round(tau, 3) == meta["quality"]["drafter_good"]["tau_max_blocks_8"] > 3
 
 
 def test_cache_matches_prompts_and_tokenizer(trained_fixtures, meta):

@@ -10,12 +10,12 @@ import time
 import pytest
 
 from orchestrator.backends.ssh import launch
-from orchestrator.commands.display import PlainSink
-from orchestrator.follow import FrameParser, follow
-from orchestrator.pull import extract_contract_files, pull
-from orchestrator.runs import load_follow_state
-from orchestrator.transport import SSHTransport
+from orchestrator.hosts.transport import SSHTransport
+from orchestrator.rundir.follow import FrameParser, follow
+from orchestrator.rundir.pull import extract_contract_files, pull
+from orchestrator.rundir.registry import load_follow_state
 from remote_payload.contract import protocol
+from reval.cli.display import PlainSink
 from tests.runtools import synced_local, synced_ssh, wait_lines, wait_status
 
 pytestmark = pytest.mark.usefixtures("runs_here")
@@ -213,7 +213,7 @@ def test_rich_sink_renders_bar_and_lines_on_a_fixed_width_terminal():
 
     from rich.console import Console
 
-    from orchestrator.commands.display import RichSink
+    from reval.cli.display import RichSink
     buf = io.StringIO()
     sink = RichSink(Console(file=buf, force_terminal=True, width=100, color_system=None))
     sink.event({"stage": "load_cache", "step": 3, "steps": 5, "message": "Loading cached hidden states"})
@@ -250,7 +250,7 @@ def test_follow_gives_up_with_exit_4_and_the_reattach_command(ssh_hosts, tmp_pat
 
 def test_probe_records_and_progress_text():
     from orchestrator.backends.ssh import state_from_probe
-    from orchestrator.runs import progress_text
+    from orchestrator.rundir.registry import progress_text
     recs = [{"name": "a", "alive": True, "status": {"state": "running", "pgid": 7},
              "last_event": {"stage": "eval", "step": 5, "steps": 5, "i": 6, "n": 10}},
             {"name": "b", "alive": False, "status": {"state": "running", "pgid": 8}, "last_event": {}},

@@ -20,8 +20,8 @@ MiB = 1 << 20
 
 
 def bounded(cwd: Path, *argv, mem_mb: int = 512, timeout: float = 30, env: dict | None = None,
-            module: str = "orchestrator", pipe: str = "") -> subprocess.CompletedProcess:
-    """`python -m orchestrator ARGV` in its own process, its address space capped at mem_mb (a MemoryError
+            module: str = "reval", pipe: str = "") -> subprocess.CompletedProcess:
+    """`python -m reval ARGV` in its own process, its address space capped at mem_mb (a MemoryError
     or a timeout here is the regression, not a stuck machine). `pipe`: a shell command its stdout goes
     through (`tail -c 100`: a huge output never reaches this process; pipefail keeps the exit code)."""
     def limit():
@@ -242,7 +242,7 @@ def test_the_intervals_of_many_prompts_are_the_same_whatever_the_chunking(monkey
     all draws at once."""
     import numpy as np
 
-    from orchestrator import stats
+    from orchestrator.results import stats
     rng = np.random.default_rng(5)
     n = 300
     names = [f"p{i}" for i in range(n)]
@@ -344,7 +344,7 @@ def test_logs_f_delivers_a_20_mb_line_in_pieces_and_what_follows(tmp_path):
 
 # --- 11. absurd event times --------------------------------------------------------------------------------
 def on_terminal(cwd: Path, *argv, mem_mb: int = 512, timeout: float = 60) -> tuple[int, str, str]:
-    """`python -m orchestrator ARGV` with its stdout on a pseudo-terminal (the rich progress bar), under an
+    """`python -m reval ARGV` with its stdout on a pseudo-terminal (the rich progress bar), under an
     address-space limit: (exit code, what the terminal showed, stderr)."""
     import pty
     import select
@@ -353,7 +353,7 @@ def on_terminal(cwd: Path, *argv, mem_mb: int = 512, timeout: float = 60) -> tup
     for k in ("REVAL_HOSTS", "REVAL_RUNS_DIR"):
         env.pop(k, None)
     limited = ["bash", "-c", f'ulimit -v {mem_mb * 1024} && exec "$@"', "bash"]  # RLIMIT_AS, then the command
-    p = subprocess.Popen([*limited, sys.executable, "-m", "orchestrator", *argv], cwd=cwd, env=env,
+    p = subprocess.Popen([*limited, sys.executable, "-m", "reval", *argv], cwd=cwd, env=env,
                          stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE)
     os.close(slave)
     shown, end = bytearray(), time.monotonic() + timeout

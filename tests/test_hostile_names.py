@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import ledger, sweep
-from orchestrator.inventory import load_inventory
+from orchestrator import sweep
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.sweep import ledger
 from tests.sweeptools import local_inventory, make_checkpoints, opts
 
 HOSTILE = ["-delete", "--help", "-exec", "-newer", "a b", "it's", 'say "hi"', "semi;colon", "$(touch pwned)",
@@ -64,7 +65,7 @@ def test_remote_sweep_over_hostile_names_deletes_nothing(ssh_hosts, tmp_path, mo
     rep = sweep.Sweep(opts(f"ssh1:{ck}/*", ["cluster"], tmp_path), inv, log=log.append).run()
     check_sweep(rep, log, ck, before, [cluster.hosts[0].workdir])
     # and the listing itself, twice more: nothing it runs touches a file (no cache: it lists and hashes again)
-    from orchestrator.transport import get_transport
+    from orchestrator.hosts.transport import get_transport
     t = get_transport(inv.get("ssh1"))
     skipped: list[str] = []
     hasher = sweep.HostPool(opts(f"ssh1:{ck}/*", ["cluster"], tmp_path), inv).remote_hashes  # as a sweep hashes

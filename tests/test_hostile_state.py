@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import transport
+from orchestrator.hosts import transport
 from remote_payload.contract import protocol
 from tests.runtools import reval
 
@@ -27,7 +27,7 @@ def reval_proc(cwd: Path, *argv, timeout: float = 120, shell_tail: str = "") -> 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("REVAL_HOSTS", None)
     env.pop("REVAL_RUNS_DIR", None)
-    cmd = [sys.executable, "-m", "orchestrator", *argv]
+    cmd = [sys.executable, "-m", "reval", *argv]
     if shell_tail:
         import shlex
         return subprocess.run(["bash", "-o", "pipefail", "-c", shlex.join(cmd) + " " + shell_tail], cwd=cwd,
@@ -153,7 +153,7 @@ def test_empty_control_folders_of_dead_controllers_are_removed(tmp_path, monkeyp
     root = tmp_path / "cm"
     root.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "REVAL_CONTROL_ROOT": str(root)}
-    code = ("import os, signal; from orchestrator import transport; transport._control_dir(); "
+    code = ("import os, signal; from orchestrator.hosts import transport; transport._control_dir(); "
             "os.kill(os.getpid(), signal.SIGKILL)")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60, check=False)
     assert p.returncode == -signal.SIGKILL

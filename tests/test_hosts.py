@@ -10,13 +10,13 @@ import subprocess
 import pytest
 from rich.console import Console
 
-from orchestrator import cli
-from orchestrator.commands.hosts import check_table
-from orchestrator.hostcheck import HostCheck, exit_code, interpret
-from orchestrator.inventory import Host, VenvSpec, load_inventory
-from orchestrator.sync import sync_payload
-from orchestrator.transport import close_all, get_transport
+from orchestrator.hosts.hostcheck import HostCheck, hosts_exit_code, interpret
+from orchestrator.hosts.inventory import Host, VenvSpec, load_inventory
+from orchestrator.hosts.sync import sync_payload
+from orchestrator.hosts.transport import close_all, get_transport
 from remote_payload.contract.gpus import inventory as parse_nvidia_smi
+from reval import cli
+from reval.cli.commands.hosts import check_table
 
 
 def run_cli(capsys, monkeypatch, *argv) -> tuple[int, str]:
@@ -44,7 +44,7 @@ def test_parse_nvidia_smi_rows():
 
 def test_interpret_payload_and_venv_state():
     h = Host(name="g", address="g", venv=VenvSpec(mode="managed"))
-    from orchestrator.environment import venv_key
+    from orchestrator.hosts.environment import venv_key
     key = venv_key(["numpy"], "3.11.7", False)
     blob = {"python": "3.11.7", "manifest_hash": "abc", "venvs_ready": [key], "missing": [],
             "nvidia_smi": {"rc": 0, "out": "0, H100, 81559, 3, 0\n", "err": ""}}
@@ -62,8 +62,9 @@ def test_interpret_payload_and_venv_state():
 
 def test_exit_code_rules():
     ok, down, bad = HostCheck("a", "", reachable=True, ok=True), HostCheck("b", ""), HostCheck("c", "", reachable=True)
-    assert exit_code([ok, ok]) == 0 and exit_code([down, down]) == 4
-    assert exit_code([ok, down]) == 2 and exit_code([bad, down]) == 2 and exit_code([bad]) == 2
+    assert hosts_exit_code([ok, ok]) == 0 and hosts_exit_code([down, down]) == 4
+    assert hosts_exit_code([ok, down]) == 2 and hosts_exit_code([bad, down]) == 2
+    assert hosts_exit_code([bad]) == 2
 
 
 def test_hosts_table_lists_inventory(tmp_path, capsys, monkeypatch):

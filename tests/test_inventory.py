@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.inventory import load_inventory, parse_inventory
+from orchestrator.hosts.inventory import load_inventory, parse_inventory
 from tests.hostsyaml import error_of, parse
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,7 +164,7 @@ def test_shipped_hosts_yaml_and_its_commented_examples_are_valid():
 
 def test_host_names_and_venv_path_are_checked(tmp_path):
     from orchestrator.errors import ConfigError
-    from orchestrator.inventory import parse_inventory
+    from orchestrator.hosts.inventory import parse_inventory
     with pytest.raises(ConfigError, match=r"hosts.yaml line 2: host name 'my box' is not allowed"):
         parse_inventory("hosts:\n  my box: {address: a.example.internal}\n")
     with pytest.raises(ConfigError, match=r"line 2: host '\.\./x'|host name '\.\./x'"):
@@ -176,7 +176,7 @@ def test_host_names_and_venv_path_are_checked(tmp_path):
 
 
 def test_non_utf8_inventory_is_one_line_exit_3(tmp_path, capsys, monkeypatch):
-    from orchestrator import cli
+    from reval import cli
     monkeypatch.chdir(tmp_path)
     (tmp_path / "hosts.yaml").write_bytes(b"hosts:\n  a: {address: 127.0.0.2}\n  b: {address: caf\xe9}\n")
     with pytest.raises(ConfigError, match=r"hosts.yaml line 3: not UTF-8 text \(byte 0xe9\)"):
@@ -187,7 +187,7 @@ def test_non_utf8_inventory_is_one_line_exit_3(tmp_path, capsys, monkeypatch):
 
 
 def test_every_problem_of_the_file_is_reported_at_once(tmp_path, capsys, monkeypatch):
-    from orchestrator import cli
+    from reval import cli
     monkeypatch.chdir(tmp_path)
     text = textwrap.dedent("""\
         hosts:

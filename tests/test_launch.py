@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.ssh import describe, kill_run, launch, launch_script, normalize_gpus, run_state
+from orchestrator.backends.ssh import kill_run, launch, launch_script, normalize_gpus, run_state
 from orchestrator.errors import ConfigError
-from orchestrator.transport import SSHTransport, resolve_workdir
+from orchestrator.hosts.transport import SSHTransport, resolve_workdir
 from remote_payload.contract import gpus, protocol
 from remote_payload.runtime import wrapper
+from reval.cli.commands.run import describe
 from tests.runtools import (
     fake_nvidia_smi,
     group_members,
@@ -276,7 +277,7 @@ def test_import_boundaries_of_the_run_path():
     p = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True,
                        cwd=str(Path(wrapper.__file__).resolve().parents[2]))
     assert p.stdout.strip() == ""
-    code = ("import sys; import orchestrator.commands.run, orchestrator.commands.runs, benchmarks.bench_run, reval\n"
+    code = ("import sys; import reval.cli.commands.run, reval.cli.commands.runs, benchmarks.bench_run, reval\n"
             "print('torch' in sys.modules, 'transformers' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert p.stdout.split() == ["False", "False"]

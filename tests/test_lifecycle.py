@@ -48,7 +48,7 @@ def test_sigkilled_group_reads_lost_everywhere_final_line_included(here, capsys)
 
 # -- break 8: the same command again re-attaches --------------------------------------------------------
 def _controller(here: Path, *argv: str) -> subprocess.Popen:
-    code = "import sys; from orchestrator.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from reval.cli import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-c", code, *argv], cwd=here, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from orchestrator.commands import demo as demo_cmd
-from orchestrator.commands import display
-from orchestrator.commands import run as run_cmd
 from remote_payload.contract import protocol
+from reval.cli import display
+from reval.cli.commands import demo as demo_cmd
+from reval.cli.commands import run as run_cmd
 from tests.runtools import reval, wait_lines, wrap
 from tests.sweeptools import make_checkpoints
 
@@ -106,7 +106,7 @@ def test_ctrl_c_in_a_sweep_says_what_keeps_running_and_the_same_command_resumes(
     ck = make_checkpoints(tmp_path, [1, 2])
     (tmp_path / "hosts.yaml").write_text(f"hosts:\n  loc1: {{local: true, workdir: {tmp_path / 'loc1'}, python: "
                                          f"{sys.executable}, venv: {{mode: python}}, gpus: none}}\n")
-    argv = [sys.executable, "-m", "orchestrator", "sweep", "--checkpoints", f"{ck}/step-*", "--hosts", "loc1",
+    argv = [sys.executable, "-m", "reval", "sweep", "--checkpoints", f"{ck}/step-*", "--hosts", "loc1",
             "--payload", "dummy", "--sweep-dir", "sweeps", "--poll-s", "0.2", "--", "--lines", "30",
             "--interval-s", "0.1"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -146,7 +146,7 @@ def test_ctrl_c_stops_the_sweeps_workers_at_once(tmp_path):
     ck = make_checkpoints(tmp_path, [1, 2])
     (tmp_path / "hosts.yaml").write_text(f"hosts:\n  loc1: {{local: true, workdir: {tmp_path / 'loc1'}, python: "
                                          f"{sys.executable}, venv: {{mode: python}}, gpus: none}}\n")
-    argv = [sys.executable, "-m", "orchestrator", "sweep", "--checkpoints", f"{ck}/step-*", "--hosts", "loc1",
+    argv = [sys.executable, "-m", "reval", "sweep", "--checkpoints", f"{ck}/step-*", "--hosts", "loc1",
             "--payload", "dummy", "--sweep-dir", "sweeps", "--poll-s", "0.2", "--", "--lines", "600",
             "--interval-s", "0.1"]  # a 60 s run
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -173,14 +173,14 @@ def test_ctrl_c_stops_the_sweeps_workers_at_once(tmp_path):
             p.kill()
             p.communicate()
         if run is not None:  # the run it started, ended by reval (its own process group, by its recorded pid)
-            subprocess.run([sys.executable, "-m", "orchestrator", "-i", "hosts.yaml", "kill", f"loc1/{run}",
+            subprocess.run([sys.executable, "-m", "reval", "-i", "hosts.yaml", "kill", f"loc1/{run}",
                             "--grace-s", "2"], cwd=tmp_path, env=env, capture_output=True, timeout=60, check=False)
     assert protocol.read_json(runs_dir / run / "status.json")["state"] == "cancelled"
 
 
 def test_sweep_interrupted_before_any_launch_says_nothing_runs():
     import reval
-    from orchestrator.commands.sweep import interrupted_text
+    from reval.cli.commands.sweep import interrupted_text
     text = interrupted_text(reval.SweepInterrupted(None, []))
     assert text.startswith("interrupted: the sweep stopped here; no run of it is running. Resume: run the same command")
 
@@ -189,7 +189,7 @@ def test_sweep_interrupted_during_a_folded_launch_does_not_claim_it_runs():
     """A launch under way at Ctrl-C (the long poll that starts the slot's next run) is 'may have started', never
     counted among the runs that keep running."""
     import reval
-    from orchestrator.commands.sweep import interrupted_text
+    from reval.cli.commands.sweep import interrupted_text
     text = interrupted_text(reval.SweepInterrupted("S1", [("h1", "step-1-a")], [("h1", "step-2-b")]))
     assert "the 1 run(s) it launched keep running on their hosts (h1/step-1-a); h1/step-2-b may have started" in text
     text = interrupted_text(reval.SweepInterrupted("S1", [], [("h1", "step-2-b")]))
@@ -338,7 +338,7 @@ def test_completion_of_run_names_in_a_real_bash(here, capsys):
     repo = Path(__file__).resolve().parents[1]
     driver = f"""
 source {here}/reval.bash
-reval() {{ PYTHONPATH={repo} {sys.executable} -m orchestrator "$@"; }}
+reval() {{ PYTHONPATH={repo} {sys.executable} -m reval "$@"; }}
 comp() {{ COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); COMPREPLY=(); _reval; echo "${{COMPREPLY[*]}}"; }}
 comp reval logs ""
 comp reval logs -f step-1

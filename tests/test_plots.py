@@ -1,4 +1,4 @@
-"""The plots' fixed margins (orchestrator/plots.py MARGIN_IN, instead of constrained layout): in every figure the
+"""The plots' fixed margins (orchestrator/render/plots.py MARGIN_IN, instead of constrained layout): in every figure the
 report draws (each panel, tau vs step, the sweep's many-panel plots.png) everything drawn — tick labels, axis
 labels, titles, legends — lies inside the figure, panels side by side never meet, and the axes still fill most
 of the figure (no margins wasted)."""
@@ -8,8 +8,9 @@ import itertools
 
 import pytest
 
-from orchestrator import compare, plots
-from orchestrator.tables import StepPoint
+from orchestrator.render import plots
+from orchestrator.render.tables import StepPoint
+from orchestrator.results import compare
 from tests import resultsgen
 
 

@@ -1,4 +1,4 @@
-"""The plot worker (orchestrator/plotworker.py): a second process that draws plots.png while the sweep's
+"""The plot worker (orchestrator/render/plotworker.py): a second process that draws plots.png while the sweep's
 report draws the HTML report's figures. It must draw exactly what this process would, refuse what is not a
 plot, and never cost a report file when it fails or is gone."""
 from __future__ import annotations
@@ -8,7 +8,9 @@ import signal
 
 import pytest
 
-from orchestrator import compare, plots, plotworker, sweep
+from orchestrator import sweep
+from orchestrator.render import plots, plotworker
+from orchestrator.results import compare
 from tests.sweeptools import local_inventory, make_checkpoints, opts
 
 

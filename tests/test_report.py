@@ -12,10 +12,14 @@ import re
 
 import pytest
 
-from orchestrator import cli, compare, report, stats, sweep, tables
-from orchestrator.ledger import LedgerEntry
+from orchestrator import sweep
+from orchestrator.render import formats, tables
+from orchestrator.results import compare, stats
+from orchestrator.sweep.ledger import LedgerEntry
 from remote_payload.__main__ import main as payload_main
+from reval import cli
 from tests import browser
+from tests.resultsgen import render_text
 
 # drafter-good is the final checkpoint (step 400) of the same training run as drafters/step-*
 DRAFTERS = {"good": "drafter-good", "good2": "drafter-good", "step-0080": "drafters/step-0080",
@@ -47,7 +51,7 @@ def test_good_drafter_vs_early_checkpoint_is_a_clear_paired_win(evals):
     assert tau.p_value < 0.01 and stats.classify_change(tau, 0.1) == "regressed"
     est = cmp.estimates(early)["tau"]
     assert est.lo < early.result.metrics.tau < est.hi and est.n == 10 and est.sd > 0
-    text = report.render_text([tables.paired_table(cmp)], width=100)
+    text = render_text([tables.paired_table(cmp)], width=100)
     shown = tables.fmt_delta(tau, 2)
     assert re.search(r"-\d+\.\d\d \[-\d+\.\d\d, -\d+\.\d\d\] \*", shown) and shown in text
 
@@ -58,7 +62,7 @@ def test_a_drafter_against_itself_is_exactly_zero(evals):
     for key in ("tau", "tau_pooled", "ddtree_best", "pos1_acc"):
         assert (p[key].delta, p[key].delta_lo, p[key].delta_hi) == (0.0, 0.0, 0.0), key
         assert p[key].p_value == 1.0 and not p[key].excludes_zero
-    assert "+0.00 [+0.00, +0.00]" in report.render_text([tables.paired_table(cmp)], width=100)
+    assert "+0.00 [+0.00, +0.00]" in render_text([tables.paired_table(cmp)], width=100)
 
 
 def test_checkpoints_closer_than_the_noise_are_no_clear_change_with_the_ci(evals):
@@ -82,19 +86,19 @@ def test_demo_comparison_fits_100_columns(evals):
     """The demo compares the early checkpoint with the final drafter as the baseline."""
     cmp = _cmp(evals, ["step-0080"], "good")
     ts = [tables.main_table(cmp), tables.paired_table(cmp)]
-    text = report.render_text(ts, width=100)
+    text = render_text(ts, width=100)
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 100
     for run in cmp.runs:  # numbers never cut: every value and interval the cells hold is there whole
         for col in ("tau", "ddtree_best", "pos1_acc"):
             cell = ts[0].rows[cmp.runs.index(run)].cells[col]
-            assert cell.text in text and report.ci_text(cell, next(c for c in ts[0].columns if c.key == col)) in text
+            assert cell.text in text and formats.ci_text(cell, next(c for c in ts[0].columns if c.key == col)) in text
     assert "good (base)" in text and "tok/round" in text and "teacher-" in text
     flat = " ".join(text.split())  # the legend wraps at 100 columns
     assert "[a, b] = 95% bootstrap CI over prompts" in flat
     assert "* = a difference the data supports: the CI excludes 0 and p < 0.05" in flat
     assert tables.fmt_ratio(cmp.paired(cmp.runs[1])["tau"]) in text
-    wide = report.render_text(ts, width=400, wide=True)
+    wide = render_text(ts, width=400, wide=True)
     assert "DDT" in wide and "streak" in wide and max(len(line) for line in wide.splitlines()) > 100
 
 

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, compare
+from orchestrator.results import compare
 from remote_payload.__main__ import main as payload_main
 from remote_payload.contract import results as R
 from remote_payload.tools import results_docs
+from reval import cli
 from tests.conftest import check_results_roundtrip
-from tests.resultsgen import make_results, write_run
+from tests.resultsgen import load_result, make_results, write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = ROOT / "tests" / "data" / "results-v1.json"  # written by the payload before this schema (reval.results/1)
@@ -92,7 +93,7 @@ def test_a_pulled_run_reads_as_its_typed_result(tmp_path):
     run = compare.load_run(d)
     assert run.metrics.tau == run.result.metrics.tau and run.health.suspect is False
     assert run.per_prompt[0].acceptance_lengths == run.results["per_prompt"][0]["acceptance_lengths"]
-    assert compare.load_result(d) == run.result and compare.load_result(d / "results.json") == run.result
+    assert load_result(d) == run.result and load_result(d / "results.json") == run.result
     failed = compare.load_run(write_run(tmp_path, "h", "oom", state="failed"))
     with pytest.raises(AttributeError, match=r"oom: no results.json \(state failed\): no 'metrics'"):
         _ = failed.metrics

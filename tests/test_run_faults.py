@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import transport
+from orchestrator.hosts import transport
 from remote_payload.contract import protocol
 from remote_payload.runtime import stream, wrapper
 from tests.runtools import group_members, reval, wait_lines
@@ -30,7 +30,7 @@ def reval_popen(cwd: Path, *argv) -> subprocess.Popen:
     """`reval ARGV` as the user runs it, in its own process (text output captured)."""
     env = {k: v for k, v in os.environ.items() if k not in ("REVAL_HOSTS", "REVAL_RUNS_DIR")}
     env["PYTHONPATH"] = str(REPO)
-    return subprocess.Popen([sys.executable, "-m", "orchestrator", *argv], cwd=cwd, env=env, text=True,
+    return subprocess.Popen([sys.executable, "-m", "reval", *argv], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -187,8 +187,8 @@ def test_silence_is_explained_only_when_the_payload_gets_no_cpu(payload, said):
 # --- item 12: a dead controller's control folder whose master died uncleanly ----------------------------------
 CONTROLLER = """
 import os, signal, sys
-from orchestrator import transport
-from orchestrator.inventory import load_inventory
+from orchestrator.hosts import transport
+from orchestrator.hosts.inventory import load_inventory
 t = transport.SSHTransport(load_inventory(sys.argv[1]).get("ssh1"))
 t.run("true", timeout_s=60)                     # opens a ControlMaster (ControlPersist: it outlives us)
 print(t._control, flush=True)
@@ -208,7 +208,7 @@ def _master_pid(host, control: str) -> int:
 
 
 def test_a_dead_controllers_folder_with_a_stale_master_socket_is_removed(ssh_hosts, monkeypatch):
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
     cluster = ssh_hosts(1)
     root = Path(os.environ["REVAL_CONTROL_ROOT"]) / "i12"  # short: a socket path has ~100 bytes
     root.mkdir()

@@ -5,18 +5,18 @@ import pytest
 
 import reval
 from orchestrator.errors import ConfigError
-from orchestrator.inventory import Host
+from orchestrator.hosts.inventory import Host
 
 
 def test_local_relative_paths_become_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = reval.EvalSpec(drafter="d", target="/abs/t", cache="sub/c")
     a = reval.check_spec(Host(name="local", local=True), spec)
-    assert (a.drafter, a.target, a.cache) == (str(tmp_path / "d"), "/abs/t", str(tmp_path / "sub" / "c"))
+    assert (a.drafter, a.target, a.cache_label()) == (str(tmp_path / "d"), "/abs/t", str(tmp_path / "sub" / "c"))
     assert spec.drafter == "d"  # the caller's spec is left as it was
     suites = reval.check_spec(Host(name="local", local=True), reval.EvalSpec(drafter="/d", target="/t",
                                                                              cache=["math=m", "code=/c"]))
-    assert suites.cache == [f"math={tmp_path / 'm'}", "code=/c"]  # --cache NAME=PATH: the PATH part
+    assert [c.text() for c in suites.cache] == [f"math={tmp_path / 'm'}", "code=/c"]  # NAME=PATH: the PATH part
 
 
 def test_remote_relative_path_is_refused_with_the_fix():
@@ -30,7 +30,7 @@ def test_remote_relative_path_is_refused_with_the_fix():
 @pytest.mark.parametrize("argv", [["sweep", "--hosts", "x"], ["bogus"], ["run"], ["compare", "a", "--format", "xls"]])
 def test_usage_errors_exit_3_not_2(argv, capsys):
     """argparse's own exit 2 would read as "partial" to cron/CI; bad usage is bad input."""
-    from orchestrator.cli import main
+    from reval.cli import main
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 3 and "error:" in capsys.readouterr().err

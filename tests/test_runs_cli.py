@@ -1,4 +1,4 @@
-"""`reval run / logs / status / ls / pull / kill` through the CLI runner (orchestrator.cli.main): the local
+"""`reval run / logs / status / ls / pull / kill` through the CLI runner (reval.cli.main): the local
 host end to end with the dummy payload (a seam standing in for the eval), a real eval when the fixture
 builder is there, and the same commands over a real sshd."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from orchestrator import cli
-from orchestrator.commands import run as run_cmd
-from orchestrator.commands import runs as runs_cmd
 from remote_payload.contract import protocol
+from reval import cli
+from reval.cli.commands import run as run_cmd
+from reval.cli.commands import runs as runs_cmd
 from tests.runtools import group_members, reval, wait_lines
 
 FAST = ["--", "--lines", "5", "--interval-s", "0"]

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, transport
-from orchestrator.follow import follow
+from orchestrator.hosts import transport
+from orchestrator.rundir.follow import follow
+from orchestrator.runs.lifecycle import EvalSpec
 from remote_payload.contract import protocol
+from reval import cli
 from tests import slurm as slurm_mod
 from tests.runtools import wait_lines
 from tests.slurm import Cluster
@@ -176,7 +178,7 @@ def test_slurms_word_never_overwrites_a_status_written_after_it_was_read(hpc, ca
     (its finish time, error, suspect flag) are kept."""
     from orchestrator.backends import get_backend
     from orchestrator.backends.slurm import SlurmBackend
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
     rc, out, err = reval(capsys, hpc, "run", "hpc", "--payload", "dummy", "--name", "race", *FAST)
     assert rc == 0, out + err
     f = hpc.run_dir("race") / "status.json"
@@ -266,7 +268,7 @@ def test_login_connection_cut_mid_follow_loses_nothing(hpc, capsys):
     """iptables DROP on the login node's sshd while `reval run` follows: the job runs on, the follow
     reconnects at its byte offset, every line shows exactly once, the pulled log equals the server's."""
     n = 100
-    p = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", hpc.inv, "run", "hpc", "--payload", "dummy",
+    p = subprocess.Popen([sys.executable, "-m", "reval", "-i", hpc.inv, "run", "hpc", "--payload", "dummy",
                           "--name", "cut", "--give-up-s", "120", "--", "--lines", str(n), "--interval-s", "0.1"],
                          cwd=hpc.here, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
@@ -388,7 +390,7 @@ def test_a_checkpoint_that_fails_in_a_cluster_sweep_fails_alone(hpc):
     faults go in through the sweep's HostPool (its seam for every host operation), not by patching a class."""
     from orchestrator import sweep
     from orchestrator.errors import ConfigError
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
 
     class FaultyHosts(sweep.HostPool):
         def stage_checkpoint(self, hs, ckpt):
@@ -402,8 +404,8 @@ def test_a_checkpoint_that_fails_in_a_cluster_sweep_fails_alone(hpc):
             return super().pull(hs, run)
     # names of their own: a run name comes from the checkpoint, and the cluster's runs/ is shared by the module
     ck = make_checkpoints(hpc.root / "ckf", [11, 12, 13])
-    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], payload="dummy", poll_s=0.2, sweep_dir=str(hpc.root / "swf"),
-                           eval_args=["--lines", "6", "--interval-s", "0.2"])
+    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], poll_s=0.2, sweep_dir=str(hpc.root / "swf"),
+                           spec=EvalSpec(payload="dummy", extra=["--lines", "6", "--interval-s", "0.2"]))
     inv = load_inventory(hpc.inv)
     log: list[str] = []
     rep = sweep.Sweep(o, inv, log=log.append, hosts=FaultyHosts(o, inv, log=log.append)).run()
@@ -432,7 +434,7 @@ def test_killed_sweep_controller_reattaches_to_its_array(hpc, capsys):
     (attach), submits nothing, and every checkpoint is evaluated once."""
     ck = make_checkpoints(hpc.root / "ck3", [7, 8, 9])
     sw = hpc.root / "swk"
-    p = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", hpc.inv, *sweep_argv(hpc, ck, "hpc", sw, 25)],
+    p = subprocess.Popen([sys.executable, "-m", "reval", "-i", hpc.inv, *sweep_argv(hpc, ck, "hpc", sw, 25)],
                          cwd=hpc.here, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     try:

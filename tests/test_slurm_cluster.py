@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from orchestrator import inventory, transport
+from orchestrator.hosts import inventory, transport
 from tests.slurm import wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ssh]

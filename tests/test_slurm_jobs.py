@@ -1,4 +1,4 @@
-"""Slurm as text (orchestrator/slurmjobs.py) and the cluster entry of hosts.yaml: the batch script reval
+"""Slurm as text (orchestrator/hosts/slurmjobs.py) and the cluster entry of hosts.yaml: the batch script reval
 submits, run through sh and through the real test Slurm, and the state mapping fed with what the real
 scontrol / squeue / sacct of the test cluster print."""
 from __future__ import annotations
@@ -9,12 +9,18 @@ import subprocess
 
 import pytest
 
-from orchestrator import slurmjobs
-from orchestrator.inventory import SlurmSpec
-from orchestrator.slurmjobs import JobInfo, Task, batch_script, parse_scontrol, parse_squeue, slurm_run_state
+from orchestrator.hosts import slurmjobs
+from orchestrator.hosts.inventory import SlurmSpec
+from orchestrator.hosts.slurmjobs import (
+    JobInfo,
+    Task,
+    batch_script,
+    parse_scontrol,
+    slurm_run_state,
+)
 from remote_payload.contract import protocol
 from tests.hostsyaml import error_of, parse
-from tests.slurm import wait_state
+from tests.slurm import parse_squeue, wait_state
 
 
 # --- hosts.yaml ------------------------------------------------------------------------------------------
@@ -221,7 +227,7 @@ def test_states_from_the_real_cluster(slurm):
 @pytest.mark.slurm
 @pytest.mark.ssh
 def test_hosts_check_reports_partitions_gpus_and_limits(slurm_login, capsys, monkeypatch):
-    from orchestrator import cli
+    from reval import cli
     from tests.slurm import add_cluster_host
 
     _, login = slurm_login
@@ -242,7 +248,7 @@ def test_hosts_check_reports_partitions_gpus_and_limits(slurm_login, capsys, mon
 
 
 def test_check_cluster_without_slurm_fails_with_the_fix():
-    from orchestrator.hostcheck import HostCheck
+    from orchestrator.hosts.hostcheck import HostCheck
     r = HostCheck("hpc", "login", reachable=True, ok=True)
     slurmjobs.check_cluster(r, SlurmSpec(), {"sinfo": {"rc": 127, "out": "", "err": "No such file: 'sinfo'"}})
     assert not r.ok and r.error.startswith("sinfo failed (exit 127)") and "Slurm login node" in r.hint
@@ -255,7 +261,7 @@ def test_stream_with_alive_cmd_ends_when_the_job_does_not_when_status_says(tmp_p
     import select
     import sys
 
-    from orchestrator.follow import FrameParser
+    from orchestrator.rundir.follow import FrameParser
 
     d = tmp_path / "run"
     d.mkdir()

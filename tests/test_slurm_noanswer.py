@@ -23,9 +23,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import cli
-from orchestrator.runs import NO_ANSWER, UNKNOWN, RunState
+from orchestrator.rundir.registry import NO_ANSWER, UNKNOWN, RunState
 from remote_payload.contract import protocol
+from reval import cli
 
 WHY = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
 
@@ -98,10 +98,10 @@ def test_status_exit_codes_and_ls_tell_no_answer_from_unknown(here, monkeypatch,
 def test_a_wait_asks_again_while_slurm_cannot_answer_and_says_so(here, monkeypatch):
     """The follow is over (the job's stream ended) but the probe after it finds slurmctld gone: the wait asks
     again (not `failed`, not `no-answer` as an end), says so once, and ends with Slurm's answer."""
-    from orchestrator import lifecycle
-    from orchestrator.events import EventSink, Note
-    from orchestrator.follow import FollowResult
-    from orchestrator.pull import PullResult
+    from orchestrator.rundir.events import EventSink, Note
+    from orchestrator.rundir.follow import FollowResult
+    from orchestrator.rundir.pull import Pulled
+    from orchestrator.runs import lifecycle
     answers = [RunState("hpc", "r", NO_ANSWER, {"job_id": "5"}, reason=f"Slurm cannot answer: {WHY}")] * 3 + [
         RunState("hpc", "r", "succeeded", {"state": "succeeded", "exit_code": 0, "slurm_state": "COMPLETED"})]
     asked: list[float] = []
@@ -111,9 +111,9 @@ def test_a_wait_asks_again_while_slurm_cannot_answer_and_says_so(here, monkeypat
         return answers[min(len(asked), len(answers)) - 1]
     be = SimpleNamespace(host=SimpleNamespace(name="hpc", python="python3"), queues=True, state=state)
     monkeypatch.setattr(lifecycle, "NO_ANSWER_POLL_S", 0.01, raising=False)
-    run = lifecycle.Run(be, "r")
+    run = lifecycle.RunHandle(be, "r")
     monkeypatch.setattr(run, "follow", lambda sink, **kw: FollowResult("succeeded", {"state": "succeeded"}))
-    monkeypatch.setattr(run, "pull", lambda finished=False: PullResult(here / "runs/hpc/r"))
+    monkeypatch.setattr(run, "pull", lambda finished=False: Pulled(here / "runs/hpc/r"))
     notes: list[str] = []
     fin = run.wait(EventSink(lambda ev: notes.append(ev.text) if isinstance(ev, Note) else None))
     assert (fin.state, fin.status.get("slurm_state")) == ("succeeded", "COMPLETED") and len(asked) == 4
@@ -126,7 +126,7 @@ def test_the_stream_says_when_the_scheduler_stops_answering_and_answers_again(tm
     another when the probe answers again; its end comes from the answer."""
     import select
 
-    from orchestrator.follow import FrameParser
+    from orchestrator.rundir.follow import FrameParser
     d = tmp_path / "run"
     d.mkdir()
     (d / "status.json").write_text('{"state": "succeeded", "exit_code": 0}')  # the run's own word: not proof
@@ -188,7 +188,7 @@ def _clis(c, *argvs: list[str]) -> list[subprocess.CompletedProcess]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     env.pop("REVAL_HOSTS", None)
     env.pop("REVAL_RUNS_DIR", None)
-    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", c.inv, *argv], cwd=c.here, env=env,
+    procs = [subprocess.Popen([sys.executable, "-m", "reval", "-i", c.inv, *argv], cwd=c.here, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in argvs]
     done = []
     for argv, p in zip(argvs, procs):

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
+from orchestrator.runs.lifecycle import EvalSpec
 from remote_payload.contract import protocol
+from reval import cli
 from tests import slurm as slurm_mod
 from tests.slurm import Cluster
 
@@ -97,13 +98,13 @@ def test_slurmctld_gone_mid_sweep_is_waited_for_never_lost(hpc):
     Slurm cannot answer and waits; nothing is recorded `lost`; once slurmctld is back its COMPLETED is the
     run's end in the ledger and the report, and a second sweep evaluates nothing again."""
     from orchestrator import sweep
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
     from tests.sweeptools import make_checkpoints
 
     ck = make_checkpoints(hpc.root / "ckq", [21])
     sw = hpc.root / "swq"
-    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], payload="dummy", poll_s=0.2, sweep_dir=str(sw),
-                           eval_args=["--lines", "40", "--interval-s", "0.2"])
+    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], poll_s=0.2, sweep_dir=str(sw),
+                           spec=EvalSpec(payload="dummy", extra=["--lines", "40", "--interval-s", "0.2"]))
     inv = load_inventory(hpc.inv)
     log: list[str] = []
     got: list = []
@@ -149,15 +150,15 @@ def test_byte_identical_checkpoints_are_evaluated_once_and_all_named(hpc):
     import shutil
 
     from orchestrator import sweep
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
     from tests.sweeptools import make_checkpoints
 
     ck = make_checkpoints(hpc.root / "ckd", [31])
     for n in ("step-32", "step-33"):
         shutil.copytree(ck / "step-31", ck / n)
     sw = hpc.root / "swd"
-    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], payload="dummy", poll_s=0.2, sweep_dir=str(sw),
-                           eval_args=["--lines", "4", "--interval-s", "0.1"])
+    o = sweep.SweepOptions([f"{ck}/step-*"], ["hpc"], poll_s=0.2, sweep_dir=str(sw),
+                           spec=EvalSpec(payload="dummy", extra=["--lines", "4", "--interval-s", "0.1"]))
     inv = load_inventory(hpc.inv)
     log: list[str] = []
     rep = sweep.Sweep(o, inv, log=log.append).run()
@@ -169,7 +170,7 @@ def test_byte_identical_checkpoints_are_evaluated_once_and_all_named(hpc):
     entries = _ledger(sw)
     assert [(e["checkpoint"], e["also"], e["state"]) for e in entries] == [("step-31", ["step-32", "step-33"],
                                                                              "succeeded")]
-    from orchestrator.sweep.report import outcome_text, write_report_files
+    from orchestrator.sweep.render import outcome_text, write_report_files
     assert outcome_text(rep.outcomes[0]).startswith("step-31 (= step-32, step-33)  tau ")
     write_report_files(rep)
     assert "step-31 (= step-32, step-33)" in Path(rep.files["markdown"]).read_text()

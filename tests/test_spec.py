@@ -55,7 +55,7 @@ def test_a_spec_is_checked_when_made(kw, words):
 def test_the_argv_parses_back_to_the_same_caches():
     spec = EvalSpec(drafter="/d", target="/t", cache=["gsm=/e/a=1", "/e/mt"], num_prompts=4, max_blocks=7,
                     speedup=True, online=2, allow_unknown_config=["foo"], extra=["--dtype", "fp32"])
-    argv = spec.eval_argv(name="r1")
+    argv = spec.payload_argv(name="r1")
     assert argv[:5] == ["eval", "--drafter", "/d", "--target", "/t"]
     vals = [argv[i + 1] for i, a in enumerate(argv) if a == "--cache"]
     assert parse_caches(vals) == spec.cache
@@ -64,7 +64,7 @@ def test_the_argv_parses_back_to_the_same_caches():
         assert a in argv
     assert spec.preflight_argv() == ["preflight", "--drafter", "/d", "--target", "/t", "--cache", "gsm=/e/a=1",
                                      "--cache", "/e/mt", "--allow-unknown-config", "foo"]
-    assert EvalSpec(payload="dummy", extra=["--lines", "3"]).eval_argv() == ["dummy", "--lines", "3"]
+    assert EvalSpec(payload="dummy", extra=["--lines", "3"]).payload_argv() == ["dummy", "--lines", "3"]
 
 
 def test_missing_names_what_an_eval_needs():

@@ -44,7 +44,8 @@ def test_projection_per_method_and_suite_and_the_table_reused(fx, tmp_path, caps
     assert sp["by_suite"][0]["projected"] == sp["projected"]  # both suites are the same cache here
     out = capsys.readouterr().out
     assert "projected speedup" in out and "best by speedup" in out
-    from orchestrator import compare, suites, tables
+    from orchestrator.render import suites, tables
+    from orchestrator.results import compare
     cmp = compare.compare([compare.load_run(tmp_path / "runs" / "a")])
     best = sp["by_suite"][0]["best_method"]
     cell = suites.suite_table(cmp).rows[0].cells["suite:x"]

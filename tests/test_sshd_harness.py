@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.inventory import load_inventory
-from orchestrator.transport import get_transport
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.hosts.transport import get_transport
 from tests import sshd
 
 

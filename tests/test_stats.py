@@ -1,4 +1,4 @@
-"""orchestrator/stats.py against obviously-correct references on recorded per-prompt data: a plain Python
+"""orchestrator/results/stats.py against obviously-correct references on recorded per-prompt data: a plain Python
 resampling loop (same draws), scipy.stats.bootstrap, a brute-force sign-flip enumeration; seeds and
 stability; the paired cases that must come out exact."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator import intervals, stats
+from orchestrator.results import intervals, stats
 from remote_payload.contract.results import Result
 
 OLD = Path(__file__).resolve().parent / "data" / "results-v1.json"   # a real eval's results.json (4 prompts)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import compare, intervals, suites
+from orchestrator.render import suites
+from orchestrator.results import compare, intervals
 from remote_payload.__main__ import main as payload_main
 from remote_payload.contract.results import Result
 from remote_payload.contract.spec import EvalSpec, SpecError, parse_caches

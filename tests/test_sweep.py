@@ -5,6 +5,7 @@ The payload here is `python -m remote_payload dummy` (torch-free, seconds) unles
 sweep machinery is what is under test; the eval itself has its own tests."""
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -18,13 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, compare, gpuspec, ledger, stats, sweep
+from orchestrator import sweep
 from orchestrator.errors import ConfigError, RunNotFound
-from orchestrator.inventory import load_inventory
+from orchestrator.hosts import gpuspec
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.results import compare, stats
+from orchestrator.runs.lifecycle import EvalSpec
+from orchestrator.sweep import ledger
+from orchestrator.sweep.discover import _local_matches
 from remote_payload.contract import protocol
+from reval import cli
 from tests.resultsgen import write_run
 from tests.runtools import synced_local
-from tests.sweeptools import DUMMY, local_inventory, make_checkpoints, opts
+from tests.sweeptools import DUMMY, entry_from, local_inventory, make_checkpoints, opts
 
 
 def remote_run_dirs(workdirs: list[Path]) -> dict[str, Path]:
@@ -126,7 +133,7 @@ def test_content_hash_and_listing_agree_with_the_remote_scripts(tmp_path):
     for line in t.run(sweep.list_script(str(d), "step-*")).stdout.splitlines():
         p, size, mtime = line.split("\t")
         listed[os.path.basename(p)] = (int(size), int(mtime))
-    assert listed == {c.name: (c.size, c.mtime) for c in sweep._local_matches(str(d), "step-*")}
+    assert listed == {c.name: (c.size, c.mtime) for c in _local_matches(str(d), "step-*")}
 
 
 def test_ledger_persists_and_refuses_a_second_controller(tmp_path):
@@ -243,7 +250,7 @@ def test_resumed_sweep_keeps_its_runs_when_the_payload_changed(tmp_path, monkeyp
                                {**protocol.read_json(rep.sweep_dir / "sweep.json"), "complete": False})
     lg = ledger.Ledger(tmp_path / "sweeps" / "ledger.json")
     by = {e.checkpoint: e for e in lg.entries.values()}
-    lg.put(ledger.entry_from(by["step-2"], state=ledger.LAUNCHED, tau=None, local_path=None))
+    lg.put(entry_from(by["step-2"], state=ledger.LAUNCHED, tau=None, local_path=None))
     del lg.entries[by["step-3"].key]
     lg.put(by["step-1"])
     (tmp_path / "loc1" / "runs" / by["step-3"].run).rename(tmp_path / "gone")
@@ -377,7 +384,7 @@ def test_sweep_over_three_hosts_one_goes_away_then_resumes(ssh_hosts, tmp_path, 
     ck = make_checkpoints(tmp_path, [1000, 2000, 3000, 4000, 5000, 6000, 7000])
     inv = load_inventory(cluster.inventory_path)
     o = opts(f"{ck}/step-*", ["cluster"], tmp_path, retries=2)
-    o.eval_args = ["--lines", "10", "--interval-s", "0.3"]  # ~3 s per run
+    o.spec = dataclasses.replace(o.spec, extra=["--lines", "10", "--interval-s", "0.3"])  # ~3 s per run
     log: list[str] = []
     sw = sweep.Sweep(o, inv, log=log.append)
     result: dict = {}
@@ -437,7 +444,7 @@ def test_long_poll_brings_the_ended_runs_files(ssh_hosts, tmp_path, monkeypatch)
     copy is the host's, byte for byte, its follow state finished. A run too large to ride is pulled on its own,
     the same."""
     from orchestrator.backends import base, ssh
-    from orchestrator.runs import load_follow_state
+    from orchestrator.rundir.registry import load_follow_state
     cluster = ssh_hosts(2)
     monkeypatch.chdir(tmp_path)
     streamed: list[str] = []
@@ -472,7 +479,7 @@ def test_long_poll_brings_the_ended_runs_files(ssh_hosts, tmp_path, monkeypatch)
 def test_killed_controller_resumes_without_repeating_runs(ssh_hosts, tmp_path):
     cluster = ssh_hosts(2)
     ck = make_checkpoints(tmp_path, [10, 20, 30, 40, 50, 60])
-    argv = [sys.executable, "-m", "orchestrator", "-i", str(cluster.inventory_path), "sweep",
+    argv = [sys.executable, "-m", "reval", "-i", str(cluster.inventory_path), "sweep",
             "--checkpoints", f"{ck}/step-*", "--hosts", "cluster", "--payload", "dummy", "--poll-s", "0.2",
             "--sweep-dir", str(tmp_path / "sweeps"), "--json", "--", "--lines", "8", "--interval-s", "0.25"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -614,9 +621,9 @@ def test_real_eval_sweep_of_trained_checkpoints(ssh_hosts, tmp_path, monkeypatch
     assert len(steps) >= 2, steps
     cluster = ssh_hosts(3)
     monkeypatch.chdir(tmp_path)
-    o = sweep.SweepOptions(checkpoints=[f"{root}/drafters/step-*"], hosts=["cluster"], target=str(root / "target"),
-                           cache=str(root / "cache"), num_prompts=3, max_blocks=30,
-                           eval_args=["--device", "cpu", "--dtype", "fp32"], sweep_dir=str(tmp_path / "sweeps"),
+    o = sweep.SweepOptions(checkpoints=[f"{root}/drafters/step-*"], hosts=["cluster"], 
+                           spec=EvalSpec(target=str(root / "target"), cache=str(root / "cache"), num_prompts=3,
+                                         max_blocks=30, extra=["--device", "cpu", "--dtype", "fp32"]), sweep_dir=str(tmp_path / "sweeps"),
                            poll_s=2.0, backoff_s=0.2)
     log: list[str] = []
     rep = sweep.Sweep(o, load_inventory(cluster.inventory_path), log=log.append).run()
@@ -667,3 +674,29 @@ def test_checkpoints_on_another_host_relayed_then_that_host_goes_away(ssh_hosts,
     assert len(list((cluster.hosts[0].workdir / "runs").iterdir())) == 1  # nothing more launched
     assert not list((tmp_path / "sweeps" / "relay").iterdir())
     assert {e.state for e in ledger.Ledger(tmp_path / "sweeps" / "ledger.json").entries.values()} == {"succeeded"}
+
+
+def _sweep_one_named_cache(here: Path, inv: list[str], hosts: str) -> dict:
+    """`reval sweep ... --cache gsm8k=/eval/x` (exactly one named cache) through the CLI; sweep.json's options."""
+    ck = make_checkpoints(here, [100])
+    rc = cli.main([*inv, "sweep", "--checkpoints", f"{ck}/step-*", "--hosts", hosts, "--target", "/eval/t",
+                   "--cache", "gsm8k=/eval/x", "--payload", "dummy", "--poll-s", "0.2", "--", *DUMMY])
+    assert rc == 0
+    [saved] = list((here / "sweeps").glob("*/sweep.json"))
+    return json.loads(saved.read_text())["options"]
+
+
+def test_one_named_cache_is_one_suite_on_the_local_host(tmp_path, monkeypatch):
+    """The bug the one spec fixed: exactly one NAME=PATH became the path '<cwd>/gsm8k=/eval/x' on local."""
+    monkeypatch.chdir(tmp_path)
+    saved = _sweep_one_named_cache(tmp_path, [], "local")
+    assert saved["cache"] == ["gsm8k=/eval/x"] and saved["spec"]["cache"] == [{"path": "/eval/x", "name": "gsm8k"}]
+
+
+@pytest.mark.ssh
+def test_one_named_cache_is_one_suite_on_a_remote_host(ssh_hosts, tmp_path, monkeypatch):
+    """... and on a remote host it was refused as a relative path; now it is the suite gsm8k at /eval/x."""
+    cluster = ssh_hosts(1)
+    monkeypatch.chdir(tmp_path)
+    saved = _sweep_one_named_cache(tmp_path, ["-i", str(cluster.inventory_path)], "cluster")
+    assert saved["cache"] == ["gsm8k=/eval/x"] and saved["spec"]["cache"] == [{"path": "/eval/x", "name": "gsm8k"}]

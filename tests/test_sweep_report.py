@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from orchestrator import sweep
+from orchestrator.runs.lifecycle import EvalSpec
 from orchestrator.sweep.report import LoadedRuns, checkpoint_order
 from tests.sweeptools import DUMMY, local_inventory, make_checkpoints, opts
 
@@ -65,8 +66,8 @@ def test_failure_line_keeps_the_whole_error(tmp_path):
 def test_a_suspect_checkpoint_is_marked_in_the_sweep_report(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ck = make_checkpoints(tmp_path, [100])
-    o = sweep.SweepOptions(checkpoints=[f"{ck}/step-*"], hosts=["locs"], payload="dummy",
-                           eval_args=[*DUMMY, "--suspect"], sweep_dir=str(tmp_path / "sweeps"), poll_s=0.2,
+    o = sweep.SweepOptions(checkpoints=[f"{ck}/step-*"], hosts=["locs"], spec=EvalSpec(payload="dummy", extra=[*DUMMY, "--suspect"]),
+                           sweep_dir=str(tmp_path / "sweeps"), poll_s=0.2,
                            backoff_s=0.2)
     rep = sweep.Sweep(o, local_inventory(tmp_path, 1), log=lambda line: None).run()
     sweep.write_report_files(rep)

@@ -3,13 +3,14 @@
 the tau-vs-step plot, and the sweep's terminal table at narrow widths."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 import reval
 from orchestrator import sweep
-from orchestrator.inventory import Host
+from orchestrator.hosts.inventory import Host
 from tests.resultsgen import write_run
 from tests.sweeptools import local_inventory, make_checkpoints, opts
 
@@ -56,7 +57,7 @@ def test_a_suspect_checkpoint_and_an_incomparable_baseline_are_marked_on_the_plo
     ck = make_checkpoints(tmp_path, [100, 200])
     write_run(tmp_path / "runs", "ref", "zlab_full")  # another cache than the dummy's: known only after
     o = opts(f"{ck}/step-*", ["locs"], tmp_path, baseline="zlab_full")
-    o.eval_args = [*o.eval_args, "--suspect"]
+    o.spec = dataclasses.replace(o.spec, extra=[*o.spec.extra, "--suspect"])
     rep = sweep.Sweep(o, local_inventory(tmp_path, 1), log=lambda line: None).run()
     sweep.write_report_files(rep)
     assert [(p.name, p.suspect) for p in rep.history] == [("step-100", True), ("step-200", True)]
@@ -69,7 +70,7 @@ def test_a_sweep_over_suites_reports_tau_per_suite_per_checkpoint_and_draws_a_cu
     monkeypatch.chdir(tmp_path)
     ck = make_checkpoints(tmp_path, [100, 200])
     o = opts(f"{ck}/step-*", ["locs"], tmp_path, cache=["gsm=/e/gsm", "mt=/e/mt"])
-    o.eval_args = [*o.eval_args, "--suite", "gsm", "--suite", "mt"]  # the dummy's stand-in for the suites' caches
+    o.spec = dataclasses.replace(o.spec, extra=[*o.spec.extra, "--suite", "gsm", "--suite", "mt"])  # the dummy's stand-in for the suites' caches
     rep = reval.sweep(o, inventory=local_inventory(tmp_path, 1))
     assert rep.exit_code == 0
     for out in rep.outcomes:
@@ -87,11 +88,11 @@ def test_a_sweep_over_suites_reports_tau_per_suite_per_checkpoint_and_draws_a_cu
 
 
 def test_the_ledger_key_covers_every_suites_cache_as_results_json_does():
-    from orchestrator.sweep.stage import joined_fingerprint, suite_caches
-    assert suite_caches("/e/one") == [] and suite_caches(["/e/one"]) == []  # one cache: unchanged
-    s = suite_caches(["gsm=/e/gsm", "/e/mtbench/"])
+    from remote_payload.contract.spec import EvalSpec, joined_fingerprint
+    assert EvalSpec(cache="/e/one").suites() is None and EvalSpec(cache=["/e/one"]).suites() is None
+    s = EvalSpec(cache=["gsm=/e/gsm", "/e/mtbench/"]).suites()
     assert s == [("gsm", "/e/gsm"), ("mtbench", "/e/mtbench/")]
-    a = joined_fingerprint(s, ["sha256:1", "sha256:2"])
-    assert a != joined_fingerprint(s, ["sha256:1", "sha256:3"])  # any suite's cache moves the key
+    a = joined_fingerprint([("gsm", "sha256:1"), ("mtbench", "sha256:2")])
+    assert a != joined_fingerprint([("gsm", "sha256:1"), ("mtbench", "sha256:3")])  # any suite's cache moves it
     import hashlib
     assert a == "sha256:" + hashlib.sha256(b"gsm\0sha256:1\nmtbench\0sha256:2\n").hexdigest()  # run.py's formula

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
-from orchestrator.environment import build_venv_script, ensure_env, provision, venv_key
 from orchestrator.errors import ConfigError, RemoteCommandError
-from orchestrator.inventory import load_inventory
-from orchestrator.sync import (
+from orchestrator.hosts.environment import build_venv_script, ensure_env, provision, venv_key
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.hosts.sync import (
     MANIFEST,
     Manifest,
     build_manifest,
@@ -24,7 +23,8 @@ from orchestrator.sync import (
     safe_rel,
     sync_payload,
 )
-from orchestrator.transport import get_transport
+from orchestrator.hosts.transport import get_transport
+from reval import cli
 from tests.samples import make_wheel
 
 HOSTILE = ["a b.py", "q'uote.py", 'dq"uote.py', "semi;colon.py", "$(touch PWNED).py", "`id`.py", "-dash.py"]

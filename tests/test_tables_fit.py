@@ -10,10 +10,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from orchestrator import cli, report, sweep
-from orchestrator.commands.runs import states_table
-from orchestrator.runs import RunState
-from orchestrator.stats import Paired
+from orchestrator import sweep
+from orchestrator.render import formats
+from orchestrator.results.stats import Paired
+from orchestrator.rundir.registry import RunState
+from reval import cli
+from reval.cli.commands.runs import states_table
 from tests.resultsgen import write_run
 
 
@@ -22,7 +24,7 @@ def terminal(width: int = 100) -> Console:
 
 
 def pipe() -> Console:
-    return report.listing_console(file=io.StringIO(), highlight=False)  # sys.stdout is no tty under pytest
+    return formats.listing_console(file=io.StringIO(), highlight=False)  # sys.stdout is no tty under pytest
 
 
 def text_of(con: Console) -> str:
@@ -46,7 +48,7 @@ def _sweep_report() -> sweep.SweepReport:
 
 def test_sweep_table_that_does_not_fit_100_columns_folds_to_one_line_per_checkpoint():
     rep = _sweep_report()
-    assert report.natural_width([sweep.report_table(rep)]) > 100  # the table this is about
+    assert formats.natural_width([sweep.report_table(rep)]) > 100  # the table this is about
     con = terminal(100)
     sweep.print_report(rep, con)
     out = text_of(con)
@@ -76,7 +78,7 @@ def test_sweep_table_that_fits_is_still_a_table():
     for o in rep.outcomes:
         o.vs_prev = o.vs_base = None
         o.tau_ci, o.prev_tau, o.base_ratio, o.host = None, None, None, "g1"
-    assert report.natural_width([sweep.report_table(rep)]) <= 100
+    assert formats.natural_width([sweep.report_table(rep)]) <= 100
     con = terminal(100)
     sweep.print_report(rep, con)
     out = text_of(con)
@@ -129,10 +131,11 @@ def test_compare_in_a_terminal_still_shortens_long_names(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write_run(tmp_path / "runs", "ct129", LONG, quality=0.8, step=80)
     write_run(tmp_path / "runs", "ct129", "zlab_full", quality=0.88)
-    from orchestrator import compare, tables
-    runs = [compare.load_run(compare.resolve_run(n, tmp_path / "runs")) for n in (LONG, "zlab_full")]
+    from orchestrator.render import tables
+    from orchestrator.results import compare
+    runs = [compare.load_run(compare.pulled_run_dir(n, tmp_path / "runs")) for n in (LONG, "zlab_full")]
     cmp = compare.build_comparison(runs, None)
     con = terminal(100)
-    report.print_tables([tables.main_table(cmp)], con)
+    formats.print_tables([tables.main_table(cmp)], con)
     out = text_of(con)
     assert re.search(r"step-0080-l\S*…\S*final", out) and all(len(x) <= 100 for x in out.splitlines())

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from orchestrator.errors import HostKeyError, HostUnreachable, RemoteCommandError
-from orchestrator.inventory import Host
-from orchestrator.transport import LocalTransport, SSHTransport, q
+from orchestrator.hosts.inventory import Host
+from orchestrator.hosts.transport import LocalTransport, SSHTransport, q
 
 pytestmark = pytest.mark.ssh
 
@@ -79,7 +79,7 @@ def test_accept_new_records_the_key_then_strict_works(ssh_hosts):
     c = ssh_hosts(1, known=False)
     assert SSHTransport(host_for(c, host_key_policy="accept-new")).run("echo ok").stdout == "ok\n"
     assert f"[{c.hosts[0].address}]:{c.hosts[0].port}" in c.known_hosts.read_text()
-    from orchestrator.transport import close_all
+    from orchestrator.hosts.transport import close_all
     close_all()  # a fresh connection: strict now finds the recorded key
     assert SSHTransport(host_for(c)).run("echo ok").stdout == "ok\n"
 
@@ -110,8 +110,8 @@ def test_ssh_config_alias_is_honoured_for_ssh_and_rsync(ssh_hosts, tmp_path):
                    f"  IdentityFile {c.client_key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {c.known_hosts}\n")
     inv = tmp_path / "hosts.yaml"
     inv.write_text(f"hosts:\n  box:\n    ssh: box\n    ssh_config_file: {cfg}\n    workdir: {h.workdir}\n")
-    from orchestrator.inventory import load_inventory
-    from orchestrator.sync import sync_payload
+    from orchestrator.hosts.inventory import load_inventory
+    from orchestrator.hosts.sync import sync_payload
     host = load_inventory(inv).get("box")
     t = SSHTransport(host)
     assert t.ssh_options()[:2] == ["-F", str(cfg)]  # ssh wants -F first
@@ -127,7 +127,7 @@ def test_proxy_jump_with_explicit_key_and_known_hosts(ssh_hosts):
     jump = c.hosts[0]
     t = SSHTransport(host_for(c, 1, proxy_jump=f"root@{jump.address}:{jump.port}"))
     assert t.run("echo via-jump").stdout == "via-jump\n"
-    from orchestrator.transport import close_all
+    from orchestrator.hosts.transport import close_all
     close_all()
     c.stop(0)  # no jump host, no way in
     with pytest.raises(HostUnreachable):
@@ -139,7 +139,7 @@ def test_first_transports_made_in_parallel_share_one_control_folder(monkeypatch,
     import tempfile
     import threading
 
-    from orchestrator import transport
+    from orchestrator.hosts import transport
     monkeypatch.setattr(transport, "_CONTROL_DIR", None)
     made, real_mkdtemp, start = [], tempfile.mkdtemp, threading.Barrier(8)
 

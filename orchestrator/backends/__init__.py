@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..inventory import Host
-    from ..transport import Transport
+    from ..hosts.inventory import Host
+    from ..hosts.transport import Transport
     from .base import Backend
 
 
@@ -15,7 +15,7 @@ def get_backend(host: Host, transport: Transport | None = None) -> Backend:
     """The backend of an inventory host: `slurm` for a host with a `slurm:` entry (a cluster through its login
     node), else `ssh` (over SSH, or the local folder). `transport`: reuse an open one (its ControlMaster, its
     resolved workdir)."""
-    from ..transport import get_transport
+    from ..hosts.transport import get_transport
     if host.slurm is not None:
         from .slurm import SlurmBackend
         return SlurmBackend(host, transport or get_transport(host))

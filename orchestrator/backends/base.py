@@ -1,7 +1,7 @@
 """The backend seam: what differs between "a host over SSH / the local folder" (ssh.py) and "a cluster
 scheduler" (slurm.py: a Slurm cluster through its login node), behind one small interface. Everything above
-it — the run lifecycle (lifecycle.py), the sweep, `reval run/sweep/demo`, the `reval` API — talks to a
-`Backend` only, and never asks which one it holds.
+it — the run lifecycle (runs/lifecycle.py), the sweep, `reval run/sweep/demo`, the `reval` API — talks to
+a `Backend` only, and never asks which one it holds.
 
 A backend knows, for one inventory host:
   - `transport`: how commands and files reach the machine where the run directories live (the host
@@ -10,8 +10,8 @@ A backend knows, for one inventory host:
     wrapper; returns a `Launch` whose `handle` (backend kind + job id) is recorded in run.json (the wrapper
     writes it); the local .follow.json is written the moment the run exists. A used name raises RunExists;
     nothing started -> nothing left.
-  - `state(name, wait_s=)` / `list_runs()`: a `RunState` (runs.py) — `queued` (with `reason`, e.g. the scheduler's
-    pending reason) | running | succeeded | failed | cancelled | lost, `unknown` (no readable status.json),
+  - `state(name, wait_s=)` / `list_runs()`: a `RunState` (rundir/registry.py) — `queued` (with `reason`,
+    e.g. the scheduler's pending reason) | running | succeeded | failed | cancelled | lost, `unknown` (no readable status.json),
     `no-answer` (with `reason`: the scheduler cannot answer now; not an end); None when there is no such run.
   - `cancel(name, grace_s=, known=)`: stop it (TERM, wait, KILL for a process group; scancel for a job),
     each only after the host proves it is the run's, and record `cancelled`; returns the final RunState.
@@ -45,13 +45,13 @@ from typing import NamedTuple
 from remote_payload.contract import protocol
 
 from ..errors import ConfigError, HostUnreachable, RevalError
-from ..follow import stream_command as follow_stream_command
-from ..gpuspec import gpu_slots, normalize_gpus
-from ..inventory import Host
-from ..pull import PullResult
-from ..pull import pull as pull_run
-from ..runs import RunState, remote_run_dir
-from ..transport import Transport, q, resolve_workdir
+from ..hosts.gpuspec import gpu_slots, normalize_gpus
+from ..hosts.inventory import Host
+from ..hosts.transport import Transport, q, resolve_workdir
+from ..rundir.follow import stream_command as follow_stream_command
+from ..rundir.pull import Pulled
+from ..rundir.pull import pull as pull_run
+from ..rundir.registry import RunState, remote_run_dir
 
 # optional abilities (Backend.abilities / supports)
 BATCH_SUBMIT = "batch-submit"   # submit_many: several runs in one submission
@@ -71,7 +71,7 @@ class Folded(NamedTuple):
     when asked and the backend could (None: pull it as usual)."""
     state: RunState | None
     started: Launch | RevalError | None
-    pulled: PullResult | None = None
+    pulled: Pulled | None = None
 
 
 class NoFreeGpu(ConfigError):
@@ -79,7 +79,8 @@ class NoFreeGpu(ConfigError):
 
 
 class Unsupported(ConfigError):
-    """An optional ability (BATCH_SUBMIT, ...) that the host's backend does not have."""
+    """An optional ability (BATCH_SUBMIT, BATCH_STATE) that the host's backend does not have (WAIT_THEN_SUBMIT
+    never raises it: without the ability, wait_then_submit takes two round trips)."""
 
 
 @dataclass(frozen=True)
@@ -91,12 +92,6 @@ class JobHandle:
 
     def to_json(self) -> dict:
         return {"backend": self.backend, "job_id": self.job_id}
-
-    @classmethod
-    def from_json(cls, d) -> JobHandle | None:
-        if not isinstance(d, dict) or not isinstance(d.get("backend"), str) or d.get("job_id") in (None, ""):
-            return None
-        return cls(d["backend"], str(d["job_id"]))
 
 
 @dataclass
@@ -126,6 +121,7 @@ class Launch:
     gpu_info: list[dict] = field(default_factory=list)
     status: dict = field(default_factory=dict)
     queued: bool = False           # accepted by a scheduler, not started yet
+    requested_gpus: str = ""       # the --gpus it was started with (auto | none | 0,1; "" for a scheduler's)
 
 
 class Backend(ABC):
@@ -134,7 +130,8 @@ class Backend(ABC):
 
     kind: str = ""
     queues: bool = False  # a scheduler: a submitted run may wait (`queued`, with a reason) before it starts
-    abilities: frozenset[str] = frozenset()  # the optional abilities it has (BATCH_SUBMIT, BATCH_STATE)
+    # the optional abilities it has: BATCH_SUBMIT, BATCH_STATE, WAIT_THEN_SUBMIT
+    abilities: frozenset[str] = frozenset()
 
     def __init__(self, host: Host, transport: Transport):
         self.host = host
@@ -148,7 +145,7 @@ class Backend(ABC):
         return remote_run_dir(self.workdir(), name)
 
     def supports(self, ability: str) -> bool:
-        """Whether it has the optional `ability` (BATCH_SUBMIT, BATCH_STATE)."""
+        """Whether it has the optional `ability` (BATCH_SUBMIT, BATCH_STATE, WAIT_THEN_SUBMIT)."""
         return ability in self.abilities
 
     def _unsupported(self, ability: str) -> Unsupported:
@@ -173,7 +170,8 @@ class Backend(ABC):
         """Stop the run and record `cancelled`; RunNotFound when there is no such run. `known`: its state as the
         caller just probed it (one probe, not two; the host still proves the job is the run's before a signal)."""
 
-    # -- optional abilities (supports(...) says which; without one these raise Unsupported) --------------
+    # -- optional abilities (supports(...) says which; without BATCH_SUBMIT or BATCH_STATE their methods raise
+    # Unsupported; without WAIT_THEN_SUBMIT, wait_then_submit is the two round trips below) ------------------
     def submit_many(self, subs: list[Submission], *, max_running: int | None = None) -> list[Launch]:
         """BATCH_SUBMIT: start all of `subs` in one submission, at most `max_running` at once (None: the
         backend's own cap); one Launch each, in order. A used name refuses every one (RunExists)."""
@@ -219,7 +217,7 @@ class Backend(ABC):
         """The remote command streaming the run's files (framed; remote_payload/runtime/stream.py)."""
         return follow_stream_command(self.workdir(), python, self.run_dir(name), log_offset, events_offset)
 
-    def pull(self, name: str) -> PullResult:
+    def pull(self, name: str) -> Pulled:
         """Copy the run's contract files to runs/<host>/<name>/."""
         return pull_run(self.transport, name, workdir=self.workdir())
 

@@ -3,7 +3,7 @@ queues, places, limits and accounts the jobs; reval submits, follows, pulls and 
 SSH hosts. The payload and its venv are synced once to the workdir on the shared filesystem (the login
 node's transport); every run is a batch job (one sbatch; several runs = one job array with %K) whose task
 runs the payload's wrapper with `--gpus scheduler` (CUDA_VISIBLE_DEVICES is the job's), its output
-appended to the run's eval.log. The texts (batch script, parsers, state mapping) are slurmjobs.py's.
+appended to the run's eval.log. The texts (batch script, parsers, state mapping) are hosts/slurmjobs.py's.
 
 Per run, on the shared filesystem: `runs/<run>/.slurm.json` (the job id, written right after sbatch),
 `runs/<run>/.run.json.job` (what was asked, copied for the wrapper at every (re)start), and
@@ -20,10 +20,11 @@ import time
 
 from remote_payload.contract import protocol
 
-from .. import slurmjobs
 from ..errors import ConfigError, HostUnreachable, RevalError, RunNotFound
-from ..gpuspec import GPUS_SCHEDULER
-from ..runs import (
+from ..hosts import slurmjobs
+from ..hosts.gpuspec import GPUS_SCHEDULER
+from ..hosts.transport import q
+from ..rundir.registry import (
     NO_ANSWER,
     RunState,
     check_local_runs_root,
@@ -34,7 +35,6 @@ from ..runs import (
     save_follow_state,
     symlink_refused,
 )
-from ..transport import q
 from .base import BATCH_STATE, BATCH_SUBMIT, Backend, JobHandle, Launch, Submission
 from .ssh import preflight_sh, script_refusal, wrapper_argv
 

@@ -1,7 +1,8 @@
 """The SSH backend (also the `local` host: a folder, no SSH): a host that runs its runs itself, behind the
-seam of base.py, with none of its optional abilities (one run per submit, one probe per state). Its transport
-is transport.py (OpenSSH + ControlMaster, or the local shell). This module starts runs (below) and probes
-them (status / ls / kill: remote_payload/contract/runstate.py fed to the host's python, one round trip each).
+seam of base.py, with one of its optional abilities, WAIT_THEN_SUBMIT (below), and not the batch ones (one run
+per submit, one probe per state). Its transport is hosts/transport.py (OpenSSH + ControlMaster, or the local
+shell). This module starts runs (below) and probes them (status / ls / kill: the payload's
+remote_payload/contract/runstate.py fed to the host's python, one round trip each).
 
 Start a run detached on a host: one remote shell script (one SSH round trip) that claims the run name
 (`mkdir` is atomic, so a used name is refused), stages run.json, and starts the payload's wrapper with
@@ -28,10 +29,12 @@ from pathlib import Path
 from remote_payload.contract import protocol, runstate
 
 from ..errors import ConfigError, HostUnreachable, RemoteCommandError, RevalError, RunExists, RunNotFound
-from ..gpuspec import normalize_gpus
-from ..inventory import Host
-from ..pull import PullResult, install_pulled
-from ..runs import (
+from ..hosts.gpuspec import normalize_gpus
+from ..hosts.inventory import Host
+from ..hosts.transport import Transport, q, resolve_workdir
+from ..rundir.pull import Pulled, install_pulled
+from ..rundir.registry import (
+    UNKNOWN,
     RunState,
     check_local_runs_root,
     check_run_name,
@@ -42,7 +45,6 @@ from ..runs import (
     save_follow_state,
     symlink_refused,
 )
-from ..transport import Transport, q, resolve_workdir
 from .base import WAIT_THEN_SUBMIT, Backend, Folded, JobHandle, Launch, NoFreeGpu, Submission
 
 STARTUP_WAIT_S = 15.0
@@ -130,7 +132,8 @@ def launch(host: Host, transport: Transport, *, name: str, payload_argv: list[st
     workdir, d, script, staged = _launch_parts(host, transport, name=name, payload_argv=payload_argv, gpus=gpus,
                                                run_json=run_json, python=python, preflight=preflight)
     out = transport.run(script, input=staged, timeout_s=STARTUP_WAIT_S + 60).stdout
-    return _launched(host, transport, out, workdir=workdir, name=name, d=d, python=python, run_json=run_json)
+    return _launched(host, transport, out, workdir=workdir, name=name, d=d, python=python, run_json=run_json,
+                     gpus=normalize_gpus(gpus))
 
 
 def _launch_parts(host: Host, transport: Transport, *, name: str, payload_argv: list[str], gpus: str, run_json: dict,
@@ -151,7 +154,7 @@ def _launch_parts(host: Host, transport: Transport, *, name: str, payload_argv: 
 
 
 def _launched(host: Host, transport: Transport, out: str, *, workdir: str, name: str, d: str, python: str,
-              run_json: dict) -> Launch:
+              run_json: dict, gpus: str) -> Launch:
     """The launch script's answer `out` -> the Launch (its follow state saved), or the refusal raised."""
     refused = script_refusal(host.name, out, workdir=workdir, name=name, what="launch")
     if refused:
@@ -174,23 +177,11 @@ def _launched(host: Host, transport: Transport, out: str, *, workdir: str, name:
     pgid = int(status.get("pgid", 0))
     return Launch(host=host.name, name=name, run_dir=d, handle=JobHandle("ssh", str(pgid)),
                   pid=int(status.get("pid", 0)), pgid=pgid, device=status.get("device", "cpu"),
-                  gpus=list(status.get("gpus", [])), gpu_info=list(status.get("gpu_info", [])), status=status)
+                  gpus=list(status.get("gpus", [])), gpu_info=list(status.get("gpu_info", [])), status=status,
+                  requested_gpus=gpus)
 
 
-def describe(info: Launch, requested_gpus: str) -> str:
-    """The `launch` line for the screen (pure)."""
-    if info.gpus:
-        mem = {g["index"]: g for g in info.gpu_info}
-        where = ", ".join(
-            f"GPU {i}" + (f" ({'free, ' if requested_gpus == 'auto' else ''}"
-                          f"{(mem[i]['memory_total_mib'] - mem[i]['memory_used_mib']) / 1024:.0f} GB)"
-                          if i in mem else "") for i in info.gpus)
-    else:
-        where = "CPU (no GPU on this host)" if requested_gpus == "auto" else "CPU"
-    return f"{info.name} on {info.host} · {where} · log {info.run_dir}/eval.log on the server"
-
-
-# -- probes: status / ls / kill, one remote script each (moved from runs.py) ------------------------------
+# -- probes: status / ls / kill, one remote script each (remote_payload/contract/runstate.py) ---------------
 # The host-side half of status/ls/kill: a stdlib-only script fed to the host's python on stdin (so it works
 # whatever payload version is synced there). It parses status.json as JSON and counts a process group as the
 # run's only when a live member proves it (remote_payload/contract/runstate.py); it prints one JSON object a line.
@@ -219,7 +210,7 @@ def state_from_probe(rec: dict, host: str) -> RunState | None:
     now = rec.get("now")  # the host's clock, read with its status.json
     now = float(now) if isinstance(now, (int, float)) and not isinstance(now, bool) and math.isfinite(now) else None
     if "state" not in st:
-        return RunState(host, name, "unknown", {}, alive, event, host_now=now)
+        return RunState(host, name, UNKNOWN, {}, alive, event, host_now=now)
     return RunState(host, name, reported_state(st, alive), st, alive, event, host_now=now)
 
 
@@ -292,7 +283,7 @@ def pull_part(run_dir: str, max_bytes: int) -> str:
     ])
 
 
-def _pulled_part(host: str, run: str, answer: str) -> tuple[str, PullResult | None]:
+def _pulled_part(host: str, run: str, answer: str) -> tuple[str, Pulled | None]:
     """The launch's answer without the pull part, and the ended run's files from it, put in runs/<host>/<run>/
     (None when there are none, or they are incomplete or damaged: the caller pulls the run on its own)."""
     head, sep, rest = answer.rpartition(f"\n{PULL} ")  # the last: base64 has no "@" or " "
@@ -340,7 +331,8 @@ def wait_then_launch(host: Host, transport: Transport, run: str, sub: Submission
         if p.returncode != 0:  # the launch part failed (its run folder could not be made): the launch's failure
             raise RemoteCommandError(host.name, script, p.returncode, p.stderr, answer)
         return Folded(st, _launched(host, transport, answer, workdir=workdir, name=sub.name, d=d,
-                                    python=sub.python, run_json=sub.run_json), pulled)
+                                    python=sub.python, run_json=sub.run_json, gpus=normalize_gpus(sub.gpus)),
+                      pulled)
     except HostUnreachable:
         raise
     except RevalError as e:

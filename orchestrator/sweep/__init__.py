@@ -22,15 +22,15 @@ The package by stage: discover (checkpoints and their content hashes), plan (the
 checkpoints to a queue; the data types and outcome states live there so the parts never import each other
 in a circle), stage (HostPool: hosts made ready, checkpoints copied, every host operation retried), books
 (JobQueue: the jobs left; SweepRecord: outcomes and ledger entries), schedule (the Sweep wiring those parts
-explicitly, and SlotWorkers: launch/re-attach, follow, pull, record per slot), cluster (BatchWorker), report
-(built from a SweepFacts value: verdicts, exit code, report files).
+explicitly), slots (SlotWorkers: launch/re-attach, follow, pull, record per slot), cluster (BatchWorker),
+report (built from a SweepFacts value: verdicts, exit code), render (the report shown: table, lines, report
+files) and ledger (what was evaluated how, across sweeps).
 """
 from __future__ import annotations
 
 from .books import JobQueue, SweepRecord, failure_line
 from .discover import (
     CHECKPOINT_NAME,
-    _local_matches,  # noqa: F401 - used by the tests
     discover,
     hash_command,
     list_script,
@@ -52,20 +52,17 @@ from .plan import (
     run_name_for,
     select,
 )
+from .render import outcome_text, print_report, report_json, report_table, write_report_files
 from .report import (
     SweepFacts,
     SweepReport,
     attach_comparisons,
     build_report,
-    outcome_text,
-    print_report,
-    report_json,
-    report_table,
     sweep_exit_code,
     verdict,
-    write_report_files,
 )
-from .schedule import SlotWorkers, Sweep, load_baseline
+from .schedule import Sweep, load_baseline
+from .slots import SlotWorkers
 from .stage import HostPool, HostSession, retrying
 
 __all__ = ["CHECKPOINT_NAME", "NOT_RUN", "SKIPPED", "UNREACHABLE", "Checkpoint", "HostPool", "HostSession", "Job",

@@ -1,6 +1,6 @@
 """The sweep's books as it goes: the jobs left (JobQueue: the workers take from it) and what happened to each
 job (SweepRecord: its Outcome for the report, its ledger entry for the next sweep, written as it happens).
-Both are shared by the slot workers (schedule.py) and the batch workers (cluster.py), and hold no host."""
+Both are shared by the slot workers (slots.py) and the batch workers (cluster.py), and hold no host."""
 from __future__ import annotations
 
 import threading
@@ -9,11 +9,11 @@ from pathlib import Path
 
 from remote_payload.contract import protocol
 
-from .. import compare
 from ..errors import HostUnreachable, RevalError
-from ..ledger import LAUNCHED, Ledger, LedgerEntry
-from ..pull import PullResult
-from ..runs import RunState
+from ..results import compare
+from ..rundir.pull import Pulled
+from ..rundir.registry import RunState
+from .ledger import LAUNCHED, Ledger, LedgerEntry
 from .plan import NOT_RUN, UNREACHABLE, Job, Outcome
 from .report import LoadedRuns, checkpoint_order
 from .stage import HostPool, HostSession
@@ -164,7 +164,7 @@ class SweepRecord:
 
 
 def pull_and_record(hosts: HostPool, record: SweepRecord, hs: HostSession, job: Job, st: RunState,
-                    pulled: PullResult | None = None) -> None:
+                    pulled: Pulled | None = None) -> None:
     """A run that is over: pulled from hs (unless `pulled` already: its files, brought by the long poll), its
     outcome recorded and logged (a host gone: `unreachable`)."""
     try:

@@ -17,7 +17,7 @@ from remote_payload.contract import protocol
 
 from ..backends.base import BATCH_STATE, BATCH_SUBMIT, Backend, Submission
 from ..errors import HostUnreachable, RevalError
-from ..runs import NO_ANSWER
+from ..rundir.registry import NO_ANSWER
 from .books import JobQueue, SweepRecord, pull_and_record
 from .plan import UNREACHABLE, Job, SweepOptions
 from .stage import HostPool, HostSession
@@ -76,7 +76,7 @@ class BatchWorker:
                 jobs.remove(job)
                 self.record.failed(hs.host.name, job, e)
                 continue
-            argv = self.opts.spec(path, gpus).payload_argv(job.run)
+            argv = self.opts.spec_for(path, gpus).payload_argv(job.run)
             subs.append(Submission(job.run, argv, hs.python, gpus, self.record.run_json(job, path, argv)))
             entries.append(self.record.launched_entry(hs.host.name, job))
         if not subs:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from remote_payload.contract.contenthash import content_hash as local_content_hash
 
-from .. import compare
 from ..errors import ConfigError, RevalError
-from ..inventory import Inventory
-from ..ledger import Ledger
-from ..transport import Transport, get_transport, q
+from ..hosts.inventory import Inventory
+from ..hosts.transport import Transport, get_transport, q
+from ..results import compare
+from .ledger import Ledger
 from .plan import Checkpoint
 
 _PATTERN = re.compile(r"^[A-Za-z0-9._*?\[\]-]+$")

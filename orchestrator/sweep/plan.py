@@ -5,6 +5,7 @@ the other way round."""
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import hashlib
 import json
 import re
@@ -13,11 +14,11 @@ from dataclasses import dataclass, field
 
 from remote_payload.contract import protocol
 
-from ..argparsing import duration_s
 from ..errors import ConfigError
-from ..ledger import LAUNCHED, Ledger, LedgerEntry, ledger_key
-from ..lifecycle import EvalSpec
-from ..stats import Paired
+from ..results.stats import Paired
+from ..runs.lifecycle import EvalSpec
+from ..words import duration_s
+from .ledger import LAUNCHED, Ledger, LedgerEntry, ledger_key
 
 # outcome states beyond the run states: checkpoints that were not evaluated in this sweep
 SKIPPED = "skipped"            # the ledger already has it (from an earlier sweep)
@@ -41,7 +42,7 @@ class Checkpoint:
 
 
 def parse_since(text: str | None, now: float | None = None) -> float | None:
-    """'36h', '7d', '90m', '2w' (ago: argparsing.duration_s) or an ISO date/time (UTC) -> epoch seconds."""
+    """'36h', '7d', '90m', '2w' (ago: words.duration_s) or an ISO date/time (UTC) -> epoch seconds."""
     if not text:
         return None
     now = time.time() if now is None else now
@@ -71,11 +72,7 @@ def select(checkpoints: list[Checkpoint], latest: int | None = None, since: floa
 class SweepOptions:
     checkpoints: list[str]
     hosts: list[str]
-    target: str | None = None
-    cache: str | list[str] | None = None  # one cache, or [NAME=PATH, ...]: benchmark suites in one eval
-    num_prompts: int | None = None
-    max_blocks: int | None = None
-    eval_args: list[str] = field(default_factory=list)
+    spec: EvalSpec = field(default_factory=EvalSpec)  # what each checkpoint's eval is (its drafter aside)
     latest: int | None = None
     since: str | None = None
     baseline: str | None = None
@@ -86,17 +83,19 @@ class SweepOptions:
     poll_s: float = 10.0          # longest single wait (a long poll) on a running run's status
     retries: int = 3              # attempts per transport operation
     backoff_s: float = 1.0
-    payload: str = "eval"         # eval | dummy (the torch-free stand-in: tests, bench)
 
     def eval_options(self) -> dict:
         """What changes the numbers (part of the ledger key)."""
-        return {"payload": self.payload, "target": self.target, "cache": self.cache,
-                "num_prompts": self.num_prompts, "max_blocks": self.max_blocks, "eval_args": self.eval_args}
+        return self.spec.numbers_key()
 
-    def spec(self, drafter: str, gpus: str | None = None) -> EvalSpec:
-        """The eval of one checkpoint (its payload argv is EvalSpec's: one builder for run, sweep and API)."""
-        return EvalSpec(drafter=drafter, target=self.target, cache=self.cache, num_prompts=self.num_prompts,
-                        max_blocks=self.max_blocks, extra=list(self.eval_args), payload=self.payload, gpus=gpus)
+    def to_json(self) -> dict:
+        """What sweep.json records: the options, the spec's fields among them (its caches as given)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "spec"}
+        return {**out, **self.eval_options(), "spec": dataclasses.asdict(self.spec)}
+
+    def spec_for(self, drafter: str, gpus: str | None = None) -> EvalSpec:
+        """The eval of one checkpoint: the sweep's spec with its drafter (one builder for run, sweep and API)."""
+        return dataclasses.replace(self.spec, drafter=drafter, gpus=gpus)
 
     def identity(self) -> str:
         """Same command line (what is swept, where, how) = same sweep, for resuming after a kill."""

@@ -4,7 +4,6 @@ fingerprint read, run slots counted by their backend) and the checkpoints copied
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import threading
@@ -13,16 +12,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import hostcheck, lifecycle
+from remote_payload.contract.spec import joined_fingerprint
+
 from ..backends import get_backend
 from ..backends.base import Backend
-from ..environment import provision
 from ..errors import ConfigError, HostUnreachable, RevalError
-from ..inventory import Host, Inventory
-from ..pull import PullResult
-from ..runs import save_follow_state
-from ..sync import rsync, sync_payload
-from ..transport import LocalTransport, Transport, get_transport, q, resolve_workdir
+from ..hosts import hostcheck
+from ..hosts.environment import provision
+from ..hosts.inventory import Host, Inventory
+from ..hosts.sync import rsync, sync_payload
+from ..hosts.transport import LocalTransport, Transport, get_transport, q, resolve_workdir
+from ..rundir.pull import Pulled
+from ..rundir.registry import save_follow_state
+from ..runs import lifecycle
 from .discover import hash_command, parse_hashes
 from .plan import Checkpoint, SweepOptions
 
@@ -46,26 +48,6 @@ class HostSession:
 
 _FINGERPRINT_PY = ("import sys; from remote_payload.eval.cache import open_cache; "
                    "[print(open_cache(a).fingerprint) for a in sys.argv[1:]]")
-
-
-def suite_caches(cache: str | list[str] | None) -> list[tuple[str, str]]:
-    """[(suite, path)] of --cache NAME=PATH repeated (a bare PATH among several is named by its folder, as the
-    payload names it); [] for one cache (pure)."""
-    if not isinstance(cache, list) or (len(cache) == 1 and "=" not in cache[0]):
-        return []
-    out = []
-    for c in cache:
-        name, sep, path = c.partition("=")
-        named = sep and path and "/" not in name
-        out.append((name, path) if named else (os.path.basename(c.rstrip("/")), c))
-    return out
-
-
-def joined_fingerprint(suites: list[tuple[str, str]], fingerprints: list[str]) -> str:
-    """The suites' caches as one fingerprint, exactly as the payload writes it in results.json (run.py: sha256
-    over 'name\\0fingerprint\\n' per suite), so the ledger key covers every suite's cache (pure)."""
-    blob = "".join(f"{name}\0{fp}\n" for (name, _), fp in zip(suites, fingerprints))
-    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
 # rsync's remote command when a checkpoint is staged: `sh -c THIS sh PARENT MARKER --server ...` (rsync appends
@@ -140,12 +122,11 @@ class HostPool:
                                 on_retry=self.log)
         hs.python = step("sync", lambda: provision(t, h))[1].python
         hs.workdir = step("workdir", lambda: resolve_workdir(t))
-        if self.opts.payload == "dummy":
+        if self.opts.spec.payload == "dummy":
             hs.cache_fingerprint = "dummy"
         else:
-            suites = suite_caches(self.opts.cache)
-            paths = [p for _, p in suites] or [self.opts.cache if isinstance(self.opts.cache, str)
-                                                else self.opts.cache[0]]
+            suites = self.opts.spec.suites()
+            paths = [c.path for c in self.opts.spec.cache]
             cmd = (f"cd {q(hs.workdir + '/payload')} && {q(hs.python)} -c {q(_FINGERPRINT_PY)} "
                    + " ".join(q(x) for x in paths))
             p = step("cache", lambda: t.run(cmd, check=False, timeout_s=600))
@@ -153,7 +134,8 @@ class HostPool:
                 tail = (p.stderr.strip().splitlines() or ["?"])[-1]
                 raise ConfigError(f"{h.name}: cannot read the cache {' '.join(paths)}: {tail}")
             fps = p.stdout.strip().splitlines()[-len(paths):]
-            hs.cache_fingerprint = joined_fingerprint(suites, fps) if suites else fps[-1]
+            hs.cache_fingerprint = (joined_fingerprint([(n, fp) for (n, _), fp in zip(suites, fps)]) if suites
+                                    else fps[-1])
         hs.slots = hs.backend.run_slots(lambda: step("gpus", lambda: t.run(_GPU_LIST_SH)).stdout)
 
     def prepare(self) -> None:
@@ -177,7 +159,7 @@ class HostPool:
         fps = {hs.cache_fingerprint for hs in up}
         if len(fps) > 1:
             which = ", ".join(f"{hs.host.name}: {hs.cache_fingerprint[:19]}" for hs in up)
-            raise ConfigError(f"the cache {self.opts.cache} differs between hosts ({which})",
+            raise ConfigError(f"the cache {self.opts.spec.cache_label()} differs between hosts ({which})",
                               hint="results would not be comparable: copy one cache to every host, "
                                    "or sweep on the hosts that share it (--hosts)")
 
@@ -216,12 +198,12 @@ class HostPool:
                 self.sources[name] = self.session(self.inventory.get(name))
             return self.sessions.get(name) or self.sources[name]
 
-    def pull(self, hs: HostSession, run: str) -> PullResult:
+    def pull(self, hs: HostSession, run: str) -> Pulled:
         """Pull a run that is over to runs/<host>/<run>/ (its follow state marked finished)."""
         handle = lifecycle.attach(hs.backend, run, python=hs.python)
         return self.op(hs, "pull", lambda: handle.pull(finished=True))
 
-    def pulled(self, hs: HostSession, run: str, res: PullResult) -> PullResult:
+    def pulled(self, hs: HostSession, run: str, res: Pulled) -> Pulled:
         """A run that is over whose files the long poll brought to runs/<host>/<run>/ already: as pull() leaves
         it (its follow state marked finished), no SSH session."""
         save_follow_state(hs.host.name, run, finished=True)  # as Run.pull(finished=True) marks it

@@ -1,7 +1,7 @@
 """What to evaluate: one value, parsed and checked once, that both halves carry (stdlib only).
 
 The laptop builds an `EvalSpec` from the CLI or the API, makes its paths the host's, and hands the payload
-`spec.eval_argv()`; the payload parses that argv back with the same rules (`parse_caches`), so a cache
+`spec.payload_argv()`; the payload parses that argv back with the same rules (`parse_caches`), so a cache
 argument means the same thing on both sides. One definition of every default and limit lives here.
 
 The cache rule (one rule, decided by the text alone, never by the filesystem): `NAME=PATH` names a benchmark
@@ -174,7 +174,7 @@ class EvalSpec:
                                    target=fix("target", self.target) if self.target else self.target, cache=caches)
 
     # -- what the payload gets ------------------------------------------------------------------------------
-    def eval_argv(self, name: str | None = None) -> list[str]:
+    def payload_argv(self, name: str | None = None) -> list[str]:
         """`python -m remote_payload ...` arguments, without --run-dir (the launcher adds it) (pure)."""
         if self.payload == "dummy":
             return ["dummy", *self.extra]
@@ -201,7 +201,7 @@ class EvalSpec:
 
     def identity(self, host: str) -> str:
         """The same command on the same host = the same run (re-attach instead of a duplicate)."""
-        blob = json.dumps({"host": host, "argv": self.eval_argv(), "gpus": self.gpus}, sort_keys=True)
+        blob = json.dumps({"host": host, "argv": self.payload_argv(), "gpus": self.gpus}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def numbers_key(self) -> dict:

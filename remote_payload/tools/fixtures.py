@@ -89,6 +89,7 @@ class Recipe:
     pt_drafter_steps: int = 200
     drafter_batch: int = 8  # sequences per step
     drafter_anchors: int = 16  # anchors per sequence per step
+    drafter_early_anchors: int = 8  # of those, drawn near the start (train_drafter says why)
     drafter_lr: float = 5e-3
     threads: int = 2
     version: int = 1  # bump when the build changes without a field changing
@@ -256,11 +257,18 @@ def train_drafter(r: Recipe, cfg, head, ids, feats, steps: int, save_at, log) ->
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=r.drafter_lr, total_steps=steps, pct_start=0.1)
     feats = feats[..., :cfg.fc_in_features]
     n, L = ids.shape
+    # Half the anchors among the first 2 * block_size positions, the rest anywhere: an eval's walk starts at each
+    # prompt's first completion token and spends its first rounds there while acceptance is short (all of them
+    # under --max-blocks 8). Uniform anchors put a fifth there and the drafter learned the start last: the mean
+    # over all anchors was 13 while `eval --max-blocks 8` gave tau 1.7.
+    early_hi = min(3 + 2 * cfg.block_size, L - 1)
     losses, window = {}, []
     save_at(0, drafter)
     for step in range(1, steps + 1):
         rows = torch.randint(0, n, (r.drafter_batch,), generator=g)
-        anchors = torch.randint(3, L - 1, (r.drafter_batch, r.drafter_anchors), generator=g)
+        anchors = torch.cat([
+            torch.randint(3, early_hi, (r.drafter_batch, r.drafter_early_anchors), generator=g),
+            torch.randint(3, L - 1, (r.drafter_batch, r.drafter_anchors - r.drafter_early_anchors), generator=g)], 1)
         loss = block_loss(drafter, head, ids[rows], feats[rows], anchors)
         opt.zero_grad()
         loss.backward()
@@ -275,13 +283,19 @@ def train_drafter(r: Recipe, cfg, head, ids, feats, steps: int, save_at, log) ->
     return losses
 
 
+QUALITY_BLOCKS = 8  # drafter_quality's walk: the rounds of `eval --max-blocks 8` (tests/test_online.py)
+
+
 @torch.no_grad()
 def drafter_quality(drafter, head, cache_dir: Path) -> dict:
     """Teacher-forced over every completion anchor of the cache: position-1 accuracy and the mean
-    acceptance length incl. bonus (LCP of drafts vs the greedy continuation, + 1)."""
+    acceptance length incl. bonus (LCP of drafts vs the greedy continuation, + 1), both over ALL anchors
+    (mostly the easy middle of a completion), and `tau_max_blocks_8`: the tau `eval --max-blocks 8` reports
+    on this cache (metrics.walk from each prompt's first completion token, macro over prompts)."""
+    from remote_payload.eval import metrics
     from remote_payload.eval.cache import open_cache
     cache = open_cache(cache_dir)
-    hits, accept = [], []
+    hits, accept, walks = [], [], []
     for i, p in enumerate(cache.prompts):
         ids, feats = cache.load(i, layer_ids=drafter.cfg.fc_layer_ids)  # [T], [T, n_fc*H]
         anchors = torch.arange(p.prompt_len, p.seq_len - 1)
@@ -292,8 +306,11 @@ def drafter_quality(drafter, head, cache_dir: Path) -> dict:
         ok = (drafts == want).long()
         hits.append(ok[:, 0].float())
         accept.append(ok.cumprod(1).sum(1).float() + 1)
+        walks.append(metrics.walk(ok.cumprod(1).sum(1).numpy(), p.prompt_len, p.seq_len, QUALITY_BLOCKS,
+                                  drafter.cfg.block_size))
     return {"position_1_accuracy": round(torch.cat(hits).mean().item(), 4),
-            "mean_acceptance_length": round(torch.cat(accept).mean().item(), 3)}
+            "mean_acceptance_length": round(torch.cat(accept).mean().item(), 3),
+            f"tau_max_blocks_{QUALITY_BLOCKS}": round(metrics.summarize(walks, drafter.cfg.block_size)["tau"], 3)}
 
 
 def write_zlab(directory: Path, cfg, drafter) -> None:

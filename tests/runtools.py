@@ -123,3 +123,15 @@ def stop_after(n: int, total: int):
         if line.startswith(f"[{n}/{total}]"):
             raise KeyboardInterrupt
     return log
+
+
+def cut_cache(src: Path, dst: Path, a: int, b: int) -> Path:
+    """A cache of prompts [a, b) of the cache at src: its own cache.json, the prompt files linked (a suite that is
+    not a copy of another: the payload refuses the same data given as two suites)."""
+    index = json.loads((src / "cache.json").read_text())
+    dst.mkdir(parents=True)
+    sub = {**index, "prompts": index["prompts"][a:b]}
+    (dst / "cache.json").write_text(json.dumps(sub))
+    for p in sub["prompts"]:
+        (dst / p["file"]).symlink_to(src / p["file"])
+    return dst

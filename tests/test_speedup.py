@@ -4,12 +4,14 @@ suite, the best method by speedup; on the CPU fixtures (numbers: the tiny model'
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from remote_payload.__main__ import main as payload_main
 from remote_payload.eval.latency import projected_speedup
+from tests.runtools import cut_cache
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +30,16 @@ def _eval(work: Path, name: str, fx, *caches: str) -> dict:
     return json.loads((work / "runs" / name / "results.json").read_text())
 
 
-def test_projection_per_method_and_suite_and_the_table_reused(fx, tmp_path, capsys):
-    first = _eval(tmp_path, "a", fx, f"x={fx['cache']}", f"y={fx['cache']}")
+@pytest.fixture(scope="module")
+def halves(fx, tmp_path_factory) -> tuple[Path, Path]:
+    """Two suites: the fixture cache's first five prompts and its last five."""
+    root = tmp_path_factory.mktemp("halves")
+    return cut_cache(fx["cache"], root / "x", 0, 5), cut_cache(fx["cache"], root / "y", 5, 10)
+
+
+def test_projection_per_method_and_suite_and_the_table_reused(fx, halves, tmp_path, capsys):
+    x, y = halves
+    first = _eval(tmp_path, "a", fx, f"x={x}", f"y={y}")
     sp = first["speedup"]
     assert not sp["reused"] and sp["measure_s"] > 0 and (tmp_path / "latency.json").is_file()
     assert set(sp["verify_s"]) == {"16", "17", "65"}  # the block, DDTree-16 (17 tokens), DDTree-64 (65 tokens)
@@ -41,7 +51,9 @@ def test_projection_per_method_and_suite_and_the_table_reused(fx, tmp_path, caps
     assert sp["best_speedup"] == max(v for v in sp["projected"].values() if v is not None)
     assert sp["projected"][sp["best_method"]] == sp["best_speedup"]
     assert [s["name"] for s in sp["by_suite"]] == ["x", "y"]
-    assert sp["by_suite"][0]["projected"] == sp["projected"]  # both suites are the same cache here
+    for suite, by in zip(first["suites"], sp["by_suite"]):  # each suite projected from its own tau
+        want = projected_speedup(suite["metrics"]["tau"], sp["decode_s"], sp["draft_s"], sp["verify_s"]["16"])
+        assert by["projected"]["block"] == pytest.approx(want, rel=1e-3)
     out = capsys.readouterr().out
     assert "projected speedup" in out and "best by speedup" in out
     from orchestrator.render import suites, tables
@@ -54,7 +66,7 @@ def test_projection_per_method_and_suite_and_the_table_reused(fx, tmp_path, caps
     main = tables.main_table(cmp)
     assert main.rows[0].cells["speedup_best"].value == sp["best_speedup"]
     assert tables.comparison_json(cmp)["runs"][0]["speedup"]["projected"] == sp["projected"]
-    again = _eval(tmp_path, "b", fx, f"x={fx['cache']}", f"y={fx['cache']}")
+    again = _eval(tmp_path, "b", fx, f"x={x}", f"y={y}")
     assert again["speedup"]["reused"] and again["speedup"]["measure_s"] == 0
     assert again["speedup"]["decode_s"] == sp["decode_s"]
     assert "reused from" in capsys.readouterr().out
@@ -73,12 +85,28 @@ def test_a_damaged_latency_table_is_measured_again_not_a_traceback(fx, tmp_path,
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_reval_run_passes_speedup_and_online_to_the_host(fx, here, capsys):
+def test_the_same_cache_as_two_suites_is_refused_even_as_a_copy(fx, tmp_path, capsys):
+    """Its prompts would count twice in every pooled figure: refused by the spec for the same path, and by the
+    payload when a copy holds the same data under another path (exit 3, no results.json)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(fx["cache"], copy)
+    for caches, says in (([f"x={fx['cache']}", f"y={fx['cache']}"], "given as two suites"),
+                         ([f"x={fx['cache']}", f"y={copy}"], "holds the same data as suite x's")):
+        argv = ["eval", "--drafter", str(fx["drafter_good"]), "--target", str(fx["target"]), "--device", "cpu",
+                "--num-prompts", "1", "--run-dir", str(tmp_path / "runs" / "dup")]
+        for c in caches:
+            argv += ["--cache", c]
+        assert payload_main(argv) == 3
+        assert says in capsys.readouterr().err
+        assert not (tmp_path / "runs" / "dup" / "results.json").exists()
+
+
+def test_reval_run_passes_speedup_and_online_to_the_host(fx, halves, here, capsys):
     """The issue's command shape: `reval run HOST ... --speedup --online N`; the pulled results hold both, and the
     latency table lives in the host's workdir."""
     from tests.runtools import reval
     rc, _out, err = reval(capsys, "run", "local", "--drafter", str(fx["drafter_good"]), "--target", str(fx["target"]),
-                         "--cache", f"s1={fx['cache']}", "--cache", f"s2={fx['cache']}", "--num-prompts", "2",
+                         "--cache", f"s1={halves[0]}", "--cache", f"s2={halves[1]}", "--num-prompts", "2",
                          "--max-blocks", "4", "--speedup", "--online", "2", "--name", "sp", "--",
                          "--ddtree-budgets", "16")
     assert rc == 0, err

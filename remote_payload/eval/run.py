@@ -37,6 +37,7 @@ from remote_payload.contract import protocol
 from remote_payload.contract import results as R
 from remote_payload.contract.drafterconfig import check_features
 from remote_payload.contract.errors import PayloadError
+from remote_payload.contract.spec import joined_fingerprint
 from remote_payload.eval import metrics
 from remote_payload.eval.devices import resolve_device_dtype
 from remote_payload.eval.evalopts import EvalOptions, add_arguments, options_from_args
@@ -190,11 +191,17 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
     rep.line(f"  suites: {', '.join(names)}")
     done: list[tuple[str, EvalOptions, Inputs, Drafted]] = []
     mod = None
+    seen: dict[str, str] = {}  # cache fingerprint -> the suite that gave it
     for k, (name, path) in enumerate(opts.suites):
         so = dataclasses.replace(opts, cache=path, suites=None)
         rep.line(f"\n== suite {name} ({k + 1}/{len(names)}): {path}", stage="suite", suite=name, i=k + 1,
                  n=len(names))
         tok, cache, prompts = open_inputs(so, rep, tok)
+        if cache.fingerprint in seen:  # a copy or a link of another suite's cache: its prompts would count twice
+            raise PayloadError(f"--cache: suite {name}'s cache {path} holds the same data as suite "
+                               f"{seen[cache.fingerprint]}'s; its prompts would count twice in every pooled figure "
+                               "(give each cache once)")
+        seen[cache.fingerprint] = name
         if mod is None:
             inp, mod = load_beside_features(so, tok, cache, prompts, device, dtype, rep)
         else:
@@ -222,8 +229,8 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
     for name, _so, inp_s, _ev in done:
         cache_exactness(inp_s.cache, health, rep, suite=name)
     health.update(feature_stats=feature_stats, weight_stats=mod.info.weight_stats, embed_stats=mod.embed_stats)
-    fp = hashlib.sha256("".join(f"{s.name}\0{s.cache.fingerprint}\n" for s in suites).encode()).hexdigest()
-    joined = JoinedCache(fingerprint="sha256:" + fp, layer_ids=list(first.cache.layer_ids),
+    joined = JoinedCache(fingerprint=joined_fingerprint([(s.name, s.cache.fingerprint) for s in suites]),
+                         layer_ids=list(first.cache.layer_ids),
                          prompts=[p for d in done for p in d[2].cache.prompts], meta=None)
     inp_all = Inputs(first.tok, joined, [p for d in done for p in d[2].prompts], feature_stats)
     results = build_results(opts, inp_all, mod, ev_all, m, health, device, dtype, time.perf_counter() - t0)

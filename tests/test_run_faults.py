@@ -245,3 +245,25 @@ def test_a_dead_controllers_folder_with_a_stale_master_socket_is_removed(ssh_hos
         transport.close_all()
         monkeypatch.setattr(transport, "_CONTROL_DIR", None)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_run_that_records_its_end_between_the_two_reads_is_not_called_lost(tmp_path, monkeypatch):
+    """The wrapper writes `succeeded`, then exits. A probe that read `running` before and found the group gone
+    after must read status.json again: the run ended, it was not lost (seen once as a sweep slot's run `lost`).
+    The seam: the liveness check is where the end is written, as the wrapper's exit would fall there."""
+    from remote_payload.contract import runstate
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "status.json").write_text(json.dumps({"state": "running", "pgid": 999999999, "leader_start": 1}))
+
+    def ends_then_gone(status):
+        (run / "status.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0}))
+        return False
+    monkeypatch.setattr(runstate, "run_alive", ends_then_gone)
+    rec, = runstate.probe(str(tmp_path / "runs"), ["r1"])
+    assert rec["status"]["state"] == "succeeded" and rec["alive"] is False
+    # a group that is gone with no end recorded stays what it is (the controller reports it lost)
+    monkeypatch.setattr(runstate, "run_alive", lambda status: False)
+    (run / "status.json").write_text(json.dumps({"state": "running", "pgid": 999999999, "leader_start": 1}))
+    rec, = runstate.probe(str(tmp_path / "runs"), ["r1"])
+    assert rec["status"]["state"] == "running" and rec["alive"] is False

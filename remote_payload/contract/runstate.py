@@ -245,7 +245,12 @@ def probe(runs_dir: str, names: list[str]) -> list[dict]:
         if not _NAME.match(n) or n.startswith(".") or not os.path.isdir(d) or os.path.islink(d):
             continue  # not a directory reval made
         st, err = _read_status(d)
-        out.append({"name": n, "status": st, "status_error": err, "alive": run_alive(st),
+        alive = run_alive(st)
+        if not alive and isinstance(st, dict) and st.get("state") == "running":
+            # the wrapper records the end, then exits: a group found gone after a `running` was read may have
+            # written its end in between, so status.json is read again (after the liveness, as stream.py does)
+            st, err = _read_status(d)
+        out.append({"name": n, "status": st, "status_error": err, "alive": alive,
                     "last_event": _last_event(d), "now": time.time()})
     return out
 

@@ -2,7 +2,7 @@
 PY      ?= .venv/bin/python
 PYTEST  ?= .venv/bin/pytest
 
-.PHONY: setup system-deps demo test test-fast test-gpu bench bench-payload bench-decode bench-speedup bench-orchestrator bench-sweep lint clean
+.PHONY: setup system-deps demo test test-fast test-gpu bench bench-payload bench-decode bench-speedup bench-orchestrator bench-sweep bench-doc lint clean
 
 # CPU torch: the wheel that lies on this machine kind's disk (torch==2.13.0, pip finds it via
 # /opt/wheels); a plain `pip install torch` would pull a ~3 GB CUDA build instead. GPU servers
@@ -43,6 +43,8 @@ bench-payload: setup      # eval vs a naive loop; 27B-drafter sizes on a GPU, ti
 	$(PY) -m remote_payload bench $(ARGS)
 bench-decode: setup       # extract's greedy decoding vs transformers generate() and the memory-bandwidth floor
 	$(PY) -m remote_payload.tools.bench_decode $(ARGS)
+bench-doc: setup          # the payload's benches, each row >= 3 runs, written into docs/benchmarks.md (GPU host)
+	$(PY) -m remote_payload.tools.benchdoc $(ARGS)
 bench-speedup: setup      # what eval --speedup costs (first run, reused) and the verify-latency curve
 	$(PY) -m remote_payload.tools.bench_speedup $(ARGS)
 bench-orchestrator: setup # sync vs bare rsync, hosts check fan-out, follow latency, `reval run` overhead

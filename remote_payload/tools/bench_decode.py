@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 
 import torch
@@ -62,127 +63,162 @@ def copy_bandwidth(dev, nbytes: int = 2 << 30) -> float:
     return 2 * nbytes * 10 / (time.perf_counter() - t)
 
 
-def prefill_rate(model, cfg: dict, prompts: list[list[int]], new: int, layer_ids: list[int], dev) -> tuple:
+def prefill_rate(model, cfg: dict, prompts: list[list[int]], new: int, layer_ids: list[int], dev,
+                 repeats: int = 1) -> tuple:
     """extract's feature prefill (`prefill_batch`: hooked tapped blocks + the argmax agreement) over the batches
-    extract forms (`batches`: longest first), on prompt + completion: (seconds, useful FLOPs). Useful = 2 x
-    non-embedding parameters per real token + causal attention (2 T^2 x heads x head_dim per layer, per row) +
-    the lm_head over the completion positions the agreement reads; padding is not counted."""
+    extract forms (`batches`: longest first), on prompt + completion, one untimed run then `repeats` timed:
+    ([seconds], useful FLOPs). Useful = 2 x non-embedding parameters per real token + causal attention
+    (2 T^2 x heads x head_dim per layer, per row) + the lm_head over the completion positions the agreement
+    reads; padding is not counted."""
     seqs = [p + [(7 * i + j) % cfg["vocab_size"] for j in range(new)] for i, p in enumerate(prompts)]
     groups = batches([len(x) for x in seqs], 32, 32768)
 
     def run():
         for g in groups:
             prefill_batch(model, [torch.tensor(seqs[i]) for i in g], layer_ids, [len(prompts[i]) for i in g])
-    run()
-    _sync(dev)
-    t = time.perf_counter()
-    run()
-    _sync(dev)
-    s = time.perf_counter() - t
+    times, _ = _timed(run, dev, repeats)
     body = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n)
     L, qd = cfg["num_hidden_layers"], cfg["num_attention_heads"] * cfg["head_dim"]
     flops = sum(2 * body * len(x) + 2 * L * len(x) ** 2 * qd + 2 * cfg["vocab_size"] * cfg["hidden_size"] * new
                 for x in seqs)
-    return s, flops
+    return times, flops
 
 
-def _timed(fn, dev, repeats: int = 2):
-    fn()  # warm-up (and graph capture inside the call: counted in the timed runs too, as extract pays it)
+def _timed(fn, dev, repeats: int = 2) -> tuple[list[float], object]:
+    """fn once (warm-up; graph capture inside the call is counted in the timed runs too, as extract pays it),
+    then `repeats` timed calls: ([seconds], the last output)."""
+    fn()
     _sync(dev)
-    best, out = float("inf"), None
+    times, out = [], None
     for _ in range(repeats):
         t = time.perf_counter()
         out = fn()
         _sync(dev)
-        best = min(best, time.perf_counter() - t)
-    return best, out
+        times.append(time.perf_counter() - t)
+    return times, out
 
 
-def bench(cfg: dict, name: str, dev, dtype, n: int = 32, new: int = 64, hf: bool = True,
-          quick: bool = False, compile_rows: bool = True) -> list[tuple]:
-    model = random_target(cfg, dev, dtype)
+def _prompts(cfg: dict, n: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, cfg["vocab_size"], (int(torch.randint(32, 129, (1,), generator=g)),),
-                             generator=g).tolist() for _ in range(n)]
+    return [torch.randint(0, cfg["vocab_size"], (int(torch.randint(32, 129, (1,), generator=g)),),
+                          generator=g).tolist() for _ in range(n)]
+
+
+def _generate_rows(model, prompts, new, dev, ref, name, repeats, impls=("dynamic", "static")) -> list[tuple]:
+    n, P = len(prompts), max(len(p) for p in prompts)
+    ids = torch.zeros((n, P), dtype=torch.long)
+    mask = torch.zeros((n, P), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p):] = torch.tensor(p)
+        mask[i, P - len(p):] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
+    rows = []
+    for impl in impls:
+        kw = {"cache_implementation": "static"} if impl == "static" else {}
+
+        def gen(kw=kw):
+            o = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                               do_sample=False, pad_token_id=0, **kw)
+            return [list(p) + o[i, P:].tolist() for i, p in enumerate(prompts)]
+        try:
+            times, out = _timed(gen, dev, repeats)
+            rows.append((f"{name}: transformers generate(), {impl} cache", times, out == ref, []))
+        except Exception as e:  # noqa: BLE001 - a library path that does not run here is a row that says so
+            rows.append((f"{name}: transformers generate(), {impl} cache: {type(e).__name__}", [], None, []))
+    return rows
+
+
+def measure(cfg: dict, name: str, dev, dtype, n: int = 32, new: int = 64, hf: bool = True, quick: bool = False,
+            compile_rows: bool = True, repeats: int = 2, prefill: bool | None = None,
+            hf_impls=("dynamic", "static")) -> dict:
+    """Every row of one model size, each timed `repeats` times after a warm-up: {"rows": [(label, [seconds per
+    call], same tokens, [ms per decode step per call])], "floor_s", "weight_bytes", "bw" (the median of "bws",
+    three copy readings), "prefill": None or ([seconds], flops, peak FLOP/s) (by default unless `quick`), "n",
+    "new"}."""
+    model = random_target(cfg, dev, dtype)
+    prompts = _prompts(cfg, n)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    bw = copy_bandwidth(dev)
+    bws = [copy_bandwidth(dev) for _ in range(3)]  # the copy's rate moves with the clock: the median of three
+    bw = statistics.median(bws)
     floor_s = weight_bytes / bw if not math.isnan(bw) else float("nan")
     rows = []
     ref = None  # --quick: the graph rows only, their tokens compared with each other's
     if not quick:
-        ref_s, ref = _timed(lambda: greedy_complete_batch(model, prompts, new, set()), dev)
-        rows.append((f"{name}: reval dynamic (greedy_complete_batch)", ref_s, True, float("nan")))
+        times, ref = _timed(lambda: greedy_complete_batch(model, prompts, new, set()), dev, repeats)
+        rows.append((f"{name}: reval dynamic (greedy_complete_batch)", times, True, []))
+
     def static(**kw):
-        ph: dict = {}
-        s, out = _timed(lambda: greedy_static(model, prompts, new, set(), phases=ph, **kw), dev)
-        return s, out, 1e3 * ph["decode_s"] / ph["decode_steps"]  # the last call's steady decode step
+        steps: list[float] = []
+
+        def call():
+            ph: dict = {}
+            out = greedy_static(model, prompts, new, set(), phases=ph, **kw)
+            steps.append(1e3 * ph["decode_s"] / ph["decode_steps"])  # this call's steady decode step
+            return out
+        times, out = _timed(call, dev, repeats)
+        return times, out, steps[1:]  # the warm-up's step left out
 
     if not quick or dev.type != "cuda":
-        s, out, step = static(graphs=False)
-        rows.append((f"{name}: reval static, eager step", s, out == ref if ref else None, step))
+        t, out, st = static(graphs=False)
+        rows.append((f"{name}: reval static, eager step", t, out == ref if ref else None, st))
     if dev.type == "cuda":
         if not quick:
-            s, out, step = static(graphs=True, grouped_attention=False)
-            rows.append((f"{name}: reval static + CUDA graph, SDPA attention", s, out == ref, step))
+            t, out, st = static(graphs=True, grouped_attention=False)
+            rows.append((f"{name}: reval static + CUDA graph, SDPA attention", t, out == ref, st))
         with _env("REVAL_DECODE_ATTENTION", "grouped"), _env("REVAL_DECODE_FUSED", "0"):
-            s, out, step = static(graphs=True)
+            t, out, st = static(graphs=True)
         ref = ref or out
-        rows.append((f"{name}: reval static + CUDA graph, grouped attention (torch)", s, out == ref, step))
+        rows.append((f"{name}: reval static + CUDA graph, grouped attention (torch)", t, out == ref, st))
         with _env("REVAL_DECODE_FUSED", "0"):
-            s, out, step = static(graphs=True)
-        rows.append((f"{name}: reval static + CUDA graph, split-KV, the model's own layers", s, out == ref, step))
-        s, out, step = static(graphs=True)
-        rows.append((f"{name}: + RMSNorm/SiLU/RoPE as Triton passes (extract's default)", s, out == ref, step))
+            t, out, st = static(graphs=True)
+        rows.append((f"{name}: reval static + CUDA graph, split-KV, the model's own layers", t, out == ref, st))
+        t, out, st = static(graphs=True)
+        rows.append((f"{name}: + RMSNorm/SiLU/RoPE as Triton passes (extract's default)", t, out == ref, st))
     if dev.type == "cuda" and compile_rows:
-        t = time.perf_counter()
+        t0 = time.perf_counter()
         greedy_static(model, prompts, new, set(), graphs=True, compile=True)  # the compilation, once per shape
-        first_s = time.perf_counter() - t
-        s, out, step = static(graphs=True, compile=True)
-        rows.append((f"{name}: reval static + compile + CUDA graph (1st call {first_s:.0f} s)", s, out == ref, step))
-    if hf and not quick:
-        P = max(len(p) for p in prompts)
-        ids = torch.zeros((n, P), dtype=torch.long)
-        mask = torch.zeros((n, P), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, P - len(p):] = torch.tensor(p)
-            mask[i, P - len(p):] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        for impl in ("dynamic", "static"):
-            kw = {"cache_implementation": "static"} if impl == "static" else {}
-
-            def gen(kw=kw):
-                o = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                                   do_sample=False, pad_token_id=0, **kw)
-                return [list(p) + o[i, P:].tolist() for i, p in enumerate(prompts)]
-            try:
-                s, out = _timed(gen, dev)
-                rows.append((f"{name}: transformers generate(), {impl} cache", s, out == ref, float("nan")))
-            except Exception as e:  # noqa: BLE001 - a library path that does not run here is a row that says so
-                rows.append((f"{name}: transformers generate(), {impl} cache: {type(e).__name__}", float("nan"), None,
-                             float("nan")))
-    if dev.type == "cuda" and not quick:
-        layer_ids = [1, cfg["num_hidden_layers"] // 4, cfg["num_hidden_layers"] // 2, 3 * cfg["num_hidden_layers"] // 4,
-                     cfg["num_hidden_layers"] - 3]
-        pre_s, flops = prefill_rate(model, cfg, prompts + prompts, new, layer_ids, dev)
-        peak = measure_peak(dev) * 1e12  # bench.py's bf16 matmul, as the payload bench measures its peak
-        prefill_line = (f"{name}: feature prefill of {2 * n} prompts + {new} tokens in extract's batches: "
-                        f"{1e3 * pre_s:.0f} ms, {flops / pre_s / 1e12:.0f} TFLOP/s useful = "
-                        f"{flops / pre_s / peak:.0%} of the bf16 matmul peak measured here ({peak / 1e12:.0f} TFLOP/s)")
-    else:
-        prefill_line = None
+        first_s = time.perf_counter() - t0
+        t, out, st = static(graphs=True, compile=True)
+        rows.append((f"{name}: reval static + compile + CUDA graph (1st call {first_s:.0f} s)", t, out == ref, st))
+    if hf:
+        rows += _generate_rows(model, prompts, new, dev, ref, name, repeats, hf_impls)
+    pre = None
+    if dev.type == "cuda" and (not quick if prefill is None else prefill):
+        L = cfg["num_hidden_layers"]
+        layer_ids = [1, L // 4, L // 2, 3 * L // 4, L - 3]
+        pre_times, flops = prefill_rate(model, cfg, prompts + prompts, new, layer_ids, dev, repeats)
+        pre = (pre_times, flops, measure_peak(dev) * 1e12)  # bench.py's peak: the median of 5 readings
     model = None  # the next size needs the memory
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-    out_rows = []
-    for label, s, same, step in rows:
+    return {"rows": rows, "floor_s": floor_s, "weight_bytes": weight_bytes, "bw": bw, "bws": bws, "prefill": pre,
+            "n": n, "new": new}
+
+
+def bench(cfg: dict, name: str, dev, dtype, n: int = 32, new: int = 64, hf: bool = True,
+          quick: bool = False, compile_rows: bool = True) -> tuple[list[tuple], str | None]:
+    """`measure`'s rows as printed: each row's best of two calls."""
+    m = measure(cfg, name, dev, dtype, n, new, hf, quick, compile_rows)
+    floor_s, out_rows = m["floor_s"], []
+    for label, times, same, steps in m["rows"]:
+        s = min(times) if times else float("nan")
+        step = min(steps) if steps else float("nan")
         ok = not math.isnan(s)
         tps = n * new / s if ok else float("nan")
-        step_ms = 1e3 * s / new if ok else float("nan")
         frac = floor_s * new / s if ok and not math.isnan(floor_s) else float("nan")
-        out_rows.append((label, tps, step_ms, frac, step, 1e3 * floor_s / step, same))
+        ms = 1e3 * s / new if ok else float("nan")
+        out_rows.append((label, tps, ms, frac, step, 1e3 * floor_s / step, same))
     if not math.isnan(floor_s):
-        out_rows.append((f"{name}: memory-bandwidth floor ({weight_bytes / 1e9:.1f} GB / {bw / 1e12:.2f} TB/s)",
-                         n / floor_s, 1e3 * floor_s, 1.0, 1e3 * floor_s, 1.0, None))
+        label = f"{name}: memory-bandwidth floor ({m['weight_bytes'] / 1e9:.1f} GB / {m['bw'] / 1e12:.2f} TB/s)"
+        out_rows.append((label, n / floor_s, 1e3 * floor_s, 1.0, 1e3 * floor_s, 1.0, None))
+    prefill_line = None
+    if m["prefill"]:
+        times, flops, peak = m["prefill"]
+        pre_s = min(times)
+        prefill_line = (f"{name}: feature prefill of {2 * n} prompts + {new} tokens in extract's batches: "
+                        f"{1e3 * pre_s:.0f} ms, {flops / pre_s / 1e12:.0f} TFLOP/s useful = "
+                        f"{flops / pre_s / peak:.0%} of the bf16 matmul peak measured here ({peak / 1e12:.0f} "
+                        "TFLOP/s, the median of 5 readings)")
     return out_rows, prefill_line
 
 
@@ -200,7 +236,8 @@ def main(argv=None) -> int:
     table, prefills = [], []
     for s in sizes:
         cfg = {"8b": QWEN3_8B, "27b": QWEN3_27B, "tiny": TINY}[s]
-        rows, pre = bench(cfg, {"8b": "8B-class", "27b": "27B-class", "tiny": "tiny"}[s], dev, dtype, hf=s != "27b", new=args.new,
+        name = {"8b": "8B-class", "27b": "27B-class", "tiny": "tiny"}[s]
+        rows, pre = bench(cfg, name, dev, dtype, hf=s != "27b" and not args.quick, new=args.new,
                           quick=args.quick, compile_rows=not args.no_compile)
         table += rows
         prefills += [pre] if pre else []

@@ -9,7 +9,7 @@ prompt + completion for the tapped hidden states.
             layer materialised; what `extract` ran before the hooked prefill)
   fast      `batches` -> `extract_batch`: fastgen.greedy_static (CUDA graph on CUDA) + `prefill_batch` (hooks on
             the tapped blocks, the argmax agreement; features copied to the host) — what `extract` runs now
-Reported: completion tokens per second, and the speed-up over batch-1.
+Reported: completion tokens per second, and the speed-up over batch-1 (`extract_rates`: each path timed n times).
 """
 from __future__ import annotations
 
@@ -60,8 +60,9 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def bench_extract(dev: torch.device, dtype: torch.dtype) -> list:
-    from remote_payload.tools.benchrows import Row
+def extract_rates(dev: torch.device, dtype: torch.dtype, repeats: int = 1) -> tuple[str, dict[str, list[float]]]:
+    """The three paths on one model, each timed `repeats` times after one warm-up: (the setup's words,
+    {"batch-1" | "batched" | "fast": [completion tokens/s per run]})."""
     cfg, n_batched, n_single, new, layers = SETUPS["cuda" if dev.type == "cuda" else "cpu"]
     model = random_target(cfg, dev, dtype)
     g = torch.Generator().manual_seed(0)
@@ -70,35 +71,42 @@ def bench_extract(dev: torch.device, dtype: torch.dtype) -> list:
     # warm-up: kernels, allocator, cuBLAS for both paths
     greedy_complete_batch(model, prompts[:2], 2, set())
     tapped_features(model, greedy_complete(model, torch.tensor(prompts[0], device=dev), 2, set()).to(dev), layers)
-    _sync(dev)
-    t = time.perf_counter()
-    for p in prompts[:n_single]:
-        ids = greedy_complete(model, torch.tensor(p, device=dev), new, set())
-        tapped_features(model, ids.to(dev), layers)
-    _sync(dev)
-    single_s = time.perf_counter() - t
-    t = time.perf_counter()
-    groups = batches([len(p) + new for p in prompts], 32, 32768)
-    for group in groups:
-        seqs = greedy_complete_batch(model, [prompts[i] for i in group], new, set())
-        tapped_features_all_layers(model, [torch.tensor(x) for x in seqs], layers)
-    _sync(dev)
-    batched_s = time.perf_counter() - t
     gen = choose_generator(model)
     extract_batch(model, gen, prompts[:2], 4, set(), layers).wait()  # warm-up of the static path
-    t = time.perf_counter()
-    for group in groups:
-        extract_batch(model, gen, [prompts[i] for i in group], new, set(), layers).wait()
-    _sync(dev)
-    fast_s = time.perf_counter() - t
-    single_rate, batched_rate, fast_rate = n_single * new / single_s, n_batched * new / batched_s, n_batched * new / fast_s
+    groups = batches([len(p) + new for p in prompts], 32, 32768)
+
+    def single():
+        for p in prompts[:n_single]:
+            ids = greedy_complete(model, torch.tensor(p, device=dev), new, set())
+            tapped_features(model, ids.to(dev), layers)
+
+    def batched():
+        for group in groups:
+            seqs = greedy_complete_batch(model, [prompts[i] for i in group], new, set())
+            tapped_features_all_layers(model, [torch.tensor(x) for x in seqs], layers)
+
+    def fast():
+        for group in groups:
+            extract_batch(model, gen, [prompts[i] for i in group], new, set(), layers).wait()
+    rates: dict[str, list[float]] = {"batch-1": [], "batched": [], "fast": []}
+    for _ in range(repeats):
+        for key, fn, n in (("batch-1", single, n_single), ("batched", batched, n_batched), ("fast", fast, n_batched)):
+            _sync(dev)
+            t = time.perf_counter()
+            fn()
+            _sync(dev)
+            rates[key].append(n * new / (time.perf_counter() - t))
     name = "Qwen3-8B-class" if dev.type == "cuda" else "tiny Qwen3"
-    del model
-    return [Row(f"extract batch-1 ({name})", 0, single_s, 0,
-                f"{n_single} prompts x {new} new tokens: {single_rate:,.0f} tokens/s"),
-            Row(f"extract batched ({name})", 0, batched_s, 0,
-                f"{n_batched} prompts x {new} new tokens: {batched_rate:,.0f} tokens/s = "
-                f"{batched_rate / single_rate:.1f}x batch-1"),
-            Row(f"extract fast ({name}: {gen.name}{' + CUDA graph' if gen.graphs else ''}, hooked prefill)", 0,
-                fast_s, 0, f"{n_batched} prompts x {new} new tokens: {fast_rate:,.0f} tokens/s = "
-                f"{fast_rate / single_rate:.1f}x batch-1, {fast_rate / batched_rate:.1f}x batched")]
+    what = (f"{name}, {n_batched} prompts (batch-1: {n_single}) x {new} new tokens, fast = "
+            f"{gen.name}{' + CUDA graph' if gen.graphs else ''}, hooked prefill")
+    return what, rates
+
+
+def bench_extract(dev: torch.device, dtype: torch.dtype) -> list:
+    from remote_payload.tools.benchrows import Row
+    what, rates = extract_rates(dev, dtype)
+    single_rate, batched_rate, fast_rate = rates["batch-1"][0], rates["batched"][0], rates["fast"][0]
+    return [Row("extract batch-1", 0, 0, 0, f"{what}: {single_rate:,.0f} tokens/s"),
+            Row("extract batched", 0, 0, 0, f"{batched_rate:,.0f} tokens/s = {batched_rate / single_rate:.1f}x batch-1"),
+            Row("extract fast", 0, 0, 0, f"{fast_rate:,.0f} tokens/s = {fast_rate / single_rate:.1f}x batch-1, "
+                f"{fast_rate / batched_rate:.1f}x batched")]

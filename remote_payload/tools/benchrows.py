@@ -1,10 +1,9 @@
-"""What the bench modules share: a table row and a synthetic prompt (so bench_extract/bench_process need not
-import bench, which imports them)."""
+"""What the bench modules share: a table row, a synthetic prompt (so bench_extract/bench_process need not
+import bench, which imports them), and benchdoc's readings (`Sample`) with its tables' titles and notes (so
+benchparts, which measures them, and benchdoc, which writes them, import neither the other). Torch-free at import."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
 
 from remote_payload.contract.drafterconfig import DrafterConfig
 
@@ -19,8 +18,48 @@ class Row:
 
 
 def synthetic_prompt(cfg: DrafterConfig, prompt_len: int, completion: int, dev, dtype, seed: int):
+    import torch
     g = torch.Generator(device=dev).manual_seed(seed)
     T = prompt_len + completion
     ids = torch.randint(0, cfg.vocab_size - 1, (T,), generator=g, device=dev)
     feats = torch.randn(T, cfg.fc_in_features, generator=g, device=dev, dtype=dtype)
     return ids, feats
+
+
+DEFAULT_ROW = "default (warm caches)"
+T_PEAKS = "Ceilings and the weight load"
+T_EVAL = "The eval stage in-process (27B drafter sizes, random weights)"
+T_PROCESS = "The `eval` process against its floor"
+T_TIMELINE = "Where an `eval` process's seconds go (the seeds' run, seconds)"
+T_EXTRACT = "Extraction, end to end (8B-class target, random weights)"
+T_DECODE = "Extraction's greedy decoding (batch 32, 64 new tokens)"
+NOTES = {
+    T_PEAKS: "Raw read: the weight files read into host memory (page cache warm); eval's load: the drafter and "
+             "the target's embed and lm_head onto the GPU as `eval` reads them. The peak: an 8192^3 bf16 matmul on "
+             "random data, the median of 5 readings; every \"% of peak\" below is against its own run's peak.",
+    T_EVAL: "One round = one anchor's 16-token block. Useful FLOPs only (block GEMMs, attention, lm_head, context "
+            "projections). A row with a knob set is the same scenario with that fast path off.",
+    T_PROCESS: "floor = a bare interpreter importing torch and making the CUDA context + the raw read + the warm "
+               "eval stage in-process, each round's own. A fresh host runs with CUDA_CACHE_PATH, TRITON_CACHE_DIR, "
+               "TORCHINDUCTOR_CACHE_DIR and REVAL_KERNEL_CACHE in an empty folder; \"again\" reruns on the caches "
+               "it filled; the default uses the host's own caches, warm. Rounds interleave every row.",
+    T_TIMELINE: "From the parent's spawn to its wait returning: the child's clock at its first line, after "
+                "`import torch`, after the eval's imports; its events (step 1, step 4, the load's end, done); "
+                "results.json's mtime. \"load + warm-up left\" is what the load and the warm-up add after the "
+                "features are checked.",
+    T_EXTRACT: "Completion tokens per second, disk writes left out. batch-1: one prompt at a time (3 prompts); "
+               "batched: dynamic cache and every layer's hidden states; fast: what `extract` runs (static cache, "
+               "CUDA graph, hooked prefill).",
+    T_DECODE: "Whole call: prefill, capture and decode, what extract pays (tokens/s and the fraction of the floor). "
+              "A step: one decode step after the warm-up. Floor: the weights' bytes over the device copy bandwidth "
+              "measured in the same run (each step reads them once).",
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One run's reading of one cell: `table`, `row`, `col` (the quantity, with its unit), `value`."""
+    table: str
+    row: str
+    col: str
+    value: float

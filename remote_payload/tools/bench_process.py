@@ -164,17 +164,19 @@ def process_runs(argv: list[str], root: Path, runs: int = 2, env: dict | None = 
 
 
 def rounds(argv: list[str], dev: torch.device, root: Path, repeats: int, variants=VARIANTS, fresh: bool = True):
-    """`repeats` rounds, each: the bare init, then (CUDA) the fresh host and its rerun, the default, each variant.
-    Yields (round, label, wall seconds, timing) with label "init" (timing None) first in each round."""
-    plan = [("default", None, {})]
+    """`repeats` rounds, each: the bare init, then (CUDA) the fresh host and its rerun, the default, each variant,
+    the order rotated by one each round (a run after an eval process's exit starts slower than one after the bare
+    init: each row takes each place). Yields (round, label, wall seconds, timing), "init" (timing None) first."""
+    units = [[("default", None, {})]]
     if dev.type == "cuda":
-        plan = ([("fresh host (empty kernel caches)", "fresh", {}), ("again, same caches", "again", {})]
-                if fresh else []) + plan + [(label, None, env) for label, env in variants]
+        units = ([[("fresh host (empty kernel caches)", "fresh", {}), ("again, same caches", "again", {})]]
+                 if fresh else []) + units + [[(label, None, env)] for label, env in variants]
     root.mkdir(parents=True, exist_ok=True)
     for r in range(repeats):
         yield r, "init", init_once(dev), None
         caches = root / f"kernel-caches-{r}"
-        for label, kind, env in plan:
+        k = r % len(units)
+        for label, kind, env in [run for unit in units[k:] + units[:k] for run in unit]:
             if kind:
                 env = {name: str(caches / name.lower()) for name in CACHE_ENV}
             (w, t), = process_runs(argv, root, runs=1, env=env)

@@ -17,6 +17,7 @@ from remote_payload.contract.drafterconfig import DrafterConfig
 from remote_payload.eval.devices import resolve_device_dtype
 from remote_payload.tools import bench, bench_decode, bench_extract, bench_process
 from remote_payload.tools.benchrows import (
+    AFTER_IMPORTS,
     DEFAULT_ROW,
     T_DECODE,
     T_EVAL,
@@ -93,11 +94,15 @@ def part_process(ctx: Ctx, repeats: int, shape: str = "seeds") -> list[Sample]:
                     Sample(table, "floor", "wall (s)", floor)]
             continue
         label = DEFAULT_ROW if label == "default" else label
+        seg = t["segments"]
+        imports = sum(seg.get(k, 0.0) for k in ("interpreter start", "import torch", "import the eval"))
         out += [Sample(table, label, "wall (s)", wall), Sample(table, label, "x floor", wall / floor),
+                Sample(table, label, AFTER_IMPORTS, wall - imports),
                 Sample(table, label, "load (s)", t["load_s"]), Sample(table, label, "warm-up (s)", t["warm_up_s"]),
                 Sample(table, label, "eval stage (s)", t["eval_s"])]
-        if shape == "seeds" and label in ("fresh host (empty kernel caches)", "again, same caches", DEFAULT_ROW):
-            out += [Sample(T_TIMELINE, seg, label.split(" (")[0], secs) for seg, secs in t["segments"].items()]
+        if shape == "seeds":
+            col = label.split(" (")[0].removeprefix("REVAL_").replace(", same caches", "")
+            out += [Sample(T_TIMELINE, name, col, secs) for name, secs in seg.items()]
     return out + [Sample(table, "warm eval stage in-process", "eval stage (s)", w) for w in warm]
 
 

@@ -27,6 +27,8 @@ def synthetic_prompt(cfg: DrafterConfig, prompt_len: int, completion: int, dev, 
 
 
 DEFAULT_ROW = "default (warm caches)"
+AFTER_IMPORTS = "after the imports (s)"  # wall less interpreter start and imports: what no knob touches
+FRESH_ROW, AGAIN_ROW = "fresh host (empty kernel caches)", "again, same caches"
 T_PEAKS = "Ceilings and the weight load"
 T_EVAL = "The eval stage in-process (27B drafter sizes, random weights)"
 T_PROCESS = "The `eval` process against its floor"
@@ -42,7 +44,9 @@ NOTES = {
     T_PROCESS: "floor = a bare interpreter importing torch and making the CUDA context + the raw read + the warm "
                "eval stage in-process, each round's own. A fresh host runs with CUDA_CACHE_PATH, TRITON_CACHE_DIR, "
                "TORCHINDUCTOR_CACHE_DIR and REVAL_KERNEL_CACHE in an empty folder; \"again\" reruns on the caches "
-               "it filled; the default uses the host's own caches, warm. Rounds interleave every row.",
+               "it filled; the default uses the host's own caches, warm. Rounds interleave every row, the order "
+               "rotated each round. \"after the imports\": the wall less the interpreter's start and imports, "
+               "which no knob touches and which move by tenths of a second from run to run.",
     T_TIMELINE: "From the parent's spawn to its wait returning: the child's clock at its first line, after "
                 "`import torch`, after the eval's imports; its events (step 1, step 4, the load's end, done); "
                 "results.json's mtime. \"load + warm-up left\" is what the load and the warm-up add after the "

@@ -149,8 +149,9 @@ def looks_like_eagle3(d: Any) -> bool:
         return False
     archs = d.get("architectures") or []
     archs = archs if isinstance(archs, list) else [archs]
+    dflash_keys = ("block_size", "mask_token_id", "target_layer_ids")  # a DFlash config's, at its top level
     return (any(m in str(a).lower() for a in archs for m in _ARCH_MARKERS) or "eagle_config" in d
-            or ("draft_vocab_size" in d and d.get("num_hidden_layers") == 1 and "block_size" not in d))
+            or ("draft_vocab_size" in d and d.get("num_hidden_layers") == 1 and not any(k in d for k in dflash_keys)))
 
 
 def _parse(d: Any, source: str, allow: tuple[str, ...]) -> Eagle3Config:

@@ -15,7 +15,7 @@ from remote_payload.contract import protocol
 
 COMMANDS = {
     # name: (module, one-line help)
-    "eval": ("remote_payload.eval.run", "evaluate a drafter on a cache of target hidden states"),
+    "eval": ("remote_payload.eagle3.family", "evaluate a drafter (DFlash or EAGLE-3) on a cache of target hidden states"),
     "extract": ("remote_payload.extract.command", "run a target model over prompts and write a hidden-state cache"),
     "import-cache": ("remote_payload.extract.importcache", "convert a seeds-layout cache (completions.json + aux/last_hidden)"),
     "fixtures": ("remote_payload.tools.fixtures", "build the tiny offline fixture models + cache (demo, tests)"),

@@ -7,7 +7,8 @@
   no torch (checked in a fresh interpreter, so a transitive import counts too);
 - the payload's rooms import downwards only (PAYLOAD_ROOMS): contract imports nothing else of the payload,
   runtime only the contract (never eval/ or another torch room), prompts/ and target/ the contract, eval/ the
-  contract and target/, extract/ any room but tools/; and no import circle anywhere in remote_payload/;
+  contract and target/, eagle3/ (the EAGLE-3 family) those and eval/, extract/ any room but tools/; and no import
+  circle anywhere in remote_payload/;
 - the laptop side's entry points never load torch;
 - the CLI is above the API: nothing under orchestrator/ imports reval; reval/cli/ imports only `reval` (the API's
   face), its own modules and the rendering modules (orchestrator/render/, orchestrator/sweep/render.py); no
@@ -187,9 +188,10 @@ PAYLOAD_ROOMS = {
     "prompts": {"contract"},
     "target": {"contract"},
     "eval": {"contract", "target"},
-    "extract": {"contract", "prompts", "target", "eval"},
+    "eagle3": {"contract", "target", "eval"},
+    "extract": {"contract", "prompts", "target", "eval", "eagle3"},
 }
-TORCH_ROOMS = ("eval", "extract", "prompts", "target", "tools")
+TORCH_ROOMS = ("eval", "eagle3", "extract", "prompts", "target", "tools")
 
 
 def _payload_room(module: str) -> str:

@@ -63,6 +63,25 @@ def test_old_and_new_runs_stay_comparable_unless_the_attention_differs(tmp_path)
     assert "drafter attention (window / causal inside the block) sliding_attention/4/b" in str(cmp.differences[0])
 
 
+def test_the_drafter_family_is_part_of_the_comparability_key(tmp_path):
+    """A DFlash block and an EAGLE-3 chain are different decoders: not ranked together; a file from before the
+    family was recorded (null) is DFlash's and stays comparable with one."""
+    base = json.loads(OLD.read_text())
+    base.update(schema=R.SCHEMA)
+    for name, family in (("old", None), ("dflash", "dflash"), ("eagle3", "eagle3")):
+        d = json.loads(json.dumps(base))
+        d["run"] = name
+        if family:
+            d["drafter"]["family"] = d["comparability"]["family"] = family
+        write_run(tmp_path, "h", name, R.Result.from_dict(d).to_dict())
+    runs = [compare.load_run(tmp_path / "h" / n) for n in ("old", "dflash", "eagle3")]
+    assert runs[2].result.drafter.family == "eagle3" and runs[0].result.comparability.key()["family"] is None
+    assert not compare.build_comparison(runs[:2]).differences
+    cmp = compare.build_comparison(runs[1:])
+    assert [(d.run, d.field) for d in cmp.differences] == [("eagle3", "family")]
+    assert "drafter family" in str(cmp.differences[0])
+
+
 def test_missing_field_or_wrong_type_is_one_line_naming_file_and_field(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     good = make_results("good")

@@ -28,7 +28,8 @@ from .stats import Estimate, Paired
 # comparability_key field -> the words used when telling the user what differs
 FIELD_WORDS = {"cache_fingerprint": "cache", "prompt_set": "prompt set", "num_prompts": "num_prompts",
                "max_blocks": "max_blocks", "block_size": "block_size", "metrics_version": "metric definitions",
-               "attention": "drafter attention (window / causal inside the block)"}
+               "attention": "drafter attention (window / causal inside the block)",
+               "family": "drafter family (DFlash block / EAGLE-3 chain)"}
 
 
 _RESULT_SECTIONS = frozenset(f.name for f in dataclasses.fields(results_json.Result)
@@ -280,8 +281,8 @@ def build_comparison(runs: list[Result], baseline: Result | None = None) -> Comp
             continue
         key = r.result.comparability.key()
         for f, expected in ref_key.items():
-            if f == "attention" and (key[f] is None or expected is None):
-                continue  # not recorded (a file from before reval.results/2): unknown, not different
+            if f in ("attention", "family") and (key[f] is None or expected is None):
+                continue  # not recorded (a file from before it was): unknown, not different
             if key[f] != expected:
                 cmp.differences.append(Difference(cmp.label(r), f, key[f], expected, cmp.label(ref)))
     return cmp

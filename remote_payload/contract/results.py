@@ -66,6 +66,12 @@ class Drafter(Record):
     allowed_unknown_config: dict[str, str] | None = doc(
         "config keys reval does not interpret that the user allowed (--allow-unknown-config): key -> its value "
         "as JSON text; null: none", None)
+    family: str | None = doc("drafter family: `dflash` (block drafter) or `eagle3` (EAGLE-3 head, chain drafting); "
+                             "null in files written before families were recorded (DFlash)", None)
+    eagle3: dict[str, Any] | None = doc(
+        "EAGLE-3 only: chain_length (drafts per round), taps_hf_hidden_states (HF output_hidden_states indices of "
+        "the three tapped states), layer_id_convention, explicit_layer_ids, draft_vocab_size, vocab_size, "
+        "embed_source (`checkpoint` or `target`), config_source; null for DFlash", None)
 
 
 @dataclass(kw_only=True)
@@ -116,12 +122,15 @@ class Comparability(Record):
     metrics_version: str = doc("metric definitions version (`dflash-metrics/N`, `+all-anchors`)")
     attention: str | None = doc("the drafter's attention semantics, one `type/window/causal|bidirectional` per "
                                 "layer (drafter.attention); null: not recorded (before reval.results/2)", None)
+    family: str | None = doc("the drafter family (drafter.family): a DFlash block and an EAGLE-3 chain are "
+                             "different decoders; null: not recorded (DFlash, before families)", None)
 
     KEY_FIELDS = ("cache_fingerprint", "prompt_set", "num_prompts", "max_blocks", "block_size", "metrics_version",
-                  "attention")
+                  "attention", "family")
 
     def key(self) -> dict[str, Any]:
-        """What must be equal for two results to be ranked against each other (null attention: unknown)."""
+        """What must be equal for two results to be ranked against each other (null attention or family:
+        unknown)."""
         return {k: getattr(self, k) for k in self.KEY_FIELDS}
 
 

@@ -35,6 +35,7 @@ class EvalOptions:
     suites: list[tuple[str, str]] | None = None  # (name, cache path) per benchmark suite; None: one cache
     online: int = 0  # first N prompts decoded online with the real target (speculative vs target-only)
     speedup: bool = False  # measure the target's latencies and project the speedup per method
+    chain: int | None = None  # EAGLE-3: drafts per round (None: 5); refused for DFlash drafters
 
 
 def _int_list(text: str) -> list[int]:
@@ -83,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="load the whole target and measure at batch 1 on this device: a decode step, the verify "
                         "forward of a block and of each DDTree budget's tree, one drafter block; results.json "
                         "then holds the projected speedup per method (tau x t(decode) / (t(draft) + t(verify)))")
+    p.add_argument("--chain", type=int, default=None, metavar="K",
+                   help="EAGLE-3 drafters: drafts per round, the greedy chain (default 5; docs/eagle3.md); refused "
+                        "for DFlash drafters, whose block_size is in their config.json")
     p.add_argument("--all-anchors", action="store_true",
                    help="teacher-forced position accuracy at every completion anchor (default: the anchors "
                         "the walk can reach within --max-blocks; the walks are the same either way)")
@@ -106,4 +110,4 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
                        tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
                        strict=args.strict, all_anchors=args.all_anchors,
                        allow_unknown_config=list(args.allow_unknown_config), online=args.online,
-                       speedup=bool(args.speedup))
+                       speedup=bool(args.speedup), chain=getattr(args, "chain", None))

@@ -60,7 +60,8 @@ __all__ = ["add_arguments", "evaluate", "main"]  # add_arguments + main: what __
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, evaluate_fn=None) -> int:
+    """The command; `evaluate_fn`: another family's evaluate (eagle3/family.py), else the DFlash eval's."""
     try:
         opts = options_from_args(args)
     except (PayloadError, protocol.ProtocolError) as e:
@@ -83,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     rc = protocol.EXIT_FAILED
     sys.stdout = _ClosedReaderTolerant(sys.stdout)  # `eval ... | head`: the eval goes on, its log in events.jsonl
     try:
-        results = evaluate(opts, Reporter(run_dir / protocol.EVENTS_JSONL))
+        results = (evaluate_fn or evaluate)(opts, Reporter(run_dir / protocol.EVENTS_JSONL))
         protocol.atomic_write_json(run_dir / protocol.RESULTS_JSON, results)
         print(f"results: {run_dir / protocol.RESULTS_JSON}")
         rc = protocol.EXIT_FAILED if (opts.strict and results["health"]["suspect"]) else protocol.EXIT_OK

@@ -79,8 +79,8 @@ def print_summary(results: dict) -> None:
     rows += [(f"DDTree-{b} tau", fmt(v, 2)) for b, v in m["ddtree_tau"].items()]
     rows += [(f"width-{w} tree tau", fmt(v, 2)) for w, v in m["tree_width_tau"].items()]
     rows += [("position-1 accuracy", fmt(m["position_1_accuracy"])),
-             ("position accuracy k=1..15", " ".join(fmt(x, 2) for x in m["position_accuracy"])),
-             ("acceptance histogram 1..16", " ".join(str(x) for x in m["acceptance_histogram"][1:])),
+             (f"position accuracy k=1..{o['block_size'] - 1}", " ".join(fmt(x, 2) for x in m["position_accuracy"])),
+             (f"acceptance histogram 1..{o['block_size']}", " ".join(str(x) for x in m["acceptance_histogram"][1:])),
              ("rounds / prompts / anchors", f"{m['num_rounds']} / {m['num_prompts']} / {m['num_anchors']}"),
              ("max blocks", str(o["max_blocks"])),
              ("attention", (results["comparability"].get("attention") or "n/a").replace("_attention", "")),

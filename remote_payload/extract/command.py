@@ -74,7 +74,8 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
                                      "prompt_format": prompt_format}).encode()).hexdigest()
     writer = CacheWriter(out, layer_ids=layer_ids, hidden_size=int(H), target_path=str(target.resolve()),
                          target_config_sha256=config_sha, tokenizer_path=str((target / "tokenizer.json").resolve()),
-                         resume_key=key, metadata={"prompt_format": prompt_format})  # checks --out before loading
+                         resume_key=key, metadata={"prompt_format": prompt_format,  # checks --out before loading
+                                                   "hf_hidden_states": [l + 1 for l in layer_ids]})
     completions = _resumed(writer, entries)
     if writer.done:
         log(f"resuming {writer.partial}: {len(writer.done)} of {len(entries.at)} prompts already extracted")
@@ -253,9 +254,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="enable_thinking passed to the chat template (Qwen3 reads it; default off, as the papers)")
     p.add_argument("--out", required=True, help="cache directory to create (must not exist)")
     p.add_argument("--max-new-tokens", type=int, default=512, help="greedy completion length cap (default 512)")
-    p.add_argument("--layers", help="tapped decoder layers, e.g. 1,16,31,46,61 (default: --for-drafter's)")
+    p.add_argument("--layers", help="tapped decoder layers, e.g. 1,16,31,46,61 (default: --for-drafter's); layer l = "
+                                    "decoder block l's output = HF hidden_states[l+1] (cache.json records both)")
     p.add_argument("--for-drafter", metavar="PATH",
-                   help="take --layers from this drafter's target_layer_ids (its config.json, or the .pt's config)")
+                   help="take --layers from this drafter: a DFlash config's target_layer_ids (its config.json, or "
+                        "the .pt's config), or an EAGLE-3 head's three taps on --target: HF hidden_states[2, L//2, "
+                        "L-3] by default, explicit eagle_aux_hidden_state_layer_ids read as vLLM does (id k = HF k; "
+                        "SGLang's explicit id k is HF k+1); --layers for HF k is k-1")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--gpus", metavar="IDS",
                    help="several GPUs of this host: 0,1,... or all = one process a GPU, the prompts split between "
@@ -278,13 +283,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "CUDA only")
 
 
-def layers_arg(layers: str | None, for_drafter: str | None) -> list[int]:
-    """--layers, else the target_layer_ids of --for-drafter's config; neither is bad input."""
+def layers_arg(layers: str | None, for_drafter: str | None, target: str | None = None) -> list[int]:
+    """--layers, else --for-drafter's: a DFlash config's target_layer_ids, an EAGLE-3 head's three taps on
+    `target` (HF hidden_states[k] = cache layer k-1); neither is bad input."""
     if layers:
         return parse_layer_ids(layers)
     if not for_drafter:
         raise PayloadError("extract needs the tapped layers: --layers 1,16,31,46,61, or --for-drafter PATH to take "
                            "the drafter's target_layer_ids")
+    from remote_payload.eagle3.loader import is_eagle3, peek_eagle3_config
+    if is_eagle3(for_drafter):  # its three taps depend on the target's layer count (contract/eagle3config.py)
+        if target is None:
+            raise PayloadError(f"--for-drafter {for_drafter} is an EAGLE-3 head: its taps need the target's layers")
+        from remote_payload.target.load import num_layers_of
+        try:
+            n = num_layers_of(json.loads(read_regular(Path(target) / "config.json")))
+        except (OSError, ValueError) as e:
+            raise PayloadError(f"--target {target}: cannot read its config.json ({e}); the EAGLE-3 head "
+                               f"{for_drafter}'s taps depend on its layer count") from None
+        return peek_eagle3_config(for_drafter).cache_layer_ids(n)
     from remote_payload.eval.checkpoint import load_drafter, peek_config
     cfg = peek_config(for_drafter) or load_drafter(for_drafter)[0].cfg  # .pt: its config is inside the file
     return list(cfg.target_layer_ids)
@@ -293,7 +310,8 @@ def layers_arg(layers: str | None, for_drafter: str | None) -> list[int]:
 def main(args: argparse.Namespace) -> int:
     try:
         c = extract(args.target, args.prompts, args.out, max_new_tokens=args.max_new_tokens,
-                    layer_ids=layers_arg(args.layers, args.for_drafter), device=args.device, dtype=args.dtype,
+                    layer_ids=layers_arg(args.layers, args.for_drafter, args.target), device=args.device,
+                    dtype=args.dtype,
                     num_prompts=args.num_prompts, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
                     chat_template=args.chat_template, enable_thinking=args.enable_thinking, gpus=args.gpus,
                     shard=args.shard, compile=args.compile)

@@ -4,7 +4,8 @@ host before a run is created (stdlib only: no torch import, so it costs the laun
 Checks the drafter's layout (a z-lab folder: config.json + index or model.safetensors, every shard present;
 or a .pt/.safetensors file), the target's weights index (embed/lm_head are borrowed from it), the cache's
 index (cache.json or the seeds' completions.json, every prompt file present) and, when both configs say
-so, that the drafter's fc layers and hidden size are in the cache. Bad input: one line on stderr, exit 3.
+so, that the drafter's fc layers and hidden size are in the cache (an EAGLE-3 head: its three taps on the target,
+contract/eagle3config.py). Bad input: one line on stderr, exit 3.
 The eval repeats every check on the real data; this only makes sure a bad path never becomes a run.
 """
 from __future__ import annotations
@@ -16,11 +17,13 @@ from pathlib import Path
 from remote_payload.contract import protocol, spec
 from remote_payload.contract.contenthash import INDEX_JSON, SINGLE_SAFETENSORS, content_files
 from remote_payload.contract.drafterconfig import DrafterConfig, add_allow_unknown, check_features
+from remote_payload.contract.eagle3config import Eagle3Config, check_taps, looks_like_eagle3, target_layers
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
 
 CACHE_JSON, SEEDS_JSON, SEEDS_LAYERS_JSON = "cache.json", "completions.json", "layers.json"  # = cache.py's
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
+EAGLE3_BIN = "pytorch_model.bin"  # SafeAILab's published EAGLE-3 heads (= eagle3/loader.py's PT_IN_FOLDER)
 
 
 def add_arguments(p) -> None:
@@ -37,8 +40,9 @@ def _json(path: Path, what: str):
         raise PayloadError(f"cannot read {what} {path}: {e}") from None
 
 
-def drafter_config(path: str, allow_unknown=()) -> DrafterConfig | None:
-    """The drafter's config (z-lab layout), None for a .pt file (its config is inside the weights)."""
+def drafter_config(path: str, allow_unknown=()) -> DrafterConfig | Eagle3Config | None:
+    """The drafter's config (z-lab layout, or an EAGLE-3 head's), None for a .pt file (its config is inside the
+    weights)."""
     p = Path(path)
     if not p.exists():
         raise PayloadError(f"drafter checkpoint {p} does not exist: pass a z-lab folder (config.json + "
@@ -51,13 +55,17 @@ def drafter_config(path: str, allow_unknown=()) -> DrafterConfig | None:
     folder = p if p.is_dir() else p.parent
     if not (folder / "config.json").is_file():
         raise PayloadError(f"drafter {p} has no config.json next to its weights")
-    if p.is_dir() and not ((folder / INDEX_JSON).exists() or (folder / SINGLE_SAFETENSORS).exists()):
-        raise PayloadError(f"drafter folder {folder} has neither {INDEX_JSON} nor {SINGLE_SAFETENSORS}")
+    raw = _json(folder / "config.json", "drafter config")
+    eagle3 = looks_like_eagle3(raw)
+    weights = (INDEX_JSON, SINGLE_SAFETENSORS) + ((EAGLE3_BIN,) if eagle3 else ())
+    if p.is_dir() and not any((folder / w).exists() for w in weights):
+        raise PayloadError(f"drafter folder {folder} has none of {', '.join(weights)}")
     for f in content_files(p):
         if not f.is_file():
             raise PayloadError(f"drafter {p}: weight file {f.name} is missing")
-    return DrafterConfig.from_dict(_json(folder / "config.json", "drafter config"), source=str(folder / "config.json"),
-                                   allow_unknown=allow_unknown)
+    if eagle3:
+        return Eagle3Config.from_dict(raw, source=str(folder / "config.json"), allow_unknown=allow_unknown)
+    return DrafterConfig.from_dict(raw, source=str(folder / "config.json"), allow_unknown=allow_unknown)
 
 
 def check_target(path: str) -> None:
@@ -110,7 +118,9 @@ def check(drafter: str, target: str, cache: str, allow_unknown=()) -> None:
     cfg = drafter_config(drafter, allow_unknown)
     check_target(target)
     layers, hidden, _ = cache_layers(cache)
-    if cfg is not None and layers is not None and hidden is not None:
+    if isinstance(cfg, Eagle3Config) and layers is not None and hidden is not None:
+        check_taps(cfg, target_layers(_json(Path(target) / "config.json", "target config")), layers, hidden)
+    elif cfg is not None and layers is not None and hidden is not None:
         check_features(cfg, layers, hidden)
 
 

@@ -1,0 +1,1 @@
+"""EAGLE-3 draft heads: config, model, loader, the offline walk (docs/eagle3.md)."""

@@ -1,0 +1,26 @@
+"""The `eval` command's family switch: an EAGLE-3 head (its config.json says so: loader.is_eagle3) goes to
+eagle3/evaluate.py, anything else to the DFlash eval (eval/run.py), both under eval/run.py's `main` (the run
+directory, status.json, results.json, exit codes). `--chain` is the EAGLE-3 chain length: refused for DFlash."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from remote_payload.contract import protocol
+from remote_payload.eagle3.evaluate import evaluate
+from remote_payload.eagle3.loader import is_eagle3
+from remote_payload.eval import run
+
+__all__ = ["add_arguments", "main"]
+
+add_arguments = run.add_arguments
+
+
+def main(args: argparse.Namespace) -> int:
+    if is_eagle3(args.drafter):
+        return run.main(args, evaluate_fn=evaluate)
+    if getattr(args, "chain", None) is not None:
+        print(f"error: --chain {args.chain}: the chain length is for EAGLE-3 drafters; {args.drafter} is a DFlash "
+              "drafter (its block_size is in its config.json)", file=sys.stderr)
+        return protocol.EXIT_BAD_INPUT
+    return run.main(args)

@@ -35,6 +35,11 @@ class EvalOptions:
     suites: list[tuple[str, str]] | None = None  # (name, cache path) per benchmark suite; None: one cache
     online: int = 0  # first N prompts decoded online with the real target (speculative vs target-only)
     speedup: bool = False  # measure the target's latencies and project the speedup per method
+    speedup_batches: list[int] = field(default_factory=lambda: [1, 4, 16, 64])  # batch sizes measured
+    speedup_repeats: int = 7  # least timed runs per latency
+    remeasure: bool = False  # measure again even when the latency table holds the entry
+    latency_table: str | None = None  # the table's path (else targetchecks.latency_table_path's order)
+    online_repeats: int = 3  # timed runs of each online prompt, each way
 
 
 def _int_list(text: str) -> list[int]:
@@ -83,12 +88,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="load the whole target and measure at batch 1 on this device: a decode step, the verify "
                         "forward of a block and of each DDTree budget's tree, one drafter block; results.json "
                         "then holds the projected speedup per method (tau x t(decode) / (t(draft) + t(verify)))")
+    from remote_payload.eval.speedupopts import add_speedup_arguments
+    add_speedup_arguments(p)
     p.add_argument("--all-anchors", action="store_true",
                    help="teacher-forced position accuracy at every completion anchor (default: the anchors "
                         "the walk can reach within --max-blocks; the walks are the same either way)")
 
 
 def options_from_args(args: argparse.Namespace) -> EvalOptions:
+    from remote_payload.eval.speedupopts import speedup_options
     # A run directory names its run (the controller passes --run-dir <workdir>/runs/<name>).
     name = args.name or (Path(args.run_dir).name if args.run_dir else protocol.default_run_name(args.drafter))
     protocol.validate_run_name(name)
@@ -106,4 +114,4 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
                        tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
                        strict=args.strict, all_anchors=args.all_anchors,
                        allow_unknown_config=list(args.allow_unknown_config), online=args.online,
-                       speedup=bool(args.speedup))
+                       speedup=bool(args.speedup), **speedup_options(args))

@@ -382,3 +382,27 @@ def test_a_decode_step_runs_without_a_mask_and_gives_the_masked_logits(models, o
         torch.testing.assert_close(unmasked, step(), atol=1e-5, rtol=1e-5)
         ids = torch.cat([torch.randint(0, V, (19,), generator=torch.Generator().manual_seed(5)), step.ids[0]])
         torch.testing.assert_close(unmasked[0], target(ids[None], use_cache=False).logits[0, -1], atol=2e-5, rtol=1e-5)
+
+
+def test_a_batched_step_gives_every_sequence_the_batch_one_answer(models):
+    """What `measure` times at batch b is b copies of the batch-1 work: the verify over `_batched_cache` gives each
+    sequence the batch-1 logits, and the drafter's batched block each sequence the batch-1 drafts."""
+    target, _, drafter, head = models
+    g = torch.Generator().manual_seed(7)
+    V = target.config.vocab_size
+    impl = TV._attention(target)
+    groups = TV._groups(target, impl)
+    parents = TV.ddtree_tree(8, drafter.cfg.block_size)
+    ids = torch.randint(0, V, (len(parents),), generator=g)
+    with torch.inference_mode(), TV._attention_of(target, impl):
+        one = TV._slot_cache(target, 20 + len(parents))
+        TV._prefill(target, one, torch.randint(0, V, (20,), generator=g), groups)
+        three = TV._batched_cache(target, one, 3)
+        single = TV._Step(target, one, ids, parents, 20, groups)()
+        batched = TV._Step(target, three, ids, parents, 20, groups, batch=3)()
+        assert batched.shape == (3, *single.shape)
+        for row in batched:
+            torch.testing.assert_close(row, single, atol=2e-5, rtol=1e-5)
+        drafts = [L._draft_fn(drafter, head, 24, [8], b, torch.Generator().manual_seed(1), torch.device("cpu"))()
+                  for b in (1, 3)]
+    assert drafts[1].shape[0] == 3 and all(torch.equal(r, drafts[0][0]) for r in drafts[1])

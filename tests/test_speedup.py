@@ -262,6 +262,7 @@ def test_reval_run_passes_speedup_and_online_to_the_host(fx, halves, here, capsy
     assert on["projected_speedup"] == pytest.approx(projected_speedup(
         _pooled(same), sp["decode_s"], sp["draft_s"], sp["verify_s"]["16"]), rel=1e-3)
     assert on["repeats"] == 3 and len(on["measured_speedup_runs"]) == 3
-    assert on["measured_speedup"] == pytest.approx(sorted(on["measured_speedup_runs"])[1], abs=1e-4)  # the median
+    assert all(x > 0 for x in on["measured_speedup_runs"])  # its spread: one figure per timed run
+    assert on["measured_speedup"] == pytest.approx(on["target_only_s"] / on["spec_s"], rel=2e-2)  # the medians
     tables = list((here / ".reval").rglob("latency.json"))  # <workdir>/latency.json on the host
     assert len(tables) == 1 and sp["table"] == str(tables[0].resolve())

@@ -246,10 +246,11 @@ class Online(Record):
     tau_pooled_online: float | None = doc("mean acceptance length of the online rounds")
     tau_pooled_offline: float | None = doc("the offline walk's mean over the same prompts and rounds")
     tokens: int = doc("tokens the rounds produced")
-    spec_s: float = doc("total wall seconds, speculative decoding")
-    target_only_s: float = doc("total wall seconds, target-only greedy decoding of the same prompts")
-    measured_speedup: float | None = doc("target-only over speculative seconds (this device, batch 1, eager "
-                                         "transformers): the median over the timed runs")
+    spec_s: float = doc("total wall seconds, speculative decoding (the median over the timed runs)")
+    target_only_s: float = doc("total wall seconds, target-only greedy decoding of the same prompts (the median "
+                               "over the timed runs)")
+    measured_speedup: float | None = doc("target_only_s / spec_s (this device, batch 1, eager transformers); each "
+                                         "the median over the timed runs of the prompts' total")
     projected_speedup: float | None = doc(
         "the block's projected speedup at batch 1 over THE SAME prompts, from their pooled offline tau "
         "(`projected_tau`) and --speedup's latencies (null without --speedup); its regime may differ (see "

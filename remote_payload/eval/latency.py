@@ -418,7 +418,7 @@ def _draft_fn(drafter, head, context_len: int, budgets, batch: int, g: torch.Gen
     ctx = ContextKV(k=[k.repeat(batch, 1, 1, 1) for k in one.k], v=[v.repeat(batch, 1, 1, 1) for v in one.v],
                     lengths=one.lengths.repeat(batch), T=one.T, host_lengths=one.host_lengths * batch)
     anchors = torch.full((batch, 1), context_len, device=dev)
-    bonus = torch.randint(0, min(cfg.vocab_size, head.embed.shape[0]), (batch, 1), generator=g).to(dev)
+    bonus = torch.randint(0, min(cfg.vocab_size, head.embed.shape[0]), (1, 1), generator=g).to(dev).repeat(batch, 1)
     k = min(max([*budgets, 1]), cfg.vocab_size)
 
     def draft():

@@ -360,11 +360,14 @@ def summarize(results: list[OnlinePrompt]) -> dict:
     """Totals for a report line / results.json: prompts, rounds agreeing, tau online vs offline, timings."""
     rounds = sum(r.rounds for r in results)
     same = sum(sum(x == y for x, y in zip(r.acceptance_lengths, r.offline_acceptance_lengths)) for r in results)
-    spec, plain = sum(r.spec_s for r in results), sum(r.target_only_s for r in results)
     n_runs = min((len(r.spec_runs) for r in results), default=0)
     totals = [(sum(r.target_only_runs[i] for r in results), sum(r.spec_runs[i] for r in results))
-              for i in range(n_runs)]
+              for i in range(n_runs)]  # per timed run, over all the prompts
     runs = [p / s for p, s in totals if s > 0]
+    if totals:  # the medians over the runs (one run: its own totals)
+        plain, spec = statistics.median(p for p, _ in totals), statistics.median(s for _, s in totals)
+    else:
+        spec, plain = sum(r.spec_s for r in results), sum(r.target_only_s for r in results)
     on = [x for r in results for x in r.acceptance_lengths]
     off = [x for r in results for x in r.offline_acceptance_lengths]
     return {
@@ -377,7 +380,7 @@ def summarize(results: list[OnlinePrompt]) -> dict:
         "tokens": sum(r.tokens for r in results),
         "spec_s": spec,
         "target_only_s": plain,
-        "speedup": statistics.median(runs) if runs else (plain / spec if spec > 0 else None),
+        "speedup": plain / spec if spec > 0 else None,
         "speedup_runs": runs,  # per timed run: target-only / speculative seconds over all the prompts
         "prompts_with_cache_mismatch": sum(r.first_mismatch is not None for r in results),
     }

@@ -334,6 +334,10 @@ def test_where_speculation_stops_paying():
     rows = P.by_batch(lat, {"block": 1.6, "ddtree_32": None})
     assert rows[0]["projected"]["block"] == pytest.approx(1.6) and rows[1]["projected"]["block"] < 1
     assert P.stops_paying(rows) == {"block": 4, "ddtree_32": None}
+    assert P.stops_text(rows, P.stops_paying(rows)) == "block at batch 4 (0.84x)"
+    lat.verify[16][4] = L.Spread(median=0.072, q1=0.05, q3=0.08, min=0.03, max=0.09, n=7)  # a wide spread
+    wide = P.by_batch(lat, {"block": 1.6})
+    assert P.stops_text(wide, P.stops_paying(wide)) == "block at batch 4 (0.84x, within noise)"
     assert rows[0]["projected"]["ddtree_32"] is None  # no tau: not projected
     assert P.project(lat, "ddtree_128", 3.0, 1) is None  # no verify time: not projected (not a KeyError)
 

@@ -88,6 +88,19 @@ def stops_paying(rows: list[dict]) -> dict[str, int | None]:
             for m in methods}
 
 
+def stops_text(rows: list[dict], stops: dict[str, int | None]) -> str:
+    """'block at batch 64 (0.83x); ddtree_16 at batch 16 (0.94x, within noise)': each method's first batch below
+    1x, 'within noise' when its high still reaches 1x; '' when every method pays at every batch."""
+    by = {r["batch"]: r for r in rows}
+    parts = []
+    for m, b in stops.items():
+        if b is not None:
+            r = by[b]
+            noisy = ", within noise" if (r["high"].get(m) or 0) >= 1 else ""
+            parts.append(f"{m} at batch {b} ({r['projected'][m]:.2f}x{noisy})")
+    return "; ".join(parts)
+
+
 def verdict(row: dict) -> str:
     """'ddtree_32 (2.10x)' or 'within noise: block, ddtree_16 (~1.95x)' or 'none'."""
     if row["best_method"]:
@@ -109,9 +122,8 @@ def summary_rows(sp: dict) -> list[tuple[str, str]]:
                          if v is not None)
         best = verdict(r) if r["best_speedup"] is not None else "none"
         out.append((f"speedup at batch {r['batch']}", f"{shown}; best: {best}"))
-    stops = {m: b for m, b in (sp.get("stops_paying") or {}).items() if b is not None}
     if sp.get("by_batch"):
-        out.append(("stops paying (< 1x)", "; ".join(f"{m} at batch {b}" for m, b in stops.items())
+        out.append(("stops paying (< 1x)", stops_text(rows, sp.get("stops_paying") or {})
                     or f"never up to batch {rows[-1]['batch']}"))
     lat = {(x["step"], x["tokens"], x["batch"]): x for x in sp.get("latencies") or []}
     b0, bs = rows[0]["batch"], next((x["tokens"] for x in sp.get("latencies") or [] if x["step"] == "draft"), None)

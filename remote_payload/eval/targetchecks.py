@@ -134,10 +134,9 @@ def speedup_section(opts: EvalOptions, results: dict, mod: Loaded, model, rep: R
     for r in rows:
         shown = " ".join(f"{k.replace('ddtree_', 'DDT-')} {v:.2f}x" for k, v in r["projected"].items() if v is not None)
         rep.line(f"    batch {r['batch']:>4}: {shown}; best: {P.verdict(r)}", stage="speedup")
-    stops = {m: b for m, b in P.stops_paying(rows).items() if b is not None}
+    stops = P.stops_text(rows, P.stops_paying(rows))
     if stops:
-        rep.line("  speculation stops paying (speedup < 1): " + "; ".join(
-            f"{m} at batch {b}" for m, b in stops.items()), stage="speedup")
+        rep.line(f"  speculation stops paying (speedup < 1): {stops}", stage="speedup")
     return lat
 
 

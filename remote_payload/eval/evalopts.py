@@ -36,6 +36,11 @@ class EvalOptions:
     online: int = 0  # first N prompts decoded online with the real target (speculative vs target-only)
     speedup: bool = False  # measure the target's latencies and project the speedup per method
     chain: int | None = None  # EAGLE-3: drafts per round (None: 5); refused for DFlash drafters
+    speedup_batches: list[int] = field(default_factory=lambda: [1, 4, 16, 64])  # batch sizes measured
+    speedup_repeats: int = 7  # least timed runs per latency
+    remeasure: bool = False  # measure again even when the latency table holds the entry
+    latency_table: str | None = None  # the table's path (else targetchecks.latency_table_path's order)
+    online_repeats: int = 3  # timed runs of each online prompt, each way
 
 
 def _int_list(text: str) -> list[int]:
@@ -87,12 +92,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chain", type=int, default=None, metavar="K",
                    help="EAGLE-3 drafters: drafts per round, the greedy chain (default 5; docs/eagle3.md); refused "
                         "for DFlash drafters, whose block_size is in their config.json")
+    from remote_payload.eval.speedupopts import add_speedup_arguments
+    add_speedup_arguments(p)
     p.add_argument("--all-anchors", action="store_true",
                    help="teacher-forced position accuracy at every completion anchor (default: the anchors "
                         "the walk can reach within --max-blocks; the walks are the same either way)")
 
 
 def options_from_args(args: argparse.Namespace) -> EvalOptions:
+    from remote_payload.eval.speedupopts import speedup_options
     # A run directory names its run (the controller passes --run-dir <workdir>/runs/<name>).
     name = args.name or (Path(args.run_dir).name if args.run_dir else protocol.default_run_name(args.drafter))
     protocol.validate_run_name(name)
@@ -110,4 +118,5 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
                        tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
                        strict=args.strict, all_anchors=args.all_anchors,
                        allow_unknown_config=list(args.allow_unknown_config), online=args.online,
-                       speedup=bool(args.speedup), chain=getattr(args, "chain", None))
+                       speedup=bool(args.speedup), chain=getattr(args, "chain", None),
+                       **speedup_options(args))

@@ -72,6 +72,12 @@ def headline(results: dict) -> dict:
             "suspect": results["health"]["suspect"]}
 
 
+def speedup_rows(sp: dict) -> list[tuple[str, str]]:
+    """The summary's --speedup rows (projection.py: the figures, the best per batch or the tied methods)."""
+    from remote_payload.eval.projection import summary_rows
+    return summary_rows(sp)
+
+
 def print_summary(results: dict) -> None:
     m, o = results["metrics"], results["options"]
     rows = [("tau (incl. bonus, macro)", fmt(m["tau"], 2)), ("tau pooled", fmt(m["tau_pooled"], 2)),
@@ -87,11 +93,7 @@ def print_summary(results: dict) -> None:
              *[(f"suite {x['name']} tau", f"{fmt(x['metrics']['tau'], 2)} ({x['metrics']['num_prompts']} prompts)")
                for x in results.get("suites") or []],
              *([("tau, mean over suites", fmt(results["suite_mean"]["tau"], 2))] if results.get("suite_mean") else []),
-             *([("projected speedup", " ".join(f"{k.replace('ddtree_', 'DDT-')} {v:.2f}x"
-                                                for k, v in results["speedup"]["projected"].items() if v is not None)),
-                ("best by speedup", (f"{results['speedup']['best_method']} "
-                                     f"({fmt(results['speedup']['best_speedup'], 2)}x, {results['speedup']['regime']})"))]
-               if results.get("speedup") else []),
+             *(speedup_rows(results["speedup"]) if results.get("speedup") else []),
              *([("online (block)", (f"{results['online']['rounds_agreeing']}/{results['online']['rounds']} rounds "
                                     f"= offline · measured speedup {fmt(results['online']['measured_speedup'], 2)}x"))]
                if results.get("online") else []),

@@ -4,7 +4,6 @@ results.json (latency.py measures, online.py decodes).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -43,72 +42,121 @@ def target_checks(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, de
                                     f"--online {opts.online}" if opts.online else "") if x)
     rep.line(f"\nLoading the whole target {opts.target} for {what}...", stage="target")
     model = load_target(opts.target, device, dtype)
-    if opts.speedup:
-        speedup_section(opts, results, mod, model, rep)
+    lat = speedup_section(opts, results, mod, model, rep) if opts.speedup else None
     if opts.online:
-        online_section(opts, results, mod, inp, model, device, dtype, rep)
+        online_section(opts, results, mod, inp, model, device, dtype, rep, lat)
 
 
 def latency_table_path(opts: EvalOptions) -> Path:
-    """The host's latency table: <workdir>/latency.json for a run in <workdir>/runs/<run> (shared by every run
-    and sweep on that host)."""
-    return Path(opts.run_dir).resolve().parent.parent / "latency.json"
+    """The latency table (latencytable.table_path: --latency-table, $REVAL_LATENCY_TABLE that the run wrapper sets
+    to <workdir>/latency.json, $REVAL_HOME/latency.json, ~/.cache/reval/latency.json); never beside --run-dir."""
+    from remote_payload.eval.latencytable import table_path
+    return table_path(opts.latency_table)
 
 
-def projections(lat, m: dict, bs: int) -> tuple[dict, str | None, float | None]:
-    """{method: projected speedup} for the block and each DDTree budget measured, and the best of them."""
-    out = {"block": None if m.get("tau") is None else round(lat.speedup(m["tau"], block_size=bs), 4)}
-    for b, tau in (m.get("ddtree_tau") or {}).items():
-        out[f"ddtree_{b}"] = None if tau is None or int(b) + 1 not in lat.verify_s else \
-            round(lat.speedup(tau, budget=int(b)), 4)
-    ranked = [(v, k) for k, v in out.items() if v is not None]
-    best = max(ranked) if ranked else (None, None)
-    return out, best[1], best[0]
-
-
-def speedup_section(opts: EvalOptions, results: dict, mod: Loaded, model, rep: Reporter) -> None:
+def _latencies(opts: EvalOptions, mod: Loaded, model, ctx: int, rep: Reporter):
+    """(Latencies, reused, the table, the target's hash, why measured): the table's entry for this key unless
+    --remeasure or it is missing or refused, else measured now (and kept)."""
     from remote_payload.eval import latency
+    from remote_payload.eval.latencytable import LatencyTable, target_content_hash, target_signature
     bs = mod.drafter.cfg.block_size
+    table = LatencyTable(latency_table_path(opts))
+    signature = target_signature(opts.target)  # unchanged files: their hash from the table, no re-read
+    target_hash = table.known_hash(signature) or target_content_hash(opts.target)
+    key = latency.latency_key(model, mod.drafter, context_len=ctx, budgets=opts.ddtree_budgets, block_size=bs,
+                              target_hash=target_hash, batches=opts.speedup_batches, repeats=opts.speedup_repeats)
+    lat = None if opts.remeasure else table.get(key)
+    if lat is not None:
+        return lat, True, table, target_hash, None
+    why = "--remeasure" if opts.remeasure else table.refused or "no entry for this GPU, target, dtype and shape"
+    rep.line(f"  measuring the target's latencies at batch {','.join(map(str, opts.speedup_batches))}, context "
+             f"{ctx}, at least {opts.speedup_repeats} runs each (decode, verify of the block and of each DDTree "
+             f"budget's tree, one drafter block; {why})...", stage="speedup")
+    try:
+        lat = latency.measure(model, mod.drafter, mod.head, context_len=ctx, budgets=opts.ddtree_budgets,
+                              block_size=bs, target_hash=target_hash, batches=opts.speedup_batches,
+                              repeats=opts.speedup_repeats)
+    except torch.cuda.OutOfMemoryError:
+        raise PayloadError(f"--speedup: out of GPU memory measuring batches {opts.speedup_batches} with budgets "
+                           f"{opts.ddtree_budgets}: give smaller --speedup-batches or --ddtree-budgets") from None
+    if not table.put(lat, signature, target_hash):
+        rep.line(f"  warning: {table.error}: the latencies are not kept for later runs", stage="warning")
+    return lat, False, table, target_hash, why
+
+
+def _step_rows(lat) -> list:
+    rows = [("decode", 1, lat.decode), ("draft", lat.key.get("block_size", 0), lat.draft)]
+    rows += [("verify", n, by) for n, by in sorted(lat.verify.items())]
+    return [R.StepLatency(step=step, tokens=n, batch=b, **s.to_json()) for step, n, per in rows
+            for b, s in sorted(per.items())]
+
+
+def _methods(opts: EvalOptions, per_prompt: list[dict]) -> dict:
+    from remote_payload.eval.projection import pooled_taus
+    taus = pooled_taus(per_prompt)
+    return {m: t for m, t in taus.items() if m == "block" or int(m.removeprefix("ddtree_")) in opts.ddtree_budgets}
+
+
+def speedup_section(opts: EvalOptions, results: dict, mod: Loaded, model, rep: Reporter):
+    """results["speedup"] (the projection per method and batch from the pooled tau) -> the Latencies."""
+    from remote_payload.eval import projection as P
     lens = [p["seq_len"] for p in results["per_prompt"]]
     ctx = max(64, round(sum(lens) / len(lens) / 64) * 64)  # buckets of 64: runs on one cache share it
-    t = time.perf_counter()
-    table = latency.LatencyTable(latency_table_path(opts))
-    signature = latency.target_signature(opts.target)  # unchanged files: the hash measured under them, no re-read
-    target_hash = table.known_hash(signature) or latency.target_content_hash(opts.target)
-    key = latency.latency_key(model, mod.drafter, context_len=ctx, budgets=opts.ddtree_budgets, block_size=bs,
-                              target_hash=target_hash) | {"target_stat": signature}
-    lat = table.get(key)
-    reused = lat is not None
-    if lat is None:
-        rep.line(f"  measuring the target's latencies at batch 1, context {ctx} (decode, verify of the block and "
-                 f"of each DDTree budget's tree, one drafter block)...", stage="speedup")
-        lat = latency.measure(model, mod.drafter, mod.head, context_len=ctx, budgets=opts.ddtree_budgets,
-                              block_size=bs, target_hash=target_hash)
-        lat.key["target_stat"] = signature
-        if not table.put(lat):
-            rep.line(f"  warning: {table.error}: the latencies are not kept for later runs", stage="warning")
-    measure_s = 0.0 if reused else time.perf_counter() - t
-    projected, best, best_x = projections(lat, results["metrics"], bs)
+    lat, reused, table, target_hash, why = _latencies(opts, mod, model, ctx, rep)
+    rows = P.by_batch(lat, _methods(opts, results["per_prompt"]))
+    first = rows[0]
     by_suite = None
     if results.get("suites"):
         by_suite = []
         for s in results["suites"]:
-            p, b, _ = projections(lat, s["metrics"], bs)
-            by_suite.append(R.SuiteSpeedup(name=s["name"], projected=p, best_method=b))
+            lo, hi = s["prompt_range"]
+            (row,) = P.by_batch(_first_batch(lat), _methods(opts, results["per_prompt"][lo:hi]))
+            by_suite.append(R.SuiteSpeedup(name=s["name"], projected=row["projected"], best_method=row["best_method"],
+                                           tied=row["tied"]))
     results["speedup"] = R.Speedup(
         regime=lat.regime, device=lat.device, gpu=lat.gpu, dtype=lat.dtype, context_len=lat.context_len,
-        decode_s=lat.decode_s, draft_s=lat.draft_s, verify_s={str(n): v for n, v in sorted(lat.verify_s.items())},
-        target_hash=target_hash, reused=reused, measure_s=round(measure_s, 3), note=lat.note or "",
-        projected=projected, best_method=best, best_speedup=best_x, by_suite=by_suite).to_dict()
-    shown = " · ".join(f"{k.replace('ddtree_', 'DDTree-')} {v:.2f}x" for k, v in projected.items() if v is not None)
-    rep.line(f"  latencies ({lat.regime}{', reused from ' + str(table.path) if reused else ''}): decode "
-             f"{lat.decode_s * 1e3:.2f} ms · draft {lat.draft_s * 1e3:.2f} ms · verify {bs} tokens "
-             f"{lat.verify_s[bs] * 1e3:.2f} ms", stage="speedup")
-    rep.line(f"  projected speedup: {shown}; best: {best} ({fmt(best_x, 2)}x)", stage="speedup")
+        decode_s=lat.decode_s, draft_s=lat.draft_s, verify_s={str(n): v for n, v in lat.verify_s.items()},
+        target_hash=target_hash, reused=reused, measure_s=0.0 if reused else lat.measure_s, note=lat.note or "",
+        projected=first["projected"], best_method=first["best_method"], best_speedup=first["best_speedup"],
+        tied=first["tied"], by_suite=by_suite, tau="pooled", batches=list(lat.batches),
+        repeats=int(lat.key.get("repeats") or 0) or None, latencies=_step_rows(lat),
+        by_batch=[R.BatchSpeedup(**r) for r in rows], stops_paying=P.stops_paying(rows),
+        measured_at=lat.measured_at or None, table=str(table.path), table_note=why).to_dict()
+    bs = mod.drafter.cfg.block_size
+    where = f"reused from {table.path}, measured {lat.measured_at}" if reused else f"kept in {table.path}"
+    rep.line(f"  latencies ({lat.regime}, {where}; median [q1-q3] of n runs, ms):", stage="speedup")
+    for b in lat.batches:
+        n_best = _tokens(first["best_method"] or (first["tied"] or ["block"])[0], bs)
+        cols = [("decode", lat.decode[b]), ("draft", lat.draft[b]), (f"verify {bs}", lat.verify[bs][b])]
+        cols += [(f"verify {n_best}", lat.verify[n_best][b])] if n_best != bs else []
+        rep.line(f"    batch {b:>4}: " + " · ".join(f"{k} {_ms(v)}" for k, v in cols), stage="speedup")
+    rep.line("  projected speedup (pooled tau x decode / (draft + verify)):", stage="speedup")
+    for r in rows:
+        shown = " ".join(f"{k.replace('ddtree_', 'DDT-')} {v:.2f}x" for k, v in r["projected"].items() if v is not None)
+        rep.line(f"    batch {r['batch']:>4}: {shown}; best: {P.verdict(r)}", stage="speedup")
+    stops = P.stops_text(rows, P.stops_paying(rows))
+    if stops:
+        rep.line(f"  speculation stops paying (speedup < 1): {stops}", stage="speedup")
+    return lat
+
+
+def _first_batch(lat):
+    import dataclasses
+    return dataclasses.replace(lat, batches=lat.batches[:1])
+
+
+def _tokens(method: str, bs: int) -> int:
+    return bs if method == "block" else int(method.removeprefix("ddtree_")) + 1
+
+
+def _ms(s) -> str:
+    return f"{s.median * 1e3:.3g} [{s.q1 * 1e3:.3g}-{s.q3 * 1e3:.3g}] n{s.n}"
 
 
 def online_section(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, model, device: torch.device,
-                   dtype: torch.dtype, rep: Reporter) -> None:
+                   dtype: torch.dtype, rep: Reporter, lat=None) -> None:
+    """results["online"]: the first N prompts decoded online, timed --online-repeats times each way; beside it the
+    block's projection at batch 1 over THE SAME prompts from their pooled offline tau (when --speedup ran)."""
     from remote_payload.eval import online
     n = min(opts.online, len(inp.prompts))
     prompts = []
@@ -117,26 +165,36 @@ def online_section(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, m
         rec = results["per_prompt"][i]
         prompts.append((rec["name"], [int(x) for x in ids], inp.prompts[i].prompt_len, rec["acceptance_lengths"]))
     try:
-        got = online.online_check(model, mod.drafter, mod.head, list(inp.cache.layer_ids), prompts, opts.max_blocks)
+        got = online.online_check(model, mod.drafter, mod.head, list(inp.cache.layer_ids), prompts, opts.max_blocks,
+                                  repeats=opts.online_repeats)
     except ValueError as e:
         raise PayloadError(f"--online: {e}") from None
     s = online.summarize(got)
+    tau_same, projected = s["tau_pooled_offline"], None
+    if lat is not None and tau_same is not None:
+        projected = round(lat.speedup(tau_same, block_size=mod.drafter.cfg.block_size,
+                                      batch=1 if 1 in lat.batches else None), 4)
+    runs = s["speedup_runs"]
     results["online"] = R.Online(
         method="block", device=str(device), dtype=dtype_name(dtype), prompts=s["prompts"],
         prompts_agreeing=s["prompts_agreeing"], rounds=s["rounds"], rounds_agreeing=s["rounds_agreeing"],
-        tau_pooled_online=s["tau_pooled_online"], tau_pooled_offline=s["tau_pooled_offline"], tokens=s["tokens"],
+        tau_pooled_online=s["tau_pooled_online"], tau_pooled_offline=tau_same, tokens=s["tokens"],
         spec_s=round(s["spec_s"], 4), target_only_s=round(s["target_only_s"], 4),
         measured_speedup=None if s["speedup"] is None else round(s["speedup"], 4),
-        prompts_with_cache_mismatch=s["prompts_with_cache_mismatch"],
-        projected_speedup=((results.get("speedup") or {}).get("projected") or {}).get("block"),
+        prompts_with_cache_mismatch=s["prompts_with_cache_mismatch"], projected_speedup=projected,
+        projected_tau=None if tau_same is None else round(tau_same, 4), repeats=opts.online_repeats,
+        measured_speedup_runs=[round(x, 4) for x in runs],
         per_prompt=[R.OnlinePrompt(name=r.name, acceptance_lengths=list(r.acceptance_lengths), agree=r.agree,
                                    spec_s=round(r.spec_s, 4), target_only_s=round(r.target_only_s, 4))
                     for r in got]).to_dict()
     o = results["online"]
+    spread = f" (runs {min(runs):.2f}-{max(runs):.2f}x, n {len(runs)})" if runs else ""
+    beside = "" if projected is None else (f"; projected {projected:.2f}x at batch 1 from the pooled offline tau "
+                                           f"{tau_same:.2f} of these {o['prompts']} prompts ({lat.regime})")
     rep.line(f"  online: {o['prompts']} prompts · rounds agreeing with the offline walk {o['rounds_agreeing']}/"
-             f"{o['rounds']} · tau {fmt(o['tau_pooled_online'], 2)} online vs {fmt(o['tau_pooled_offline'], 2)} "
-             f"offline · measured speedup {fmt(o['measured_speedup'], 2)}x ({o['spec_s']:.2f}s speculative vs "
-             f"{o['target_only_s']:.2f}s target-only)", stage="online")
+             f"{o['rounds']} · pooled tau {fmt(o['tau_pooled_online'], 2)} online vs {fmt(tau_same, 2)} offline · "
+             f"measured speedup {fmt(o['measured_speedup'], 2)}x{spread} (median of the timed runs; eager)"
+             f"{beside}", stage="online")
     if o["rounds_agreeing"] != o["rounds"]:
         rep.line(f"  warning: {o['rounds'] - o['rounds_agreeing']} online rounds differ from the offline walk "
                  f"(exact agreement is expected in fp32; {o['dtype']} near-ties can differ)", stage="warning")

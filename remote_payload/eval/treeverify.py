@@ -187,17 +187,19 @@ def _groups(model, impl: str) -> int:
 
 class _Step:
     """One target forward of the tree `parents` (node ids `ids`) over the first `offset` cache slots, with static
-    inputs: calling it again runs the same kernels on the same buffers. Returns the logits [n, V]."""
+    inputs: calling it again runs the same kernels on the same buffers. Returns the logits [n, V] ([batch, n, V]
+    for batch > 1: the same tree fed for each of `batch` sequences, over a cache of that batch: `_batched_cache`)."""
 
-    def __init__(self, model, cache, ids: torch.Tensor, parents: list[int], offset: int, groups: int = 1):
+    def __init__(self, model, cache, ids: torch.Tensor, parents: list[int], offset: int, groups: int = 1,
+                 batch: int = 1):
         dev = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
         n = len(parents)
         if ids.shape != (n,):
             raise ValueError(f"{n} tree nodes need {n} token ids, got shape {list(ids.shape)}")
-        self.model, self.cache, self.offset = model, cache, offset
-        self.ids = ids.to(dev)[None]
-        self.pos = (offset + torch.tensor(tree_depths(parents)))[None].to(dev)
+        self.model, self.cache, self.offset, self.batch = model, cache, offset, batch
+        self.ids = ids.to(dev)[None].expand(batch, n).contiguous()
+        self.pos = (offset + torch.tensor(tree_depths(parents)))[None].to(dev).expand(batch, n).contiguous()
         visible = torch.cat([torch.ones(n, offset, dtype=torch.bool), tree_mask(parents)], dim=1)
         # additive (0 / dtype min) [1, 1, n, offset + n]: what HF's attention functions take as is. Rows repeated
         # `groups` times for `_gqa_sdpa`; columns a view into a buffer padded to 16 (SDPA's kernels want the
@@ -219,10 +221,21 @@ class _Step:
         # positional: the cache's keyword is `past_key_values` or `cache` by transformers version
         if self.mask_map is not None:
             try:
-                return self.model(self.ids, self.mask_map, self.pos, self.cache, use_cache=True).logits[0]
+                return self._out(self.model(self.ids, self.mask_map, self.pos, self.cache, use_cache=True).logits)
             except Exception:  # noqa: BLE001 - not taken by this transformers (first call, eager: never captured)
                 self.mask_map = None
-        return self.model(self.ids, self.mask, self.pos, self.cache, use_cache=True).logits[0]
+        return self._out(self.model(self.ids, self.mask, self.pos, self.cache, use_cache=True).logits)
+
+    def _out(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits[0] if self.batch == 1 else logits
+
+
+def _batched_cache(model, cache, batch: int):
+    """A slot cache of `batch` sequences, each a copy of `cache`'s (batch 1, prefilled): what a batch of that many
+    sequences at the same context length holds (the same bytes read per step; the values do not change the cost)."""
+    out = _slot_cache(model, cache.capacity)
+    out.slots = {i: (k.repeat(batch, 1, 1, 1), v.repeat(batch, 1, 1, 1)) for i, (k, v) in cache.slots.items()}
+    return out
 
 
 PREFILL_CHUNK = 1024  # the prefill's tokens per forward: its masks stay [chunk, offset + chunk], not [T, T]

@@ -197,6 +197,13 @@ class Wrapper:
             protocol.atomic_write_json(self.run_dir / protocol.STATUS_JSON, final)
 
 
+def _child_env(run_id: str, run_dir: Path) -> dict:
+    """REVAL_WRAPPED: the payload leaves status.json to us (it writes its own only when run standalone);
+    REVAL_LATENCY_TABLE: eval --speedup's table, the workdir's (shared by every run and sweep on this host)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "REVAL_WRAPPED": "1", runstate.RUN_ID_ENV: run_id,
+            "REVAL_LATENCY_TABLE": str(run_dir.resolve().parent.parent / "latency.json")}
+
+
 def main(args) -> int:
     try:
         os.setsid()  # a fresh session + process group (a no-op error when `setsid` already made us leader)
@@ -256,8 +263,7 @@ def main(args) -> int:
     if args.run_json and Path(args.run_json).resolve().parent == run_dir:
         Path(args.run_json).unlink(missing_ok=True)  # the staged copy the controller uploaded
 
-    # REVAL_WRAPPED: the payload leaves status.json to us (it writes its own only when run standalone)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "REVAL_WRAPPED": "1", runstate.RUN_ID_ENV: w.base["run_id"]}
+    env = _child_env(w.base["run_id"], run_dir)
     if args.gpus != "scheduler":  # a scheduler's assignment is kept as it is (set, unset, never blanked)
         env["CUDA_VISIBLE_DEVICES"] = visible
     where = f"GPU {visible}" if gpus else "CPU (no GPU on this host)" if args.gpus == "auto" else "CPU"

@@ -1,6 +1,8 @@
 # reval — the README's commands. Everything runs from the project venv (.venv).
 PY      ?= .venv/bin/python
 PYTEST  ?= .venv/bin/pytest
+# test workers (pytest-xdist): two, as CI's machine has two cores; WORKERS=0 runs the suite in one process
+WORKERS ?= 2
 
 .PHONY: setup system-deps demo test test-fast test-gpu bench bench-payload bench-decode bench-speedup bench-orchestrator bench-sweep bench-doc lint clean
 
@@ -27,7 +29,7 @@ system-deps:
 # does can leave the machine, and sshd/iptables fault injection stay inside it. A test that skips
 # fails here (tests/whole.py): `make test` passes only when every test ran.
 test: system-deps setup
-	scripts/netns-run $(PYTEST) -q -ra $(ARGS)
+	scripts/netns-run $(PYTEST) -q -ra -n $(WORKERS) $(ARGS)
 
 # The explicit opt-out: no ssh/Slurm/slow tests, no Debian packages needed, and skips stay skips.
 test-fast: setup

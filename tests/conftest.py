@@ -40,7 +40,8 @@ def ssh_hosts(tmp_path_factory):
     if reason:
         pytest.skip(reason)
     made: list[sshd.SshHosts] = []
-    next_addr = [2]
+    from tests.workers import first_sshd_address
+    next_addr = [first_sshd_address()]
 
     def factory(n: int, **kw) -> sshd.SshHosts:
         cluster = sshd.make_ssh_hosts(tmp_path_factory.mktemp("sshd"), n, first_address=next_addr[0], **kw)

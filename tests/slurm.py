@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.hosts.slurmjobs import JobInfo, _job_rows, _reason, _state_word
+from tests.workers import extra_lo_byte, first_sshd_address, port_offset
 
 BINARIES = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sbatch", "/usr/bin/sacct")
 CTLD_PORT, SLURMD_PORT = 6817, 6818
@@ -33,7 +34,7 @@ NODE = "node1"
 # glibc's getaddrinfo(AI_ADDRCONFIG), which Slurm uses even for "127.0.0.1", answers "no such name" while
 # 127.0.0.1 is the only IPv4 address up (it does not count loopback's own address). A second loopback address
 # in the namespace makes IPv4 "configured"; it is removed again in close().
-EXTRA_LO_ADDR = "127.0.0.250/32"
+EXTRA_LO_ADDR = "127.0.0.{}/32"  # the last byte: tests/workers.extra_lo_byte() (250 in one process)
 # MessageTimeout is also how long a Slurm program keeps retrying (once a second) to reach a slurmctld that is
 # gone. The login node's client commands (SLURM_CONF: `conf`) get a short one: with slurmctld stopped, a query
 # says "Unable to contact slurm controller" after CLIENT_MSG_TIMEOUT_S instead of the default 10 s. The daemons
@@ -60,7 +61,7 @@ def _conf(root: Path, *, cpus: int, gpus: int, mem_mb: int, extra: list[str], ms
     return "\n".join([
         "ClusterName=revaltest", f"MessageTimeout={msg_timeout_s}",
         "SlurmctldHost=localhost(127.0.0.1)",
-        f"SlurmctldPort={CTLD_PORT}", f"SlurmdPort={SLURMD_PORT}",
+        f"SlurmctldPort={CTLD_PORT + port_offset()}", f"SlurmdPort={SLURMD_PORT + port_offset()}",
         "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny",
         "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={root / 'munge' / 'sock'}",
         "SlurmUser=root", "SlurmdUser=root",
@@ -128,7 +129,8 @@ class SlurmCluster:
             time.sleep(0.05)
 
     def start(self) -> None:
-        r = subprocess.run(["ip", "addr", "add", EXTRA_LO_ADDR, "dev", "lo"], check=False,
+        self._lo_addr = EXTRA_LO_ADDR.format(extra_lo_byte())
+        r = subprocess.run(["ip", "addr", "add", self._lo_addr, "dev", "lo"], check=False,
                            capture_output=True, text=True)
         self._added_addr = r.returncode == 0
         m = self.root / "munge"
@@ -199,7 +201,7 @@ class SlurmCluster:
             except ProcessLookupError:
                 pass
         if self._added_addr:
-            subprocess.run(["ip", "addr", "del", EXTRA_LO_ADDR, "dev", "lo"], check=False, capture_output=True)
+            subprocess.run(["ip", "addr", "del", self._lo_addr, "dev", "lo"], check=False, capture_output=True)
             self._added_addr = False
 
 
@@ -268,7 +270,8 @@ class Cluster:
         self.root = root
         self.slurm = make_slurm(root / "slurm")
         try:
-            self.login = sshd.make_ssh_hosts(root / "sshd", 2, sshd_extra=self.slurm.sshd_extra())
+            self.login = sshd.make_ssh_hosts(root / "sshd", 2, first_address=first_sshd_address(),
+                                             sshd_extra=self.slurm.sshd_extra())
         except BaseException:
             self.slurm.close()
             raise

@@ -92,6 +92,38 @@ def parse_caches(values) -> tuple[CacheRef, ...]:
     return refs
 
 
+@dataclass(frozen=True)
+class PromptRef:
+    """One --prompts value: NAME=FILE, a benchmark suite's prompt file (.jsonl or .txt) on the laptop; the host
+    gets a copy named by its content, and its cache is the host's store's for that recipe (extract --store)."""
+    name: str
+    path: str
+
+    @classmethod
+    def parse(cls, text: str) -> PromptRef:
+        name, sep, path = text.partition("=") if isinstance(text, str) else ("", "", "")
+        if not (sep and path and usable_name(name)):
+            raise SpecError(f"--prompts {text!r}: give NAME=FILE (NAME: letters, digits, . _ -), one per suite",
+                            hint="e.g. --prompts gsm8k=prompts/gsm8k.jsonl")
+        return cls(name=name, path=path)
+
+    def text(self) -> str:
+        return f"{self.name}={self.path}"
+
+
+def parse_prompts(values) -> tuple[PromptRef, ...]:
+    """--prompts values (a str, or a list of str / PromptRef) -> the checked tuple: suite names unique."""
+    if values is None:
+        return ()
+    items = [values] if isinstance(values, str | PromptRef) else list(values)
+    refs = tuple(v if isinstance(v, PromptRef) else PromptRef.parse(v) for v in items)
+    names = [r.name for r in refs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise SpecError(f"--prompts: suite name {dup[0]!r} is given twice", hint="name each suite once")
+    return refs
+
+
 def joined_fingerprint(named: list[tuple[str, str]]) -> str:
     """Several suites' caches as one fingerprint: sha256 over 'name\\0fingerprint\\n' per suite, in order."""
     blob = "".join(f"{name}\0{fp}\n" for name, fp in named)

@@ -100,6 +100,7 @@ from .runs import (
     kill,
     logs,
     pull,
+    resolve_prompts,
     status,
     submit,
     unfinished,
@@ -118,4 +119,4 @@ __all__ = ["CANCELLED", "EXIT_BAD_INPUT", "EXIT_CANCELLED", "EXIT_EVAL_FAILED", 
            "attach", "build_fixtures", "caches", "check_hosts", "check_spec", "compare", "did_you_mean",
            "duration_s", "extract", "find", "hosts_exit_code", "is_run_glob", "kill", "load", "local_runs",
            "logs", "ls", "plan_prune", "plan_rm", "prepare", "prune", "pull", "pull_all", "remove_caches",
-           "rm", "status", "submit", "sweep", "sync", "unfinished"]
+           "resolve_prompts", "rm", "status", "submit", "sweep", "sync", "unfinished"]

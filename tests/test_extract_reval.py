@@ -107,3 +107,32 @@ def test_a_killed_extract_leaves_no_cache_visible(ssh_hosts, target, tmp_path, m
     capsys.readouterr()
     assert cli.main(["-i", str(inv), "caches", "ssh1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
+
+
+def test_run_with_prompts_builds_then_evaluates_and_the_next_run_reuses(ssh_hosts, trained_fixtures, tmp_path,
+                                                                        monkeypatch, capsys):
+    """`reval run --prompts`: on a fresh host the suite's cache is built first (one extract run, the drafter's
+    layers), then the eval runs on it; the next run finds it in the store and launches no extract."""
+    root = Path(trained_fixtures)
+    cluster = ssh_hosts(1)
+    monkeypatch.chdir(tmp_path)
+    inv, work = cluster.inventory_path, cluster.hosts[0].workdir
+    a = _prompts(tmp_path / "a.jsonl", fixtures.PROMPTS[:3])
+
+    def run(name: str) -> int:
+        return cli.main(["-i", str(inv), "run", "ssh1", "--drafter", str(root / "drafter-good"), "--target",
+                         str(root / "target"), "--prompts", f"gsm8k={a}", "--max-new-tokens", "24",
+                         "--max-blocks", "3", "--name", name, "--", "--device", "cpu"])
+    assert run("r1") == 0
+    out = capsys.readouterr().out
+    assert "cache   gsm8k: built" in out and "done    r1 succeeded" in out, out
+    extracts = [p.name for p in (work / "runs").iterdir() if p.name.startswith("extract-")]
+    assert len(extracts) == 1
+    key = json.loads((tmp_path / "runs" / "ssh1" / "r1" / "run.json").read_text())["prompt_caches"]["gsm8k"]["key"]
+    res = json.loads((tmp_path / "runs" / "ssh1" / "r1" / "results.json").read_text())
+    assert [s["name"] for s in res["suites"]] == ["gsm8k"]
+    assert res["suites"][0]["cache"]["path"] == f"{work}/caches/{key}"
+    assert run("r2") == 0
+    out = capsys.readouterr().out
+    assert "cache   gsm8k: in the store" in out and "done    r2 succeeded" in out, out
+    assert [p.name for p in (work / "runs").iterdir() if p.name.startswith("extract-")] == extracts

@@ -17,6 +17,7 @@ cache is: this side only names the files and the options.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -30,10 +31,10 @@ from remote_payload.contract import spec as _spec
 
 from .. import __version__
 from ..backends.base import Submission
-from ..errors import ConfigError, RemoteCommandError, RevalError
+from ..errors import ConfigError, EvalFailed, RemoteCommandError, RevalError
 from ..hosts.gpuspec import normalize_gpus
 from ..hosts.transport import q
-from .lifecycle import Prepared
+from .lifecycle import Prepared, failure_exit_code, submit_submission
 
 CHAT_TEMPLATES = ("auto", "on", "off")
 DTYPES = ("auto", "bf16", "fp32", "fp16")
@@ -91,7 +92,6 @@ class ExtractSpec:
 
     def with_paths(self, fix) -> ExtractSpec:
         """The spec with its host paths passed through fix(option, path) (made absolute)."""
-        import dataclasses
         return dataclasses.replace(self, target=fix("target", self.target),
                                    for_drafter=fix("for-drafter", self.for_drafter) if self.for_drafter else None)
 
@@ -138,9 +138,13 @@ def sync_prompts(prepared: Prepared, refs) -> SyncedPrompts:
 
 
 def extract_argv(prepared: Prepared, spec: ExtractSpec, remote: list[tuple[str, str]]) -> list[str]:
-    """`python -m remote_payload extract --store ...` arguments, without --run-dir (the launcher adds it)."""
+    """`python -m remote_payload extract --store ...` arguments, without --run-dir (the launcher adds it);
+    --gpus none: --device cpu, so that the plan (run outside the wrapper, CUDA visible) resolves the dtype as the
+    run will."""
+    gpus = normalize_gpus(spec.gpus or prepared.backend.host.gpus)
     return ["extract", "--store", store_dir(prepared.workdir), "--target", spec.target,
-            *[a for name, path in remote for a in ("--prompts", f"{name}={path}")], *spec.options_argv()]
+            *[a for name, path in remote for a in ("--prompts", f"{name}={path}")], *spec.options_argv(),
+            *(["--device", "cpu"] if gpus == "none" else [])]
 
 
 def _payload(prepared: Prepared, argv: list[str], *, timeout_s: float = 600):
@@ -185,6 +189,40 @@ def submission(prepared: Prepared, spec: ExtractSpec, remote: list[tuple[str, st
             "target": spec.target, "prompts": {n: p for n, p in remote}, "gpus_requested": gpus,
             "created_at": protocol.now_iso(), "controller_version": __version__, **(run_json or {})}
     return Submission(name, payload, prepared.python, gpus=gpus, run_json=info, preflight=[*payload, "--plan"])
+
+
+def resolve_prompts(prepared: Prepared, spec, *, sink=None, name: str | None = None, give_up_s: float = 120.0):
+    """An EvalSpec's --prompts suites -> their caches in the host's store: the files copied (only what the host
+    lacks), the plan asked (the layers: the drafter's), the missing caches built by one extract run (followed
+    into `sink`; a failure raises EvalFailed naming it), then the spec with those caches as --cache NAME=PATH
+    and no prompts. Returns (spec, {suite: {"key", "built", "file"}}); nothing is launched when every cache is
+    there (one round trip for the look, one for the plan)."""
+    es = ExtractSpec(target=spec.target, prompts=spec.prompts, for_drafter=spec.drafter, gpus=spec.gpus,
+                     max_new_tokens=spec.max_new_tokens)
+    synced = sync_prompts(prepared, es.prompts)
+    paths = {c["suite"]: c["path"] for c in plan(prepared, es, synced.remote)["caches"] if c["state"] == "ready"}
+    todo = [r for r in es.prompts if r.name not in paths]
+    built: set[str] = set()
+    if todo:
+        names = {r.name for r in todo}
+        sub = submission(prepared, dataclasses.replace(es, prompts=tuple(todo)),
+                         [(n, p) for n, p in synced.remote if n in names],
+                         name=name or protocol.default_run_name("extract"), run_json={"for": "reval run --prompts"})
+        fin = submit_submission(prepared.backend, sub).finish(sink, give_up_s=give_up_s)
+        try:
+            made = json.loads((fin.path / protocol.CACHES_JSON).read_text(encoding="utf-8"))["caches"]
+        except (OSError, ValueError, KeyError):
+            made = []
+        if not fin.ok or {c["suite"] for c in made} != names:
+            raise EvalFailed(f"{prepared.host}/{fin.name}: building the caches of {', '.join(sorted(names))} "
+                             f"{fin.state}; nothing was evaluated", hint=f"see {fin.path}/eval.log",
+                             exit_code=failure_exit_code(fin.state, fin.status) if not fin.ok else 1)
+        paths.update({c["suite"]: c["path"] for c in made})
+        built = {c["suite"] for c in made if c.get("built")}
+    caches = tuple(_spec.CacheRef(path=paths[r.name], name=r.name) for r in es.prompts)
+    info = {r.name: {"key": Path(paths[r.name]).name, "built": r.name in built, "file": Path(f).name}
+            for r, (_, f) in zip(es.prompts, synced.remote)}
+    return dataclasses.replace(spec, cache=spec.cache + caches, prompts=(), max_new_tokens=None), info
 
 
 def list_caches(prepared: Prepared) -> dict:

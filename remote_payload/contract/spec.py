@@ -154,10 +154,19 @@ class EvalSpec:
     extra: tuple[str, ...] = ()
     payload: str = "eval"
     gpus: str | None = None     # where, not what: auto | none | 0,1 (None: the host's); not part of the argv
+    # suites given by their prompt files (NAME=FILE, here): the laptop resolves each to its cache in the host's
+    # store (built first when missing) and hands the payload those caches (--cache NAME=PATH)
+    prompts: tuple[PromptRef, ...] = ()
+    max_new_tokens: int | None = None  # with prompts: the completion cap of the caches built for them (recipe)
 
     def __post_init__(self):
         put = object.__setattr__
         put(self, "cache", parse_caches(self.cache))
+        put(self, "prompts", parse_prompts(self.prompts))
+        both = [c.suite for c in self.cache] + [p.name for p in self.prompts]
+        if self.prompts and len(set(both)) != len(both):
+            dup = min({n for n in both if both.count(n) > 1})
+            raise SpecError(f"suite {dup!r} is given twice (--cache and --prompts)", hint="name each suite once")
         put(self, "allow_unknown_config", tuple(self.allow_unknown_config or ()))
         put(self, "extra", tuple(self.extra or ()))
         if self.payload not in PAYLOADS:
@@ -169,6 +178,10 @@ class EvalSpec:
         _count("num-prompts", self.num_prompts, zero_ok=False)
         _count("max-blocks", self.max_blocks, zero_ok=False)
         _count("online", self.online, zero_ok=True)
+        _count("max-new-tokens", self.max_new_tokens, zero_ok=False)
+        if self.max_new_tokens is not None and not self.prompts:
+            raise SpecError("--max-new-tokens is the completion cap of caches built from --prompts; give "
+                            "--prompts NAME=FILE, or leave it out")
         if not isinstance(self.speedup, bool):
             raise SpecError(f"speedup must be true or false, got {self.speedup!r}")
         for k in self.allow_unknown_config:
@@ -186,7 +199,8 @@ class EvalSpec:
         """The options an eval needs that this spec lacks (a sweep's template lacks --drafter by design)."""
         if self.payload != "eval":
             return []
-        return [f"--{k}" for k in ("drafter", "target", "cache") if not getattr(self, k)]
+        return [f"--{k}" for k in ("drafter", "target", "cache") if not getattr(self, k)
+                and not (k == "cache" and self.prompts)]
 
     def suites(self) -> list[tuple[str, str]] | None:
         """[(suite name, path)] when the caches are suites (several, or one NAME=PATH); None for one cache."""
@@ -210,6 +224,9 @@ class EvalSpec:
         """`python -m remote_payload ...` arguments, without --run-dir (the launcher adds it) (pure)."""
         if self.payload == "dummy":
             return ["dummy", *self.extra]
+        if self.prompts:
+            raise SpecError("--prompts: each suite's prompt file is resolved to its cache on the host first "
+                            "(reval run and reval.submit do it)", hint="resolve_prompts(...) before the argv")
         argv = ["eval", "--drafter", str(self.drafter), "--target", str(self.target), *self._cache_argv()]
         argv += ["--name", name] if name else []
         argv += ["--num-prompts", str(self.num_prompts)] if self.num_prompts is not None else []

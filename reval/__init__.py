@@ -83,6 +83,7 @@ from .extracts import (
     ExtractSpec,
     caches,
     extract,
+    extract_finished,
     remove_caches,
 )
 from .hosts import Fixtures, HostSync, Prepared, build_fixtures, check_hosts, prepare, sync
@@ -117,6 +118,6 @@ __all__ = ["CANCELLED", "EXIT_BAD_INPUT", "EXIT_CANCELLED", "EXIT_EVAL_FAILED", 
            "LogLine", "Note", "Prepared", "Progress", "Pulled", "PulledAll", "Removal", "RemovalPlan",
            "Result", "Run", "RunState", "StatusChange", "SweepInterrupted", "SweepOptions", "SweepReport",
            "attach", "build_fixtures", "caches", "check_hosts", "check_spec", "compare", "did_you_mean",
-           "duration_s", "extract", "find", "hosts_exit_code", "is_run_glob", "kill", "load", "local_runs",
+           "duration_s", "extract", "extract_finished", "find", "hosts_exit_code", "is_run_glob", "kill", "load", "local_runs",
            "logs", "ls", "plan_prune", "plan_rm", "prepare", "prune", "pull", "pull_all", "remove_caches",
            "resolve_prompts", "rm", "status", "submit", "sweep", "sync", "unfinished"]

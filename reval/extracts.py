@@ -114,6 +114,15 @@ def pulled_caches(path: Path, host: str) -> list[CacheInfo]:
         return []
 
 
+def extract_finished(fin: Finished) -> ExtractFinished | None:
+    """The Finished of an extract run (its run.json says kind extract: `reval logs NAME -f` on one) as an
+    ExtractFinished; None for any other run."""
+    info = getattr(fin.result, "run_info", None) or {}
+    if info.get("kind") != "extract":
+        return None
+    return ExtractFinished(fin, pulled_caches(fin.path, fin.host))
+
+
 class ExtractRun(Run):
     """An extract run: a Run (state, events, log, kill, pull) whose finish() says which caches it made;
     `prompts_sent`: the prompt files copied to the host by this call (the others were there)."""

@@ -74,6 +74,11 @@ def test_reval_extract_builds_once_equal_to_the_payloads_own(ssh_hosts, target, 
     assert "prompts: 0 of 2 files copied" in out and "built" not in out.split("done", 1)[1], out
     assert [c["built"] for c in _pulled(tmp_path)] == [False, False]
     assert {f.name: f.stat().st_ino for f in stored.iterdir()} == inodes
+    # detached, then followed: `logs -f` ends with the caches, exit 0 (not an eval's "no results.json")
+    assert _extract(inv, target, f"gsm8k={a}", extra=["--detach", "--name", "again"]) == 101
+    capsys.readouterr()
+    assert cli.main(["-i", str(inv), "logs", "again", "-f"]) == 0
+    assert "gsm8k: reused" in capsys.readouterr().out
     # the listing: both caches, their suites and sizes
     assert cli.main(["-i", str(inv), "caches", "ssh1", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)

@@ -18,7 +18,7 @@ from reval import EXIT_PARTIAL, EXIT_STILL_RUNNING
 
 from ..argparsing import inventory_option, positive_int, seconds
 from .run import launch_line
-from .runs import detached_message, err, make_sink, out, report_final, shown_on
+from .runs import detached_message, err, make_sink, out, report_extract, shown_on
 
 EPILOG = """\
 exit codes: 0 the caches are there · 1 the extract failed · 3 bad input (the target, a prompt file, the
@@ -91,21 +91,6 @@ def cmd_extract(args) -> int:
         return EXIT_STILL_RUNNING
     sink.close()
     return report_extract(fin)
-
-
-def report_extract(fin) -> int:
-    """The end of an extract: each suite's cache (built or reused), or how it failed."""
-    if not fin.ok:
-        if fin.finished.ok:
-            err(f"failed  {fin.name} exited 0 but wrote no caches.json · pulled to {fin.path}/")
-            return 1
-        return report_final(fin.finished)
-    out(f"done    {fin.name} on {fin.host} · pulled to {fin.path}/ (caches.json)")
-    for c in fin.caches:
-        out(f"        {c.suite}: {'built' if c.built else 'reused'} {c.key[:12]} · {c.entries} prompts, "
-            f"{c.tokens} tokens, layers {c.layers}" + (f", agreement {c.agreement:.4f}" if c.agreement is not None
-                                                        else ""))
-    return 0
 
 
 def _size(n) -> str:

@@ -23,7 +23,7 @@ from remote_payload.contract import protocol
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
 from remote_payload.contract.spec import usable_name
-from remote_payload.extract import store
+from remote_payload.extract import options, store
 from remote_payload.extract.recipe import DTYPE_NAMES, recipe_of
 from remote_payload.target.load import check_target
 
@@ -47,11 +47,14 @@ def parse_suites(values: list[str]) -> list[tuple[str, str]]:
 
 
 def dtype_name(dtype: str, device: str, gpus: str | None) -> str:
-    """--dtype resolved as extract resolves it (auto: bf16 on CUDA, fp32 on CPU); torch only for device
-    auto."""
+    """--dtype resolved as extract resolves it (auto: bf16 on CUDA, fp32 on CPU); torch only for device auto
+    on a host with an NVIDIA driver."""
     if dtype != "auto":
         return DTYPE_NAMES[dtype]
     where = gpus.split(",")[0].strip() if gpus else device
+    if where == "auto" and (os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1")
+                            or not os.path.exists("/dev/nvidiactl")):
+        where = "cpu"  # no NVIDIA driver (or no device visible): torch would say the same, without its import
     if where == "auto":
         import torch
         where = "cuda" if torch.cuda.is_available() else "cpu"
@@ -174,21 +177,20 @@ def _write_json(path: Path, obj) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """extract's options (command.py), --store and --plan among them: this module is the command's entry."""
-    from remote_payload.extract.command import add_arguments as extract_arguments
-    extract_arguments(p)
+    options.add_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
     """`extract --store DIR ...` here; `extract --out DIR` is command.main's (torch is imported only then)."""
-    from remote_payload.extract import command
     if not args.store:
+        from remote_payload.extract import command
         return command.main(args)
     try:
         if args.out:
             raise PayloadError("--store and --out: give one (a store names each cache by its recipe)")
         root = Path(args.store)
         suites = parse_suites(args.prompts)
-        kw = {**command.data_kwargs(args), "dtype": dtype_name(args.dtype, args.device, args.gpus)}
+        kw = {**options.data_kwargs(args), "dtype": dtype_name(args.dtype, args.device, args.gpus)}
         planned = plan(root, args.target, suites, kw)
         why = refusal(planned)
         if args.plan:
@@ -197,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
             raise PayloadError(why)
         if args.plan:
             return 0
-        done = build(root, args.target, suites, kw, command.run_kwargs(args),
+        done = build(root, args.target, suites, kw, options.run_kwargs(args),
                      run_dir=Path(args.run_dir) if args.run_dir else None)
     except PayloadError as e:
         print(f"error: {e}", file=sys.stderr)  # stderr: a pre-flight (--plan) answers there

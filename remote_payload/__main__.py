@@ -16,7 +16,8 @@ from remote_payload.contract import protocol
 COMMANDS = {
     # name: (module, one-line help)
     "eval": ("remote_payload.eagle3.family", "evaluate a drafter (DFlash or EAGLE-3) on a cache of target hidden states"),
-    "extract": ("remote_payload.extract.command", "run a target model over prompts and write a hidden-state cache"),
+    "extract": ("remote_payload.extract.storecmd", "run a target model over prompts and write a hidden-state cache"),
+    "caches": ("remote_payload.extract.store", "list or remove the caches of a cache store (extract --store)"),
     "import-cache": ("remote_payload.extract.importcache", "convert a seeds-layout cache (completions.json + aux/last_hidden)"),
     "fixtures": ("remote_payload.tools.fixtures", "build the tiny offline fixture models + cache (demo, tests)"),
     "bench": ("remote_payload.tools.bench", "time eval at real Qwen3.6-27B-DFlash sizes vs a naive loop"),

@@ -17,6 +17,8 @@ Every `reval` command is one of these calls; the CLI only parses its arguments a
     reval hosts check [HOST|GROUP]   check_hosts(target) -> [HostCheck]
     reval sync HOST|GROUP            sync(target) -> [HostSync]            prepare(host) -> Prepared
     reval run HOST ...               submit(host, spec) -> Run; Run.finish() -> Finished (Run.wait() -> Result)
+    reval extract HOST ...           extract(host, ExtractSpec) -> ExtractRun; .finish() -> ExtractFinished
+    reval caches [HOST] / caches rm  caches(target) -> CacheListing / remove_caches(host, keys) -> [key]
     reval status RUN / reval status  status(run) -> RunState / ls(here=True) -> Listing
     reval ls [HOST|GROUP]            ls(target) -> Listing (oldest first, unreachable hosts named)
     reval logs RUN [-f]              logs(run, tail=N) -> Log / find(run).finish(tail=N)
@@ -73,6 +75,17 @@ from orchestrator.sweep import SweepOptions, SweepReport
 from orchestrator.words import did_you_mean, duration_s
 from remote_payload.contract.protocol import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED
 
+from .extracts import (
+    CacheInfo,
+    CacheListing,
+    ExtractFinished,
+    ExtractRun,
+    ExtractSpec,
+    caches,
+    extract,
+    extract_finished,
+    remove_caches,
+)
 from .hosts import Fixtures, HostSync, Prepared, build_fixtures, check_hosts, prepare, sync
 from .listing import Listing, PulledAll, RemovalPlan, local_runs, ls, plan_prune, plan_rm, prune, pull_all, rm
 from .results import Comparison, Result, compare, load
@@ -88,6 +101,7 @@ from .runs import (
     kill,
     logs,
     pull,
+    resolve_prompts,
     status,
     submit,
     unfinished,
@@ -98,11 +112,12 @@ Error = RevalError
 
 __all__ = ["CANCELLED", "EXIT_BAD_INPUT", "EXIT_CANCELLED", "EXIT_EVAL_FAILED", "EXIT_NOT_FOUND", "EXIT_OK",
            "EXIT_PARTIAL", "EXIT_STILL_RUNNING", "EXIT_UNREACHABLE", "FAILED", "LOST", "NO_ANSWER",
-           "PLAUSIBLE_SINCE", "QUEUED", "RUNNING", "SUCCEEDED", "UNKNOWN", "Comparison", "Error", "EvalSpec",
-           "Event", "Finished", "Fixtures", "Host", "HostCheck", "HostSync", "Inventory", "Killed", "Listing",
-           "Log", "LogLine", "Note", "Prepared", "Progress", "Pulled", "PulledAll", "Removal", "RemovalPlan",
+           "PLAUSIBLE_SINCE", "QUEUED", "RUNNING", "SUCCEEDED", "UNKNOWN", "CacheInfo", "CacheListing",
+           "Comparison", "Error", "EvalSpec", "Event", "ExtractFinished", "ExtractRun", "ExtractSpec",
+           "Finished", "Fixtures", "Host", "HostCheck", "HostSync", "Inventory", "Killed", "Listing", "Log",
+           "LogLine", "Note", "Prepared", "Progress", "Pulled", "PulledAll", "Removal", "RemovalPlan",
            "Result", "Run", "RunState", "StatusChange", "SweepInterrupted", "SweepOptions", "SweepReport",
-           "attach", "build_fixtures", "check_hosts", "check_spec", "compare", "did_you_mean", "duration_s",
-           "find", "hosts_exit_code", "is_run_glob", "kill", "load", "local_runs", "logs", "ls", "plan_prune",
-           "plan_rm", "prepare", "prune", "pull", "pull_all", "rm", "status", "submit", "sweep", "sync",
-           "unfinished"]
+           "attach", "build_fixtures", "caches", "check_hosts", "check_spec", "compare", "did_you_mean",
+           "duration_s", "extract", "extract_finished", "find", "hosts_exit_code", "is_run_glob", "kill", "load", "local_runs",
+           "logs", "ls", "plan_prune", "plan_rm", "prepare", "prune", "pull", "pull_all", "remove_caches",
+           "resolve_prompts", "rm", "status", "submit", "sweep", "sync", "unfinished"]

@@ -18,6 +18,7 @@ from orchestrator.rundir import registry as _runs
 from orchestrator.rundir.events import Event, EventSink, LogLine
 from orchestrator.rundir.pull import Pulled
 from orchestrator.rundir.registry import RunState
+from orchestrator.runs import extracts as _extracts
 from orchestrator.runs import lifecycle as _lifecycle
 from orchestrator.runs import locate as _locate
 from orchestrator.runs.lifecycle import EvalSpec, Finished
@@ -221,25 +222,44 @@ def host_path(k: str, v: str | None, h: Host) -> str | None:
 
 def submit(host: Host | str, spec: EvalSpec, *, name: str | None = None,
            inventory: Inventory | str | Path | None = None, prepared: Prepared | None = None,
-           reattach: bool = False, argv: list[str] | None = None) -> Run:
+           reattach: bool = False, argv: list[str] | None = None, prompt_caches: dict | None = None) -> Run:
     """Check the spec (check_spec), sync the payload and venv to `host` (unless `prepared` for it), check the
     spec's paths there, and start the eval detached. `host`: an inventory Host (`inv["gpu1"]`) or its name.
     reattach: when this controller started the same command on that host (and name) and did not see it end,
     attach to that run instead of starting another (`run.reattached`). argv: the command line to record in
-    run.json (the CLI's; an API run records `"via": "reval API"`)."""
+    run.json (the CLI's; an API run records `"via": "reval API"`). A spec with --prompts is resolved first
+    (resolve_prompts: the missing caches built); run.json records each suite's cache key (`prompt_caches`: what
+    resolve_prompts returned, when the caller resolved them itself)."""
     h = as_host(host, inventory)
     spec = check_spec(h, spec, name=name)
     if prepared is not None and prepared.host != h.name:
         raise ConfigError(f"prepared for {prepared.host}, not {h.name}", hint=f"reval.prepare({h.name!r})")
     prep = prepared or prepare(h)
     backend = prep.backend
+    if spec.prompts:  # each suite's cache from the host's store, built first when missing
+        spec, prompt_caches = resolve_prompts(h, spec, prepared=prep)
     again = _lifecycle.unfinished(h.name, spec.identity(h.name), name=name) if reattach else None
     if again:
         return Run(_lifecycle.attach(backend, again, python=prep.python), reattached=True)
     extra = {"via": "reval API"} if argv is None else {}
+    extra.update({"prompt_caches": prompt_caches} if prompt_caches else {})
     return Run(_lifecycle.submit(backend, spec, python=prep.python, name=name, argv=argv,
                                  run_json={"payload_hash": prep.synced.manifest_hash, "venv_key": prep.env.key,
                                            **extra}))
+
+
+def resolve_prompts(host: Host | str, spec: EvalSpec, *, prepared: Prepared | None = None,
+                    on_event: Callable[[Event], None] | None = None, inventory: Inventory | str | Path | None = None,
+                    give_up_s: float = 120.0) -> tuple[EvalSpec, dict]:
+    """A spec's --prompts suites resolved to their caches in the host's store (`reval run --prompts`): the
+    missing ones built first by one extract run (its events to `on_event`), then (the spec with those caches as
+    --cache NAME=PATH, {suite: {"key", "built", "file"}}). submit() does it when the spec still has prompts."""
+    h = as_host(host, inventory)
+    if not spec.prompts:
+        return spec, {}
+    prep = prepared or prepare(h)
+    return _extracts.resolve_prompts(prep, spec, sink=EventSink(on_event) if on_event else None,
+                                     give_up_s=give_up_s)
 
 
 def status(run: str, *, host: str | None = None, inventory: Inventory | str | Path | None = None) -> RunState:

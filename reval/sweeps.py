@@ -24,6 +24,10 @@ def sweep(options: SweepOptions, *, inventory: Inventory | str | Path | None = N
     if [m for m in options.spec.missing() if m != "--drafter"]:  # the drafter is each checkpoint
         raise ConfigError("reval sweep needs --target and --cache (paths on the hosts)",
                           hint="e.g. --target /root/models/Qwen3.6-27B --cache /root/eval/cache")
+    if options.spec.prompts:
+        raise ConfigError("reval sweep --prompts is not there yet: build the caches once with reval extract HOST "
+                          "--prompts NAME=FILE --for-drafter D, then sweep over --cache NAME=PATH (reval caches "
+                          "HOST lists their paths)", hint="reval extract and reval caches take the same files")
     inv = as_inventory(inventory)
     options = _sweep_paths(options, inv)
     baseline = _sweep.load_baseline(options.baseline)  # now, not after a night of evals

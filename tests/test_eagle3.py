@@ -245,7 +245,7 @@ def test_chain_is_refused_for_a_dflash_drafter(tmp_path):
 
 
 def test_extract_for_an_eagle3_head_taps_its_three_states(e3):
-    from remote_payload.extract.command import layers_arg
+    from remote_payload.extract.options import layers_arg
     root, _ = e3
     assert layers_arg(None, str(root / "eagle3"), str(root / "target")) == [1, 3, 4]
     meta = json.loads((root / "cache" / "cache.json").read_text())

@@ -233,3 +233,45 @@ def test_extract_layers_default_to_the_drafters_target_layer_ids(tiny_target, tm
     rc = payload_main([*base, "--out", str(tmp_path / "c2")])  # neither --layers nor --for-drafter
     out = capsys.readouterr().out.strip().splitlines()
     assert rc == 3 and len(out) == 1 and "--for-drafter PATH" in out[0] and not (tmp_path / "c2").exists()
+
+
+def test_an_interrupted_extract_resumed_with_another_target_of_same_config_is_refused(tiny_target, tmp_path,
+                                                                                       capsys):
+    """Issue 32 item 8: the resume is keyed on the recipe (the target's content, not its config.json): another
+    target with the same config.json and tokenizer but other weights is refused, the message naming the field
+    that differs, and nothing of the first run's prompts is mixed into a cache."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    target, _, _ = tiny_target
+    other = tmp_path / "other"
+    shutil.copytree(target, other)
+    shard = min(other.glob("*.safetensors"))
+    save_file({k: v + 0.01 for k, v in load_file(shard).items()}, str(shard), metadata={"format": "pt"})
+    assert (other / "config.json").read_bytes() == (target / "config.json").read_bytes()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"name": n, "prompt": t}) + "\n" for n, t in fixtures.PROMPTS[:5]))
+    out = tmp_path / "cache"
+
+    def stop_after_2(line):
+        if line.startswith("[2/5]"):
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        _extract(target, prompts, out, ("batch_size", 1), log=stop_after_2)
+    argv = ["extract", "--target", str(other), "--prompts", str(prompts), "--out", str(out),
+            "--max-new-tokens", "10", "--layers", ",".join(map(str, LAYERS)), "--device", "cpu"]
+    capsys.readouterr()
+    rc = payload_main(argv)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 3 and len(lines) == 1, lines
+    assert "started with other inputs (target: sha256-64MiB-t" in lines[0], lines
+    assert "tokenizer" not in lines[0]  # the one field that differs
+    assert "remove" in lines[0] and not out.exists()
+    # the same target resumes; the finished cache records the recipe it was made by, and its key
+    c = _extract(target, prompts, out, ("batch_size", 1))
+    meta = json.loads((out / "cache.json").read_text())
+    from remote_payload.contract.contenthash import content_hash
+    from remote_payload.extract.recipe import Recipe
+    assert meta["recipe"]["target"] == content_hash(target) and len(c) == 5
+    assert Recipe.from_dict(meta["recipe"]).key == meta["recipe"]["key"]
+    assert meta["recipe"]["options"] == {"layers": LAYERS, "max_new_tokens": 10, "dtype": "fp32"}

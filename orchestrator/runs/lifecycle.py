@@ -352,13 +352,19 @@ def submit(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = 
            argv: list[str] | None = None) -> RunHandle:
     """Start `spec` on the backend's host (prepare() first). Refuses a used name (RunExists); bad paths on
     the host are refused before anything is created there or here (exit 3, nothing left behind)."""
-    sub = submission(backend, spec, python=python, name=name, run_json=run_json, argv=argv)
+    return submit_submission(backend, submission(backend, spec, python=python, name=name, run_json=run_json,
+                                                 argv=argv))
+
+
+def submit_submission(backend: Backend, sub: Submission) -> RunHandle:
+    """Start a Submission (an eval's, or an extract's: runs/extracts.py) -> its RunHandle; a used name raises
+    RunExists saying what holds it."""
     # the backend wrote the follow state (identity, job id) the moment the run existed: nothing to add here
     try:
         launched = backend.submit(sub)
     except RunExists as e:
         raise name_taken(backend, sub.name, e) from None
-    return RunHandle(backend, sub.name, python=python, launch=launched)
+    return RunHandle(backend, sub.name, python=sub.python, launch=launched)
 
 
 def submission(backend: Backend, spec: EvalSpec, *, python: str, name: str | None = None,

@@ -32,7 +32,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from remote_payload.contract.errors import ConfigError, FeatureMismatchError
+from remote_payload.contract.errors import ConfigError, FeatureMismatchError, PayloadError
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 SLIDING = "sliding_attention"
@@ -159,6 +159,17 @@ class DrafterConfig:
         out["dflash_config"] = dflash
         out.pop("rope_parameters", None)  # rope_theta/rope_scaling are authoritative once parsed
         return out
+
+
+def parse_layer_ids(text: str) -> list[int]:
+    """'1,16,31' -> [1, 16, 31]; PayloadError on anything else."""
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PayloadError(f"--layers {text!r}: expected comma-separated layer ids, e.g. --layers 1,16,31,46,61")
+    if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+        raise PayloadError(f"--layers {text!r}: need distinct non-negative layer ids, e.g. --layers 1,16,31,46,61")
+    return ids
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

@@ -32,7 +32,8 @@ STATUS_JSON = "status.json"
 EVAL_LOG = "eval.log"
 EVENTS_JSONL = "events.jsonl"
 RESULTS_JSON = "results.json"
-RUN_FILES = (RUN_JSON, STATUS_JSON, EVAL_LOG, EVENTS_JSONL, RESULTS_JSON)
+CACHES_JSON = "caches.json"  # an extract run's: what each suite resolved to in the host's cache store
+RUN_FILES = (RUN_JSON, STATUS_JSON, EVAL_LOG, EVENTS_JSONL, RESULTS_JSON, CACHES_JSON)
 
 # status.json "state"
 QUEUED = "queued"  # accepted by a scheduler, not started (a backend's verdict; the wrapper never writes it)

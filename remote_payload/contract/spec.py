@@ -92,6 +92,38 @@ def parse_caches(values) -> tuple[CacheRef, ...]:
     return refs
 
 
+@dataclass(frozen=True)
+class PromptRef:
+    """One --prompts value: NAME=FILE, a benchmark suite's prompt file (.jsonl or .txt) on the laptop; the host
+    gets a copy named by its content, and its cache is the host's store's for that recipe (extract --store)."""
+    name: str
+    path: str
+
+    @classmethod
+    def parse(cls, text: str) -> PromptRef:
+        name, sep, path = text.partition("=") if isinstance(text, str) else ("", "", "")
+        if not (sep and path and usable_name(name)):
+            raise SpecError(f"--prompts {text!r}: give NAME=FILE (NAME: letters, digits, . _ -), one per suite",
+                            hint="e.g. --prompts gsm8k=prompts/gsm8k.jsonl")
+        return cls(name=name, path=path)
+
+    def text(self) -> str:
+        return f"{self.name}={self.path}"
+
+
+def parse_prompts(values) -> tuple[PromptRef, ...]:
+    """--prompts values (a str, or a list of str / PromptRef) -> the checked tuple: suite names unique."""
+    if values is None:
+        return ()
+    items = [values] if isinstance(values, str | PromptRef) else list(values)
+    refs = tuple(v if isinstance(v, PromptRef) else PromptRef.parse(v) for v in items)
+    names = [r.name for r in refs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise SpecError(f"--prompts: suite name {dup[0]!r} is given twice", hint="name each suite once")
+    return refs
+
+
 def joined_fingerprint(named: list[tuple[str, str]]) -> str:
     """Several suites' caches as one fingerprint: sha256 over 'name\\0fingerprint\\n' per suite, in order."""
     blob = "".join(f"{name}\0{fp}\n" for name, fp in named)
@@ -122,10 +154,19 @@ class EvalSpec:
     extra: tuple[str, ...] = ()
     payload: str = "eval"
     gpus: str | None = None     # where, not what: auto | none | 0,1 (None: the host's); not part of the argv
+    # suites given by their prompt files (NAME=FILE, here): the laptop resolves each to its cache in the host's
+    # store (built first when missing) and hands the payload those caches (--cache NAME=PATH)
+    prompts: tuple[PromptRef, ...] = ()
+    max_new_tokens: int | None = None  # with prompts: the completion cap of the caches built for them (recipe)
 
     def __post_init__(self):
         put = object.__setattr__
         put(self, "cache", parse_caches(self.cache))
+        put(self, "prompts", parse_prompts(self.prompts))
+        both = [c.suite for c in self.cache] + [p.name for p in self.prompts]
+        if self.prompts and len(set(both)) != len(both):
+            dup = min({n for n in both if both.count(n) > 1})
+            raise SpecError(f"suite {dup!r} is given twice (--cache and --prompts)", hint="name each suite once")
         put(self, "allow_unknown_config", tuple(self.allow_unknown_config or ()))
         put(self, "extra", tuple(self.extra or ()))
         if self.payload not in PAYLOADS:
@@ -137,6 +178,10 @@ class EvalSpec:
         _count("num-prompts", self.num_prompts, zero_ok=False)
         _count("max-blocks", self.max_blocks, zero_ok=False)
         _count("online", self.online, zero_ok=True)
+        _count("max-new-tokens", self.max_new_tokens, zero_ok=False)
+        if self.max_new_tokens is not None and not self.prompts:
+            raise SpecError("--max-new-tokens is the completion cap of caches built from --prompts; give "
+                            "--prompts NAME=FILE, or leave it out")
         if not isinstance(self.speedup, bool):
             raise SpecError(f"speedup must be true or false, got {self.speedup!r}")
         for k in self.allow_unknown_config:
@@ -154,7 +199,8 @@ class EvalSpec:
         """The options an eval needs that this spec lacks (a sweep's template lacks --drafter by design)."""
         if self.payload != "eval":
             return []
-        return [f"--{k}" for k in ("drafter", "target", "cache") if not getattr(self, k)]
+        return [f"--{k}" for k in ("drafter", "target", "cache") if not getattr(self, k)
+                and not (k == "cache" and self.prompts)]
 
     def suites(self) -> list[tuple[str, str]] | None:
         """[(suite name, path)] when the caches are suites (several, or one NAME=PATH); None for one cache."""
@@ -178,6 +224,9 @@ class EvalSpec:
         """`python -m remote_payload ...` arguments, without --run-dir (the launcher adds it) (pure)."""
         if self.payload == "dummy":
             return ["dummy", *self.extra]
+        if self.prompts:
+            raise SpecError("--prompts: each suite's prompt file is resolved to its cache on the host first "
+                            "(reval run and reval.submit do it)", hint="resolve_prompts(...) before the argv")
         argv = ["eval", "--drafter", str(self.drafter), "--target", str(self.target), *self._cache_argv()]
         argv += ["--name", name] if name else []
         argv += ["--num-prompts", str(self.num_prompts)] if self.num_prompts is not None else []

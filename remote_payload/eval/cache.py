@@ -58,17 +58,6 @@ class CachePrompt:
     file: str
 
 
-def parse_layer_ids(text: str) -> list[int]:
-    """'1,16,31' -> [1, 16, 31]; PayloadError on anything else."""
-    try:
-        ids = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise PayloadError(f"--layers {text!r}: expected comma-separated layer ids, e.g. --layers 1,16,31,46,61")
-    if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
-        raise PayloadError(f"--layers {text!r}: need distinct non-negative layer ids, e.g. --layers 1,16,31,46,61")
-    return ids
-
-
 def _first(entry: dict, keys: tuple[str, ...], what: str, where: str):
     for k in keys:
         if k in entry:

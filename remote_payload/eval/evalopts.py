@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from remote_payload.contract import protocol, spec
-from remote_payload.contract.drafterconfig import add_allow_unknown
+from remote_payload.contract.drafterconfig import add_allow_unknown, parse_layer_ids
 from remote_payload.contract.errors import PayloadError
-from remote_payload.eval.cache import parse_layer_ids
 
 DEFAULT_BUDGETS = spec.DEFAULT_DDTREE_BUDGETS
 DEFAULT_WIDTHS = spec.DEFAULT_TREE_WIDTHS

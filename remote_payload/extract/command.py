@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -20,11 +19,13 @@ import torch
 
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
-from remote_payload.eval.cache import Cache, open_cache, parse_layer_ids
+from remote_payload.eval.cache import Cache, open_cache
 from remote_payload.eval.devices import resolve_device_dtype
 from remote_payload.extract.batching import LocalRunner, batches
 from remote_payload.extract.decode import choose_generator, generation_record
+from remote_payload.extract.options import data_kwargs, run_kwargs
 from remote_payload.extract.pool import PoolRunner, parse_gpus
+from remote_payload.extract.recipe import Recipe, recipe_of
 from remote_payload.extract.writer import CacheWriter
 from remote_payload.prompts.chat import resolve_chat_template
 from remote_payload.prompts.files import entry_names, read_prompts
@@ -35,7 +36,8 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
             max_new_tokens: int, layer_ids: list[int], device: str = "auto", dtype: str = "auto",
             num_prompts: int | None = None, batch_size: int = 32, batch_tokens: int = 32768,
             chat_template: str = "auto", enable_thinking: bool = False, gpus: str | None = None,
-            shard: bool = False, compile: bool = False, log=print) -> Cache:
+            shard: bool = False, compile: bool = False, hash_memo: str | os.PathLike | None = None,
+            labels: dict | None = None, progress=None, log=print) -> Cache:
     """Run the target over the prompts and write a reval cache at `out` (atomically; resumable: an interrupted
     run's finished prompts are kept in `.OUT.partial` and the same command continues from there).
 
@@ -50,7 +52,11 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
     gpus: "0,1,..." or "all": one process a GPU (pool.py), the batches formed as one process forms
     them, so the cache equals a one-GPU run's; "cpu,cpu": CPU processes (tests). shard: one process, the target
     spread over those GPUs (device_map), for a target too big for one; chosen by itself when the weights take
-    more than 80% of a GPU's memory. compile: the decode step through torch.compile (`Generator`; CUDA only)."""
+    more than 80% of a GPU's memory. compile: the decode step through torch.compile (`Generator`; CUDA only).
+    The resume key and cache.json's "recipe" are the extract's recipe (recipe.py; hash_memo: where the
+    target's content hash is kept between runs, e.g. a cache store's). labels: more cache.json fields that
+    name the cache without changing it (a store's {"store": {"suite": ...}}); progress(done, total, name):
+    called as each prompt is finished."""
     target = Path(target)
     devices, cuda_ids = _devices(gpus, device, shard)
     _check_sizes(num_prompts, max_new_tokens, batch_size, batch_tokens)
@@ -68,14 +74,11 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
                      "chat_template_sha256": template.sha256 if template else None,
                      "enable_thinking": enable_thinking if template else None}
     dev, dt = resolve_device_dtype(devices[0] if devices else device, dtype)
-    config_sha = hashlib.sha256(read_regular(target / "config.json")).hexdigest()
-    key = hashlib.sha256(json.dumps({"target": config_sha, "layers": layer_ids, "max_new_tokens": max_new_tokens,
-                                     "dtype": str(dt), "prompts": records,
-                                     "prompt_format": prompt_format}).encode()).hexdigest()
-    writer = CacheWriter(out, layer_ids=layer_ids, hidden_size=int(H), target_path=str(target.resolve()),
-                         target_config_sha256=config_sha, tokenizer_path=str((target / "tokenizer.json").resolve()),
-                         resume_key=key, metadata={"prompt_format": prompt_format,  # checks --out before loading
-                                                   "hf_hidden_states": [l + 1 for l in layer_ids]})
+    recipe = recipe_of(target, prompts_file, layer_ids=layer_ids, max_new_tokens=max_new_tokens,
+                       dtype=str(dt), chat_template=chat_template, enable_thinking=enable_thinking,
+                       num_prompts=num_prompts, memo=hash_memo)
+    writer = _writer(out, target, recipe, int(H), {"prompt_format": prompt_format,
+                     "hf_hidden_states": [l + 1 for l in layer_ids], **(labels or {})})
     completions = _resumed(writer, entries)
     if writer.done:
         log(f"resuming {writer.partial}: {len(writer.done)} of {len(entries.at)} prompts already extracted")
@@ -88,6 +91,8 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
     def report(j: int, n_prompt: int, n_seq: int) -> None:
         log(f"[{len(writer.done)}/{len(entries.at)}] {entries.names[j]}: {n_seq} tokens ({n_prompt} prompt + "
             f"{n_seq - n_prompt} completion)")
+        if progress is not None:
+            progress(len(writer.done), len(entries.at), entries.names[j])
     opts = {"layer_ids": layer_ids, "max_new_tokens": max_new_tokens, "eos": eos, "writer": writer, "report": report}
     with writer as w:
         if devices and len(devices) > 1 and not shard:
@@ -115,6 +120,17 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
             log(f"argmax agreement: the target's argmax is the cached next token at {total['matches']} of "
                 f"{total['positions']} completion positions ({total['fraction']:.6f})")
     return open_cache(out)
+
+
+def _writer(out, target: Path, recipe: Recipe, hidden_size: int, metadata: dict) -> CacheWriter:
+    """The cache's writer (it checks --out before anything loads), resuming on the recipe's key; cache.json
+    records the recipe and its key besides `metadata`."""
+    config_sha = hashlib.sha256(read_regular(target / "config.json")).hexdigest()
+    return CacheWriter(out, layer_ids=recipe.options["layers"], hidden_size=hidden_size,
+                       target_path=str(target.resolve()), target_config_sha256=config_sha,
+                       tokenizer_path=str((target / "tokenizer.json").resolve()), resume_key=recipe.key,
+                       recipe=recipe.as_dict(),
+                       metadata={**metadata, "recipe": {**recipe.as_dict(), "key": recipe.key}})
 
 
 def _devices(gpus: str | None, device: str, shard: bool) -> tuple[list[str] | None, list[int]]:
@@ -242,79 +258,13 @@ def agreement_total(done: dict[int, dict]) -> dict | None:
     return {"fraction": m / n if n else 1.0, "matches": m, "positions": n}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="HF model directory (config.json, safetensors, tokenizer.json)")
-    p.add_argument("--prompts", required=True,
-                   help='.jsonl of {"turns": [...]} (z-lab, multi-turn) or {"prompt": ...} (optional "name"), '
-                        "or .txt with one prompt a line")
-    p.add_argument("--chat-template", default="auto", choices=["auto", "on", "off"],
-                   help="render prompts with the target's chat template: auto = when it has one (tokenizer_config."
-                        "json chat_template or chat_template.jinja), on = refuse without one, off = raw text")
-    p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=False,
-                   help="enable_thinking passed to the chat template (Qwen3 reads it; default off, as the papers)")
-    p.add_argument("--out", required=True, help="cache directory to create (must not exist)")
-    p.add_argument("--max-new-tokens", type=int, default=512, help="greedy completion length cap (default 512)")
-    p.add_argument("--layers", help="tapped decoder layers, e.g. 1,16,31,46,61 (default: --for-drafter's); layer l = "
-                                    "decoder block l's output = HF hidden_states[l+1] (cache.json records both)")
-    p.add_argument("--for-drafter", metavar="PATH",
-                   help="take --layers from this drafter: a DFlash config's target_layer_ids (its config.json, or "
-                        "the .pt's config), or an EAGLE-3 head's three taps on --target: HF hidden_states[2, L//2, "
-                        "L-3] by default, explicit eagle_aux_hidden_state_layer_ids read as vLLM does (id k = HF k; "
-                        "SGLang's explicit id k is HF k+1); --layers for HF k is k-1")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
-    p.add_argument("--gpus", metavar="IDS",
-                   help="several GPUs of this host: 0,1,... or all = one process a GPU, the prompts split between "
-                        "them and merged into one cache equal to a one-GPU run's (with --shard: one process, the "
-                        "target spread over them). cpu,cpu: CPU processes (tests)")
-    p.add_argument("--shard", action="store_true",
-                   help="with --gpus: load the target across those GPUs (device_map) instead of one copy a GPU; for "
-                        "a target too big for one (chosen by itself when its weights exceed 80%% of a GPU's memory)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32", "fp16"],
-                   help="auto = bf16 on GPU, fp32 on CPU")
-    p.add_argument("--num-prompts", type=int, default=None,
-                   help="only the first N prompts (conversations, for a multi-turn file)")
-    p.add_argument("--batch-size", type=int, default=32, help="prompts generated together (default 32)")
-    p.add_argument("--batch-tokens", type=int, default=32768,
-                   help="padded tokens per batch, prompt + max new tokens per prompt (default 32768)")
-    p.add_argument("--compile", action="store_true",
-                   help="trace the CUDA graph's decode step through torch.compile instead of the default's Triton "
-                        "passes (RMSNorm, SiLU * up, RoPE): a few %% faster decoding, about a minute of compilation "
-                        "per batch shape (pays off only for very long runs; make bench-decode has the numbers). "
-                        "CUDA only")
-
-
-def layers_arg(layers: str | None, for_drafter: str | None, target: str | None = None) -> list[int]:
-    """--layers, else --for-drafter's: a DFlash config's target_layer_ids, an EAGLE-3 head's three taps on
-    `target` (HF hidden_states[k] = cache layer k-1); neither is bad input."""
-    if layers:
-        return parse_layer_ids(layers)
-    if not for_drafter:
-        raise PayloadError("extract needs the tapped layers: --layers 1,16,31,46,61, or --for-drafter PATH to take "
-                           "the drafter's target_layer_ids")
-    from remote_payload.eagle3.loader import is_eagle3, peek_eagle3_config
-    if is_eagle3(for_drafter):  # its three taps depend on the target's layer count (contract/eagle3config.py)
-        if target is None:
-            raise PayloadError(f"--for-drafter {for_drafter} is an EAGLE-3 head: its taps need the target's layers")
-        from remote_payload.target.load import num_layers_of
-        try:
-            n = num_layers_of(json.loads(read_regular(Path(target) / "config.json")))
-        except (OSError, ValueError) as e:
-            raise PayloadError(f"--target {target}: cannot read its config.json ({e}); the EAGLE-3 head "
-                               f"{for_drafter}'s taps depend on its layer count") from None
-        return peek_eagle3_config(for_drafter).cache_layer_ids(n)
-    from remote_payload.eval.checkpoint import load_drafter, peek_config
-    cfg = peek_config(for_drafter) or load_drafter(for_drafter)[0].cfg  # .pt: its config is inside the file
-    return list(cfg.target_layer_ids)
-
-
 def main(args: argparse.Namespace) -> int:
+    """`extract --out DIR` (`extract --store DIR` is storecmd.main's)."""
     try:
-        c = extract(args.target, args.prompts, args.out, max_new_tokens=args.max_new_tokens,
-                    layer_ids=layers_arg(args.layers, args.for_drafter, args.target), device=args.device,
-                    dtype=args.dtype,
-                    num_prompts=args.num_prompts, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
-                    chat_template=args.chat_template, enable_thinking=args.enable_thinking, gpus=args.gpus,
-                    shard=args.shard, compile=args.compile)
+        if len(args.prompts) != 1 or not args.out:
+            raise PayloadError("extract --out DIR takes one --prompts FILE; several prompt files (--prompts "
+                               "NAME=FILE ...) go into a cache store: --store DIR")
+        c = extract(args.target, args.prompts[0], args.out, **data_kwargs(args), **run_kwargs(args))
     except PayloadError as e:
         print(f"error: {e}")
         return e.exit_code

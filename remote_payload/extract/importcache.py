@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from remote_payload.contract.drafterconfig import parse_layer_ids
 from remote_payload.contract.errors import PayloadError
-from remote_payload.eval.cache import CACHE_JSON, SEEDS_LAYERS_JSON, Cache, open_cache, parse_layer_ids
+from remote_payload.eval.cache import CACHE_JSON, SEEDS_LAYERS_JSON, Cache, open_cache
 from remote_payload.extract.writer import CacheWriter
 
 

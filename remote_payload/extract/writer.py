@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
 from remote_payload.eval.cache import CACHE_FORMAT, CACHE_JSON, CachePrompt, check_prompt
+from remote_payload.extract.recipe import differences
 
 PARTIAL_JSON = "partial.json"
 _PROMPT_FIELDS = ("name", "prompt_len", "seq_len", "file")
@@ -56,7 +57,9 @@ class CacheWriter:
     work dir is `.OUT.partial`; each prompt file is written under a temporary name and renamed, then
     partial.json (rewritten atomically) lists it, so only complete files count as done. An interrupted writer
     keeps that dir; a new writer with the same key continues it (`done`: the finished prompt indices), one with
-    another key refuses. Without a key the work dir is a fresh temp dir, removed on any error.
+    another key refuses, naming the fields that differ when both were given the `recipe` the key digests
+    (extract/recipe.py; partial.json keeps it). Without a key the work dir is a fresh temp dir, removed on any
+    error.
     `metadata`: extra top-level fields for cache.json (e.g. {"prompt_format": {...}}); readers ignore them, and
     they may not replace the format's own fields. Put what they describe into `resume_key` too. Fields added to
     `meta` later are extra fields as well; partial.json keeps them all, and a resuming writer finds the
@@ -67,7 +70,7 @@ class CacheWriter:
     def __init__(self, out: str | os.PathLike, *, layer_ids: list[int], hidden_size: int,
                  target_path: str | None = None, target_config_sha256: str | None = None,
                  tokenizer_path: str | None = None, resume_key: str | None = None,
-                 metadata: dict | None = None):
+                 metadata: dict | None = None, recipe: dict | None = None):
         self.out = Path(out)
         if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
             raise PayloadError(f"--out {self.out} already exists; remove it or choose another directory")
@@ -81,7 +84,7 @@ class CacheWriter:
             raise ValueError(f"metadata may not replace the cache format's fields {clash}")
         self.meta.update(metadata or {})
         self._own_fields = set(self.meta) - set(metadata or {})
-        self.resume_key = resume_key
+        self.resume_key, self.recipe = resume_key, recipe
         self.partial = self.out.parent / f".{self.out.name}.partial"
         self.resumed_metadata: dict = {}
         self.done: dict[int, dict] = self._read_partial() if resume_key else {}
@@ -96,7 +99,7 @@ class CacheWriter:
         try:
             state = json.loads(read_regular(state_path))
             if state.get("key") != self.resume_key:
-                raise PayloadError(f"{where} was started with other inputs (target, prompts, layers or options); "
+                raise PayloadError(f"{where} was started with other inputs ({self._what_differs(state)}); "
                                    f"re-run that command to finish it, or remove {self.partial} to start over")
             done = {}
             for e in state["prompts"]:
@@ -116,6 +119,16 @@ class CacheWriter:
             raise PayloadError(f"{where}: {state_path} is unreadable ({e}); remove {self.partial} to start "
                                "over") from e
         return done
+
+    def _what_differs(self, state: dict) -> str:
+        """Which of the recipe's fields differ from the interrupted writer's (or, without both recipes, what
+        the key covers)."""
+        old = state.get("recipe")
+        if isinstance(old, dict) and isinstance(self.recipe, dict):
+            diff = differences(old, self.recipe)
+            if diff:
+                return "; ".join(diff[:4]) + (f"; {len(diff) - 4} more" if len(diff) > 4 else "")
+        return "target, prompts, layers or options"
 
     def done_ids(self, index: int) -> torch.Tensor:
         """The token ids [T] of prompt `index`, finished by an interrupted writer (resume: a multi-turn extract
@@ -152,7 +165,7 @@ class CacheWriter:
         self.meta["dtype"] = entry.pop("dtype")
         self.done[entry["index"]] = entry
         if self.resume_key:
-            state = {"key": self.resume_key, "dtype": self.meta["dtype"],
+            state = {"key": self.resume_key, "recipe": self.recipe, "dtype": self.meta["dtype"],
                      "metadata": {k: v for k, v in self.meta.items() if k not in self._own_fields},
                      "prompts": [self.done[i] for i in sorted(self.done)]}
             (self.tmp / f"{PARTIAL_JSON}.part").write_text(json.dumps(state))

@@ -68,6 +68,14 @@ def resolve_chat_template(target: Path, mode: str, enable_thinking: bool,
                           records: list[tuple[str, list[str]]], prompts_file) -> ChatTemplate | None:
     """--chat-template auto|on|off and --enable-thinking -> the template to apply, or None (raw text); checks
     that a multi-turn file or --enable-thinking has a template to go with."""
+    source = template_applies(target, mode, enable_thinking, records, prompts_file)
+    return ChatTemplate(target, enable_thinking) if source else None
+
+
+def template_applies(target: Path, mode: str, enable_thinking: bool, records: list[tuple[str, list[str]]],
+                     prompts_file) -> str | None:
+    """resolve_chat_template's decision without loading the tokenizer: the template's source file when one is
+    applied, None for raw text; the same refusals."""
     if mode not in ("auto", "on", "off"):
         raise PayloadError(f"--chat-template {mode}: expected auto, on or off")
     source = None if mode == "off" else chat_template_source(target)
@@ -83,4 +91,4 @@ def resolve_chat_template(target: Path, mode: str, enable_thinking: bool,
         why = "--chat-template off" if mode == "off" else f"--target {target} has no chat template"
         raise PayloadError(f"--enable-thinking: no chat template is applied ({why}) and only a chat template reads "
                            "enable_thinking; leave --enable-thinking out or use a target with a chat template")
-    return ChatTemplate(target, enable_thinking) if source else None
+    return source

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
+
+if TYPE_CHECKING:  # torch is imported where a target is loaded: the checks run where torch is missing
+    import torch
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
@@ -60,6 +62,7 @@ def load_target(target: str | os.PathLike, device: torch.device, dtype: torch.dt
     GPUs), for a target too big for one; `device` is then the first of them."""
     import importlib.util
 
+    import torch
     import transformers
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
     # `torch_dtype` was renamed `dtype` in 4.56; pass whichever this version knows.

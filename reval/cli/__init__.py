@@ -12,10 +12,10 @@ import reval
 
 from . import output
 from .argparsing import Parser, add_inventory_option, bind_usage_errors
-from .commands import compare, completion, demo, hosts, remove, run, runs, sweep, sync
+from .commands import compare, completion, demo, extract, hosts, remove, run, runs, sweep, sync
 
 # the command modules in --help order: the pipeline reads inventory -> ... -> compare.
-COMMAND_MODULES = [hosts, sync, run, runs, remove, compare, sweep, demo, completion]
+COMMAND_MODULES = [hosts, sync, extract, run, runs, remove, compare, sweep, demo, completion]
 
 EPILOG = """\
 exit codes: 0 ok · 1 an eval failed · 2 partial (some hosts failed) · 3 bad input or config ·

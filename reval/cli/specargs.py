@@ -20,6 +20,12 @@ def add_spec_options(p: argparse.ArgumentParser, *, drafter: bool = True, payloa
                    help="hidden-state cache dir on the host; repeat it as NAME=PATH to evaluate benchmark suites "
                         "in one process (per-suite tau and their mean; reval compare --by suite). A path "
                         "holding '=' is written with a '/' before it (./a=b)")
+    p.add_argument("--prompts", metavar="NAME=FILE", action="append",
+                   help="a suite given by its prompt file here: its cache is the host's (reval caches), built "
+                        "first when missing (layers: the drafter's); repeat it once per suite")
+    p.add_argument("--max-new-tokens", type=positive_int, metavar="N",
+                   help="with --prompts: the greedy completion cap of the caches built for them (default 512; "
+                        "part of each cache's recipe)")
     p.add_argument("--num-prompts", type=positive_int, metavar="N",
                    help="evaluate the first N prompts of the cache (of each suite's cache)")
     p.add_argument("--max-blocks", type=positive_int, metavar="M", help="at most M draft rounds per prompt")
@@ -44,4 +50,5 @@ def spec_from_args(args: argparse.Namespace, extra: list[str], gpus: str | None 
     return reval.EvalSpec(drafter=getattr(args, "drafter", None), target=args.target, cache=args.cache,
                           num_prompts=args.num_prompts, max_blocks=args.max_blocks, extra=list(extra),
                           payload=args.payload, gpus=gpus, allow_unknown_config=list(args.allow_unknown_config),
-                          speedup=bool(args.speedup), online=args.online or 0)
+                          speedup=bool(args.speedup), online=args.online or 0, prompts=args.prompts or (),
+                          max_new_tokens=args.max_new_tokens)

@@ -14,7 +14,7 @@ from reval import EXIT_STILL_RUNNING
 
 from ..argparsing import Parser, inventory_option, option_suggestions, seconds
 from ..specargs import add_spec_options, spec_from_args
-from .runs import detached_message, finish_run, make_sink, out
+from .runs import detached_message, finish_run, make_sink, out, shown_on
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
@@ -91,6 +91,17 @@ def describe(info, requested_gpus: str) -> str:
     return f"{info.name} on {info.host} · {where} · log {info.run_dir}/eval.log on the server"
 
 
+def _resolve_prompts(host, spec, prep, give_up_s: float):
+    sink = make_sink()
+    try:
+        spec, found = reval.resolve_prompts(host, spec, prepared=prep, on_event=shown_on(sink), give_up_s=give_up_s)
+    finally:
+        sink.close()
+    for suite, c in found.items():
+        out(f"cache   {suite}: {'built' if c['built'] else 'in the store'} ({c['key'][:12]})")
+    return spec, found
+
+
 def cmd_run(args) -> int:
     """A thin layer over the API: check_spec -> prepare -> submit (or re-attach) -> Run.finish -> the final line."""
     args = _split_extra(args)
@@ -103,8 +114,13 @@ def cmd_run(args) -> int:
     changed = (f"{synced.files_changed} of {synced.files_total} files changed ({synced.bytes / 1024:.0f} KB)"
                if synced.files_changed or synced.files_deleted else "unchanged")
     out(f"sync    payload: {changed} · venv: {'reused' if env.reused else 'built'} ({env.key})")
+    if spec.prompts:  # each suite's cache from the host's store; the missing ones built first, their bar shown
+        spec, found = _resolve_prompts(host, spec, prep, args.give_up_s)
+    else:
+        found = None
     # the same command, started from here by a controller that did not see it end: follow that one instead
-    run = reval.submit(host, spec, name=args.name, prepared=prep, reattach=True, argv=sys.argv[1:])
+    run = reval.submit(host, spec, name=args.name, prepared=prep, reattach=True, argv=sys.argv[1:],
+                       prompt_caches=found)
     if run.reattached:
         out(f"attach  {run.name} on {host.name}: this command's run from before (its controller stopped) "
             f"is {run.state}; following it, not starting another")

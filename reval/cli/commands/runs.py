@@ -137,6 +137,23 @@ def report_final(fin: reval.Finished, say=None, shown: int = 0, width: int | Non
     return fin.exit_code  # the payload's exit 3 (bad input) is ours too
 
 
+def report_extract(fin, say=None) -> int:
+    """The end of an extract run (reval.ExtractFinished): each suite's cache, built or reused, or how it
+    failed."""
+    say = say or out
+    if not fin.ok:
+        if fin.finished.ok:
+            err(f"failed  {fin.name} exited 0 but wrote no caches.json · pulled to {fin.path}/")
+            return 1
+        return report_final(fin.finished, say)
+    say(f"done    {fin.name} on {fin.host} · pulled to {fin.path}/ (caches.json)")
+    for c in fin.caches:
+        agree = f", agreement {c.agreement:.4f}" if c.agreement is not None else ""
+        say(f"        {c.suite}: {'built' if c.built else 'reused'} {c.key[:12]} · {c.entries} prompts, "
+            f"{c.tokens} tokens, layers {c.layers}{agree}")
+    return 0
+
+
 def shown_on(sink):
     """The API's typed events (reval.LogLine / Progress / StatusChange / Note) onto a display sink (display.py)."""
     def show(ev) -> None:
@@ -159,6 +176,9 @@ def finish_run(run: reval.Run, *, sink, log_offset: int | None = None, tail: int
         fin = run.finish(on_event=shown_on(sink), log_offset=log_offset, tail=tail, give_up_s=give_up_s)
     finally:
         sink.close()
+    ex = reval.extract_finished(fin)
+    if ex is not None:  # `logs -f` on an extract run: its caches, not an eval's summary
+        return report_extract(ex, say)
     rc = report_final(fin, say, shown=getattr(sink, "shown_on_terminal", 0), width=getattr(sink, "width", None))
     if fin.discarded:
         err(f"        nothing was kept: {fin.host}/{fin.name} removed there and here (the name is free again)")

@@ -13,6 +13,7 @@ from remote_payload import __version__
 from remote_payload.contract import protocol
 
 from ..results.compare import ComparedRuns
+from ..words import printable
 from . import plots, suites, tables
 from .formats import ci_text, visible_columns
 from .tables import Cell, Table, format_duration
@@ -40,7 +41,8 @@ SWEEP_SECTIONS = ("sweep", "tau-vs-step")
 
 
 def e(x) -> str:
-    return html.escape(str(x), quote=True)
+    """Text for the page: its control characters escaped (a name's ESC is no HTML5 character), then HTML's."""
+    return html.escape(printable(x, "\n"), quote=True)
 
 
 def _cell_html(cell: Cell, col) -> str:

@@ -14,6 +14,7 @@ from matplotlib.ticker import FuncFormatter
 
 from ..errors import ConfigError
 from ..results.compare import ComparedRuns
+from ..words import printable
 from .tables import StepPoint
 
 FORMATS = (".png", ".svg", ".pdf")
@@ -24,7 +25,7 @@ def _runs(cmp: ComparedRuns):
     for r in cmp.runs:
         if r.result is None:
             continue
-        label = cmp.label(r) + ("" if cmp.rankable(r) or r is cmp.baseline else " (not ranked)")
+        label = printable(cmp.label(r)) + ("" if cmp.rankable(r) or r is cmp.baseline else " (not ranked)")
         style = {"linestyle": "--" if r.suspect or cmp.incomparable(r) else "-",
                  "linewidth": 2.5 if r is cmp.baseline else 1.6, "marker": "o", "markersize": 3}
         yield r, label, style
@@ -70,8 +71,8 @@ def draw_tau_vs_step(ax, points: list[StepPoint], baseline: tuple[str, float, fl
     for i, name in enumerate(suites):  # a suite sweep: one curve per suite, and the mean (markers below)
         if name == "mean":
             continue
-        _curve(ax, [p for p in points if p.suite == name and not p.suspect], f"C{i + 4}", f"{name} (95% CI band)",
-               1.0)
+        _curve(ax, [p for p in points if p.suite == name and not p.suspect], f"C{i + 4}",
+               f"{printable(name)} (95% CI band)", 1.0)
     if suites:
         points = [p for p in points if p.suite == "mean"]
     marked = sorted((p for p in points if p.suspect), key=lambda p: p.step)

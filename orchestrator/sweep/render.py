@@ -10,6 +10,7 @@ from remote_payload.contract import protocol
 
 from ..render.tables import Cell, Column, Row, Table, fmt_ci, fmt_delta, fmt_p, mark_best
 from ..results import compare, stats
+from ..words import printable
 from .plan import Outcome
 from .report import LoadedRuns, SweepReport, detection_note
 
@@ -126,12 +127,12 @@ def print_report(rep: SweepReport, console) -> None:
     if fits:
         formats.print_tables([table], console)
     else:
-        console.print(table.title, markup=False, highlight=False)
-    for o in rep.outcomes:
-        console.print(outcome_text(o), markup=False)
+        console.print(printable(table.title), markup=False, highlight=False)
+    for o in rep.outcomes:  # a suite's name and a host's error as they are written, never obeyed
+        console.print(printable(outcome_text(o)), markup=False)
     if not fits:
         for note in table.notes:
-            console.print(note, markup=False, style="dim")
+            console.print(printable(note), markup=False, style="dim")
 
 
 def write_report_files(rep: SweepReport) -> None:

@@ -15,7 +15,7 @@ import time
 
 import reval
 from orchestrator.render import formats, tables
-from reval import EXIT_CANCELLED, EXIT_OK, EXIT_STILL_RUNNING
+from reval import EXIT_CANCELLED, EXIT_OK, EXIT_STILL_RUNNING, printable
 
 from ..argparsing import positive_int
 from .run import launch_line
@@ -68,9 +68,10 @@ def _demo(args, host, doing: list) -> int:
     print(f"demo    building the tiny fixtures on {host.name} (cached after the first time): {fixtures}")
     doing[0] = "fixtures"
     try:
-        fx = reval.build_fixtures(host, out=fixtures, prepared=prep, on_line=lambda line: print("  " + line, flush=True))
+        fx = reval.build_fixtures(host, out=fixtures, prepared=prep,  # extract's lines, as the host wrote them
+                                  on_line=lambda line: print("  " + printable(line, "\t"), flush=True))
     except reval.Error as e:
-        sys.stderr.write(getattr(e, "stderr", ""))
+        sys.stderr.write(printable(getattr(e, "stderr", ""), "\t\n"))
         raise
     early = args.early or fx.drafters[min(1, len(fx.drafters) - 1)]  # drafters/step-NNNN in training order
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

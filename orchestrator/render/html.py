@@ -136,7 +136,9 @@ def render_report(title: str, cmp: ComparedRuns, *, threshold: float = 0.1, swee
     parts.append(_section("comparison", "comparison", table_html(tables.main_table(cmp, threshold))
                           + (table_html(paired) + f'<p class="note">{e(LEGEND)}</p>' if paired else "")))
     if suites.suite_names(cmp.runs):  # runs over several benchmark suites: the papers' layout
-        parts.append(_section("suites", "tau by suite", table_html(suites.suite_table(cmp))))
+        paired_suites = suites.suite_paired_table(cmp)
+        parts.append(_section("suites", "tau by suite", table_html(suites.suite_table(cmp))
+                              + (table_html(paired_suites) if paired_suites else "")))
     parts.append(_section("per-position", "per-position acceptance (both conventions)",
                           _figure(plots.panel_svg(cmp, "per_position_unconditional"), "#(acc>=k)/#rounds")
                           + _figure(plots.panel_svg(cmp, "per_position_conditional"), "#(acc>=k)/#(acc>=k-1)")))

@@ -66,6 +66,7 @@ class Cell:
     best: bool = False
     est: Estimate | None = None  # the value's bootstrap interval
     pair: Paired | None = None   # paired against the baseline
+    ranked: bool = True          # False: shown, never ranked (a suite that is not comparable: ≠)
 
 
 @dataclass
@@ -338,7 +339,8 @@ def mark_best(table: Table, rankable: set[str] | None = None) -> Table:
         for c in table.columns:
             if not c.ranked:
                 continue
-            cand = [r.cells[c.key] for r in table.rows if r.rankable and r.cells[c.key].value is not None]
+            cand = [r.cells[c.key] for r in table.rows
+                    if r.rankable and r.cells[c.key].value is not None and r.cells[c.key].ranked]
             _flag(cand, c.digits)
     else:
         keys = [c for c in table.columns if c.ranked and (rankable is None or c.key in rankable)]

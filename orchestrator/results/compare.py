@@ -201,10 +201,24 @@ class Difference:
     value: Any
     expected: Any
     reference: str    # label of the run it was compared with
+    suite: str | None = None  # a benchmark suite's key (compare --by suite), else the run's
 
     def __str__(self) -> str:
-        return (f"{self.run}: {FIELD_WORDS.get(self.field, self.field)} {_short(self.value)} "
+        where = f"suite {self.suite}: " if self.suite is not None else ""
+        return (f"{self.run}: {where}{FIELD_WORDS.get(self.field, self.field)} {_short(self.value)} "
                 f"differs from {_short(self.expected)} ({self.reference})")
+
+
+def key_differences(key: dict, expected: dict) -> list[tuple[str, Any, Any]]:
+    """(field, value, expected) for every comparability field of `key` that differs from `expected` (an
+    attention not recorded on either side, a file from before reval.results/2, is unknown, not different)."""
+    out = []
+    for f, want in expected.items():
+        if f == "attention" and (key.get(f) is None or want is None):
+            continue
+        if key.get(f) != want:
+            out.append((f, key.get(f), want))
+    return out
 
 
 def _short(v: Any) -> str:
@@ -223,6 +237,7 @@ class ComparedRuns:
     differences: list[Difference] = field(default_factory=list)
     _estimates: dict = field(default_factory=dict, repr=False)
     _paired: dict = field(default_factory=dict, repr=False)
+    views: dict = field(default_factory=dict, repr=False)  # derived views computed once (results/suites.py)
 
     def label(self, run: Result) -> str:
         return self.labels[str(run.path)]
@@ -278,12 +293,8 @@ def build_comparison(runs: list[Result], baseline: Result | None = None) -> Comp
     for r in with_results:
         if r is ref:
             continue
-        key = r.result.comparability.key()
-        for f, expected in ref_key.items():
-            if f == "attention" and (key[f] is None or expected is None):
-                continue  # not recorded (a file from before reval.results/2): unknown, not different
-            if key[f] != expected:
-                cmp.differences.append(Difference(cmp.label(r), f, key[f], expected, cmp.label(ref)))
+        for f, value, expected in key_differences(r.result.comparability.key(), ref_key):
+            cmp.differences.append(Difference(cmp.label(r), f, value, expected, cmp.label(ref)))
     return cmp
 
 

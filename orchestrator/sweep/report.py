@@ -210,7 +210,7 @@ def suite_taus(result) -> dict[str, dict]:
     suite (pure, seeded)."""
     import numpy as np
 
-    from ..render.suites import suite_view
+    from ..results.suites import suite_view
     out, per = {}, []
     for s in result.suites:
         est = intervals.estimates(suite_view(result, s), keys={"tau"}).get("tau")

@@ -19,8 +19,8 @@ from .formats import ci_text, visible_columns
 from .tables import Cell, Table, format_duration
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1200px;
-padding:16px 24px;color:#1d2330;background:#fff}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;padding:16px 24px;
+color:#1d2330;background:#fff}p.note,figcaption{max-width:110ch}
 h1{font-size:22px;margin:8px 0}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #d8dde6}
 nav a{margin-right:12px}table{border-collapse:collapse;margin:8px 0}.scroll{overflow-x:auto;max-width:100%}
 th,td{padding:3px 8px;border-bottom:1px solid #e4e7ee;text-align:right;vertical-align:top;white-space:nowrap}

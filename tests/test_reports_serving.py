@@ -1,8 +1,9 @@
-"""Issue 32 items 4, 6 and 13 (the laptop's reports): the serving figures (--speedup's projected speedup, --online's
+"""Issue 32 items 4, 6, 9 and 13 (the laptop's reports): the serving figures (--speedup's projected speedup, --online's
 measured speedup and agreement) in compare's default text table, its HTML and the sweep's table, lines and
 files; a sweep verdict that says why a checkpoint after a suspect one is "new"; the HTML page as wide as the
 window (a sweep's verdict column on screen in a real Chromium); --allow-unknown-config keys shown by compare
-as what two runs differ by."""
+as what two runs differ by; a results file holding one cache as two suites counted once in every interval and
+paired test (the sweep's verdicts too)."""
 from __future__ import annotations
 
 import json
@@ -170,3 +171,52 @@ def test_compare_names_the_unknown_config_keys_runs_differ_by(tmp_path, capsys, 
     assert 'rope_variant=""yarn""' in out  # the column (csv quoting doubles the quotes)
     cmp = compare.compare([compare.load_run(root / "h" / "a"), compare.load_run(root / "h" / "b")])
     assert tables.unknown_config_note(cmp).endswith('rope_variant DIFFERS: a not set, b "yarn"')
+
+
+def _better(d: dict, run: str) -> dict:
+    """`d`'s run one token better on every round of every prompt (its tau and per-prompt tau restated)."""
+    pp = [{**p, "name": p["name"], "acceptance_lengths": [x + 1 for x in p["acceptance_lengths"]],
+           "tau": p["tau"] + 1} for p in d["per_prompt"]]
+    tau = sum(p["tau"] for p in pp) / len(pp)
+    return {**d, "run": run, "per_prompt": pp, "metrics": {**d["metrics"], "tau": tau, "streak": tau - 1}}
+
+
+def _twice(d: dict) -> dict:
+    """`d` as a file written before the spec refused the same cache given as two suites (x=C y=C): every
+    prompt twice, as `x/<prompt>` and `y/<prompt>`."""
+    from remote_payload.contract.results import Result
+    n = len(d["per_prompt"])
+    pp = [{**p, "name": f"{s}/{p['name']}"} for s in "xy" for p in d["per_prompt"]]
+    suites = [{"name": s, "cache": d["cache"], "comparability": d["comparability"], "metrics": d["metrics"],
+               "prompt_range": [i * n, (i + 1) * n]} for i, s in enumerate("xy")]
+    tau = d["metrics"]["tau"]
+    return Result.from_dict({**d, "per_prompt": pp, "suites": suites, "suite_mean": {
+        "num_suites": 2, "tau": tau, "streak": tau - 1, "position_1_accuracy": None, "ddtree_tau": {}}}).to_dict()
+
+
+def test_a_cache_given_as_two_suites_counts_each_prompt_once(tmp_path):
+    """Item 9: an old file holding one cache as two suites paired 2n prompts: 5 prompts all better (exact
+    sign-flip p 0.0625, no clear change) became p 0.002, "improved". Each prompt now counts once: the same
+    Δ, CI and p as the one-cache runs, in compare and in the sweep's verdict."""
+    from orchestrator.results import intervals
+    root = tmp_path / "runs"
+    one_a = make_results("a", num_prompts=5)
+    one_b = _better(one_a, "b")
+    for name, d in (("a", _twice(one_a)), ("b", _twice(one_b)), ("a1", one_a), ("b1", one_b)):
+        write_run(root, "h", name, d)
+    a, b, a1, b1 = (compare.load_run(root / "h" / n) for n in ("a", "b", "a1", "b1"))
+    assert len(b.result.per_prompt) == 10 and len(intervals.distinct_prompts(b.result)) == 5
+    twice, once = (intervals.compare_paired(x.result, y.result, keys={"tau"})["tau"] for x, y in ((b, a), (b1, a1)))
+    assert twice.n == 5 and twice.p_value == once.p_value == pytest.approx(0.0625)
+    assert (twice.delta, twice.delta_lo, twice.delta_hi) == (once.delta, once.delta_lo, once.delta_hi)
+    assert intervals.estimates(b.result)["tau"].n == 5
+    series = [LedgerEntry(f"k{s}", f"step-{s}", "x", f"h{s}", s, "h", n, "succeeded", "s1", tau=r.result.metrics.tau,
+                          local_path=str(r.path)) for s, n, r in ((1, "a", a), (2, "b", b))]
+    outs = [sweep.Outcome(e.checkpoint, e.step, "succeeded", "h", e.run, e.tau, local_path=e.local_path)
+            for e in series]
+    sweep.attach_comparisons(outs, series, None, 0.1)
+    assert outs[1].vs_prev.n == 5 and outs[1].verdict == "no clear change"  # was "improved" (p 0.002)
+    # a suite run whose suites are different caches keeps every prompt
+    from remote_payload.runtime.dummy import fake_results, with_suites
+    res = compare.load_run(write_run(root, "h", "s", with_suites(fake_results("s", 6), ["g", "m"])))
+    assert len(intervals.distinct_prompts(res.result)) == 6

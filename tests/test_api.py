@@ -220,7 +220,8 @@ def test_api_load_and_compare_take_names_and_read_short(inv, tmp_path):
     (tmp_path / "runs/box/c2/results.json").unlink()  # a copy pulled part way: succeeded, no results.json
     for call in (lambda: reval.load("c2"), lambda: reval.compare(["c1"], baseline="c2"),
                  lambda: reval.compare(["c1", "c2"])):
-        with pytest.raises(reval.Error, match=r"run box/c2: it succeeded but .*c2/results\.json is missing") as e:
+        with pytest.raises(reval.Error, match=r"run box/c2: it succeeded but .*c2/results\.json is missing"
+                           ) as e:
             call()  # was an AttributeError at the first res.metrics
         assert e.value.exit_code == 3 and "reval pull box/c2" in e.value.hint
     html = cmp.write_html(tmp_path / "r.html")

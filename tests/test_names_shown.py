@@ -1,10 +1,10 @@
-"""Issue 32 item 12: names are shown, never obeyed. A prompt named with an OSC 0 (sets the terminal's title), an
-OSC 52 (writes the clipboard), a C1 CSI or a bidi override, a suite named so, a host's error or status saying
-so: every command that prints one (run, logs, logs -f on a terminal, logs --json, status, ls, compare and its
---per-prompt / --by suite tables in every format, the sweep's lines, the HTML page) shows its control characters
-escaped (`\\x1b]0;...`), through one function, words.printable; a CSV cell a spreadsheet would take for a
-formula (=, +, -, @, also after spaces) is written behind a `'`. The run is a real eval of the trained fixtures
-over a cache whose prompts carry those names."""
+"""Issue 32 item 12: names are shown, never obeyed. A prompt named with an OSC 0 (sets the terminal's title),
+an OSC 52 (writes the clipboard), a C1 CSI or a bidi override, a suite named so, a host's error or status
+saying so: every command that prints one (run, logs, logs -f on a terminal, logs --json, status, ls, compare
+and its --per-prompt / --by suite tables in every format, the sweep's lines, the HTML page, the demo's relayed
+extract lines) shows its control characters escaped (`\\x1b]0;...`), through one function, words.printable;
+a CSV cell a spreadsheet would take for a formula (=, +, -, @, also after spaces) is written behind a `'`.
+The run is a real eval of the trained fixtures over a cache whose prompts carry those names."""
 from __future__ import annotations
 
 import csv
@@ -82,7 +82,8 @@ def hostile_run(trained_fixtures, tmp_path_factory) -> tuple[Path, str, str]:
     (cache / "cache.json").write_text(json.dumps({**index, "prompts": prompts}))
     for p in prompts:
         (cache / p["file"]).symlink_to(paths["cache"] / p["file"])
-    p = bounded(here, "run", "local", "--drafter", str(paths["drafter_good"]), "--target", str(paths["target"]),
+    p = bounded(here, "run", "local", "--drafter", str(paths["drafter_good"]),
+                "--target", str(paths["target"]),
                 "--cache", str(cache), "--max-blocks", "3", "--name", "hn", mem_mb=4096, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     return here, p.stdout, p.stderr
@@ -147,7 +148,8 @@ def test_a_host_s_words_in_the_listing_and_the_sweep_lines_are_escaped():
     text = con.file.getvalue()
     assert_shown_not_obeyed(text, TITLE, CLIP, CSI)
     assert "[bold]broke[/bold]" in text  # text, not markup
-    o = sweep.Outcome("step-5", 5, "failed", "gpu1", "step-5-abc", error=f"cache: prompt {TITLE} is truncated")
+    o = sweep.Outcome("step-5", 5, "failed", "gpu1", "step-5-abc",
+                      error=f"cache: prompt {TITLE} is truncated")
     ok = sweep.Outcome("step-6", 6, "succeeded", "gpu1", "step-6-abc", tau=4.0)
     ok.suites = {"g" + CLIP: {"tau": 4.1, "ci": None}, "mean": {"tau": 4.0, "ci": None}}
     rep = sweep.SweepReport("s1", Path("/tmp/s1"), [o, ok], None, {"gpu9": "ssh: " + CSI}, 0.1)

@@ -78,7 +78,7 @@ def _data_points(ax):
         pts += list(xy)
     bands = []
     for coll in ax.collections:
-        if hasattr(coll, "get_offsets") and coll.get_offsets().size and type(coll).__name__ == "PathCollection":
+        if type(coll).__name__ == "PathCollection" and coll.get_offsets().size:
             pts += list(coll.get_offset_transform().transform(coll.get_offsets()))
         else:
             bands += [p.transformed(coll.get_transform()) for p in coll.get_paths()]

@@ -1,9 +1,9 @@
-"""Issue 32 items 4, 6, 9 and 13 (the laptop's reports): the serving figures (--speedup's projected speedup, --online's
-measured speedup and agreement) in compare's default text table, its HTML and the sweep's table, lines and
-files; a sweep verdict that says why a checkpoint after a suspect one is "new"; the HTML page as wide as the
-window (a sweep's verdict column on screen in a real Chromium); --allow-unknown-config keys shown by compare
-as what two runs differ by; a results file holding one cache as two suites counted once in every interval and
-paired test (the sweep's verdicts too)."""
+"""Issue 32 items 4, 6, 9 and 13 (the laptop's reports): the serving figures (--speedup's projected speedup,
+--online's measured speedup and agreement) in compare's default text table, its HTML and the sweep's table,
+lines and files; a sweep verdict that says why a checkpoint after a suspect one is "new"; the HTML page as
+wide as the window (a sweep's verdict column on screen in a real Chromium); --allow-unknown-config keys
+shown by compare as what two runs differ by; a results file holding one cache as two suites counted once in
+every interval and paired test (the sweep's verdicts too)."""
 from __future__ import annotations
 
 import json
@@ -34,10 +34,12 @@ def serving(run: str, *, measured: float, best: float, agree: int = 4, step: int
     d["online"] = {"method": "block", "device": "cpu", "dtype": "float32", "prompts": 4,
                    "prompts_agreeing": agree, "rounds": 12, "rounds_agreeing": 12 - (4 - agree),
                    "tau_pooled_online": 3.1, "tau_pooled_offline": 3.1, "tokens": 37, "spec_s": 2.0,
-                   "target_only_s": 2.0 * measured, "measured_speedup": measured, "projected_speedup": best * 0.8,
+                   "target_only_s": 2.0 * measured, "measured_speedup": measured,
+                   "projected_speedup": best * 0.8,
                    "prompts_with_cache_mismatch": 0,
-                   "per_prompt": [{"name": n, "acceptance_lengths": [3, 3, 4], "agree": i < agree, "spec_s": 0.5,
-                                   "target_only_s": 0.5 * measured} for i, n in enumerate(names)]}
+                   "per_prompt": [{"name": n, "acceptance_lengths": [3, 3, 4], "agree": i < agree,
+                                   "spec_s": 0.5, "target_only_s": 0.5 * measured}
+                                  for i, n in enumerate(names)]}
     return d
 
 
@@ -142,7 +144,8 @@ def test_the_html_page_uses_the_window_s_width(tmp_path):
     probe = ("JSON.stringify((() => { const t = document.querySelector('#sweep table'); "
              "const s = t.closest('.scroll'); const v = [...t.querySelectorAll('th')].find(th => "
              "th.textContent.startsWith('verdict')).getBoundingClientRect(); return {table: t.offsetWidth, "
-             "hidden: s.scrollWidth - s.clientWidth, verdict_right: v.right, window: window.innerWidth}; })())")
+             "hidden: s.scrollWidth - s.clientWidth, verdict_right: v.right, "
+             "window: window.innerWidth}; })())")
     rep = browser.open_page(page.as_uri(), probe, window=(2400, 1200))
     got = json.loads(rep.probe)
     assert rep.console_errors == [] and rep.exceptions == []
@@ -162,8 +165,8 @@ def test_compare_names_the_unknown_config_keys_runs_differ_by(tmp_path, capsys, 
     write_run(root, "h", "b", b)
     rc, out, err = reval(capsys, "compare", "h/a", "h/b")
     assert rc == 0, err
-    assert ('drafter config keys reval does not read, allowed with --allow-unknown-config (results may differ '
-            'by them): rope_variant DIFFERS: a not set, b "yarn"') in " ".join(out.split())
+    assert ('drafter config keys reval does not read, allowed with --allow-unknown-config (results may '
+            'differ by them): rope_variant DIFFERS: a not set, b "yarn"') in " ".join(out.split())
     rc, out, _ = reval(capsys, "compare", "h/a", "h/b", "--json")
     runs = json.loads(out)["runs"]
     assert [r["allowed_unknown_config"] for r in runs] == [None, {"rope_variant": '"yarn"'}]
@@ -191,7 +194,8 @@ def _twice(d: dict) -> dict:
                "prompt_range": [i * n, (i + 1) * n]} for i, s in enumerate("xy")]
     tau = d["metrics"]["tau"]
     return Result.from_dict({**d, "per_prompt": pp, "suites": suites, "suite_mean": {
-        "num_suites": 2, "tau": tau, "streak": tau - 1, "position_1_accuracy": None, "ddtree_tau": {}}}).to_dict()
+        "num_suites": 2, "tau": tau, "streak": tau - 1, "position_1_accuracy": None,
+        "ddtree_tau": {}}}).to_dict()
 
 
 def test_a_cache_given_as_two_suites_counts_each_prompt_once(tmp_path):
@@ -206,12 +210,14 @@ def test_a_cache_given_as_two_suites_counts_each_prompt_once(tmp_path):
         write_run(root, "h", name, d)
     a, b, a1, b1 = (compare.load_run(root / "h" / n) for n in ("a", "b", "a1", "b1"))
     assert len(b.result.per_prompt) == 10 and len(intervals.distinct_prompts(b.result)) == 5
-    twice, once = (intervals.compare_paired(x.result, y.result, keys={"tau"})["tau"] for x, y in ((b, a), (b1, a1)))
+    twice, once = (intervals.compare_paired(x.result, y.result, keys={"tau"})["tau"]
+                   for x, y in ((b, a), (b1, a1)))
     assert twice.n == 5 and twice.p_value == once.p_value == pytest.approx(0.0625)
     assert (twice.delta, twice.delta_lo, twice.delta_hi) == (once.delta, once.delta_lo, once.delta_hi)
     assert intervals.estimates(b.result)["tau"].n == 5
-    series = [LedgerEntry(f"k{s}", f"step-{s}", "x", f"h{s}", s, "h", n, "succeeded", "s1", tau=r.result.metrics.tau,
-                          local_path=str(r.path)) for s, n, r in ((1, "a", a), (2, "b", b))]
+    series = [LedgerEntry(f"k{s}", f"step-{s}", "x", f"h{s}", s, "h", n, "succeeded", "s1",
+                          tau=r.result.metrics.tau, local_path=str(r.path))
+              for s, n, r in ((1, "a", a), (2, "b", b))]
     outs = [sweep.Outcome(e.checkpoint, e.step, "succeeded", "h", e.run, e.tau, local_path=e.local_path)
             for e in series]
     sweep.attach_comparisons(outs, series, None, 0.1)

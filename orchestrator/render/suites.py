@@ -18,9 +18,10 @@ from .tables import PAIRED_NOTE, Cell, Column, Row, Table, disagreement, fmt_del
 
 SUITE_NOTE = ("rows = runs, columns = benchmark suites (matched by name; a one-cache run by its cache's "
               "content): tau (tokens per round incl. the bonus, macro over that suite's prompts) [95% "
-              "bootstrap CI over its prompts]; mean = the unweighted mean over suites of each suite's tau (the "
-              "papers' per-dataset average), its CI resampling every prompt weighted 1/n of its suite; empty: "
-              "the run has no such suite; bold = best per column among ranked runs (not SUSPECT, not ≠)")
+              "bootstrap CI over its prompts]; mean = the unweighted mean over suites of each suite's tau "
+              "(the papers' per-dataset average), its CI resampling every prompt weighted 1/n of its suite; "
+              "empty: the run has no such suite; bold = best per column among ranked runs (not SUSPECT, "
+              "not ≠)")
 SUITE_PAIRED_NOTE = ("Δ tau per suite = run - baseline over that suite's prompts, paired by prompt (n = the "
                      "suite's prompts both evaluated); Δ mean: the mean over suites, paired the same way")
 

@@ -215,13 +215,17 @@ def main_table(cmp: ComparedRuns, threshold: float = 0.1) -> Table:
         if cmp.baseline is not None:
             cells.update(detectable_cells(pair.get("tau"), threshold))
         rows.append(Row(cells, marks, cmp.rankable(run)))
-    notes = [CI_NOTE, MAIN_NOTE, comparability_note(cmp)] + serving_notes(cols) + ([unknown] if unknown else [])
-    table = Table("runs" + (f" vs {cmp.label(cmp.baseline)}" if cmp.baseline else ""), cols, rows, notes=notes)
+    notes = [
+        CI_NOTE, MAIN_NOTE, comparability_note(cmp), *serving_notes(cols),
+        *([unknown] if unknown else [])]
+    title = "runs" + (f" vs {cmp.label(cmp.baseline)}" if cmp.baseline else "")
+    table = Table(title, cols, rows, notes=notes)
     return mark_best(table)
 
 
-SPEEDUP_NOTE = ("speedup (proj.) = the best projected speedup and its method (@B: DDTree budget B; block: the "
-                "plain block): tau x t(decode) / (t(draft) + t(verify)) from the run's measured latencies "
+SPEEDUP_NOTE = ("speedup (proj.) = the best projected speedup and its method (@B: DDTree budget B; block: "
+                "the plain block): tau x t(decode) / (t(draft) + t(verify)) "
+                "from the run's measured latencies "
                 "(--speedup; speedup block: the plain block's)")
 ONLINE_NOTE = ("online = the measured wall-clock speedup of a real speculative decode (the plain block) over "
                "target-only greedy decoding of the same prompts (this device, batch 1, eager), and a/b = the "

@@ -38,9 +38,10 @@ def _tree_tau(p: PromptResult, field: str, key: str) -> float | None:
 
 
 def distinct_prompts(result: results_json.Result) -> list[PromptResult]:
-    """per_prompt with each prompt once: a suite whose cache and prompts repeat an earlier suite's (its records
-    equal but for the `<suite>/` prefix: the same cache given as two suites, which files written before the
-    spec refused it hold) adds nothing, so that no interval or paired test counts a prompt twice."""
+    """per_prompt with each prompt once: a suite whose cache and prompts repeat an earlier suite's (its
+    records equal but for the `<suite>/` prefix: the same cache given as two suites, which files written
+    before the spec refused it hold) adds nothing, so that no interval or paired test counts a prompt
+    twice."""
     if not result.suites:
         return result.per_prompt
     def body(s):

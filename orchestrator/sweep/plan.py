@@ -141,7 +141,8 @@ class Outcome:
     base_verdict: str = ""
     also: list[str] = field(default_factory=list)  # other names of the same content (evaluated once, as this)
     verdict_note: str | None = None        # why the verdict is what it is when the word alone misleads
-    speedup: dict | None = None            # --speedup: {"projected": best projected speedup, "method": its method}
+    speedup: dict | None = None            # --speedup: {"projected": the best projected speedup, "method",
+    #                                        "block": the plain block's}
     online: dict | None = None             # --online: measured speedup, prompts / rounds and how many agreed
 
 

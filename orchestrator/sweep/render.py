@@ -69,11 +69,13 @@ def speedup_text(o: Outcome) -> str:
     sp = o.speedup or {}
     if sp.get("projected") is None:
         return ""
-    return f"{sp['projected']:.2f}x {(sp.get('method') or '').replace('ddtree_', '@')} proj.".replace("  ", " ")
+    method = (sp.get("method") or "").replace("ddtree_", "@")
+    return f"{sp['projected']:.2f}x {method} proj.".replace("  ", " ")
 
 
 def online_text(o: Outcome) -> str:
-    """'online 1.85x (6/6 agree)' (--online: measured speedup, prompts whose every round agreed), '' without."""
+    """'online 1.85x (6/6 agree)' (--online: the measured speedup, the prompts whose every round agreed), ''
+    without (pure)."""
     on = o.online
     if not on:
         return ""
@@ -127,7 +129,8 @@ def report_table(rep: SweepReport) -> Table:
                                  + (" (earlier sweep)" if o.earlier else "")),
                  "base_verdict": Cell(o.base_verdict or None, o.base_verdict),
                  "speedup": Cell((o.speedup or {}).get("projected"), speedup_text(o).removesuffix(" proj.")),
-                 "online": Cell((o.online or {}).get("measured_speedup"), online_text(o).removeprefix("online "))}
+                 "online": Cell((o.online or {}).get("measured_speedup"),
+                                online_text(o).removeprefix("online "))}
         rows.append(Row(cells, [], rankable=o.tau is not None and not o.suspect))
     notes = [(f"improved / regressed: significant (*) and |Δ| >= --threshold {rep.threshold:g}; otherwise no "
               "clear change (the CI says what it cannot rule out)"),

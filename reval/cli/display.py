@@ -16,9 +16,9 @@ from . import output
 
 
 def json_line(offset: int, text: str) -> str:
-    """One eval.log line as `reval logs --json` prints it: {"offset": its byte offset, "line": its text} (pure).
-    JSON escapes the C0 controls itself; the others a terminal obeys (DEL, C1, the bidi overrides: printable's)
-    are written as \\u escapes too, the text otherwise as it is (UTF-8, not \\u-escaped)."""
+    """One eval.log line as `reval logs --json` prints it: {"offset": its byte offset, "line": its text}
+    (pure). JSON escapes the C0 controls itself; the others a terminal obeys (DEL, C1, the bidi overrides:
+    printable's) are written as \\u escapes too, the text otherwise as it is (UTF-8, not \\u-escaped)."""
     line = json.dumps({"offset": offset, "line": text}, ensure_ascii=False)
     if printable(line) != line:
         line = "".join(c if printable(c) == c else f"\\u{ord(c):04x}" for c in line)

@@ -29,8 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_const", const="json", dest="format",
                    help="the same as --format json (as llm and sqlite-utils spell it)")
     p.add_argument("--wide", action="store_true",
-                   help="every column (tau pooled, streak, each DDTree budget, width-k trees, host, step, ...), "
-                        "not only the headline ones (--by run)")
+                   help="every column (tau pooled, streak, each DDTree budget, width-k trees, host, step, "
+                        "...), not only the headline ones (--by run)")
     p.add_argument("--threshold", type=float, default=0.1, metavar="TAU",
                    help="the tau change that matters: how many prompts would detect it (default 0.1)")
     p.add_argument("--html", metavar="FILE.html", help="write a self-contained HTML report (tables, plots, "

@@ -68,7 +68,8 @@ def _demo(args, host, doing: list) -> int:
     print(f"demo    building the tiny fixtures on {host.name} (cached after the first time): {fixtures}")
     doing[0] = "fixtures"
     try:
-        fx = reval.build_fixtures(host, out=fixtures, prepared=prep,  # extract's lines, as the host wrote them
+        # extract's lines as the host wrote them, shown escaped
+        fx = reval.build_fixtures(host, out=fixtures, prepared=prep,
                                   on_line=lambda line: print("  " + printable(line, "\t"), flush=True))
     except reval.Error as e:
         sys.stderr.write(printable(getattr(e, "stderr", ""), "\t\n"))

@@ -264,7 +264,8 @@ def cmd_logs(args) -> int:
 def states_table(states: list[RunState], unreachable: dict[str, str]):
     """A rich Table of runs (pure). Narrower than the table: the timestamp (what tells runs apart) and the short
     columns stay whole on one line; host, run and cause fold onto more lines, never cut. Every cell as text
-    (no markup), its control characters escaped: what a host's status.json or events say is shown, not obeyed."""
+    (no markup), its control characters escaped: what a host's status.json or events say is shown, not
+    obeyed."""
     from rich.table import Table
     from rich.text import Text
     table = Table(box=None, pad_edge=False)

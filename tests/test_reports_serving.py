@@ -226,3 +226,15 @@ def test_a_cache_given_as_two_suites_counts_each_prompt_once(tmp_path):
     from remote_payload.runtime.dummy import fake_results, with_suites
     res = compare.load_run(write_run(root, "h", "s", with_suites(fake_results("s", 6), ["g", "m"])))
     assert len(intervals.distinct_prompts(res.result)) == 6
+
+
+def test_one_duration_for_one_run(served, capsys, tmp_path):
+    """Item 6: compare said 12s (the payload's total_s) where `done` and `reval status` said 2m41s
+    (status.json); one figure now, the provenance naming the payload's parts beside it."""
+    from orchestrator.render.tables import duration_text
+    rc, out, err = reval(capsys, "compare", "h/a", "--json")
+    run = compare.load_run(served / "h" / "a")
+    assert rc == 0 and json.loads(out)["runs"][0]["duration_s"] == 161.0, err
+    assert tables.main_table(compare.compare([run])).rows[0].cells["duration"].text == duration_text(run.status)
+    prov = html.provenance_table(compare.compare([run])).rows[0].cells
+    assert (prov["wall"].text, prov["payload_s"].text) == ("2m41s", "12s")  # the wall, and the payload's part

@@ -12,7 +12,7 @@ from pathlib import Path
 from remote_payload import __version__
 from remote_payload.contract import protocol
 
-from ..results.compare import ComparedRuns
+from ..results.compare import ComparedRuns, run_duration_s
 from ..words import printable
 from . import plots, suites, tables
 from .formats import ci_text, visible_columns
@@ -98,7 +98,7 @@ def provenance_table(cmp: ComparedRuns) -> Table:
         ("run", "run"), ("host", "host"), ("gpu", "GPU"), ("drafter", "drafter (path)"),
         ("hash", "checkpoint content hash"), ("cache", "cache fingerprint"), ("attention", "drafter attention"),
         ("payload", "payload version"), ("created", "created (UTC)"), ("load", "load (weights)"),
-        ("eval", "eval (drafting + walks)"), ("wall", "wall (payload run)"))]
+        ("eval", "eval (drafting + walks)"), ("payload_s", "payload run"), ("wall", "wall (the run)"))]
     rows = []
     for r in cmp.runs:
         res = r.result
@@ -113,11 +113,13 @@ def provenance_table(cmp: ComparedRuns) -> Table:
                 "attention": res.comparability.attention or "not recorded",
                 "payload": res.environment.payload_version or "?", "created": res.created_at,
                 "load": format_duration(t.load_s), "eval": format_duration(t.eval_s),
-                "wall": format_duration(t.total_s)}
+                "payload_s": format_duration(t.total_s), "wall": format_duration(run_duration_s(r))}
         rows.append(tables.Row({k: Cell(v, str(v)) for k, v in vals.items()}))
-    return Table("provenance", cols, rows, notes=[("durations: load = reading the drafter and the target head; "
-                                                   "eval = drafting at every anchor and the walks; wall = the "
-                                                   "whole payload run (results.json timing)")])
+    return Table("provenance", cols, rows, notes=[(
+        "durations: load = reading the drafter and the target head; eval = drafting at every anchor and the "
+        "walks; payload run = the payload's whole run (results.json timing.total_s: load, eval and the rest); "
+        "wall = the run from its start to its end (status.json), the duration every other table and line "
+        "shows")])
 
 
 def render_report(title: str, cmp: ComparedRuns, *, threshold: float = 0.1, sweep_table: Table | None = None,

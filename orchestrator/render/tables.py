@@ -45,7 +45,8 @@ PAIRED_NOTE = ("Δ = run - baseline, paired by prompt, with its 95% paired-boots
                "permutation test; * = a difference the data supports: the CI excludes 0 and p < 0.05 (both); "
                "ratio = run / baseline")
 MAIN_NOTE = ("tau = tokens per round incl. the bonus token (macro over prompts); pos-1 acc is teacher-forced; "
-             "duration = wall time of the payload run; bold = best per column among ranked runs")
+             "duration = the run's wall time, started -> finished, as reval status and ls show it; bold = "
+             "best per column among ranked runs")
 
 
 @dataclass

@@ -366,12 +366,15 @@ def checkpoint_step(result: results_json.Result | None, name: str = "") -> int |
 
 
 def run_duration_s(run: Result) -> float | None:
-    t = run.result.timing.total_s if run.result is not None else None
-    if t is not None:
-        return float(t)
+    """The run's wall time, one figure wherever a run's duration is shown: status.json's started -> finished
+    (what `reval status`, `reval ls` and the `done` line say); results.json's timing.total_s (the payload's
+    own run, a little shorter) only where status.json is missing."""
     st = run.status or {}
     a, b = iso_s(st.get("started_at")), iso_s(st.get("finished_at"))
-    return b - a if a is not None and b is not None else None
+    if a is not None and b is not None:
+        return b - a
+    t = run.result.timing.total_s if run.result is not None else None
+    return float(t) if t is not None else None
 
 
 def run_marks(cmp: ComparedRuns, run: Result) -> list[str]:

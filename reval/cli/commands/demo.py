@@ -8,7 +8,6 @@ the final drafter through the `reval` API (the same lifecycle as `reval run`), a
 """
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 import time
@@ -17,14 +16,14 @@ import reval
 from orchestrator.render import formats, tables
 from reval import EXIT_CANCELLED, EXIT_OK, EXIT_STILL_RUNNING, printable
 
-from ..argparsing import positive_int
+from ..argparsing import HelpFormatter, positive_int
 from .run import launch_line
 from .runs import finish_run, make_sink
 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="the embedded default: tiny offline models, two evals on the local host, compare",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--host", default="local", help="inventory host to run on (default: local)")
     p.add_argument("--max-blocks", type=positive_int, default=30, help="draft rounds per prompt (default 30)")
     p.add_argument("--early", default=None,

@@ -1,5 +1,6 @@
 """The user's words, read one way by the core and the CLI alike (pure): the closest known word to a
-mistyped one (every "did you mean"), and a duration like 90m, 36h, 7d or 2w (`--since`, `--older-than`)."""
+mistyped one (every "did you mean"), a duration like 90m, 36h, 7d or 2w (`--since`, `--older-than`), and any
+name or line shown with its control characters escaped (`printable`)."""
 from __future__ import annotations
 
 import difflib
@@ -17,3 +18,41 @@ def duration_s(text: str) -> float | None:
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", text.strip())
     unit = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
     return float(m.group(1)) * unit[m.group(2)] if m else None
+
+
+# What a terminal acts on instead of showing: the C0 controls (ESC opens every escape sequence: OSC 0 sets
+# the window title, OSC 52 writes the clipboard; BEL ends an OSC; CR rewrites the line), DEL, the C1 controls
+# (U+009B is a CSI by itself), the line and paragraph separators, and the bidirectional overrides and
+# isolates (which show a name in another order than it is written).
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+_CONTROLS = [chr(c) for c in range(0x2070) if CONTROL.match(chr(c))]
+_ESCAPES = {ord(c): ascii(c)[1:-1] for c in _CONTROLS}  # \x1b, \n, \x9b, \u202e: as Python writes them
+# keep -> (the runs of the other control characters, the ASCII bytes that are not one of them)
+_UNKEPT: dict[str, tuple[re.Pattern, bytes]] = {}
+
+
+def _escaped(m: re.Match) -> str:
+    run = m[0]
+    if run.count(run[0]) == len(run):  # one character repeated (a log's hole of NULs): C speed
+        return _ESCAPES[ord(run[0])] * len(run)
+    return run.translate(_ESCAPES)
+
+
+def printable(text, keep: str = "") -> str:
+    """`text` as it may reach a terminal, a CSV cell or a page: each control character (CONTROL) written as
+    its escape as Python writes it (ESC -> `\\x1b`, a newline -> `\\n`, U+202E -> `\\u202e`), except those
+    in `keep` (a log line's tabs, the newlines of a multi-line text). A prompt, suite, run or host name, or a
+    line a host sent, is shown, never obeyed (pure)."""
+    text = str(text)
+    if keep not in _UNKEPT:
+        unkept = [c for c in _CONTROLS if c not in keep]
+        _UNKEPT[keep] = (re.compile("[" + "".join(map(re.escape, unkept)) + "]+"),
+                         bytes(sorted(set(range(128)) - {ord(c) for c in unkept})))
+    runs, plain = _UNKEPT[keep]
+    if text.isascii():  # the usual case, checked at C speed (a log of 1.5 GB)
+        if not text.encode("ascii").translate(None, plain):
+            return text
+    elif not runs.search(text):
+        return text
+    return runs.sub(_escaped, text)

@@ -43,8 +43,9 @@ read from disk: its typed results.json (`res.result`, remote_payload/contract/re
 Beside the verbs: the run states (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST; UNKNOWN and NO_ANSWER,
 the controller's own), the exit codes (EXIT_OK ... EXIT_CANCELLED: `exit_code` of reval.Error, Finished and
 SweepReport), local_runs() (the runs kept in runs/ here, no host asked), is_run_glob(RUN), hosts_exit_code(
-[HostCheck | HostSync]), did_you_mean and duration_s (the words every command reads one way) and
-PLAUSIBLE_SINCE (prune ages no run that ended before it).
+[HostCheck | HostSync]), did_you_mean and duration_s (the words every command reads one way), printable (a
+name or line with its control characters escaped, as every command shows one) and PLAUSIBLE_SINCE (prune ages
+no run that ended before it).
 
 This file is the face: the names above, re-exported from reval/hosts.py (inventory, hosts check, sync, prepare,
 fixtures), runs.py (one run), listing.py (the runs on hosts: ls, pull_all, rm, prune), results.py (load,
@@ -72,7 +73,7 @@ from orchestrator.rundir.registry import NO_ANSWER, UNKNOWN, RunState
 from orchestrator.runs.lifecycle import EvalSpec
 from orchestrator.runs.remove import PLAUSIBLE_SINCE, Removal
 from orchestrator.sweep import SweepOptions, SweepReport
-from orchestrator.words import did_you_mean, duration_s
+from orchestrator.words import did_you_mean, duration_s, printable
 from remote_payload.contract.protocol import CANCELLED, FAILED, LOST, QUEUED, RUNNING, SUCCEEDED
 
 from .extracts import (
@@ -118,6 +119,6 @@ __all__ = ["CANCELLED", "EXIT_BAD_INPUT", "EXIT_CANCELLED", "EXIT_EVAL_FAILED", 
            "LogLine", "Note", "Prepared", "Progress", "Pulled", "PulledAll", "Removal", "RemovalPlan",
            "Result", "Run", "RunState", "StatusChange", "SweepInterrupted", "SweepOptions", "SweepReport",
            "attach", "build_fixtures", "caches", "check_hosts", "check_spec", "compare", "did_you_mean",
-           "duration_s", "extract", "extract_finished", "find", "hosts_exit_code", "is_run_glob", "kill", "load", "local_runs",
-           "logs", "ls", "plan_prune", "plan_rm", "prepare", "prune", "pull", "pull_all", "remove_caches",
-           "resolve_prompts", "rm", "status", "submit", "sweep", "sync", "unfinished"]
+           "duration_s", "extract", "extract_finished", "find", "hosts_exit_code", "is_run_glob", "kill", "load",
+           "local_runs", "logs", "ls", "plan_prune", "plan_rm", "prepare", "printable", "prune", "pull", "pull_all",
+           "remove_caches", "resolve_prompts", "rm", "status", "submit", "sweep", "sync", "unfinished"]

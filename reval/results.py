@@ -2,21 +2,36 @@
 `reval.compare` (what `reval compare` prints, as data: Comparison)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
+from orchestrator.render import suites as _suites_view
 from orchestrator.render import tables as _tables
 from orchestrator.results import compare as _compare
+from orchestrator.results import suites as _suites
 from orchestrator.results.compare import Result
+from remote_payload.contract import protocol
 from remote_payload.contract import results as results_json
+
+BY = ("run", "suite")
 
 
 def load(run: str | Path, *, runs_dir: str | Path | None = None) -> Result:
     """A pulled run: a run directory (runs/<host>/<name>/, or any folder holding its results.json/status.json),
-    or as the CLI takes it, NAME or HOST/NAME under `runs_dir` (default: $REVAL_RUNS_DIR, else ./runs)."""
+    or as the CLI takes it, NAME or HOST/NAME under `runs_dir` (default: $REVAL_RUNS_DIR, else ./runs). A run
+    whose status says it succeeded but whose results.json is missing (a copy pulled part way) is refused."""
     path = run if isinstance(run, Path) else _compare.pulled_run_dir(str(run), runs_dir)
-    return _compare.load_run(path)
+    return _complete(_compare.load_run(path))
+
+
+def _complete(res: Result) -> Result:
+    if res.result is None and res.state == protocol.SUCCEEDED:
+        raise ConfigError(f"run {res.spec}: it succeeded but {res.path}/{protocol.RESULTS_JSON} is missing "
+                          "(a copy pulled part way, or the file was removed)",
+                          hint=f"pull it again: reval pull {res.spec}")
+    return res
 
 
 @dataclass
@@ -36,6 +51,14 @@ class Comparison:
         return (f"reval.Comparison({len(self.rows)} runs{base} · best {self.best or '-'}"
                 + ("" if self.comparable else " · NOT comparable") + ")")
 
+    @functools.cached_property
+    def by_suite(self) -> dict:
+        """The papers' layout as data (`reval compare --by suite --json`): `suites` (the columns, matched by
+        name; a one-cache run by its cache's content), per run its marks and per suite tau with its 95%
+        interval over that suite's prompts, `comparable` (and what differs) and, against the baseline, the
+        paired Δ; the mean over suites likewise (ranked only over the same suites)."""
+        return _suites_view.suite_json(self.model)
+
     def save_plot(self, path: str | Path) -> Path:
         """Acceptance curves, histogram and DDTree plots (.png, .svg or .pdf; needs matplotlib)."""
         from orchestrator.render import plots
@@ -48,18 +71,24 @@ class Comparison:
 
 
 def compare(results: list[Result | str | Path], *, baseline: Result | str | Path | None = None,
-            allow_incomparable: bool = True, runs_dir: str | Path | None = None) -> Comparison:
+            allow_incomparable: bool = False, by: str = "run",
+            runs_dir: str | Path | None = None) -> Comparison:
     """Compare results (Results, run directories, or NAME / HOST/NAME as in `reval.load`; a glob such as
     'step-*' or 'ct129/step-*' is every pulled run it matches, by step). Runs that are not comparable are
-    marked, never ranked; with allow_incomparable=False they are refused (reval.Error naming what differs), as
-    `reval compare` does. A baseline without results is refused; a baseline glob must match exactly one run."""
+    refused (reval.Error naming what differs), as `reval compare` does; with allow_incomparable=True they are
+    marked, never ranked. by="suite" (`reval compare --by suite`) judges comparability suite by suite
+    (`Comparison.by_suite`): runs over the same suites in another order, or sharing only some, are compared;
+    a suite over another cache is what is refused. A baseline without results is refused; a baseline glob
+    must match exactly one run."""
+    if by not in BY:
+        raise ConfigError(f"by={by!r}: compare by 'run' or 'suite'", hint="reval.compare(runs, by='suite')")
     def where(x):  # every run found before any is read (a wrong name is that line, whatever else is damaged)
         if isinstance(x, str) and _compare.is_run_glob(x):
             return _compare.expand_runs(x, runs_dir)
         return [x if isinstance(x, _compare.Result | results_json.Result | Path) else _compare.pulled_run_dir(x, runs_dir)]
 
     def read(x):
-        return _compare.load_run(x) if isinstance(x, Path) else x
+        return _complete(_compare.load_run(x)) if isinstance(x, Path) else x
     found, seen = [], set()
     for x in (w for r in results for w in where(r)):  # a run named twice (two globs, a glob and its name): once
         key = x.resolve() if isinstance(x, Path) else id(x)
@@ -76,7 +105,9 @@ def compare(results: list[Result | str | Path], *, baseline: Result | str | Path
     if isinstance(base, _compare.Result) and base.result is None:
         what = baseline if isinstance(baseline, str) else str(base.path)
         raise ConfigError(f"baseline {what!r} has no results ({base.state})", hint="pick a finished run as --baseline")
-    model = _compare.compare(runs, base, allow_incomparable=allow_incomparable)
+    model = _compare.compare(runs, base, allow_incomparable=allow_incomparable or by == "suite")
+    if by == "suite" and not allow_incomparable:
+        _suites.require_comparable(_suites.match(model))
     data = _tables.comparison_json(model)
     ranked = [r for r in data["runs"] if r["rankable"] and r["metrics"].get("tau") is not None]
     best = max(ranked, key=lambda r: r["metrics"]["tau"])["label"] if ranked else None

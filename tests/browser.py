@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--remote-debugging-pipe", "--window-size=1280,900"]
+         "--remote-debugging-pipe"]
+WINDOW = (1280, 900)
 
 
 def chromium_path() -> str | None:
@@ -76,8 +77,10 @@ class _Pipe:
             self.events.append(self.read(max(0.1, deadline - time.monotonic())))
 
 
-def open_page(url: str, probe_js: str, timeout_s: float = 120) -> PageReport:
-    """Load `url` in a fresh headless Chromium (new profile dir), evaluate `probe_js` (its JSON-able value is
+def open_page(url: str, probe_js: str, timeout_s: float = 120, window: tuple[int, int] = WINDOW
+              ) -> PageReport:
+    """Load `url` in a fresh headless Chromium (new profile dir, a `window` of width x height px), evaluate
+    `probe_js` (its JSON-able value is
     `probe`), take a full-page screenshot, close the browser and kill its process group."""
     exe = chromium_path()
     if exe is None:
@@ -94,8 +97,9 @@ def open_page(url: str, probe_js: str, timeout_s: float = 120) -> PageReport:
            "os.dup2(b, 4); os.set_inheritable(3, True); os.set_inheritable(4, True); "  # dup2(3, 3) keeps CLOEXEC
            "os.execv(sys.argv[3], sys.argv[3:])")
     proc = subprocess.Popen([sys.executable, "-c", hop, str(cmd_r), str(res_w), exe, *FLAGS,
-                             f"--user-data-dir={profile}", "about:blank"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=log, pass_fds=(cmd_r, res_w), start_new_session=True)
+                             f"--window-size={window[0]},{window[1]}", f"--user-data-dir={profile}",
+                             "about:blank"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                            pass_fds=(cmd_r, res_w), start_new_session=True)
     os.close(cmd_r)
     os.close(res_w)
     pipe, rep = _Pipe(cmd_w, res_r), PageReport()

@@ -217,9 +217,13 @@ def test_api_load_and_compare_take_names_and_read_short(inv, tmp_path):
     assert "per_prompt" not in text and len(text) < 200
     cmp = reval.compare(["c1", "box/c2"], baseline="c1")
     assert cmp.comparable and cmp.best in ("c1", "c2") and repr(cmp).startswith("reval.Comparison(2 runs vs c1")
-    (tmp_path / "runs/box/c2/results.json").unlink()
-    with pytest.raises(reval.Error, match="baseline 'c2' has no results"):
-        reval.compare(["c1"], baseline="c2")
+    (tmp_path / "runs/box/c2/results.json").unlink()  # a copy pulled part way: succeeded, no results.json
+    for call in (lambda: reval.load("c2"), lambda: reval.compare(["c1"], baseline="c2"),
+                 lambda: reval.compare(["c1", "c2"])):
+        with pytest.raises(reval.Error, match=r"run box/c2: it succeeded but .*c2/results\.json is missing"
+                           ) as e:
+            call()  # was an AttributeError at the first res.metrics
+        assert e.value.exit_code == 3 and "reval pull box/c2" in e.value.hint
     html = cmp.write_html(tmp_path / "r.html")
     assert html.read_text().startswith("<!DOCTYPE html>")
 

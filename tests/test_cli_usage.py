@@ -136,3 +136,20 @@ def test_hosts_lists_what_a_cluster_job_asks_for_not_a_gpu_setting(here, capsys)
     rows = {c[1]: " ".join(c) for c in cells}  # cell 1: the host name (rich table, wrapped cells joined)
     assert "0,1" in rows["box"] and "Slurm, per job --gpus=2 on gpu" in rows["hpc"]
     assert "Slurm, per job --gres=gpu:a100:1" in rows["hpc2"] and "auto" not in rows["hpc"] + rows["hpc2"]
+
+
+def test_every_help_fits_100_columns(capsys, monkeypatch):
+    """Issue 32 item 6: the commands' descriptions and examples were printed as written, lines up to 786
+    columns; every --help now fits a 100-column terminal (an example's comment folded under its `#`)."""
+    from reval.cli import build_parser
+    from reval.cli.argparsing import subparsers
+    monkeypatch.setenv("COLUMNS", "100")
+    root = build_parser()
+    for prog, parser in [("reval", root), *subparsers(root)]:
+        text = parser.format_help()
+        long = [line for line in text.splitlines() if len(line) > 100]
+        assert not long, (prog, long)
+    lines = root.format_help().splitlines()
+    i = next(i for i, line in enumerate(lines) if line.lstrip().startswith("reval hosts check gpu-boxes"))
+    col = lines[i].index("#")
+    assert lines[i + 1][:col].strip() == "" and lines[i + 1][col:col + 1].strip()  # folded under its `#`

@@ -80,7 +80,7 @@ def test_main_table_values_and_baseline_ratios(runs_dir):
     assert t.rows[0].cells["streak"].delta is None  # the baseline is not compared with itself
     assert t.rows[1].cells["step"].text == "4000" and t.rows[1].cells["size"].text == "4x12"
     assert t.rows[1].cells["ddtree_best"].text.endswith("@512")
-    assert t.rows[0].cells["duration"].text == "12s"
+    assert t.rows[0].cells["duration"].text == "2m41s"  # status.json's, as `reval status` says (not total_s)
     # every DDTree budget and both widths get a column
     keys = [c.key for c in t.columns]
     assert [k for k in keys if k.startswith("ddtree_") and k != "ddtree_best"] == \

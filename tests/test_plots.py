@@ -63,3 +63,43 @@ def test_plots_png_and_the_svg_are_written(cmp, tmp_path):
     fig.canvas.draw()
     budgets = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_visible() and t.get_text()]
     assert {"16", "64", "512"} <= set(budgets) and not any("$" in b for b in budgets), budgets  # no mathtext
+
+
+def _data_points(ax):
+    """Every point of the axes' data in display coordinates: each line sampled along its segments (a line
+    crossing the legend between two markers counts), each scatter marker, each band's outline."""
+    import numpy as np
+    pts = []
+    for line in ax.lines:
+        xy = line.get_transform().transform(np.asarray(line.get_xydata(), dtype=float))
+        xy = xy[np.isfinite(xy).all(axis=1)]
+        for a, b in itertools.pairwise(xy):
+            pts += [a + (b - a) * t for t in np.linspace(0, 1, 60)]
+        pts += list(xy)
+    bands = []
+    for coll in ax.collections:
+        if type(coll).__name__ == "PathCollection" and coll.get_offsets().size:
+            pts += list(coll.get_offset_transform().transform(coll.get_offsets()))
+        else:
+            bands += [p.transformed(coll.get_transform()) for p in coll.get_paths()]
+    return pts, bands
+
+
+def test_no_legend_covers_data(cmp):
+    """Issue 32 item 6: a legend placed 'best' still sat on curves (the per-position panels' curves fill every
+    corner); now it goes where no line, marker or band is, or the y axis makes room for it."""
+    crowded = [StepPoint(s, 2.0 + (s % 3), 1.5, 4.5, f"step-{s}", True) for s in range(0, 100001, 5000)]
+    figures = [*_figures(cmp), ("crowded tau vs step", plots.tau_vs_step_figure(crowded, BASELINE))]
+    for what, fig in figures:
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            if legend is None:
+                continue
+            box = legend.get_window_extent(r)
+            pts, bands = _data_points(ax)
+            inside = [tuple(p) for p in pts if box.x0 < p[0] < box.x1 and box.y0 < p[1] < box.y1]
+            assert not inside, (what, ax.get_title(), inside[:3])
+            corners = [(box.x0, box.y0), (box.x1, box.y0), (box.x0, box.y1), (box.x1, box.y1)]
+            assert not any(b.contains_points(corners).any() for b in bands), (what, ax.get_title())

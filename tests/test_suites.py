@@ -7,12 +7,14 @@ import io
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from orchestrator.render import suites
-from orchestrator.results import compare, intervals
+import reval as reval_api
+from orchestrator.render import formats, suites
+from orchestrator.results import compare, intervals, stats
 from remote_payload.__main__ import main as payload_main
-from remote_payload.contract.results import Result
+from remote_payload.contract.results import Result, ResultsError
 from remote_payload.contract.spec import EvalSpec, SpecError, parse_caches
 from tests.runtools import reval
 
@@ -61,6 +63,19 @@ def evals(caches, fx, tmp_path_factory) -> Path:
     _eval(runs / "three2", fx, *(f"{n}={p}" for n, p in caches.items()))
     for n, p in caches.items():
         _eval(runs / n, fx, str(p))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def more_evals(evals, caches, fx, trained_fixtures) -> Path:
+    """evals' folder, and: reordered (three's suites given in another --cache order), two (gsm and mt only),
+    renamed (gsm's and mt's caches named gsm8k and mtbench), early (three's suites, an early checkpoint)."""
+    runs = evals
+    _eval(runs / "reordered", fx, *(f"{n}={caches[n]}" for n in ("he", "gsm", "mt")))
+    _eval(runs / "two", fx, f"gsm={caches['gsm']}", f"mt={caches['mt']}")
+    _eval(runs / "renamed", fx, f"gsm8k={caches['gsm']}", f"mtbench={caches['mt']}")
+    _eval(runs / "early", {**fx, "drafter_good": trained_fixtures / "drafters" / "step-0080"},
+          *(f"{n}={p}" for n, p in caches.items()))
     return runs
 
 
@@ -120,9 +135,15 @@ def test_a_suite_over_another_cache_is_marked_not_ranked(evals, caches, fx, tmp_
                           allow_incomparable=True)
     t = suites.suite_table(cmp)
     swapped = t.rows[1].cells["suite:gsm"]
-    assert swapped.text.endswith(suites.MISMATCH) and swapped.value is None and not swapped.best
+    assert swapped.text.endswith(suites.MISMATCH) and not swapped.ranked and not swapped.best
+    assert swapped.value == other["suites"][0]["metrics"]["tau"]  # shown (and in the CSV), never ranked
     assert any("not comparable" in n for n in t.notes)
     assert t.rows[0].cells["suite:he"].value == t.rows[1].cells["suite:he"].value
+    # its mean is over two suites that are not comparable: shown with ≠, never ranked, nothing bolded
+    # (the old table bolded both: the swapped run's mean equals three's)
+    means = [r.cells["suite_mean"] for r in t.rows]
+    assert means[1].text.endswith(suites.MISMATCH) and not means[1].ranked
+    assert not means[0].best and not means[1].best
 
 
 def test_cache_arguments_name_suites_or_refuse():
@@ -179,3 +200,179 @@ def test_preflight_names_the_suite_whose_cache_does_not_fit(caches, fx, tmp_path
     assert payload_main([*argv, "--cache", f"gsm={caches['gsm']}", "--cache", f"mt={bad}"]) == 3
     err = capsys.readouterr().err
     assert err.startswith("error: suite mt: ") and err.count("\n") == 1, err
+
+
+# ---- compare --by suite: matched by name and content, suspects marked, Δ against a baseline -------------
+
+def _json(path: Path) -> dict:
+    return json.loads((path / "results.json").read_text())
+
+
+def _suite_taus(results: dict) -> dict:
+    return {s["name"]: s["metrics"]["tau"] for s in results["suites"]}
+
+
+def test_suites_are_matched_by_name_whatever_the_cache_order(more_evals, capsys, monkeypatch):
+    """The same suites given in another --cache order: compared suite by suite, the mean ranked (the old
+    compare refused them, 'cache differs': the pooled key's fingerprint follows the order)."""
+    evals = more_evals
+    monkeypatch.chdir(evals.parent.parent)
+    rc, out, err = reval(capsys, "compare", "h/three", "h/reordered", "--by", "suite", "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["suites"] == list(SPLITS) and data["comparable"] and data["mean_over"] == list(SPLITS)
+    for run, name in zip(data["runs"], ("three", "reordered")):
+        assert {n: c["tau"] for n, c in run["suites"].items()} == _suite_taus(_json(evals / name))
+        assert all(c["comparable"] for c in run["suites"].values()) and run["suite_mean"]["ranked"]
+    assert data["runs"][0]["suites"]["he"]["interval"]["n"] == 4  # over that suite's prompts
+    api = reval_api.compare(["h/three", "h/reordered"], by="suite")  # ./runs, as the CLI read them
+    assert json.loads(formats.render_json(api.by_suite)) == data  # the API's view is the CLI's
+    t = suites.suite_table(api.model)
+    assert [c.label for c in t.columns] == ["run", "gsm", "mt", "he", "mean\nover suites"]
+    for n in SPLITS:  # the same drafter on the same cache: equal, both the best
+        a, b = t.rows[0].cells[f"suite:{n}"], t.rows[1].cells[f"suite:{n}"]
+        assert a.value == b.value and a.best and b.best
+    with pytest.raises(reval_api.Error, match="not comparable"):  # the pooled view keeps its own rule
+        reval_api.compare(["h/three", "h/reordered"], runs_dir=evals.parent)
+
+
+def test_runs_sharing_some_suites_leave_the_others_empty_and_their_mean_unranked(more_evals, capsys,
+                                                                                  monkeypatch):
+    evals = more_evals
+    monkeypatch.chdir(evals.parent.parent)
+    rc, out, err = reval(capsys, "compare", "h/three", "h/two", "--by", "suite", "--json")
+    assert rc == 0, err  # the old compare refused them
+    two = json.loads(out)["runs"][1]
+    assert set(two["suites"]) == {"gsm", "mt"} and all(c["comparable"] for c in two["suites"].values())
+    assert two["suite_mean"]["comparable"] is False and two["suite_mean"]["ranked"] is False
+    t = suites.suite_table(reval_api.compare(["h/three", "h/two"], by="suite", runs_dir=evals.parent).model)
+    he = t.rows[1].cells["suite:he"]
+    assert he.value is None and he.text == ""  # an empty cell, not a refusal
+    assert t.rows[1].cells["suite:gsm"].value == _suite_taus(_json(evals / "two"))["gsm"]
+    means = [r.cells["suite_mean"] for r in t.rows]
+    assert means[1].text.endswith(suites.MISMATCH) and not means[1].ranked
+    assert not means[0].best and not means[1].best  # a mean over 2 suites is not ranked against one over 3
+    assert any("over other suites than the reference's (gsm, mt, he)" in n for n in t.notes)
+
+
+def test_a_one_cache_run_lands_in_the_column_of_its_cache(more_evals, capsys, monkeypatch):
+    """h/gsm (one cache: the gsm cache) lands in renamed's gsm8k column (the same cache content); h/he, whose
+    cache no suite holds, in a column named by its folder (the old table gave both an empty row)."""
+    evals = more_evals
+    monkeypatch.chdir(evals.parent.parent)
+    rc, out, err = reval(capsys, "compare", "h/renamed", "h/gsm", "h/he", "--by", "suite", "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["suites"] == ["gsm8k", "mtbench", "he"]
+    gsm, he = data["runs"][1], data["runs"][2]
+    renamed = _suite_taus(_json(evals / "renamed"))
+    assert gsm["suites"] == {"gsm8k": {**gsm["suites"]["gsm8k"], "suite": "gsm", "comparable": True}}
+    assert gsm["suites"]["gsm8k"]["tau"] == _json(evals / "gsm")["metrics"]["tau"] == renamed["gsm8k"]
+    assert list(he["suites"]) == ["he"] and gsm["suite_mean"] is None
+    rc, out, err = reval(capsys, "compare", "h/renamed", "h/gsm", "h/he", "--by", "suite")
+    assert rc == 0 and "gsm: one cache, the same content as suite gsm8k's: in that column" in out
+    assert "one cache, named by its folder: he" in out
+
+
+def test_a_suspect_run_is_marked_in_every_format(evals, tmp_path, capsys, monkeypatch):
+    root = tmp_path / "runs" / "h"
+    for name in ("three", "sus"):
+        (root / name).mkdir(parents=True)
+    (root / "three" / "results.json").write_text((evals / "three" / "results.json").read_text())
+    sus = {**_json(evals / "three2"), "run": "sus"}
+    sus["health"] |= {"suspect": True, "reasons": ["position-1 accuracy 0.000"]}
+    (root / "sus" / "results.json").write_text(json.dumps(sus))
+    monkeypatch.chdir(tmp_path)
+    argv = ("compare", "h/three", "h/sus", "--by", "suite")
+    rc, out, err = reval(capsys, *argv)
+    assert rc == 0 and "sus (SUSPECT)" in out, err
+    rc, out, _ = reval(capsys, *argv, "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out.split("\n\n")[0])))
+    assert [r["marks"] for r in rows] == ["", "SUSPECT"] and rows[1]["run"] == "sus"
+    rc, out, _ = reval(capsys, *argv, "--format", "md")
+    assert "sus (SUSPECT)" in out
+    rc, out, _ = reval(capsys, *argv, "--json")
+    run = json.loads(out)["runs"][1]
+    assert run["marks"] == ["SUSPECT"] and run["rankable"] is False and run["suspect_reasons"]
+    rc, _, err = reval(capsys, *argv, "--html", str(tmp_path / "r.html"))
+    page = (tmp_path / "r.html").read_text()
+    assert rc == 0 and "sus (SUSPECT)" in page[page.index('id="suites"'):], err
+    t = suites.suite_table(reval_api.compare(["h/three", "h/sus"], by="suite").model)
+    assert not any(c.best for c in t.rows[1].cells.values())  # equal to three's, but never ranked
+
+
+def test_per_suite_delta_against_the_baseline_is_paired_by_prompt(more_evals, capsys, monkeypatch):
+    """--baseline: each suite's Δ tau with its paired 95% CI and p over that suite's prompts (stats.paired of
+    the two runs' per-prompt tau), the mean over suites' Δ over every prompt weighted 1/n of its suite."""
+    evals = more_evals
+    monkeypatch.chdir(evals.parent.parent)
+    rc, out, err = reval(capsys, "compare", "h/early", "--baseline", "h/three", "--by", "suite", "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["baseline"] == "three" and data["runs"][0]["suites"]["gsm"]["vs_baseline"] is None
+    early, three = _json(evals / "early"), _json(evals / "three")
+    for name, (a, b) in SPLITS.items():
+        pp_e, pp_t = early["per_prompt"][a:b], three["per_prompt"][a:b]
+        want = stats.paired(*(stats.Sample([p["name"] for p in pp], np.array([p["tau"] for p in pp]),
+                                           np.ones(b - a)) for pp in (pp_e, pp_t)))
+        got = data["runs"][1]["suites"][name]["vs_baseline"]["paired"]
+        assert got["n"] == b - a and got["delta"] == pytest.approx(want.delta)
+        assert got["delta_ci"] == pytest.approx([want.delta_lo, want.delta_hi])
+        assert got["p_value"] == want.p_value
+    mean = data["runs"][1]["suite_mean"]["vs_baseline"]
+    assert mean["delta"] == pytest.approx(early["suite_mean"]["tau"] - three["suite_mean"]["tau"])
+    lo, hi = mean["paired"]["delta_ci"]
+    assert mean["paired"]["n"] == 10 and lo <= mean["delta"] <= hi
+    rc, out, err = reval(capsys, "compare", "h/early", "--baseline", "h/three", "--by", "suite")
+    assert rc == 0 and "Δ tau by suite vs three, paired by prompt" in out and "Δ gsm" in out, err
+    gsm = data["runs"][1]["suites"]["gsm"]["vs_baseline"]["paired"]
+    assert f"{gsm['delta']:+.2f} [{gsm['delta_ci'][0]:+.2f}, {gsm['delta_ci'][1]:+.2f}]" in out
+    rc, out, _ = reval(capsys, "compare", "h/early", "--baseline", "h/three", "--by", "suite",
+                       "--format", "csv")
+    header = out.splitlines()[0].split(",")
+    assert {"suite:gsm_delta", "suite:gsm_delta_lo", "suite:gsm_p", "suite_mean_delta_hi"} <= set(header)
+
+
+def test_a_one_cache_baseline_pairs_with_the_suite_over_its_cache(evals, capsys, monkeypatch):
+    """Prompt names differ (`gsm/<prompt>` in a suite run): paired by the suite's own prompts all the same."""
+    monkeypatch.chdir(evals.parent.parent)
+    rc, out, err = reval(capsys, "compare", "h/three", "--baseline", "h/gsm", "--by", "suite", "--json")
+    assert rc == 0, err
+    three = json.loads(out)["runs"][1]
+    assert three["suites"]["gsm"]["vs_baseline"]["paired"]["n"] == 3
+    assert three["suites"]["gsm"]["vs_baseline"]["delta"] == 0.0  # the same drafter on the same cache
+    assert three["suites"]["mt"]["vs_baseline"] is None  # the baseline has no mt
+
+
+def test_by_suite_refuses_a_suite_over_another_cache_and_wide(evals, caches, fx, tmp_path, capsys,
+                                                              monkeypatch):
+    _eval(tmp_path / "runs" / "h" / "swapped", fx, f"gsm={caches['mt']}", f"mt={caches['gsm']}",
+          f"he={caches['he']}")
+    capsys.readouterr()  # the eval's own lines
+    monkeypatch.chdir(tmp_path)
+    argv = ("compare", str(evals / "three"), "h/swapped", "--by", "suite")
+    rc, out, err = reval(capsys, *argv)
+    assert rc == 3 and out == "" and "swapped: suite gsm: cache" in err and "swapped: suite mt: cache" in err
+    assert "suite he" not in err
+    rc, out, err = reval(capsys, *argv, "--allow-incomparable")
+    assert rc == 0 and suites.MISMATCH in out, err
+    rc, out, err = reval(capsys, *argv, "--allow-incomparable", "--wide")
+    assert rc == 3 and out == "" and err.startswith("error: --wide widens the per-run table") and \
+        err.count("\n") == 2  # the line and its hint
+
+
+def test_a_suite_name_given_twice_in_a_results_file_is_refused(evals, tmp_path, capsys, monkeypatch):
+    """Suites are matched by name: a second one of a name was dropped without a word; now one line."""
+    data = _json(evals / "three")
+    data["suites"][2]["name"] = "gsm"
+    with pytest.raises(ResultsError, match=r"suites\[2\]\.name: suite 'gsm' is given twice "
+                                           r"\(suites\[0\] too\)"):
+        Result.from_dict(data)
+    run = tmp_path / "runs" / "h" / "twice"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps(data))
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = reval(capsys, "compare", "h/twice", "--by", "suite")
+    (run / "results.json").unlink()  # broken on purpose: not one of the session's round-trip checks
+    assert rc == 3 and out == "" and "suites[2].name" in err and "Traceback" not in err
+    assert err.count("\n") <= 2  # the line and its hint

@@ -1,5 +1,7 @@
 """Render comparison `Table`s (compare.py): rich (best in bold), markdown (best as **x**), csv, json;
-and the one-line summary of a single result. Pure string builders except `print_tables`."""
+and the one-line summary of a single result. Pure string builders except `print_tables`. Every text a table
+holds (a prompt, suite or run name among them) is shown with its control characters escaped (words.printable),
+and a CSV cell that a spreadsheet would take for a formula is neutralised (csv_cell)."""
 from __future__ import annotations
 
 import csv
@@ -17,6 +19,7 @@ from rich.text import Text
 from remote_payload.contract import results as results_json
 
 from ..results import intervals
+from ..words import printable
 from .tables import Cell, Column, Table, fmt_ci, shorten
 
 
@@ -65,9 +68,10 @@ def ci_text(cell: Cell, col: Column) -> str:
 def cell_lines(cell: Cell, col: Column, wide: bool = False) -> str:
     """The terminal cell: the value, and its 95% interval on the line below (keeps columns narrow)."""
     if col.key == "run" and not wide and isinstance(cell.value, str) and cell.text.startswith(cell.value):
-        return shorten(cell.value) + cell.text[len(cell.value):]  # the name shortened, the marks kept
+        # the name shortened, the marks kept
+        return shorten(printable(cell.value)) + printable(cell.text[len(cell.value):])
     ci = ci_text(cell, col)
-    return f"{cell.text}\n{ci}" if ci else cell.text
+    return f"{printable(cell.text)}\n{ci}" if ci else printable(cell.text)
 
 
 def visible_columns(table: Table, wide: bool) -> list[Column]:
@@ -76,12 +80,13 @@ def visible_columns(table: Table, wide: bool) -> list[Column]:
 
 def rich_table(table: Table, wide: bool = False, whole_names: bool = False) -> RichTable:
     """`whole_names`: run names whole (a pipe), else shortened in the middle unless `wide`."""
-    t = RichTable(title=escape(table.title), title_justify="left", caption=escape("\n".join(table.notes)) or None,
+    t = RichTable(title=escape(printable(table.title)), title_justify="left",
+                  caption=escape("\n".join(map(printable, table.notes))) or None,
                   caption_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
                   show_lines=any(c.est is not None and c.est.n > 1 for r in table.rows for c in r.cells.values()))
     for col in visible_columns(table, wide):
-        t.add_column(escape(col.label), justify="left" if col.digits is None else "right", no_wrap=True,
-                     overflow="ellipsis" if col.key == "run" else "fold")
+        t.add_column(escape(printable(col.label, "\n")), justify="left" if col.digits is None else "right",
+                     no_wrap=True, overflow="ellipsis" if col.key == "run" else "fold")
     for row in table.rows:
         cells = []
         for col in visible_columns(table, wide):
@@ -119,7 +124,7 @@ def print_tables(tables: list[Table], console: Console | None = None, wide: bool
 
 
 def _md_escape(s: str) -> str:
-    return s.replace("|", "\\|").replace("\n", " ")
+    return printable(s, "\n").replace("|", "\\|").replace("\n", " ")
 
 
 def render_markdown(tables: list[Table], wide: bool = True) -> str:
@@ -152,10 +157,24 @@ def _r(x: float | None) -> str | float:
     return "" if x is None else round(x, 6)
 
 
+FORMULA_LEADS = ("=", "+", "-", "@")  # what a spreadsheet takes for a formula (=HYPERLINK(...), @SUM(...))
+
+
+def csv_cell(value):
+    """A CSV cell as a spreadsheet will open it (pure): a number as it is; a text with its control characters
+    escaped (printable) and, when it would start a formula (=, +, -, @ first, also after spaces, tabs or line
+    breaks), behind a `'`, so that it is read as text (OWASP's advice on CSV injection)."""
+    if not isinstance(value, str):
+        return value
+    text = printable(value)
+    return "'" + text if value.lstrip(" \t\r\n").startswith(FORMULA_LEADS) else text
+
+
 def render_csv(tables: list[Table]) -> str:
     """Raw values (no formatting), every column; intervals as `<key>_lo/_hi/_sd/_n`; with a baseline
     `<key>_ratio`, `<key>_delta` and the paired `<key>_delta_lo/_delta_hi/_ratio_lo/_ratio_hi/_p`; a `marks`
-    column. Several tables are separated by a blank line, each with its own header."""
+    column. Several tables are separated by a blank line, each with its own header. Every text cell (the
+    header's too: a suite's name is in it) goes through csv_cell."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     for i, table in enumerate(tables):
@@ -172,7 +191,7 @@ def render_csv(tables: list[Table]) -> str:
             if has[c.key, "pair"]:
                 header += [f"{c.key}_delta_lo", f"{c.key}_delta_hi", f"{c.key}_ratio_lo", f"{c.key}_ratio_hi",
                            f"{c.key}_p"]
-        w.writerow(header + ["marks"])
+        w.writerow([csv_cell(h) for h in header + ["marks"]])
         for row in table.rows:
             vals = []
             for c in table.columns:
@@ -187,7 +206,7 @@ def render_csv(tables: list[Table]) -> str:
                     p = cell.pair
                     vals += [""] * 5 if p is None else [_r(p.delta_lo), _r(p.delta_hi), _r(p.ratio_lo),
                                                         _r(p.ratio_hi), _r(p.p_value)]
-            w.writerow(vals + [";".join(row.marks)])
+            w.writerow([csv_cell(v) for v in vals + [";".join(row.marks)]])
     return buf.getvalue()
 
 

@@ -12,14 +12,15 @@ from pathlib import Path
 from remote_payload import __version__
 from remote_payload.contract import protocol
 
-from ..results.compare import ComparedRuns
+from ..results.compare import ComparedRuns, run_duration_s
+from ..words import printable
 from . import plots, suites, tables
 from .formats import ci_text, visible_columns
 from .tables import Cell, Table, format_duration
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1200px;
-padding:16px 24px;color:#1d2330;background:#fff}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;padding:16px 24px;
+color:#1d2330;background:#fff}p.note,figcaption{max-width:110ch}
 h1{font-size:22px;margin:8px 0}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #d8dde6}
 nav a{margin-right:12px}table{border-collapse:collapse;margin:8px 0}.scroll{overflow-x:auto;max-width:100%}
 th,td{padding:3px 8px;border-bottom:1px solid #e4e7ee;text-align:right;vertical-align:top;white-space:nowrap}
@@ -40,7 +41,8 @@ SWEEP_SECTIONS = ("sweep", "tau-vs-step")
 
 
 def e(x) -> str:
-    return html.escape(str(x), quote=True)
+    """Text for the page: its control characters escaped (a name's ESC is no HTML5 character), then HTML's."""
+    return html.escape(printable(x, "\n"), quote=True)
 
 
 def _cell_html(cell: Cell, col) -> str:
@@ -96,7 +98,7 @@ def provenance_table(cmp: ComparedRuns) -> Table:
         ("run", "run"), ("host", "host"), ("gpu", "GPU"), ("drafter", "drafter (path)"),
         ("hash", "checkpoint content hash"), ("cache", "cache fingerprint"), ("attention", "drafter attention"),
         ("payload", "payload version"), ("created", "created (UTC)"), ("load", "load (weights)"),
-        ("eval", "eval (drafting + walks)"), ("wall", "wall (payload run)"))]
+        ("eval", "eval (drafting + walks)"), ("payload_s", "payload run"), ("wall", "wall (the run)"))]
     rows = []
     for r in cmp.runs:
         res = r.result
@@ -111,11 +113,13 @@ def provenance_table(cmp: ComparedRuns) -> Table:
                 "attention": res.comparability.attention or "not recorded",
                 "payload": res.environment.payload_version or "?", "created": res.created_at,
                 "load": format_duration(t.load_s), "eval": format_duration(t.eval_s),
-                "wall": format_duration(t.total_s)}
+                "payload_s": format_duration(t.total_s), "wall": format_duration(run_duration_s(r))}
         rows.append(tables.Row({k: Cell(v, str(v)) for k, v in vals.items()}))
-    return Table("provenance", cols, rows, notes=[("durations: load = reading the drafter and the target head; "
-                                                   "eval = drafting at every anchor and the walks; wall = the "
-                                                   "whole payload run (results.json timing)")])
+    return Table("provenance", cols, rows, notes=[(
+        "durations: load = reading the drafter and the target head; eval = drafting at every anchor and the "
+        "walks; payload run = the payload's whole run (results.json timing.total_s: load, eval and the rest); "
+        "wall = the run from its start to its end (status.json), the duration every other table and line "
+        "shows")])
 
 
 def render_report(title: str, cmp: ComparedRuns, *, threshold: float = 0.1, sweep_table: Table | None = None,
@@ -134,7 +138,9 @@ def render_report(title: str, cmp: ComparedRuns, *, threshold: float = 0.1, swee
     parts.append(_section("comparison", "comparison", table_html(tables.main_table(cmp, threshold))
                           + (table_html(paired) + f'<p class="note">{e(LEGEND)}</p>' if paired else "")))
     if suites.suite_names(cmp.runs):  # runs over several benchmark suites: the papers' layout
-        parts.append(_section("suites", "tau by suite", table_html(suites.suite_table(cmp))))
+        paired_suites = suites.suite_paired_table(cmp)
+        parts.append(_section("suites", "tau by suite", table_html(suites.suite_table(cmp))
+                              + (table_html(paired_suites) if paired_suites else "")))
     parts.append(_section("per-position", "per-position acceptance (both conventions)",
                           _figure(plots.panel_svg(cmp, "per_position_unconditional"), "#(acc>=k)/#rounds")
                           + _figure(plots.panel_svg(cmp, "per_position_conditional"), "#(acc>=k)/#(acc>=k-1)")))

@@ -8,12 +8,16 @@ import re
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
+from matplotlib.path import Path as MplPath
 from matplotlib.ticker import FuncFormatter
 
 from ..errors import ConfigError
 from ..results.compare import ComparedRuns
+from ..words import printable
 from .tables import StepPoint
 
 FORMATS = (".png", ".svg", ".pdf")
@@ -24,7 +28,7 @@ def _runs(cmp: ComparedRuns):
     for r in cmp.runs:
         if r.result is None:
             continue
-        label = cmp.label(r) + ("" if cmp.rankable(r) or r is cmp.baseline else " (not ranked)")
+        label = printable(cmp.label(r)) + ("" if cmp.rankable(r) or r is cmp.baseline else " (not ranked)")
         style = {"linestyle": "--" if r.suspect or cmp.incomparable(r) else "-",
                  "linewidth": 2.5 if r is cmp.baseline else 1.6, "marker": "o", "markersize": 3}
         yield r, label, style
@@ -59,8 +63,7 @@ def draw_panel(ax, cmp: ComparedRuns, panel: str) -> None:
         # budgets as written everywhere else (16, 512; not 2^4 as mathtext: ~40% of this panel's drawing)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+    legend_clear_of_data(ax)
 
 
 def draw_tau_vs_step(ax, points: list[StepPoint], baseline: tuple[str, float, float | None, float | None] | None
@@ -70,8 +73,8 @@ def draw_tau_vs_step(ax, points: list[StepPoint], baseline: tuple[str, float, fl
     for i, name in enumerate(suites):  # a suite sweep: one curve per suite, and the mean (markers below)
         if name == "mean":
             continue
-        _curve(ax, [p for p in points if p.suite == name and not p.suspect], f"C{i + 4}", f"{name} (95% CI band)",
-               1.0)
+        _curve(ax, [p for p in points if p.suite == name and not p.suspect], f"C{i + 4}",
+               f"{printable(name)} (95% CI band)", 1.0)
     if suites:
         points = [p for p in points if p.suite == "mean"]
     marked = sorted((p for p in points if p.suspect), key=lambda p: p.step)
@@ -100,8 +103,53 @@ def draw_tau_vs_step(ax, points: list[StepPoint], baseline: tuple[str, float, fl
             ax.axhspan(lo, hi, color=color, alpha=0.08)
     ax.set(title="tau vs training step", xlabel="training step", ylabel="tau (tokens per round incl. bonus)")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+    legend_clear_of_data(ax)
+
+
+LEGEND_PLACES = ("upper right", "upper left", "lower right", "lower left", "center right", "center left",
+                 "upper center", "lower center", "center")
+
+
+def _data_paths(ax) -> list[tuple[MplPath, bool]]:
+    """What the axes shows as data, in display coordinates: (path, filled) per line (a baseline's too), per
+    marker and per band."""
+    out = []
+    for line in ax.lines:
+        xy = line.get_transform().transform(np.asarray(line.get_xydata(), dtype=float))
+        xy = xy[np.isfinite(xy).all(axis=1)]
+        if len(xy):
+            out.append((MplPath(xy), False))
+            if line.get_marker() not in (None, "None", ""):
+                out += [(MplPath.circle(tuple(p), 3), True) for p in xy]
+    for coll in ax.collections:
+        if isinstance(coll, PathCollection):  # a scatter: its markers
+            out += [(MplPath.circle(tuple(p), 4), True) for p in coll.get_offset_transform().transform(
+                coll.get_offsets())]
+        else:  # a band (fill_between)
+            out += [(p.transformed(coll.get_transform()), True) for p in coll.get_paths()]
+    return out
+
+
+def _covers(legend, paths, renderer) -> bool:
+    box = legend.get_window_extent(renderer)
+    return any(p.intersects_bbox(box, filled=filled) for p, filled in paths)
+
+
+def legend_clear_of_data(ax) -> None:
+    """The legend where it covers no curve, marker or band: the first place of LEGEND_PLACES that is clear;
+    when none is, the y axis grows at the top by the legend's height and it goes there (pure drawing)."""
+    if not ax.get_legend_handles_labels()[0]:
+        return
+    renderer = ax.figure.canvas.get_renderer()
+    paths = _data_paths(ax)
+    for place in LEGEND_PLACES:
+        legend = ax.legend(fontsize=8, loc=place)
+        if not _covers(legend, paths, renderer):
+            return
+    legend = ax.legend(fontsize=8, loc="upper right")
+    share = min(0.8, (legend.get_window_extent(renderer).height + 6) / ax.bbox.height)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi + (hi - lo) * share / (1 - share))
 
 
 def _curve(ax, pts: list[StepPoint], color: str, label: str, width: float) -> None:

@@ -45,7 +45,8 @@ PAIRED_NOTE = ("Δ = run - baseline, paired by prompt, with its 95% paired-boots
                "permutation test; * = a difference the data supports: the CI excludes 0 and p < 0.05 (both); "
                "ratio = run / baseline")
 MAIN_NOTE = ("tau = tokens per round incl. the bonus token (macro over prompts); pos-1 acc is teacher-forced; "
-             "duration = wall time of the payload run; bold = best per column among ranked runs")
+             "duration = the run's wall time, started -> finished, as reval status and ls show it; bold = "
+             "best per column among ranked runs")
 
 
 @dataclass
@@ -66,6 +67,7 @@ class Cell:
     best: bool = False
     est: Estimate | None = None  # the value's bootstrap interval
     pair: Paired | None = None   # paired against the baseline
+    ranked: bool = True          # False: shown, never ranked (a suite that is not comparable: ≠)
 
 
 @dataclass
@@ -172,10 +174,11 @@ def main_table(cmp: ComparedRuns, threshold: float = 0.1) -> Table:
             Column("size", "prompts\nx blocks", digits=None)]
     cols += metric_columns(cmp.runs)
     cols += [Column("best_ddtree_budget", "DDTree\nbest at", digits=None, headline=False)]
-    if any(r.result is not None and r.result.speedup is not None for r in cmp.runs):  # --speedup runs
-        cols += [Column("speedup_block", "speedup\nblock\n(proj.)", ranked=True, headline=False),
-                 Column("speedup_best", "speedup\nbest\n(proj.)", ranked=True, headline=False)]
+    cols += serving_columns(cmp.runs)
     cols += [Column("duration", "duration\n(wall)", digits=None)]
+    unknown = unknown_config_note(cmp)
+    if unknown:  # drafter config keys reval does not read: the one thing two runs may differ by
+        cols.append(Column("unknown_config", "config keys\nnot read", digits=None, headline=False))
     if cmp.baseline is not None:
         cols += detectable_columns(threshold)
     base_vals = metric_values(cmp.baseline.result) if cmp.baseline and cmp.baseline.result else {}
@@ -204,22 +207,91 @@ def main_table(cmp: ComparedRuns, threshold: float = 0.1) -> Table:
         cells["best_ddtree_budget"] = Cell(best.budget if best else None, str(best.budget) if best else "")
         if cells["ddtree_best"].value is not None and best is not None:
             cells["ddtree_best"].text += f" @{best.budget}"
-        sp = res.speedup if res is not None else None
-        if sp is not None:
-            block, best_x = sp.projected.get("block"), sp.best_speedup
-            cells["speedup_block"] = Cell(block, "" if block is None else f"{block:.2f}x")
-            cells["speedup_best"] = Cell(best_x, "" if best_x is None else
-                                         f"{best_x:.2f}x {(sp.best_method or '').replace('ddtree_', '@')}")
-        elif any(c.key == "speedup_best" for c in cols):
-            cells["speedup_block"], cells["speedup_best"] = Cell(), Cell()
+        cells.update(serving_cells(res, cols))
         dur = run_duration_s(run)
         cells["duration"] = Cell(dur, format_duration(dur))
+        if unknown:
+            text = unknown_config_text(res)
+            cells["unknown_config"] = Cell(text or None, text)
         if cmp.baseline is not None:
             cells.update(detectable_cells(pair.get("tau"), threshold))
         rows.append(Row(cells, marks, cmp.rankable(run)))
-    table = Table("runs" + (f" vs {cmp.label(cmp.baseline)}" if cmp.baseline else ""), cols, rows,
-                  notes=[CI_NOTE, MAIN_NOTE, comparability_note(cmp)])
+    notes = [
+        CI_NOTE, MAIN_NOTE, comparability_note(cmp), *serving_notes(cols),
+        *([unknown] if unknown else [])]
+    title = "runs" + (f" vs {cmp.label(cmp.baseline)}" if cmp.baseline else "")
+    table = Table(title, cols, rows, notes=notes)
     return mark_best(table)
+
+
+SPEEDUP_NOTE = ("speedup (proj.) = the best projected speedup and its method (@B: DDTree budget B; block: "
+                "the plain block): tau x t(decode) / (t(draft) + t(verify)) "
+                "from the run's measured latencies "
+                "(--speedup; speedup block: the plain block's)")
+ONLINE_NOTE = ("online = the measured wall-clock speedup of a real speculative decode (the plain block) over "
+               "target-only greedy decoding of the same prompts (this device, batch 1, eager), and a/b = the "
+               "online prompts whose every round agreed with the offline walk (--online)")
+
+
+def serving_columns(runs: list[Result]) -> list[Column]:
+    """The serving figures, shown in the default table where any run measured them: the projected speedup
+    (--speedup) and the online decode's measured speedup with its agreement (--online)."""
+    cols = []
+    if any(r.result is not None and r.result.speedup is not None for r in runs):
+        cols += [Column("speedup_block", "speedup\nblock\n(proj.)", ranked=True, headline=False),
+                 Column("speedup_best", "speedup\n(proj.)", ranked=True)]
+    if any(r.result is not None and r.result.online is not None for r in runs):
+        cols.append(Column("online", "online\nspeedup\n· agree", digits=None))
+    return cols
+
+
+def serving_cells(res, cols: list[Column]) -> dict[str, Cell]:
+    """The run's cells of serving_columns (empty where it did not measure them)."""
+    keys = {c.key for c in cols}
+    out = {k: Cell() for k in ("speedup_block", "speedup_best", "online") if k in keys}
+    sp = res.speedup if res is not None else None
+    if sp is not None:
+        block, best_x = sp.projected.get("block"), sp.best_speedup
+        out["speedup_block"] = Cell(block, "" if block is None else f"{block:.2f}x")
+        out["speedup_best"] = Cell(best_x, "" if best_x is None else
+                                   f"{best_x:.2f}x {(sp.best_method or '').replace('ddtree_', '@')}")
+    on = res.online if res is not None else None
+    if on is not None:
+        x = "-" if on.measured_speedup is None else f"{on.measured_speedup:.2f}x"
+        out["online"] = Cell(on.measured_speedup, f"{x} · {on.prompts_agreeing}/{on.prompts}")
+    return out
+
+
+def serving_notes(cols: list[Column]) -> list[str]:
+    keys = {c.key for c in cols}
+    return ([SPEEDUP_NOTE] if keys & {"speedup_best", "speedup"} else []) + ([ONLINE_NOTE] if "online" in keys
+                                                                               else [])
+
+
+def unknown_config_text(res) -> str:
+    """'frobnicate=3, x.y=true': the drafter config keys reval does not read that the run allowed."""
+    allowed = (res.drafter.allowed_unknown_config or {}) if res is not None else {}
+    return ", ".join(f"{k}={v}" for k, v in sorted(allowed.items()))
+
+
+def unknown_config_note(cmp: ComparedRuns) -> str | None:
+    """What the runs' drafter configs hold that reval does not read (--allow-unknown-config), key by key: the
+    same in every run, or each run's value where they differ (None: no run has such a key)."""
+    runs = [r for r in cmp.runs if r.result is not None]
+    allowed = {cmp.label(r): r.result.drafter.allowed_unknown_config or {} for r in runs}
+    keys = sorted({k for a in allowed.values() for k in a})
+    if not keys:
+        return None
+    parts = []
+    for k in keys:
+        vals = {label: a.get(k) for label, a in allowed.items()}
+        if len(set(vals.values())) == 1:
+            parts.append(f"{k}={vals[next(iter(vals))]} in every run")
+        else:
+            parts.append(f"{k} DIFFERS: " + ", ".join(f"{label} {'not set' if v is None else v}"
+                                                     for label, v in vals.items()))
+    return ("drafter config keys reval does not read, allowed with --allow-unknown-config (results may "
+            "differ by them): " + "; ".join(parts))
 
 
 def detectable_columns(threshold: float, headline: bool = False) -> list[Column]:
@@ -338,7 +410,8 @@ def mark_best(table: Table, rankable: set[str] | None = None) -> Table:
         for c in table.columns:
             if not c.ranked:
                 continue
-            cand = [r.cells[c.key] for r in table.rows if r.rankable and r.cells[c.key].value is not None]
+            cand = [r.cells[c.key] for r in table.rows
+                    if r.rankable and r.cells[c.key].value is not None and r.cells[c.key].ranked]
             _flag(cand, c.digits)
     else:
         keys = [c for c in table.columns if c.ranked and (rankable is None or c.key in rankable)]
@@ -374,6 +447,7 @@ def comparison_json(cmp: ComparedRuns, per_position: bool = False, per_prompt: b
                  "duration_s": run_duration_s(r), "metrics": vals,
                  "speedup": res.speedup.to_dict() if res is not None and res.speedup is not None else None,
                  "online": res.online.to_dict() if res is not None and res.online is not None else None,
+                 "allowed_unknown_config": res.drafter.allowed_unknown_config if res is not None else None,
                  "intervals": {k: e.as_dict() for k, e in cmp.estimates(r).items()},
                  "suspect_reasons": res.health.reasons if r.suspect else []}
         if base_vals and r is not cmp.baseline and res:

@@ -202,10 +202,25 @@ class Difference:
     value: Any
     expected: Any
     reference: str    # label of the run it was compared with
+    suite: str | None = None  # a benchmark suite's key (compare --by suite), else the run's
 
     def __str__(self) -> str:
-        return (f"{self.run}: {FIELD_WORDS.get(self.field, self.field)} {_short(self.value)} "
+        where = f"suite {self.suite}: " if self.suite is not None else ""
+        return (f"{self.run}: {where}{FIELD_WORDS.get(self.field, self.field)} {_short(self.value)} "
                 f"differs from {_short(self.expected)} ({self.reference})")
+
+
+def key_differences(key: dict, expected: dict) -> list[tuple[str, Any, Any]]:
+    """(field, value, expected) for every comparability field of `key` that differs from `expected` (an
+    attention or a drafter family not recorded on either side, a file from before they were, is unknown, not
+    different)."""
+    out = []
+    for f, want in expected.items():
+        if f in ("attention", "family") and (key.get(f) is None or want is None):
+            continue
+        if key.get(f) != want:
+            out.append((f, key.get(f), want))
+    return out
 
 
 def _short(v: Any) -> str:
@@ -224,6 +239,7 @@ class ComparedRuns:
     differences: list[Difference] = field(default_factory=list)
     _estimates: dict = field(default_factory=dict, repr=False)
     _paired: dict = field(default_factory=dict, repr=False)
+    views: dict = field(default_factory=dict, repr=False)  # derived views computed once (results/suites.py)
 
     def label(self, run: Result) -> str:
         return self.labels[str(run.path)]
@@ -279,12 +295,8 @@ def build_comparison(runs: list[Result], baseline: Result | None = None) -> Comp
     for r in with_results:
         if r is ref:
             continue
-        key = r.result.comparability.key()
-        for f, expected in ref_key.items():
-            if f in ("attention", "family") and (key[f] is None or expected is None):
-                continue  # not recorded (a file from before it was): unknown, not different
-            if key[f] != expected:
-                cmp.differences.append(Difference(cmp.label(r), f, key[f], expected, cmp.label(ref)))
+        for f, value, expected in key_differences(r.result.comparability.key(), ref_key):
+            cmp.differences.append(Difference(cmp.label(r), f, value, expected, cmp.label(ref)))
     return cmp
 
 
@@ -356,12 +368,15 @@ def checkpoint_step(result: results_json.Result | None, name: str = "") -> int |
 
 
 def run_duration_s(run: Result) -> float | None:
-    t = run.result.timing.total_s if run.result is not None else None
-    if t is not None:
-        return float(t)
+    """The run's wall time, one figure wherever a run's duration is shown: status.json's started -> finished
+    (what `reval status`, `reval ls` and the `done` line say); results.json's timing.total_s (the payload's
+    own run, a little shorter) only where status.json is missing."""
     st = run.status or {}
     a, b = iso_s(st.get("started_at")), iso_s(st.get("finished_at"))
-    return b - a if a is not None and b is not None else None
+    if a is not None and b is not None:
+        return b - a
+    t = run.result.timing.total_s if run.result is not None else None
+    return float(t) if t is not None else None
 
 
 def run_marks(cmp: ComparedRuns, run: Result) -> list[str]:

@@ -3,6 +3,7 @@ paired comparisons between two results. Computed from results.json's per_prompt,
 intervals existed get them too. Keys are those of `metric_values`."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -36,9 +37,31 @@ def _tree_tau(p: PromptResult, field: str, key: str) -> float | None:
     return taus.get(key)
 
 
+def distinct_prompts(result: results_json.Result) -> list[PromptResult]:
+    """per_prompt with each prompt once: a suite whose cache and prompts repeat an earlier suite's (its
+    records equal but for the `<suite>/` prefix: the same cache given as two suites, which files written
+    before the spec refused it hold) adds nothing, so that no interval or paired test counts a prompt
+    twice."""
+    if not result.suites:
+        return result.per_prompt
+    def body(s):
+        a, b = s.prompt_range
+        return s.comparability.key(), [dataclasses.replace(p, name=p.name.removeprefix(f"{s.name}/"))
+                                       for p in result.per_prompt[a:b]]
+    seen, dropped = [], set()
+    for s in result.suites:
+        mine = body(s)
+        if mine in seen:
+            dropped.update(range(*s.prompt_range))
+        else:
+            seen.append(mine)
+    return [p for i, p in enumerate(result.per_prompt) if i not in dropped] if dropped else result.per_prompt
+
+
 def samples(result: results_json.Result) -> dict[str, stats.Sample]:
-    """Every headline number of `result` that its per_prompt records can rebuild."""
-    pp = result.per_prompt
+    """Every headline number of `result` that its per_prompt records can rebuild, each prompt counted once
+    (distinct_prompts)."""
+    pp = distinct_prompts(result)
     out = {"tau": _macro(pp, lambda p: p.tau),
            "tau_pooled": _pooled(pp, lambda p: (sum(p.acceptance_lengths), len(p.acceptance_lengths))),
            "streak": _macro(pp, lambda p: None if p.tau is None else p.tau - 1)}

@@ -140,6 +140,10 @@ class Outcome:
     suites: dict | None = None             # benchmark suites: name (and "mean") -> {"tau", "ci"} (report)
     base_verdict: str = ""
     also: list[str] = field(default_factory=list)  # other names of the same content (evaluated once, as this)
+    verdict_note: str | None = None        # why the verdict is what it is when the word alone misleads
+    speedup: dict | None = None            # --speedup: {"projected": the best projected speedup, "method",
+    #                                        "block": the plain block's}
+    online: dict | None = None             # --online: measured speedup, prompts / rounds and how many agreed
 
 
 def run_name_for(ckpt: Checkpoint, key: str, suffix: str = "") -> str:

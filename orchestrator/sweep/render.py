@@ -8,8 +8,9 @@ from pathlib import Path
 
 from remote_payload.contract import protocol
 
-from ..render.tables import Cell, Column, Row, Table, fmt_ci, fmt_delta, fmt_p, mark_best
+from ..render.tables import Cell, Column, Row, Table, fmt_ci, fmt_delta, fmt_p, mark_best, serving_notes
 from ..results import compare, stats
+from ..words import printable
 from .plan import Outcome
 from .report import LoadedRuns, SweepReport, detection_note
 
@@ -58,7 +59,28 @@ def outcome_text(o: Outcome) -> str:
                               + (f" ({o.prev_note})" if o.prev_note else ""), o.prev_checkpoint))
     if o.base_ratio is not None:
         parts.append(f"{o.base_ratio:.2f}x baseline" + (f" ({o.base_note})" if o.base_note else ""))
-    return f"{named(o)}  " + " · ".join(parts) + f"   {o.verdict}" + (" (earlier sweep)" if o.earlier else "")
+    parts += [t for t in (speedup_text(o), online_text(o)) if t]
+    return (f"{named(o)}  " + " · ".join(parts) + f"   {o.verdict}"
+            + (f" ({o.verdict_note})" if o.verdict_note else "") + (" (earlier sweep)" if o.earlier else ""))
+
+
+def speedup_text(o: Outcome) -> str:
+    """'2.31x @64 proj.' (--speedup: the best projected speedup and its method), '' without (pure)."""
+    sp = o.speedup or {}
+    if sp.get("projected") is None:
+        return ""
+    method = (sp.get("method") or "").replace("ddtree_", "@")
+    return f"{sp['projected']:.2f}x {method} proj.".replace("  ", " ")
+
+
+def online_text(o: Outcome) -> str:
+    """'online 1.85x (6/6 agree)' (--online: the measured speedup, the prompts whose every round agreed), ''
+    without (pure)."""
+    on = o.online
+    if not on:
+        return ""
+    x = "-" if on.get("measured_speedup") is None else f"{on['measured_speedup']:.2f}x"
+    return f"online {x} ({on['prompts_agreeing']}/{on['prompts']} agree)"
 
 
 def _suite_cell(v: dict | None) -> Cell:
@@ -83,6 +105,10 @@ def report_table(rep: SweepReport) -> Table:
             Column("vs_base", f"vs {base}\nratio · Δ tau [95% CI]", digits=None),
             Column("verdict", "verdict\n(vs previous)", digits=None),
             Column("base_verdict", f"vs {base}", digits=None)]
+    if any(o.speedup for o in rep.outcomes):
+        cols.append(Column("speedup", "speedup\n(proj.)", ranked=True))
+    if any(o.online for o in rep.outcomes):
+        cols.append(Column("online", "online\nspeedup · agree", digits=None))
     rows = []
     for o in rep.outcomes:
         prev = "" if o.prev_tau is None or o.tau is None else \
@@ -99,8 +125,12 @@ def report_table(rep: SweepReport) -> Table:
                  "vs_prev": Cell(o.vs_prev.delta if o.vs_prev else None, prev, pair=o.vs_prev),
                  "vs_base": Cell(o.base_ratio, vs_base, pair=o.vs_base),
                  "verdict": Cell(o.verdict, o.verdict + (f": {short(o.error)}" if o.error else "")
+                                 + (f" ({o.verdict_note})" if o.verdict_note else "")
                                  + (" (earlier sweep)" if o.earlier else "")),
-                 "base_verdict": Cell(o.base_verdict or None, o.base_verdict)}
+                 "base_verdict": Cell(o.base_verdict or None, o.base_verdict),
+                 "speedup": Cell((o.speedup or {}).get("projected"), speedup_text(o).removesuffix(" proj.")),
+                 "online": Cell((o.online or {}).get("measured_speedup"),
+                                online_text(o).removeprefix("online "))}
         rows.append(Row(cells, [], rankable=o.tau is not None and not o.suspect))
     notes = [(f"improved / regressed: significant (*) and |Δ| >= --threshold {rep.threshold:g}; otherwise no "
               "clear change (the CI says what it cannot rule out)"),
@@ -109,6 +139,7 @@ def report_table(rep: SweepReport) -> Table:
               "bonus token")]
     if (note := detection_note(rep.outcomes, rep.threshold)) is not None:
         notes.append(note)
+    notes += serving_notes(cols)
     notes += [f"host {h} left out: {why}" for h, why in rep.hosts_down.items()]
     return mark_best(Table(f"sweep {rep.sweep_id}", cols, rows, notes=notes))
 
@@ -126,12 +157,12 @@ def print_report(rep: SweepReport, console) -> None:
     if fits:
         formats.print_tables([table], console)
     else:
-        console.print(table.title, markup=False, highlight=False)
-    for o in rep.outcomes:
-        console.print(outcome_text(o), markup=False)
+        console.print(printable(table.title), markup=False, highlight=False)
+    for o in rep.outcomes:  # a suite's name and a host's error as they are written, never obeyed
+        console.print(printable(outcome_text(o)), markup=False)
     if not fits:
         for note in table.notes:
-            console.print(note, markup=False, style="dim")
+            console.print(printable(note), markup=False, style="dim")
 
 
 def write_report_files(rep: SweepReport) -> None:

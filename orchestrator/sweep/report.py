@@ -21,9 +21,6 @@ from .plan import NOT_RUN, UNREACHABLE, Checkpoint, Outcome
 
 
 @dataclass
-
-
-@dataclass
 class SweepFacts:
     """What a sweep's report is built from, handed over by the sweep once its runs are done (values only:
     the report never reads the Sweep)."""
@@ -188,13 +185,15 @@ def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: comp
         run = loaded.get(o.local_path) if o.tau is not None else None
         if run is not None and (tau := loaded.tau(o.local_path)) is not None:
             o.tau_ci = [tau.lo, tau.hi]
-        if run is not None and run.result.suites:
-            o.suites = suite_taus(run.result)
-        if earlier:
-            prev = max(earlier, key=lambda e: checkpoint_order(e.step, e.checkpoint))
+        if run is not None:
+            o.suites = suite_taus(run.result) if run.result.suites else None
+            o.speedup, o.online = serving(run.result)
+        prev = max(earlier, key=lambda e: checkpoint_order(e.step, e.checkpoint)) if earlier else None
+        if prev is not None:
             o.prev_checkpoint, o.prev_tau = prev.checkpoint, prev.tau
             if run is not None:
                 o.vs_prev, o.prev_note = loaded.paired_tau(o.local_path, prev.local_path)
+        o.verdict_note = passed_over(o, prev, series)
         if base_tau and o.tau is not None:
             o.base_ratio = o.tau / base_tau
             if run is not None and baseline is not None:
@@ -204,13 +203,45 @@ def attach_comparisons(outcomes: list, series: list[LedgerEntry], baseline: comp
         o.verdict = verdict(o, threshold)
 
 
+def passed_over(o: Outcome, prev: LedgerEntry | None, series: list[LedgerEntry]) -> str | None:
+    """The earlier checkpoints between `o` and the one it is compared with (prev; None: none) that were not
+    compared because they are suspect or did not finish: 'after step-200 (suspect, not compared)' (pure)."""
+    if o.tau is None or o.suspect:
+        return None
+    here = checkpoint_order(o.step, o.checkpoint)
+    low = checkpoint_order(prev.step, prev.checkpoint) if prev is not None else None
+    skipped = sorted((e for e in series if e.checkpoint != o.checkpoint
+                      and (e.suspect or e.state != protocol.SUCCEEDED or e.tau is None)
+                      and checkpoint_order(e.step, e.checkpoint) < here
+                      and (low is None or checkpoint_order(e.step, e.checkpoint) > low)),
+                     key=lambda e: checkpoint_order(e.step, e.checkpoint))
+    if not skipped:
+        return None
+    why = ", ".join(f"{e.checkpoint} {'suspect' if e.suspect else e.state}" for e in skipped)
+    if prev is None:
+        return f"nothing earlier to compare with: {why}, not compared"
+    return f"vs {prev.checkpoint}, the last earlier one that can be compared ({why} between)"
+
+
+def serving(result) -> tuple[dict | None, dict | None]:
+    """The run's serving figures for the report: (projected speedup and its method (--speedup), the online
+    decode's measured speedup and agreement (--online)); None where the run did not measure them (pure)."""
+    sp, on = result.speedup, result.online
+    speedup = None if sp is None else {"projected": sp.best_speedup, "method": sp.best_method,
+                                        "block": sp.projected.get("block")}
+    online = None if on is None else {"measured_speedup": on.measured_speedup, "prompts": on.prompts,
+                                      "prompts_agreeing": on.prompts_agreeing, "rounds": on.rounds,
+                                      "rounds_agreeing": on.rounds_agreeing}
+    return speedup, online
+
+
 def suite_taus(result) -> dict[str, dict]:
     """Per benchmark suite its tau with the 95% bootstrap CI over its prompts (as `compare --by suite`), and
     "mean": the unweighted mean over suites (results.json suite_mean) with a CI resampling prompts within each
     suite (pure, seeded)."""
     import numpy as np
 
-    from ..render.suites import suite_view
+    from ..results.suites import suite_view
     out, per = {}, []
     for s in result.suites:
         est = intervals.estimates(suite_view(result, s), keys={"tau"}).get("tau")

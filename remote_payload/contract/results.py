@@ -387,7 +387,11 @@ class Result(Record):
             res = record_from_dict(cls, d, where)
         except ResultsError as e:
             raise ResultsError(f"{_file(source)}{e}") from None
+        names = [s.name for s in res.suites or []]
         for i, s in enumerate(res.suites or []):  # a suite's slice of per_prompt: what suite tables read
+            if s.name in names[:i]:  # suites are matched across runs by name: a second one would be lost
+                raise ResultsError(f"{_file(source)}field suites[{i}].name: suite {s.name!r} is given twice "
+                                   f"(suites[{names.index(s.name)}] too)")
             r = s.prompt_range
             if len(r) != 2 or not 0 <= r[0] <= r[1] <= len(res.per_prompt):
                 raise ResultsError(f"{_file(source)}field suites[{i}].prompt_range: expected [first, end] within "

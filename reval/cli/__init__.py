@@ -58,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = args.func(args)
     except reval.Error as e:
-        for one in (e, *e.more):
-            print(f"error: {one}", file=sys.stderr)
+        for one in (e, *e.more):  # a name or a host's words in it shown, never obeyed
+            print("error: " + reval.printable(one, "\t\n"), file=sys.stderr)
             for line in str(one.hint or "").splitlines():
-                print(f"       {line}", file=sys.stderr)
+                print("       " + reval.printable(line, "\t"), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import textwrap
 
 from reval import EXIT_BAD_INPUT, did_you_mean, duration_s
 
@@ -43,7 +44,23 @@ def usage_hint(parser: argparse.ArgumentParser, message: str) -> str | None:
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions as written; every option with a default says it (unless its help already does)."""
+    """Descriptions as written, each line longer than the terminal (at most 100 columns) folded at a word
+    under its own indentation (an example's `# comment` under its `#`); every option with a default says it
+    (unless its help already does)."""
+
+    def _fill_text(self, text, width, indent):
+        width = min(width, 100 - len(indent))
+        out = []
+        for line in text.splitlines():
+            if len(line) <= width:
+                out.append(indent + line)
+                continue
+            lead = re.match(r"\s*", line).group(0)
+            example = re.match(r"(\s*\S.*?\s{2,})#", line)
+            under = " " * len(example.group(1)) if example and len(example.group(1)) < width // 2 else lead
+            out += [indent + x for x in textwrap.wrap(line, width, initial_indent="", subsequent_indent=under,
+                                                      break_on_hyphens=False, drop_whitespace=True)]
+        return "\n".join(out)
 
     def _get_help_string(self, action):
         text = action.help or ""

@@ -1,6 +1,7 @@
 """The CLI's display of a followed run (follow sinks, see orchestrator/rundir/follow.py and events.py): plain
 lines when stdout is not a terminal, a rich progress bar with the log lines above it on a terminal. Only the
-CLI prints."""
+CLI prints. What a host sent (log lines, the events' labels, notes) is shown with its control characters
+escaped (reval.printable), on a terminal and in a pipe alike."""
 from __future__ import annotations
 
 import json
@@ -9,14 +10,19 @@ import sys
 
 from rich.markup import escape
 
-from reval import Progress
+from reval import Progress, printable
 
 from . import output
 
 
 def json_line(offset: int, text: str) -> str:
-    """One eval.log line as `reval logs --json` prints it: {"offset": its byte offset, "line": its text} (pure)."""
-    return json.dumps({"offset": offset, "line": text}, ensure_ascii=False) + "\n"
+    """One eval.log line as `reval logs --json` prints it: {"offset": its byte offset, "line": its text}
+    (pure). JSON escapes the C0 controls itself; the others a terminal obeys (DEL, C1, the bidi overrides:
+    printable's) are written as \\u escapes too, the text otherwise as it is (UTF-8, not \\u-escaped)."""
+    line = json.dumps({"offset": offset, "line": text}, ensure_ascii=False)
+    if printable(line) != line:
+        line = "".join(c if printable(c) == c else f"\\u{ord(c):04x}" for c in line)
+    return line + "\n"
 
 
 class PlainSink:
@@ -26,7 +32,8 @@ class PlainSink:
         self.out, self.err = out or sys.stdout, err or sys.stderr
 
     def line(self, text: str) -> None:
-        output.write(self.out, text + "\n")  # a closed pipe (| head) silences it; the follow goes on
+        # a closed pipe (| head) silences it; the follow goes on
+        output.write(self.out, printable(text, "\t") + "\n")
 
     def line_at(self, offset: int, text: str) -> None:
         """A log line with its byte offset in eval.log (follow calls this; JsonLinesSink shows the offset)."""
@@ -39,7 +46,7 @@ class PlainSink:
         pass
 
     def note(self, text: str) -> None:
-        output.write(self.err, text + "\n")
+        output.write(self.err, printable(text, "\t\n") + "\n")
 
     def close(self) -> None:
         pass
@@ -123,7 +130,7 @@ class RichSink(PlainSink):
     def line(self, text: str) -> None:
         from rich.text import Text
         one = text.startswith("[reval] ")  # `[reval] NAME started ... · CMD`: one line, not five
-        self.progress.console.print(Text(text), highlight=False, no_wrap=one or None,
+        self.progress.console.print(Text(printable(text, "\t")), highlight=False, no_wrap=one or None,
                                     overflow="ellipsis" if one else None)
         self.shown_on_terminal += 1
 
@@ -147,7 +154,7 @@ class RichSink(PlainSink):
         self._show(p, total=max(p.n, 1), completed=p.i, rate=rate_text(*rate_eta(self.samples, p.n)))
 
     def _show(self, p: Progress, *, total: int | None, completed: int = 0, rate: str = "") -> None:
-        description = escape(self.label or p.stage or "")
+        description = escape(printable(self.label or p.stage or ""))
         if self.task is not None and total is None:  # rich keeps a total once set: a new task has none
             self.progress.remove_task(self.task)
             self.task = None
@@ -157,7 +164,8 @@ class RichSink(PlainSink):
             self.progress.update(self.task, description=description, total=total, completed=completed, rate=rate)
 
     def note(self, text: str) -> None:
-        self.progress.console.print(f"[dim]{escape(text)}[/dim]")
+        shown = escape(printable(text, "\t\n"))
+        self.progress.console.print(f"[dim]{shown}[/dim]")
 
     def close(self) -> None:
         self.progress.stop()

@@ -21,14 +21,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--per-prompt", action="store_true", help="add a per-prompt tau table")
     p.add_argument("--by", choices=("run", "suite"), default="run",
                    help="suite: the papers' layout for runs evaluated over several caches (--cache NAME=PATH): "
-                        "rows = runs, columns = suites (tau [95%% CI]) and the mean over suites")
+                        "rows = runs, columns = suites matched by name (tau [95%% CI]) and the mean over "
+                        "suites; with --baseline each suite's Δ tau, paired by prompt")
     p.add_argument("--format", choices=("table", "md", "csv", "json"), default="table",
                    help="table (fits 100 columns; --wide: every column), md, csv or json (every value, with "
                         "95%% intervals, SD, n and the paired comparison)")
     p.add_argument("--json", action="store_const", const="json", dest="format",
                    help="the same as --format json (as llm and sqlite-utils spell it)")
-    p.add_argument("--wide", action="store_true", help="every column (tau pooled, streak, each DDTree budget, "
-                                                       "width-k trees, host, step, ...), not only the headline ones")
+    p.add_argument("--wide", action="store_true",
+                   help="every column (tau pooled, streak, each DDTree budget, width-k trees, host, step, "
+                        "...), not only the headline ones (--by run)")
     p.add_argument("--threshold", type=float, default=0.1, metavar="TAU",
                    help="the tau change that matters: how many prompts would detect it (default 0.1)")
     p.add_argument("--html", metavar="FILE.html", help="write a self-contained HTML report (tables, plots, "
@@ -44,16 +46,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.by == "suite" and args.wide:
+        raise reval.Error("--wide widens the per-run table; --by suite shows every suite already",
+                          hint="drop --wide, or use --by run --wide for every per-run column")
     if args.pull:  # into --runs-dir: the pulls, the lookups and the comparison all read that one folder
         for spec in list(args.runs) + ([args.baseline] if args.baseline else []):
             print(f"pulled  {pull_spec(args.inventory, spec, args.runs_dir)}", file=sys.stderr)
     found = reval.compare(args.runs, baseline=args.baseline, allow_incomparable=args.allow_incomparable,
-                          runs_dir=args.runs_dir)
+                          by=args.by, runs_dir=args.runs_dir)
     cmp = found.model  # what the tables are drawn from
-    main_t = tables.main_table(cmp, args.threshold)
-    paired_t = tables.paired_table(cmp, args.threshold)
-    if args.by == "suite":
-        main_t, paired_t = suites.suite_table(cmp), None
+    if args.by == "suite":  # the suite table's cells carry the paired Δ (csv); text and md add its table
+        main_t, paired_t = suites.suite_table(cmp), suites.suite_paired_table(cmp)
+    else:
+        main_t, paired_t = tables.main_table(cmp, args.threshold), tables.paired_table(cmp, args.threshold)
     extra = tables.per_position_tables(cmp) if args.per_position else []
     if args.per_prompt:
         extra.append(tables.per_prompt_table(cmp))
@@ -62,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
     if args.html:
         print(f"html    {found.write_html(args.html, threshold=args.threshold)}", file=sys.stderr)
     if args.format == "json" and args.by == "suite":
-        sys.stdout.write(formats.render_json(suites.suite_json(cmp)))
+        sys.stdout.write(formats.render_json(found.by_suite))
     elif args.format == "json":
         sys.stdout.write(formats.render_json(tables.comparison_json(cmp, args.per_position, args.per_prompt)))
     elif args.format == "md":

@@ -8,23 +8,22 @@ the final drafter through the `reval` API (the same lifecycle as `reval run`), a
 """
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 import time
 
 import reval
 from orchestrator.render import formats, tables
-from reval import EXIT_CANCELLED, EXIT_OK, EXIT_STILL_RUNNING
+from reval import EXIT_CANCELLED, EXIT_OK, EXIT_STILL_RUNNING, printable
 
-from ..argparsing import positive_int
+from ..argparsing import HelpFormatter, positive_int
 from .run import launch_line
 from .runs import finish_run, make_sink
 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="the embedded default: tiny offline models, two evals on the local host, compare",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--host", default="local", help="inventory host to run on (default: local)")
     p.add_argument("--max-blocks", type=positive_int, default=30, help="draft rounds per prompt (default 30)")
     p.add_argument("--early", default=None,
@@ -68,9 +67,11 @@ def _demo(args, host, doing: list) -> int:
     print(f"demo    building the tiny fixtures on {host.name} (cached after the first time): {fixtures}")
     doing[0] = "fixtures"
     try:
-        fx = reval.build_fixtures(host, out=fixtures, prepared=prep, on_line=lambda line: print("  " + line, flush=True))
+        # extract's lines as the host wrote them, shown escaped
+        fx = reval.build_fixtures(host, out=fixtures, prepared=prep,
+                                  on_line=lambda line: print("  " + printable(line, "\t"), flush=True))
     except reval.Error as e:
-        sys.stderr.write(getattr(e, "stderr", ""))
+        sys.stderr.write(printable(getattr(e, "stderr", ""), "\t\n"))
         raise
     early = args.early or fx.drafters[min(1, len(fx.drafters) - 1)]  # drafters/step-NNNN in training order
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 from rich.table import Table
+from rich.text import Text
 
 import reval
 from orchestrator.render.formats import listing_console
@@ -79,14 +80,17 @@ def _gb(mib) -> str:
 
 
 def check_table(results: list[reval.HostCheck]) -> Table:
+    """One row per host; what the host answered (its python, GPU names, errors) as text with its control
+    characters escaped, never as markup or a terminal's command."""
     t = Table(title_justify="left")
     for col in ("host", "status", "python", "disk free", "GPUs", "payload", "venv", "time"):
         t.add_column(col)
     for r in results:
         status = "ok" if r.ok else ("UNREACHABLE" if not r.reachable else "FAILED")
         disk = f"{r.disk_free_bytes / 1e9:.0f} GB" if r.disk_free_bytes is not None else "-"
-        t.add_row(r.host, status, r.python or "-", disk, gpu_summary(r), r.payload if r.reachable else "-",
-                  r.venv if r.reachable else "-", f"{r.elapsed_s:.1f}s")
+        cells = (r.host, status, r.python or "-", disk, gpu_summary(r), r.payload if r.reachable else "-",
+                 r.venv if r.reachable else "-", f"{r.elapsed_s:.1f}s")
+        t.add_row(*(Text(reval.printable(c, "\n")) for c in cells))
     return t
 
 
@@ -142,5 +146,5 @@ def main_check(args: argparse.Namespace) -> int:
         con = listing_console()
         con.print(check_table(results))
         for line in cluster_lines(results) + failure_lines(results):
-            con.print(line, highlight=False, markup=False)
+            con.print(reval.printable(line), highlight=False, markup=False)
     return reval.hosts_exit_code(results)

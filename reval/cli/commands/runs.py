@@ -2,9 +2,11 @@
 
 RUN is `name` (looked up in runs/ here, then on every inventory host) or `host/name`. Each command is one call
 of the `reval` API (reval.find / status / ls / logs / pull / pull_all / kill, Run.finish); this module parses
-and prints."""
+and prints: every name and every line a host sent with its control characters escaped (reval.printable)."""
 from __future__ import annotations
 
+import codecs
+import itertools
 import json
 import sys
 
@@ -26,6 +28,7 @@ from reval import (
     RUNNING,
     SUCCEEDED,
     RunState,
+    printable,
 )
 
 from .. import output
@@ -66,11 +69,21 @@ def failure_why(host: str, status: dict) -> str:
 
 
 def out(text: str = "") -> None:
-    output.write(sys.stdout, text + "\n")
+    output.write(sys.stdout, printable(text, "\t\n") + "\n")
 
 
 def err(text: str) -> None:
-    output.write(sys.stderr, text + "\n")
+    output.write(sys.stderr, printable(text, "\t\n") + "\n")
+
+
+def write_log(chunks) -> None:
+    """eval.log's pieces of bytes on stdout as text, its control characters escaped (printable; a byte that is
+    not UTF-8 as \\xNN), until the reader goes."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+    for data in itertools.chain(chunks, [None]):  # streamed: never the whole log at once
+        text = decoder.decode(b"", final=True) if data is None else decoder.decode(data)
+        if not output.write(sys.stdout.buffer, printable(text, "\t\n").encode("utf-8")):
+            return  # the reader has gone
 
 
 def make_sink():
@@ -254,9 +267,7 @@ def cmd_logs(args) -> int:
             for line in run.log(tail=args.tail).lines() if args.tail else run.log_lines():
                 out(json_line(line.offset, line.text).rstrip("\n"))
         else:
-            for data in [run.log(tail=args.tail).data] if args.tail else run.log_chunks():
-                if not output.write(sys.stdout.buffer, data):
-                    break  # the reader has gone
+            write_log([run.log(tail=args.tail).data] if args.tail else run.log_chunks())
         return EXIT_OK
     # --tail: from the start of the last N lines; None: where this folder's last follow stopped
     offset = 0 if args.from_start and not args.tail else None
@@ -272,22 +283,29 @@ def cmd_logs(args) -> int:
 
 def states_table(states: list[RunState], unreachable: dict[str, str]):
     """A rich Table of runs (pure). Narrower than the table: the timestamp (what tells runs apart) and the short
-    columns stay whole on one line; host, run and cause fold onto more lines, never cut."""
+    columns stay whole on one line; host, run and cause fold onto more lines, never cut. Every cell as text
+    (no markup), its control characters escaped: what a host's status.json or events say is shown, not
+    obeyed."""
     from rich.table import Table
+    from rich.text import Text
     table = Table(box=None, pad_edge=False)
     for col in ("host", "run", "state", "started", "took", "exit", "gpus", "progress / cause"):
         table.add_column(col, no_wrap=col in ("state", "started", "took", "exit", "gpus"), overflow="fold")
+
+    def row(*cells) -> None:
+        table.add_row(*(Text(printable(c)) for c in cells))
+
     for s in states:
         st = s.status
         last = (s.progress if s.state == RUNNING
                 else failure_cause(s.host, st) or "" if s.state == FAILED
                 else s.reason if s.state == NO_ANSWER else "")
         # no-answer: the word in the state column, Slurm's why in the cause column (as an unreachable host's)
-        table.add_row(s.host, s.name, s.state if s.state == NO_ANSWER else state_text(s), st.get("started_at", ""),
-                      duration_text(st) if st.get("finished_at") else "", str(st.get("exit_code", "")),
-                      ",".join(map(str, st.get("gpus", []))) or (st.get("device") or ""), last)
+        row(s.host, s.name, s.state if s.state == NO_ANSWER else state_text(s), st.get("started_at", ""),
+            duration_text(st) if st.get("finished_at") else "", str(st.get("exit_code", "")),
+            ",".join(map(str, st.get("gpus", []))) or (st.get("device") or ""), last)
     for h, why in unreachable.items():
-        table.add_row(h, "", "unreachable", "", "", "", "", why)  # the why in the cause column
+        row(h, "", "unreachable", "", "", "", "", why)  # the why in the cause column
     return table
 
 

@@ -10,7 +10,7 @@ from rich.console import Console
 import reval
 from orchestrator.render import formats
 from orchestrator.sweep import render
-from reval import EXIT_CANCELLED, EXIT_STILL_RUNNING
+from reval import EXIT_CANCELLED, EXIT_STILL_RUNNING, printable
 
 from ..argparsing import positive_int, seconds
 from ..specargs import add_spec_options, spec_from_args
@@ -76,7 +76,8 @@ def main(args: argparse.Namespace) -> int:
         sweep_dir=args.sweep_dir, max_ssh=args.max_ssh, poll_s=args.poll_s, retries=max(1, args.retries))
     err = Console(stderr=True, highlight=False)
     try:
-        rep = reval.sweep(opts, inventory=args.inventory, on_line=lambda line: err.print(line, markup=False))
+        rep = reval.sweep(opts, inventory=args.inventory,
+                          on_line=lambda line: err.print(printable(line), markup=False))
     except reval.SweepInterrupted as e:
         err.print(interrupted_text(e), markup=False, soft_wrap=True)
         return EXIT_STILL_RUNNING if e.launched or e.maybe else EXIT_CANCELLED

@@ -49,12 +49,12 @@ def main(args: argparse.Namespace) -> int:
     results = reval.sync(args.target, venv=not args.no_venv, max_workers=args.jobs, inventory=args.inventory)
     con = listing_console()
     for r in results:
-        con.print(sync_line(r), highlight=False, markup=False)
+        con.print(reval.printable(sync_line(r)), highlight=False, markup=False)
     failed = [r for r in results if not r.ok]
     if failed and len(results) > 1:
         con.print(f"synced {len(results) - len(failed)} of {len(results)} hosts · failed: "
                   + ", ".join(r.host for r in failed), highlight=False, markup=False)
     for line in failure_lines([r for r in failed if r.hint]):
         if line.startswith("  fix:"):
-            con.print(line, highlight=False, markup=False)
+            con.print(reval.printable(line), highlight=False, markup=False)
     return reval.hosts_exit_code(results)

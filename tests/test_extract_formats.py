@@ -272,3 +272,16 @@ def test_resume_with_other_enable_thinking_refuses_via_the_cli(t, tmp_path, caps
     assert _cli(t.chat, prompts, tmp_path / "c", "--no-enable-thinking") == 0
     assert "resuming" in capsys.readouterr().out
     assert open_cache(tmp_path / "c").meta["prompt_format"]["enable_thinking"] is False
+
+
+def test_lines_end_at_newline_only(tmp_path):
+    """A .txt splits at \\n and \\r\\n, never at U+2028, NEL, form feed or \\v (str.splitlines() does); a jsonl line
+    with a raw U+2028 inside a string is valid JSON."""
+    txt = tmp_path / "p.txt"
+    txt.write_bytes("count n01\u2028n02\x85n03\r\nskip n03\x0cn06\x0bn09\n\n".encode())
+    assert read_prompts(txt) == ("txt", [("prompt-000", ["count n01\u2028n02\x85n03"]),
+                                         ("prompt-001", ["skip n03\x0cn06\x0bn09"])])
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_bytes('{"name": "a", "prompt": "count n01\u2028n02"}\r\n{"name": "b", "prompt": "x\x85y"}\n'
+                      .encode())
+    assert read_prompts(jsonl) == ("prompt", [("a", ["count n01\u2028n02"]), ("b", ["x\x85y"])])

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -249,6 +252,37 @@ def test_mask_embedding_for_another_id_or_shape_is_refused(fx, tmp_path, capsys)
         assert rc == 3 and res is None and want in err, err
         with pytest.raises(CheckpointError):
             load_drafter(d)
+
+
+@pytest.mark.parametrize("what", ["fifo", "too-large"])
+def test_mask_embedding_that_is_not_a_small_regular_file_is_one_line(fx, tmp_path, what):
+    """A FIFO (preflight passed it and torch.load waited for a writer for ever) or an oversized file at
+    mask_embedding.pt: eval and preflight exit 3 in one line, read through the regular-file check; the content
+    hash covers the file (a FIFO is refused there too, not left out of the hash)."""
+    d = _variant(fx, tmp_path, what)
+    if what == "fifo":
+        os.mkfifo(d / "mask_embedding.pt")
+    else:
+        torch.save(torch.zeros(1 << 16), d / "mask_embedding.pt")  # 256 KiB of floats for a 64-wide drafter
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    run = tmp_path / "runs" / what
+    args = {"eval": ["--cache", str(fx["cache"]), "--run-dir", str(run), "--device", "cpu", "--num-prompts", "1"],
+            "preflight": ["--cache", str(fx["cache"])]}
+    for command, extra in args.items():
+        if command == "preflight" and what != "fifo":
+            continue  # preflight reads no weights (only names them); the eval refuses the size
+        p = subprocess.run([sys.executable, "-m", "remote_payload", command, "--drafter", str(d), "--target",
+                            str(fx["target"]), *extra], env=env, capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL, check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 3 and len(lines) == 1 and "mask_embedding.pt" in lines[0], (command, p.stderr)
+        assert ("not a regular file" if what == "fifo" else "larger than 64 KiB") in lines[0], lines
+    assert not (run / "results.json").exists()
+    if what == "fifo":
+        with pytest.raises(OSError, match="not a regular file"):
+            content_hash(d)
+    else:
+        assert content_hash(d) != content_hash(fx["drafter_good"])
 
 
 def test_midlayer_weight_names_load_as_layer_0(fx, tmp_path):

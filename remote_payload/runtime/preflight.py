@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from remote_payload.contract import protocol, spec
-from remote_payload.contract.contenthash import INDEX_JSON, SINGLE_SAFETENSORS, content_files
+from remote_payload.contract.contenthash import INDEX_JSON, MASK_EMBEDDING, SINGLE_SAFETENSORS, content_files
 from remote_payload.contract.drafterconfig import DrafterConfig, add_allow_unknown, check_features
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
@@ -54,8 +54,11 @@ def drafter_config(path: str, allow_unknown=()) -> DrafterConfig | None:
     if p.is_dir() and not ((folder / INDEX_JSON).exists() or (folder / SINGLE_SAFETENSORS).exists()):
         raise PayloadError(f"drafter folder {folder} has neither {INDEX_JSON} nor {SINGLE_SAFETENSORS}")
     for f in content_files(p):
+        if f.exists() and not f.is_file():  # a FIFO hangs the reader that opens it, a device never ends
+            raise PayloadError(f"drafter {p}: {f.name} is not a regular file; replace it with the real file")
         if not f.is_file():
-            raise PayloadError(f"drafter {p}: weight file {f.name} is missing")
+            raise PayloadError(f"drafter {p}: {'file' if f.name == MASK_EMBEDDING else 'weight file'} {f.name} "
+                               "is missing")
     return DrafterConfig.from_dict(_json(folder / "config.json", "drafter config"), source=str(folder / "config.json"),
                                    allow_unknown=allow_unknown)
 

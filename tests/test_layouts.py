@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from remote_payload.__main__ import main as payload_main
 from remote_payload.contract.contenthash import content_hash
-from remote_payload.contract.drafterconfig import DrafterConfig
+from remote_payload.contract.drafterconfig import TRANSFORMERS_DEFAULTS, DrafterConfig
 from remote_payload.contract.errors import CheckpointError, ConfigError
 from remote_payload.eval.checkpoint import load_drafter
 from tests.tiny_models import random_drafter, random_head, tiny_drafter_config
@@ -107,6 +107,54 @@ def test_fields_reval_does_not_implement_are_refused_by_name(top, dflash, named)
         DrafterConfig.from_dict(_cfg(**top, dflash=dflash), source="/x/config.json")
     msg = str(ei.value)
     assert named in msg and "\n" not in msg and ("refusing" in msg or "not implemented" in msg), msg
+
+
+TO_DICT_457 = Path(__file__).parent / "data" / "transformers-4.57.1-to_dict-config.json"  # Qwen3Config(...).to_dict()
+
+
+def _other(v):
+    """A value that is not transformers' default `v`."""
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, (int, float)):
+        return v + 3
+    return "something else" if v is None or isinstance(v, str) else None
+
+
+def test_a_config_written_by_transformers_to_dict_is_honoured_at_the_base_class_defaults():
+    """transformers' to_dict() writes every PretrainedConfig attribute (4.57: 56, 36 of them beyond the bookkeeping
+    keys: is_decoder, temperature, top_k, ...): accepted at the base class's defaults, with nothing to allow;
+    each one at another value is refused naming it. The written file is 4.57.1's; the installed transformers
+    (whatever its version) gives the live one: a real subclass's to_dict() plus the generation parameters it
+    knows (5.x pops them from a config on load, 4.x writes them)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers import GenerationConfig, Qwen3Config
+    recorded = json.loads(TO_DICT_457.read_text())
+    live = Qwen3Config(**{k: recorded[k] for k in (
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "num_hidden_layers", "vocab_size", "max_position_embeddings", "rms_norm_eps", "architectures",
+        "tie_word_embeddings", "block_size", "num_target_layers", "dflash_config")}, rope_theta=10000.0).to_dict()
+    gen = getattr(GenerationConfig, "_get_default_generation_params", dict)()
+    live = {**gen, **live}
+    base = getattr(transformers, "PreTrainedConfig", None) or transformers.PretrainedConfig
+    assert set(base().to_dict()) <= set(live)  # every base-class attribute is in the live config
+    for d in (recorded, live):
+        cfg = DrafterConfig.from_dict(d, source="/x/config.json")
+        assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.mask_token_id, cfg.target_layer_ids) == (32, 2, 95,
+                                                                                                     [1, 3, 4])
+        assert cfg.allowed_unknown == [] and DrafterConfig.from_dict(cfg.to_dict()) == cfg
+    generic = sorted((set(recorded) | set(gen)) & set(TRANSFORMERS_DEFAULTS))
+    assert len(set(recorded) & set(TRANSFORMERS_DEFAULTS)) == 36 and {"is_decoder", "temperature"} <= set(generic)
+    for key in generic:
+        d = {**live, **recorded}
+        d[key] = _other(d[key])
+        with pytest.raises(ConfigError) as ei:
+            DrafterConfig.from_dict(d, source="/x/config.json")
+        msg = str(ei.value)
+        assert f"key {key!r}={d[key]!r}" in msg and f"--allow-unknown-config {key}" in msg and "\n" not in msg, msg
+        assert DrafterConfig.from_dict(d, allow_unknown=[key]).allowed_unknown == [key]
+    d = {**recorded, "temperature": 1, "top_k": 50.0}  # the same numbers in another JSON spelling
+    assert DrafterConfig.from_dict(d).allowed_unknown == []
 
 
 def test_neutral_values_of_those_fields_are_the_model_reval_evaluates():

@@ -368,6 +368,44 @@ def test_refused_and_allowed_keys_end_to_end(fx, tmp_path, capsys):
     assert "dflash_config.attention_sink_bias=True" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("top, dflash, won, lost, winner", [
+    ({"mask_token_id": 7}, {}, "dflash_config.mask_token_id=95", "mask_token_id=7", "dflash_config.mask_token_id"),
+    ({"target_layer_ids": [1, 3]}, {}, "dflash_config.target_layer_ids=[1, 3, 4]", "target_layer_ids=[1, 3]",
+     "dflash_config.target_layer_ids"),
+    ({"block_size": 16}, {"block_size": 8}, "block_size=16", "dflash_config.block_size=8", "block_size"),
+    ({"rope_parameters": {"rope_theta": 5e5}}, {}, "rope_theta=10000.0", "rope_parameters.rope_theta=500000.0",
+     "rope_theta"),
+    ({"is_causal": False}, {"causal": True}, "is_causal=False", "dflash_config.causal=True", "is_causal"),
+    ({"layer_types": [S, F], "sliding_window": 5}, {"swa_window_size": 4}, "dflash_config.swa_window_size=4",
+     "sliding_window=5", "dflash_config.swa_window_size"),
+    ({"layer_types": [F, F], "sliding_window": 5}, {"use_swa": True}, "dflash_config.use_swa=True",
+     f"layer_types={[F, F]}", "dflash_config.use_swa (every layer slides)"),
+    ({"layer_types": [S, F], "sliding_window": 5}, {"use_swa": True}, "dflash_config.use_swa=True",
+     f"layer_types={[S, F]}", "layer_types"),
+])
+def test_fields_that_disagree_are_named_with_the_winner(top, dflash, won, lost, winner):
+    cfg = DrafterConfig.from_dict(_cfg(**top, dflash=dflash))
+    assert cfg.conflicts == [f"{won} and {lost} differ: {winner} wins"]
+    assert DrafterConfig.from_dict(_cfg()).conflicts == []
+    same = DrafterConfig.from_dict(_cfg(mask_token_id=95, block_size=16, dflash={"block_size": 16}, rope_theta=1e4,
+                                        rope_parameters={"rope_theta": 10000}))
+    assert same.conflicts == []  # equal values (10000 == 10000.0) are no conflict
+
+
+def test_a_conflict_is_a_warning_line_and_a_note_and_the_winner_is_evaluated(fx, tmp_path, capsys):
+    """block_size at the top level and another in dflash_config: the top level wins (as documented), the eval
+    says so in its log and results.json's notes, and its numbers are the plain drafter's."""
+    d = _variant(fx, tmp_path, "conflict", lambda c: {**c, "block_size": 16,
+                                                      "dflash_config": {**c["dflash_config"], "block_size": 8}})
+    rc, res = _eval(tmp_path, d, fx, name="conflict")
+    out = capsys.readouterr().out
+    rc2, plain = _eval(tmp_path, fx["drafter_good"], fx, name="plain")
+    said = "block_size=16 and dflash_config.block_size=8 differ: block_size wins"
+    assert rc == rc2 == 0 and f"warning: drafter config: {said}" in out
+    assert res["notes"] == [f"drafter config: {said}"] and plain["notes"] is None
+    assert _acceptance(res) == _acceptance(plain) and res["options"]["block_size"] == 16
+
+
 def test_reval_run_refuses_an_unknown_key_before_launch_and_passes_the_allowance(fx, here, capsys, tmp_path):
     """The controller's preflight refuses the key (exit 3, nothing created); `reval run --allow-unknown-config
     KEY` hands the allowance to the preflight and the eval, and the pulled results.json records it."""

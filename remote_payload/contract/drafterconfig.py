@@ -19,7 +19,8 @@ rules of vLLM's DFlash loader (`qwen3_dflash.py` `_resolve_layer_attention`), wh
    `dflash_config.causal` when set (all layers); else, with `layer_types` given, causal iff the layer is
    sliding; without `layer_types`, bidirectional (use_swa checkpoints such as MiMo's are non-causal).
 
-No field is ignored in silence. A key is either interpreted (above, the model's sizes), honoured only at its
+Where two fields disagree, the precedence above decides and `conflicts` says so (both fields and the winner: a
+warning in the eval's log and results.json's `notes`). No field is ignored in silence. A key is either interpreted (above, the model's sizes), honoured only at its
 neutral value (`NEUTRAL`: e.g. `hidden_act` silu, `attention_bias` false; any other value is refused), on the
 short list of bookkeeping keys that change no number (`HARMLESS`), transformers' generic attributes at their
 base-class defaults (`TRANSFORMERS_DEFAULTS`: what `PretrainedConfig.to_dict()` writes), or refused: a ConfigError naming it, unless
@@ -126,6 +127,7 @@ class DrafterConfig:
     causal: bool | None = None  # dflash_config.causal: all layers, unless is_causal is set
     extra: dict = field(default_factory=dict)
     allowed_unknown: list[str] = field(default_factory=list, compare=False)  # keys the user allowed by name
+    conflicts: list[str] = field(default_factory=list, compare=False)  # fields that disagree, and which won
 
     @property
     def fc_in_features(self) -> int:
@@ -163,7 +165,7 @@ class DrafterConfig:
         out = dict(self.extra)
         dflash = dict(out.get("dflash_config") or {})
         for f in dataclasses.fields(self):
-            if f.name in ("extra", "allowed_unknown", "mask_token_id", "target_layer_ids", "use_swa",
+            if f.name in ("extra", "allowed_unknown", "conflicts", "mask_token_id", "target_layer_ids", "use_swa",
                           "swa_window_size", "causal"):
                 continue
             out[f.name] = getattr(self, f.name)
@@ -190,8 +192,8 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     return [round(1 + i * step) for i in range(num_draft_layers)]
 
 
-_READ_TOP = {f.name for f in dataclasses.fields(DrafterConfig)} - {"extra", "allowed_unknown", "use_swa",
-                                                                     "swa_window_size", "causal"}
+_READ_TOP = {f.name for f in dataclasses.fields(DrafterConfig)} - {"extra", "allowed_unknown", "conflicts",
+                                                                     "use_swa", "swa_window_size", "causal"}
 _READ_TOP |= {"dflash_config", "rope_parameters", "draft_vocab_size", "target_hidden_size"}
 
 
@@ -250,7 +252,36 @@ def _parse(d: Any, source: str, allow: tuple[str, ...]) -> DrafterConfig:
         why = "dflash_config.use_swa is true" if not cfg._types_from_list() else "layer_types has sliding layers"
         raise fail(f"{why} but no window is given: set dflash_config.swa_window_size or 'sliding_window' "
                    f"('sliding_window' is missing)")
+    cfg.conflicts = _conflicts(d, cfg, bool(sliding))
     return cfg
+
+
+def _conflicts(d: dict, cfg: DrafterConfig, sliding: bool) -> list[str]:
+    """Fields that say different things, resolved by the precedence of the module doc: one sentence each,
+    naming both fields and the one that won (the eval prints them as warnings and keeps them in results.json)."""
+    chains = [["dflash_config.mask_token_id", "mask_token_id"],
+              ["dflash_config.target_layer_ids", "target_layer_ids"],
+              ["block_size", "dflash_config.block_size"],
+              ["rope_theta", "rope_parameters.rope_theta", "rope_scaling.rope_theta"],
+              ["is_causal", "dflash_config.causal"]]
+    if sliding:
+        chains.append(["dflash_config.swa_window_size", "sliding_window"])
+    out = []
+    for chain in chains:
+        given = [(path, v) for path in chain if (v := _at(d, path)) is not None]
+        out += [f"{given[0][0]}={given[0][1]!r} and {path}={v!r} differ: {given[0][0]} wins"
+                for path, v in given[1:] if v != given[0][1]]
+    if cfg.use_swa and cfg.layer_types is not None and set(cfg.layer_types) != {SLIDING}:
+        won = "layer_types" if SLIDING in cfg.layer_types else "dflash_config.use_swa (every layer slides)"
+        out.append(f"dflash_config.use_swa=True and layer_types={cfg.layer_types} differ: {won} wins")
+    return out
+
+
+def _at(d: dict, path: str):
+    """d["a"]["b"] for "a.b" (None where a level is missing or not an object)."""
+    for part in path.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
 
 
 def _refuse_unimplemented(d: dict, dflash: dict, fail) -> None:

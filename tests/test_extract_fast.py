@@ -311,6 +311,9 @@ def test_multi_turn_over_two_processes_is_the_one_process_cache(fx, tmp_path):
 @pytest.mark.parametrize("args, match", [
     (["--gpus", "0"], "--gpus 0: no CUDA device is visible; GPU [0] do not exist"),
     (["--gpus", "0,x"], "expected GPU indices such as 0,1,2,3, or all"),
+    (["--gpus", "\u00b2"], "--gpus '\u00b2': expected GPU indices such as 0,1,2,3, or all"),  # isdigit(), not int()
+    (["--gpus", "\u0663"], "expected GPU indices such as 0,1,2,3"),  # int() reads Arabic-Indic 3 as 3
+    (["--gpus", "0, 0"], "--gpus '0, 0': GPU 0 is given twice; name each GPU once"),
     (["--gpus", "all"], "--gpus all: no CUDA device is visible"),
     (["--gpus", "cpu,cpu", "--device", "cpu"], "give one of them"),
     (["--shard"], "--shard spreads the target over several GPUs: name them, e.g. --gpus 0,1 --shard"),

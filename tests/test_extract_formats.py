@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from types import SimpleNamespace
 
@@ -48,6 +49,7 @@ def t(trained_fixtures, tmp_path_factory):
     src = trained_fixtures / "target"
     for name in ("plain", "chat", "jinja"):
         shutil.copytree(src, d / name)
+    (d / "plain" / "tokenizer_config.json").unlink()  # the fixture target's own template (CHAT_TEMPLATE) gone
     base = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
     (d / "chat" / "tokenizer_config.json").write_text(json.dumps({**base, "chat_template": TEMPLATE}))
     (d / "jinja" / "tokenizer_config.json").write_text(json.dumps(base))
@@ -174,9 +176,10 @@ def test_off_and_auto_without_a_template_are_raw_text(t, tmp_path):
 @pytest.mark.parametrize("case, match", [
     ("on_without_template", "--chat-template on: --target {plain} has no chat template"),
     ("multi_turn_without_template", ("'q' has 2 turns, and multi-turn prompts need a chat template (--target "
-                                     "{plain} has no chat template); use a target with a chat template, or "
-                                     "--chat-template on")),
-    ("multi_turn_off", "multi-turn prompts need a chat template (--chat-template off)"),
+                                     "{plain} has none); add a chat template to {plain} (a chat_template.jinja "
+                                     "file, or \"chat_template\" in its tokenizer_config.json)")),
+    ("multi_turn_off", ("multi-turn prompts need a chat template (--chat-template off applies none); leave "
+                        "--chat-template off out (auto applies the target's template)")),
     ("thinking_without_template", "--enable-thinking: no chat template is applied"),
 ])
 def test_refusals_are_one_line_before_loading(t, tmp_path, capsys, case, match):
@@ -191,6 +194,52 @@ def test_refusals_are_one_line_before_loading(t, tmp_path, capsys, case, match):
     assert rc == 3 and len(out) == 1 and match.format(plain=t.plain) in out[0], out
     assert not (tmp_path / "c").exists()
     assert [f.name for f in tmp_path.iterdir() if f.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("mode", ["auto", "on", "off"])
+@pytest.mark.parametrize("thinking", [False, True])
+def test_the_advice_for_a_multi_turn_file_is_one_path_that_works(t, tmp_path, capsys, mode, thinking):
+    """Multi-turn prompts, a target without a template: whatever --chat-template says, the error's advice is never
+    a --chat-template value that the next run refuses (it was: auto -> "or --chat-template on" -> "or pass
+    --chat-template off" -> "or --chat-template on"); following it (adding chat_template.jinja, then leaving
+    --chat-template off out) extracts."""
+    prompts = _jsonl(tmp_path / "mt.jsonl", [{"name": "q", "turns": ["count n01 n02", "skip n03 n06"]}])
+    target = tmp_path / "target"
+    shutil.copytree(t.plain, target)
+    args = ["--chat-template", mode] + (["--enable-thinking"] if thinking else [])
+    for step in range(4):
+        rc = _cli(target, prompts, tmp_path / f"c{step}", *args)
+        out = capsys.readouterr().out.strip().splitlines()
+        if rc == 0:
+            break
+        assert rc == 3 and len(out) == 1, out
+        advised = re.findall(r"(?:pass|try|or) --chat-template (\w+)", out[0])
+        assert advised == [], out[0]  # a value to pass is the circle: for multi-turn prompts only a template works
+        if "add a chat template to" in out[0]:
+            (target / "chat_template.jinja").write_text(TEMPLATE)
+        elif "leave --chat-template off out" in out[0]:
+            args = [a for a in args if a not in ("--chat-template", "off")]
+        else:
+            raise AssertionError(f"no way out: {out[0]}")
+    assert rc == 0 and step == (1 if mode != "off" else 2), (step, out)
+    c = open_cache(tmp_path / f"c{step}")
+    assert [p.name for p in c.prompts] == ["q/t1", "q/t2"] and c.meta["prompt_format"]["chat_template"] is True
+
+
+def test_the_fixture_target_has_a_template_under_which_a_single_turn_prompt_is_itself(trained_fixtures, tmp_path):
+    """The shipped demo target (tools/fixtures.py CHAT_TEMPLATE): z-lab's multi-turn format extracts on it as
+    shipped, and the fixture cache's single-turn prompts are their raw text, as before it had a template."""
+    from tokenizers import Tokenizer
+    target = trained_fixtures / "target"
+    tok = Tokenizer.from_file(str(target / "tokenizer.json"))
+    fixture_cache = open_cache(trained_fixtures / "cache")
+    assert fixture_cache.meta["prompt_format"]["chat_template"] is True
+    prompts = [json.loads(x) for x in (trained_fixtures / "prompts.jsonl").read_text().splitlines()]
+    assert [_prompt_ids(fixture_cache, i) for i in range(len(prompts))] == [tok.encode(p["prompt"]).ids
+                                                                            for p in prompts]
+    c = _extract(target, _jsonl(tmp_path / "mt.jsonl", MT[:1]), tmp_path / "c")
+    said = tok.decode(c.load(0)[0][c.prompts[0].prompt_len:].tolist(), skip_special_tokens=True)
+    assert _prompt_ids(c, 1) == tok.encode(f"count n01 n02 {said} skip n03 n06 n09", add_special_tokens=False).ids
 
 
 # ---- multi-turn --------------------------------------------------------------------------------------
@@ -272,3 +321,16 @@ def test_resume_with_other_enable_thinking_refuses_via_the_cli(t, tmp_path, caps
     assert _cli(t.chat, prompts, tmp_path / "c", "--no-enable-thinking") == 0
     assert "resuming" in capsys.readouterr().out
     assert open_cache(tmp_path / "c").meta["prompt_format"]["enable_thinking"] is False
+
+
+def test_lines_end_at_newline_only(tmp_path):
+    """A .txt splits at \\n and \\r\\n, never at U+2028, NEL, form feed or \\v (str.splitlines() does); a jsonl line
+    with a raw U+2028 inside a string is valid JSON."""
+    txt = tmp_path / "p.txt"
+    txt.write_bytes("count n01\u2028n02\x85n03\r\nskip n03\x0cn06\x0bn09\n\n".encode())
+    assert read_prompts(txt) == ("txt", [("prompt-000", ["count n01\u2028n02\x85n03"]),
+                                         ("prompt-001", ["skip n03\x0cn06\x0bn09"])])
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_bytes('{"name": "a", "prompt": "count n01\u2028n02"}\r\n{"name": "b", "prompt": "x\x85y"}\n'
+                      .encode())
+    assert read_prompts(jsonl) == ("prompt", [("a", ["count n01\u2028n02"]), ("b", ["x\x85y"])])

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from remote_payload.__main__ import main as payload_main
 from remote_payload.contract.contenthash import content_hash
-from remote_payload.contract.drafterconfig import DrafterConfig
+from remote_payload.contract.drafterconfig import TRANSFORMERS_DEFAULTS, DrafterConfig
 from remote_payload.contract.errors import CheckpointError, ConfigError
 from remote_payload.eval.checkpoint import load_drafter
 from tests.tiny_models import random_drafter, random_head, tiny_drafter_config
@@ -104,6 +107,54 @@ def test_fields_reval_does_not_implement_are_refused_by_name(top, dflash, named)
         DrafterConfig.from_dict(_cfg(**top, dflash=dflash), source="/x/config.json")
     msg = str(ei.value)
     assert named in msg and "\n" not in msg and ("refusing" in msg or "not implemented" in msg), msg
+
+
+TO_DICT_457 = Path(__file__).parent / "data" / "transformers-4.57.1-to_dict-config.json"  # Qwen3Config(...).to_dict()
+
+
+def _other(v):
+    """A value that is not transformers' default `v`."""
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, (int, float)):
+        return v + 3
+    return "something else" if v is None or isinstance(v, str) else None
+
+
+def test_a_config_written_by_transformers_to_dict_is_honoured_at_the_base_class_defaults():
+    """transformers' to_dict() writes every PretrainedConfig attribute (4.57: 56, 36 of them beyond the bookkeeping
+    keys: is_decoder, temperature, top_k, ...): accepted at the base class's defaults, with nothing to allow;
+    each one at another value is refused naming it. The written file is 4.57.1's; the installed transformers
+    (whatever its version) gives the live one: a real subclass's to_dict() plus the generation parameters it
+    knows (5.x pops them from a config on load, 4.x writes them)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers import GenerationConfig, Qwen3Config
+    recorded = json.loads(TO_DICT_457.read_text())
+    live = Qwen3Config(**{k: recorded[k] for k in (
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "num_hidden_layers", "vocab_size", "max_position_embeddings", "rms_norm_eps", "architectures",
+        "tie_word_embeddings", "block_size", "num_target_layers", "dflash_config")}, rope_theta=10000.0).to_dict()
+    gen = getattr(GenerationConfig, "_get_default_generation_params", dict)()
+    live = {**gen, **live}
+    base = getattr(transformers, "PreTrainedConfig", None) or transformers.PretrainedConfig
+    assert set(base().to_dict()) <= set(live)  # every base-class attribute is in the live config
+    for d in (recorded, live):
+        cfg = DrafterConfig.from_dict(d, source="/x/config.json")
+        assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.mask_token_id, cfg.target_layer_ids) == (32, 2, 95,
+                                                                                                     [1, 3, 4])
+        assert cfg.allowed_unknown == [] and DrafterConfig.from_dict(cfg.to_dict()) == cfg
+    generic = sorted((set(recorded) | set(gen)) & set(TRANSFORMERS_DEFAULTS))
+    assert len(set(recorded) & set(TRANSFORMERS_DEFAULTS)) == 36 and {"is_decoder", "temperature"} <= set(generic)
+    for key in generic:
+        d = {**live, **recorded}
+        d[key] = _other(d[key])
+        with pytest.raises(ConfigError) as ei:
+            DrafterConfig.from_dict(d, source="/x/config.json")
+        msg = str(ei.value)
+        assert f"key {key!r}={d[key]!r}" in msg and f"--allow-unknown-config {key}" in msg and "\n" not in msg, msg
+        assert DrafterConfig.from_dict(d, allow_unknown=[key]).allowed_unknown == [key]
+    d = {**recorded, "temperature": 1, "top_k": 50.0}  # the same numbers in another JSON spelling
+    assert DrafterConfig.from_dict(d).allowed_unknown == []
 
 
 def test_neutral_values_of_those_fields_are_the_model_reval_evaluates():
@@ -251,6 +302,37 @@ def test_mask_embedding_for_another_id_or_shape_is_refused(fx, tmp_path, capsys)
             load_drafter(d)
 
 
+@pytest.mark.parametrize("what", ["fifo", "too-large"])
+def test_mask_embedding_that_is_not_a_small_regular_file_is_one_line(fx, tmp_path, what):
+    """A FIFO (preflight passed it and torch.load waited for a writer for ever) or an oversized file at
+    mask_embedding.pt: eval and preflight exit 3 in one line, read through the regular-file check; the content
+    hash covers the file (a FIFO is refused there too, not left out of the hash)."""
+    d = _variant(fx, tmp_path, what)
+    if what == "fifo":
+        os.mkfifo(d / "mask_embedding.pt")
+    else:
+        torch.save(torch.zeros(1 << 16), d / "mask_embedding.pt")  # 256 KiB of floats for a 64-wide drafter
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    run = tmp_path / "runs" / what
+    args = {"eval": ["--cache", str(fx["cache"]), "--run-dir", str(run), "--device", "cpu", "--num-prompts", "1"],
+            "preflight": ["--cache", str(fx["cache"])]}
+    for command, extra in args.items():
+        if command == "preflight" and what != "fifo":
+            continue  # preflight reads no weights (only names them); the eval refuses the size
+        p = subprocess.run([sys.executable, "-m", "remote_payload", command, "--drafter", str(d), "--target",
+                            str(fx["target"]), *extra], env=env, capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL, check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 3 and len(lines) == 1 and "mask_embedding.pt" in lines[0], (command, p.stderr)
+        assert ("not a regular file" if what == "fifo" else "larger than 64 KiB") in lines[0], lines
+    assert not (run / "results.json").exists()
+    if what == "fifo":
+        with pytest.raises(OSError, match="not a regular file"):
+            content_hash(d)
+    else:
+        assert content_hash(d) != content_hash(fx["drafter_good"])
+
+
 def test_midlayer_weight_names_load_as_layer_0(fx, tmp_path):
     """vLLM's `midlayer.` names (one-layer EAGLE-style heads) are the same tensors as `layers.0.`."""
     d = _variant(fx, tmp_path, "midlayer",
@@ -284,6 +366,44 @@ def test_refused_and_allowed_keys_end_to_end(fx, tmp_path, capsys):
     rc, res = _eval(tmp_path, sink, fx, "--allow-unknown-config", "dflash_config.attention_sink_bias", name="sink")
     assert rc == 3 and res is None  # a field reval knows it does not implement cannot be allowed away
     assert "dflash_config.attention_sink_bias=True" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("top, dflash, won, lost, winner", [
+    ({"mask_token_id": 7}, {}, "dflash_config.mask_token_id=95", "mask_token_id=7", "dflash_config.mask_token_id"),
+    ({"target_layer_ids": [1, 3]}, {}, "dflash_config.target_layer_ids=[1, 3, 4]", "target_layer_ids=[1, 3]",
+     "dflash_config.target_layer_ids"),
+    ({"block_size": 16}, {"block_size": 8}, "block_size=16", "dflash_config.block_size=8", "block_size"),
+    ({"rope_parameters": {"rope_theta": 5e5}}, {}, "rope_theta=10000.0", "rope_parameters.rope_theta=500000.0",
+     "rope_theta"),
+    ({"is_causal": False}, {"causal": True}, "is_causal=False", "dflash_config.causal=True", "is_causal"),
+    ({"layer_types": [S, F], "sliding_window": 5}, {"swa_window_size": 4}, "dflash_config.swa_window_size=4",
+     "sliding_window=5", "dflash_config.swa_window_size"),
+    ({"layer_types": [F, F], "sliding_window": 5}, {"use_swa": True}, "dflash_config.use_swa=True",
+     f"layer_types={[F, F]}", "dflash_config.use_swa (every layer slides)"),
+    ({"layer_types": [S, F], "sliding_window": 5}, {"use_swa": True}, "dflash_config.use_swa=True",
+     f"layer_types={[S, F]}", "layer_types"),
+])
+def test_fields_that_disagree_are_named_with_the_winner(top, dflash, won, lost, winner):
+    cfg = DrafterConfig.from_dict(_cfg(**top, dflash=dflash))
+    assert cfg.conflicts == [f"{won} and {lost} differ: {winner} wins"]
+    assert DrafterConfig.from_dict(_cfg()).conflicts == []
+    same = DrafterConfig.from_dict(_cfg(mask_token_id=95, block_size=16, dflash={"block_size": 16}, rope_theta=1e4,
+                                        rope_parameters={"rope_theta": 10000}))
+    assert same.conflicts == []  # equal values (10000 == 10000.0) are no conflict
+
+
+def test_a_conflict_is_a_warning_line_and_a_note_and_the_winner_is_evaluated(fx, tmp_path, capsys):
+    """block_size at the top level and another in dflash_config: the top level wins (as documented), the eval
+    says so in its log and results.json's notes, and its numbers are the plain drafter's."""
+    d = _variant(fx, tmp_path, "conflict", lambda c: {**c, "block_size": 16,
+                                                      "dflash_config": {**c["dflash_config"], "block_size": 8}})
+    rc, res = _eval(tmp_path, d, fx, name="conflict")
+    out = capsys.readouterr().out
+    rc2, plain = _eval(tmp_path, fx["drafter_good"], fx, name="plain")
+    said = "block_size=16 and dflash_config.block_size=8 differ: block_size wins"
+    assert rc == rc2 == 0 and f"warning: drafter config: {said}" in out
+    assert res["notes"] == [f"drafter config: {said}"] and plain["notes"] is None
+    assert _acceptance(res) == _acceptance(plain) and res["options"]["block_size"] == 16
 
 
 def test_reval_run_refuses_an_unknown_key_before_launch_and_passes_the_allowance(fx, here, capsys, tmp_path):

@@ -200,6 +200,31 @@ def test_preflight_names_the_suite_whose_cache_does_not_fit(caches, fx, tmp_path
     assert payload_main([*argv, "--cache", f"gsm={caches['gsm']}", "--cache", f"mt={bad}"]) == 3
     err = capsys.readouterr().err
     assert err.startswith("error: suite mt: ") and err.count("\n") == 1, err
+    # the eval itself (the run the preflight guards, or `eval` by hand) names it too
+    run = tmp_path / "runs" / "wrong"
+    rc = payload_main(["eval", *argv[1:], "--cache", f"gsm={caches['gsm']}", "--cache", f"mt={bad}", "--device",
+                       "cpu", "--max-blocks", "2", "--run-dir", str(run)])
+    err = capsys.readouterr().err
+    assert rc == 3 and err.count("\n") == 1 and not (run / "results.json").exists(), err
+    assert err.startswith(f"error: suite mt (--cache mt={bad}): drafter fc expects") and "without layers [4]" in err
+
+
+def test_num_prompts_per_suite_and_online_above_the_prompts_are_said(caches, fx, tmp_path, capsys):
+    """--num-prompts N takes the first N of EACH suite (the log says so, --help too); --online 10 over a first
+    suite of 2 prompts decodes 2 and says so in the log and results.json's notes."""
+    run = tmp_path / "runs" / "np"
+    assert payload_main(["eval", "--drafter", str(fx["drafter_good"]), "--target", str(fx["target"]), "--device",
+                         "cpu", "--cache", f"gsm={caches['gsm']}", "--cache", f"mt={caches['mt']}", "--num-prompts",
+                         "2", "--max-blocks", "3", "--online", "10", "--run-dir", str(run)]) == 0
+    out = capsys.readouterr().out
+    res = json.loads((run / "results.json").read_text())
+    assert [s["prompt_range"] for s in res["suites"]] == [[0, 2], [2, 4]]
+    assert "suites: gsm, mt (--num-prompts 2 applies per suite: the first 2 prompts of each)" in out
+    said = "--online 10: suite gsm (the first) has 2 prompts, so 2 are decoded online"
+    assert f"note: {said}" in out and res["notes"] == [said] and res["online"]["prompts"] == 2
+    with pytest.raises(SystemExit):
+        payload_main(["eval", "--help"])
+    assert "with suites, the first N of each suite" in " ".join(capsys.readouterr().out.split())
 
 
 # ---- compare --by suite: matched by name and content, suspects marked, Δ against a baseline -------------

@@ -58,10 +58,9 @@ def content_files(path: str | os.PathLike) -> list[Path]:
         raise CheckpointError(f"checkpoint {p} does not exist")
     if not p.is_dir():
         cfg = p.parent / "config.json"
-        mask = [p.parent / MASK_EMBEDDING] if (p.parent / MASK_EMBEDDING).is_file() else []
-        return [cfg, *mask, p] if p.suffix == ".safetensors" and cfg.is_file() else [p]
+        return [cfg, *_mask(p.parent), p] if p.suffix == ".safetensors" and cfg.is_file() else [p]
     cfg = [p / "config.json"] if (p / "config.json").is_file() else []
-    cfg += [p / MASK_EMBEDDING] if cfg and (p / MASK_EMBEDDING).is_file() else []
+    cfg += _mask(p) if cfg else []
     index = p / INDEX_JSON
     if index.exists():
         try:
@@ -74,6 +73,13 @@ def content_files(path: str | os.PathLike) -> list[Path]:
     if (p / SINGLE_SAFETENSORS).exists():
         return cfg + [p / SINGLE_SAFETENSORS]
     return sorted(f for f in p.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def _mask(folder: Path) -> list[Path]:
+    """mask_embedding.pt when anything is there: a FIFO or a device in its place is hashed, and so refused
+    (sha256_files reads regular files only), instead of left out of the hash while the loader reads it."""
+    f = folder / MASK_EMBEDDING
+    return [f] if f.exists() or f.is_symlink() else []
 
 
 def content_hash(path: str | os.PathLike) -> str:

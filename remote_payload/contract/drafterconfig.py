@@ -19,9 +19,11 @@ rules of vLLM's DFlash loader (`qwen3_dflash.py` `_resolve_layer_attention`), wh
    `dflash_config.causal` when set (all layers); else, with `layer_types` given, causal iff the layer is
    sliding; without `layer_types`, bidirectional (use_swa checkpoints such as MiMo's are non-causal).
 
-No field is ignored in silence. A key is either interpreted (above, the model's sizes), honoured only at its
+Where two fields disagree, the precedence above decides and `conflicts` says so (both fields and the winner: a
+warning in the eval's log and results.json's `notes`). No field is ignored in silence. A key is either interpreted (above, the model's sizes), honoured only at its
 neutral value (`NEUTRAL`: e.g. `hidden_act` silu, `attention_bias` false; any other value is refused), on the
-short list of bookkeeping keys that change no number (`HARMLESS`), or refused: a ConfigError naming it, unless
+short list of bookkeeping keys that change no number (`HARMLESS`), transformers' generic attributes at their
+base-class defaults (`TRANSFORMERS_DEFAULTS`: what `PretrainedConfig.to_dict()` writes), or refused: a ConfigError naming it, unless
 the user allowed it by name (`--allow-unknown-config KEY`, recorded in results.json). Harmless and allowed keys
 are kept in `extra` so that `to_dict()` writes back what was read.
 """
@@ -47,7 +49,28 @@ HARMLESS = frozenset({
     "attention_dropout", "tie_word_embeddings", "use_sliding_window", "max_window_layers", "output_attentions",
     "output_hidden_states", "return_dict", "torchscript", "pruned_heads", "id2label", "label2id",
     "problem_type", "tokenizer_class", "chunk_size_feed_forward", "is_encoder_decoder", "quantization_config",
+    "_attn_implementation_autoset",  # whether transformers picked the attention implementation itself
 })
+# transformers' generic PretrainedConfig attributes, which `to_dict()` writes into every config (36 of them in 4.57
+# beside the HARMLESS ones; 5.x writes only HARMLESS ones) and no DFlash loader reads: honoured at the base
+# class's default value (4.x; the generation parameters also 5.x's GenerationConfig defaults, which 5.x pops
+# from a config on load), refused naming the key at any other value. tests/test_layouts.py checks this table
+# against a config written by transformers 4.57's to_dict() and against the installed transformers.
+TRANSFORMERS_DEFAULTS: dict[str, Any] = {
+    "is_decoder": False, "add_cross_attention": False, "cross_attention_hidden_size": None,
+    "tie_encoder_decoder": False, "use_bfloat16": False, "tf_legacy_loss": False, "finetuning_task": None,
+    "prefix": None, "sep_token_id": None, "decoder_start_token_id": None, "task_specific_params": None,
+    # generation parameters
+    "max_length": 20, "min_length": 0, "do_sample": False, "early_stopping": False, "num_beams": 1,
+    "num_beam_groups": 1, "diversity_penalty": 0.0, "temperature": 1.0, "top_k": 50, "top_p": 1.0,
+    "typical_p": 1.0, "repetition_penalty": 1.0, "length_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "num_return_sequences": 1, "output_scores": False,
+    "return_dict_in_generate": False, "forced_bos_token_id": None, "forced_eos_token_id": None,
+    "remove_invalid_values": False, "exponential_decay_length_penalty": None, "suppress_tokens": None,
+    "begin_suppress_tokens": None, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "encoder_repetition_penalty": 1.0,
+    "num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.4,
+    "assistant_lookbehind": 10, "target_lookbehind": 10,
+}
 HARMLESS_DFLASH = frozenset({"t2d"})  # vLLM skips a shipped `t2d` tensor's key name too; nothing reads it
 
 # Keys honoured at their neutral value only: (neutral values, what a different value would mean). Another value
@@ -104,6 +127,7 @@ class DrafterConfig:
     causal: bool | None = None  # dflash_config.causal: all layers, unless is_causal is set
     extra: dict = field(default_factory=dict)
     allowed_unknown: list[str] = field(default_factory=list, compare=False)  # keys the user allowed by name
+    conflicts: list[str] = field(default_factory=list, compare=False)  # fields that disagree, and which won
 
     @property
     def fc_in_features(self) -> int:
@@ -141,7 +165,7 @@ class DrafterConfig:
         out = dict(self.extra)
         dflash = dict(out.get("dflash_config") or {})
         for f in dataclasses.fields(self):
-            if f.name in ("extra", "allowed_unknown", "mask_token_id", "target_layer_ids", "use_swa",
+            if f.name in ("extra", "allowed_unknown", "conflicts", "mask_token_id", "target_layer_ids", "use_swa",
                           "swa_window_size", "causal"):
                 continue
             out[f.name] = getattr(self, f.name)
@@ -179,8 +203,8 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     return [round(1 + i * step) for i in range(num_draft_layers)]
 
 
-_READ_TOP = {f.name for f in dataclasses.fields(DrafterConfig)} - {"extra", "allowed_unknown", "use_swa",
-                                                                     "swa_window_size", "causal"}
+_READ_TOP = {f.name for f in dataclasses.fields(DrafterConfig)} - {"extra", "allowed_unknown", "conflicts",
+                                                                     "use_swa", "swa_window_size", "causal"}
 _READ_TOP |= {"dflash_config", "rope_parameters", "draft_vocab_size", "target_hidden_size"}
 
 
@@ -239,7 +263,36 @@ def _parse(d: Any, source: str, allow: tuple[str, ...]) -> DrafterConfig:
         why = "dflash_config.use_swa is true" if not cfg._types_from_list() else "layer_types has sliding layers"
         raise fail(f"{why} but no window is given: set dflash_config.swa_window_size or 'sliding_window' "
                    f"('sliding_window' is missing)")
+    cfg.conflicts = _conflicts(d, cfg, bool(sliding))
     return cfg
+
+
+def _conflicts(d: dict, cfg: DrafterConfig, sliding: bool) -> list[str]:
+    """Fields that say different things, resolved by the precedence of the module doc: one sentence each,
+    naming both fields and the one that won (the eval prints them as warnings and keeps them in results.json)."""
+    chains = [["dflash_config.mask_token_id", "mask_token_id"],
+              ["dflash_config.target_layer_ids", "target_layer_ids"],
+              ["block_size", "dflash_config.block_size"],
+              ["rope_theta", "rope_parameters.rope_theta", "rope_scaling.rope_theta"],
+              ["is_causal", "dflash_config.causal"]]
+    if sliding:
+        chains.append(["dflash_config.swa_window_size", "sliding_window"])
+    out = []
+    for chain in chains:
+        given = [(path, v) for path in chain if (v := _at(d, path)) is not None]
+        out += [f"{given[0][0]}={given[0][1]!r} and {path}={v!r} differ: {given[0][0]} wins"
+                for path, v in given[1:] if v != given[0][1]]
+    if cfg.use_swa and cfg.layer_types is not None and set(cfg.layer_types) != {SLIDING}:
+        won = "layer_types" if SLIDING in cfg.layer_types else "dflash_config.use_swa (every layer slides)"
+        out.append(f"dflash_config.use_swa=True and layer_types={cfg.layer_types} differ: {won} wins")
+    return out
+
+
+def _at(d: dict, path: str):
+    """d["a"]["b"] for "a.b" (None where a level is missing or not an object)."""
+    for part in path.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
 
 
 def _refuse_unimplemented(d: dict, dflash: dict, fail) -> None:
@@ -398,7 +451,8 @@ def add_allow_unknown(p) -> None:
 def _check_unknown(d: dict, dflash: dict, allow: tuple[str, ...], fail) -> list[str]:
     """Keys reval neither reads, nor holds to a neutral value, nor knows to be harmless: refused by name unless
     the user allowed them (`--allow-unknown-config KEY`, `dflash_config.KEY` for the nested ones)."""
-    known_top = _READ_TOP | HARMLESS | set(_NEUTRAL_TOP)
+    at_default = {k for k, v in d.items() if k in TRANSFORMERS_DEFAULTS and _same(v, TRANSFORMERS_DEFAULTS[k])}
+    known_top = _READ_TOP | HARMLESS | set(_NEUTRAL_TOP) | at_default
     known_dflash = set(_DFLASH_READ) | set(_NEUTRAL_DFLASH) | HARMLESS_DFLASH
     found = [k for k in d if k not in known_top] + [f"dflash_config.{k}" for k in dflash if k not in known_dflash]
     allowed = [k for k in found if k in allow]
@@ -407,10 +461,23 @@ def _check_unknown(d: dict, dflash: dict, allow: tuple[str, ...], fail) -> list[
         more = f" (and {len(refused) - 1} more: {', '.join(refused[1:4])})" if len(refused) > 1 else ""
         close = difflib.get_close_matches(refused[0].split(".")[-1], sorted(known_top | known_dflash), n=1)
         near = f"; did you mean {close[0]!r}?" if close else ""
-        raise fail(f"unknown key {refused[0]!r}{more}: reval does not interpret it and would evaluate the drafter "
-                   f"without it{near} If it changes no number, pass {ALLOW_HINT} {refused[0]} (recorded in "
-                   f"results.json)")
+        k = refused[0]
+        what = (f"key {k!r}={d[k]!r}{more}: transformers' generic attribute away from its default "
+                f"{TRANSFORMERS_DEFAULTS[k]!r}, which no DFlash loader reads: reval would evaluate the drafter "
+                f"without it." if k in TRANSFORMERS_DEFAULTS else
+                f"unknown key {k!r}{more}: reval does not interpret it and would evaluate the drafter without "
+                f"it{near}")
+        raise fail(f"{what} If it changes no number, pass {ALLOW_HINT} {k} (recorded in results.json)")
     return allowed
+
+
+def _same(v: Any, default: Any) -> bool:
+    """`v` is transformers' default value `default` (1 == 1.0, but True is no 1 and 0 no False)."""
+    if default is None or isinstance(default, bool):
+        return v is default
+    if isinstance(default, (int, float)):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == default
+    return v == default
 
 
 def _extra(d: dict, dflash: dict) -> dict:

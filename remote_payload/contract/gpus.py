@@ -1,7 +1,9 @@
 """GPU listing from `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` (stdlib): the one parser the
-wrapper (which GPU is free) and `reval hosts check` (what a host has) share."""
+wrapper (which GPU is free) and `reval hosts check` (what a host has) share; and `gpu_indices`, a list of GPU
+indices as a user types it (`extract --gpus 0,1`)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 INVENTORY_FIELDS = ["index", "name", "memory.total", "memory.used", "utilization.gpu"]
@@ -57,3 +59,20 @@ def usage(text: str) -> list[Gpu]:
 def inventory(text: str) -> list[dict]:
     """`reval hosts check`'s view: INVENTORY_FIELDS rows as dicts (MiB, %; None where the board says [N/A])."""
     return smi_rows(text, INVENTORY_FIELDS)
+
+
+
+_INDEX = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() holds for '²', and int() reads '٣' as 3
+
+
+def gpu_indices(text: str) -> list[int]:
+    """"0,1,3" -> [0, 1, 3] (spaces around an index allowed); ValueError saying what is wrong: an item that is
+    not an ASCII index, or an index given twice."""
+    items = [x.strip() for x in text.split(",")]
+    if not all(_INDEX.fullmatch(x) for x in items):
+        raise ValueError("expected GPU indices such as 0,1,2,3")
+    ids = [int(x) for x in items]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise ValueError(f"GPU {twice[0]} is given twice; name each GPU once")
+    return ids

@@ -376,6 +376,9 @@ class Result(Record):
                                   "not measured)", None)
     online: Online | None = doc("`--online N`: the spot check of the offline walk by real speculative decoding "
                                 "(null: not run)", None)
+    notes: list[str] | None = doc("what the run did that the options alone do not say, one sentence each: config "
+                                  "fields that disagreed and which one won, `--online N` capped at the prompts "
+                                  "there are (null: nothing to say)", None)
     source: Path | None = field(default=None, repr=False, compare=False, metadata={"internal": True})
 
     @classmethod

@@ -19,12 +19,14 @@ with one already there is an error. Extra tensors (`attention_sink_bias`, `d2t`,
 domino's `prefix_gru.*`, ...) fail the strict key check: reval implements none of them.
 `mask_embedding.pt` beside config.json (vLLM's convention): a tensor of hidden_size values, or
 {"mask_token_id": id, "embedding": tensor} whose id must be the config's; it replaces the embedding of
-`mask_token_id` in the drafted block. Its bytes are part of the content hash.
+`mask_token_id` in the drafted block. Its bytes are part of the content hash; it is read as every other input
+is (a regular file, bounded in size: a FIFO or a device there is exit 3, never a hang).
 """
 from __future__ import annotations
 
 import contextlib
 import difflib
+import io
 import json
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,7 +45,7 @@ from remote_payload.contract.contenthash import (
 )
 from remote_payload.contract.drafterconfig import DrafterConfig
 from remote_payload.contract.errors import CheckpointError, ConfigError
-from remote_payload.contract.runstate import read_regular
+from remote_payload.contract.runstate import TooLarge, read_limited, read_regular
 from remote_payload.eval.drafter import DFlashDrafter, TargetHead
 from remote_payload.eval.safetensors_io import NOTHING_DONE, read_header, read_tensors
 
@@ -164,13 +166,23 @@ def canonical_names(keys, source: str) -> tuple[dict[str, str], list[str]]:
     return out, used
 
 
+MASK_EMBEDDING_OVERHEAD = 64 << 10  # torch.save's zip of one tensor or a two-key dict: ~1-2 KiB beside the values
+
+
 def read_mask_embedding(folder: Path, cfg: DrafterConfig, device, dtype) -> tuple[Tensor | None, str | None]:
     """`mask_embedding.pt` beside the config (module doc) -> ([H] tensor, its path), or (None, None)."""
     f = folder / MASK_EMBEDDING
-    if not f.exists():
+    if not (f.exists() or f.is_symlink()):
         return None, None
+    limit = MASK_EMBEDDING_OVERHEAD + 8 * cfg.hidden_size  # fp64 values and the zip's bookkeeping
+    try:  # through the regular-file check every reader uses: a FIFO hung torch.load, /dev/zero never ended it
+        raw = read_limited(f, limit)
+    except (OSError, TooLarge) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise CheckpointError(f"cannot read {f}: {why} (a mask embedding is a torch file of {cfg.hidden_size} "
+                              f"floats); replace it or remove it. {NOTHING_DONE}") from None
     try:
-        obj = torch_load_cpu(f)
+        obj = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"cannot read {f} as a weights-only torch file: {first}. {NOTHING_DONE}") from e

@@ -66,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/<name>)")
     p.add_argument("--name", default=None,
                    help="run name (default: the --run-dir folder name, else <drafter>-<UTC timestamp>)")
-    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of the cache (default: all)")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="first N prompts of the cache (default: all); with suites, the first N of each suite")
     p.add_argument("--max-blocks", type=int, default=spec.DEFAULT_MAX_BLOCKS,
                    help=f"draft rounds per prompt (default {spec.DEFAULT_MAX_BLOCKS})")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: cuda when available)")
@@ -83,7 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also decode the first N prompts online: real greedy speculative decoding with the whole "
                         "target (block drafting, verification over its KV cache); the per-round acceptance "
                         "lengths are checked against the offline walk and the measured speedup over target-only "
-                        "greedy decoding is reported (with suites: the first suite's prompts)")
+                        "greedy decoding is reported (with suites: the first suite's prompts; N above the "
+                        "prompts there are decodes them all, said in the log and results.json's notes)")
     p.add_argument("--speedup", action="store_true",
                    help="load the whole target and measure at batch 1 on this device: a decode step, the verify "
                         "forward of a block and of each DDTree budget's tree, one drafter block; results.json "

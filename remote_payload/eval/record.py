@@ -70,7 +70,8 @@ def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: d
         environment=R.Environment(torch=torch.__version__, cuda=torch.version.cuda,
                                   gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                                   hostname=socket.gethostname(), python=platform.python_version(),
-                                  payload_version=__version__))
+                                  payload_version=__version__),
+        notes=[f"drafter config: {c}" for c in cfg.conflicts] or None)
     return result.to_dict()
 
 

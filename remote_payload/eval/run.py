@@ -36,7 +36,7 @@ from remote_payload import __version__
 from remote_payload.contract import protocol
 from remote_payload.contract import results as R
 from remote_payload.contract.drafterconfig import check_features
-from remote_payload.contract.errors import PayloadError
+from remote_payload.contract.errors import FeatureMismatchError, PayloadError
 from remote_payload.contract.spec import joined_fingerprint
 from remote_payload.eval import metrics
 from remote_payload.eval.devices import resolve_device_dtype
@@ -183,13 +183,23 @@ def _evaluate(opts: EvalOptions, rep: Reporter, device: torch.device, dtype: tor
     return results
 
 
+def _suite_features(so: EvalOptions, rep: Reporter, tok, cache, prompts, mod, device: torch.device,
+                    dtype: torch.dtype):
+    """A suite's features read and checked against the drafter (loaded beside the first suite's)."""
+    if mod is None:
+        return load_beside_features(so, tok, cache, prompts, device, dtype, rep)
+    check_features(mod.drafter.cfg, cache.layer_ids, cache.hidden_size)
+    return Inputs(tok, cache, prompts, feature_pass(so, cache, prompts, rep)), mod
+
+
 def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtype: torch.dtype, t0: float,
                     tok) -> dict:
     """One drafter over several caches: each suite evaluated as a one-cache eval would be (the same functions,
     its own cache), the weights loaded once; results.json = every prompt pooled at the top level (names
     `<suite>/<prompt>`), per-suite metrics and comparability in `suites`, their unweighted mean in `suite_mean`."""
     names = [n for n, _ in opts.suites]
-    rep.line(f"  suites: {', '.join(names)}")
+    rep.line(f"  suites: {', '.join(names)}" + (f" (--num-prompts {opts.num_prompts} applies per suite: the first "
+                                                f"{opts.num_prompts} prompts of each)" if opts.num_prompts else ""))
     done: list[tuple[str, EvalOptions, Inputs, Drafted]] = []
     mod = None
     seen: dict[str, str] = {}  # cache fingerprint -> the suite that gave it
@@ -203,11 +213,10 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
                                f"{seen[cache.fingerprint]}'s; its prompts would count twice in every pooled figure "
                                "(give each cache once)")
         seen[cache.fingerprint] = name
-        if mod is None:
-            inp, mod = load_beside_features(so, tok, cache, prompts, device, dtype, rep)
-        else:
-            check_features(mod.drafter.cfg, cache.layer_ids, cache.hidden_size)
-            inp = Inputs(tok, cache, prompts, feature_pass(so, cache, prompts, rep))
+        try:
+            inp, mod = _suite_features(so, rep, tok, cache, prompts, mod, device, dtype)
+        except FeatureMismatchError as e:  # which suite's cache is the wrong one
+            raise FeatureMismatchError(f"suite {name} (--cache {name}={path}): {e}") from None
         done.append((name, so, inp, eval_prompts(so, inp, mod, device, dtype, rep)))
     bs = mod.drafter.cfg.block_size
     suites, per_prompt, feature_stats = [], [], {}

@@ -248,6 +248,8 @@ def load_model(opts: EvalOptions, inp: Inputs, device: torch.device, dtype: torc
         rep.line(f"  weight names: {rule} (vLLM's names for the same tensors)")
     if info.mask_embedding:
         rep.line(f"  mask embedding: {info.mask_embedding} replaces embed_tokens[{cfg.mask_token_id}] in the block")
+    for c in cfg.conflicts:  # the documented precedence decided; said, as results.json's notes say it
+        rep.line(f"  warning: drafter config: {c}", stage="warning")
     if cfg.allowed_unknown:
         rep.line(f"  warning: config keys allowed without interpretation (--allow-unknown-config): "
                  f"{', '.join(cfg.allowed_unknown)}", stage="warning")

@@ -159,6 +159,11 @@ def online_section(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, m
     block's projection at batch 1 over THE SAME prompts from their pooled offline tau (when --speedup ran)."""
     from remote_payload.eval import online
     n = min(opts.online, len(inp.prompts))
+    if opts.online > n:  # said, not silently fewer
+        where = f"suite {opts.suites[0][0]} (the first)" if opts.suites else "the eval"
+        note = f"--online {opts.online}: {where} has {n} prompts, so {n} are decoded online"
+        rep.line(f"  note: {note}", stage="note")
+        results["notes"] = [*(results.get("notes") or []), note]
     prompts = []
     for i in range(n):
         ids, _feats = inp.cache.load(i)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from remote_payload.contract.errors import PayloadError
+from remote_payload.contract.gpus import gpu_indices
 from remote_payload.extract.batching import Background, batch_rows, extract_batch
 from remote_payload.extract.decode import choose_generator, generation_record
 from remote_payload.extract.writer import write_prompt
@@ -38,13 +39,16 @@ def parse_gpus(text: str) -> list[str]:
         return [f"cuda:{i}" for i in range(n)]
     if items and all(x == "cpu" for x in items):
         return items
-    if not items or not all(x.isdigit() for x in items):
-        raise PayloadError(f"--gpus {text!r}: expected GPU indices such as 0,1,2,3, or all (cpu,cpu: CPU processes)")
-    bad = [int(x) for x in items if int(x) >= n]
+    try:
+        ids = gpu_indices(text)
+    except ValueError as e:  # not indices, or one given twice
+        more = ", or all (cpu,cpu: CPU processes)" if str(e).startswith("expected") else ""
+        raise PayloadError(f"--gpus {text!r}: {e}{more}") from None
+    bad = [i for i in ids if i >= n]
     if bad:
         have = "no CUDA device is visible" if not n else f"this host has GPUs 0..{n - 1}"
         raise PayloadError(f"--gpus {text}: {have}; GPU{'s' if len(bad) > 1 else ''} {bad} do not exist")
-    return [f"cuda:{int(x)}" for x in items]
+    return [f"cuda:{i}" for i in ids]
 
 
 class PoolRunner:

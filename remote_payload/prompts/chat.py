@@ -32,32 +32,40 @@ def chat_template_source(target: Path) -> str | None:
     return "chat_template.jinja" if (target / "chat_template.jinja").is_file() else None
 
 
-class ChatTemplate:
-    """The target's chat template, rendered by transformers' tokenizer (local files only)."""
+def add_template_hint(target: Path) -> str:
+    """The one fix for a missing template, whatever the mode: the file transformers reads."""
+    return (f"add a chat template to {target} (a chat_template.jinja file, or \"chat_template\" in its "
+            "tokenizer_config.json)")
 
-    def __init__(self, target: Path, enable_thinking: bool):
+
+class ChatTemplate:
+    """The target's chat template, rendered by transformers' tokenizer (local files only). `raw_ok`: whether raw
+    text (--chat-template off) would do instead (not for multi-turn prompts), so that no error advises it there."""
+
+    def __init__(self, target: Path, enable_thinking: bool, raw_ok: bool = True):
+        off = "; or pass --chat-template off for raw text" if raw_ok else ""
         try:
             from transformers import AutoTokenizer
             self.hf = AutoTokenizer.from_pretrained(str(target), local_files_only=True)
         except Exception as e:  # whatever a broken tokenizer_config makes transformers raise
             raise PayloadError(f"--target {target}: transformers cannot load its tokenizer to render the chat "
-                               f"template ({type(e).__name__}: {_first_line(e)}); fix its tokenizer files or pass "
-                               "--chat-template off for raw text") from e
+                               f"template ({type(e).__name__}: {_first_line(e)}); fix its tokenizer files{off}") from e
         t = getattr(self.hf, "chat_template", None)
         if not t:
-            raise PayloadError(f"--target {target}: transformers' tokenizer has no chat template; pass "
-                               "--chat-template off for raw text")
+            raise PayloadError(f"--target {target}: transformers' tokenizer has no chat template; "
+                               f"{add_template_hint(target)}{off}")
         text = t if isinstance(t, str) else json.dumps(t, sort_keys=True)
         self.sha256 = hashlib.sha256(text.encode()).hexdigest()
-        self.enable_thinking = enable_thinking
+        self.enable_thinking, self.raw_ok = enable_thinking, raw_ok
 
     def render(self, messages: list[dict], name: str) -> str:
         try:
             return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                                enable_thinking=self.enable_thinking)
         except Exception as e:  # jinja errors, the template's raise_exception
+            fix = "fix the template, or try --chat-template off" if self.raw_ok else "fix the template"
             raise PayloadError(f"prompt {name!r}: the target's chat template fails on it ({type(e).__name__}: "
-                               f"{_first_line(e)}); try --chat-template off") from e
+                               f"{_first_line(e)}); {fix}") from e
 
 
 def _first_line(e: BaseException) -> str:
@@ -67,9 +75,12 @@ def _first_line(e: BaseException) -> str:
 def resolve_chat_template(target: Path, mode: str, enable_thinking: bool,
                           records: list[tuple[str, list[str]]], prompts_file) -> ChatTemplate | None:
     """--chat-template auto|on|off and --enable-thinking -> the template to apply, or None (raw text); checks
-    that a multi-turn file or --enable-thinking has a template to go with."""
+    that a multi-turn file or --enable-thinking has a template to go with. Every refusal advises one path that
+    works, never a --chat-template value that the next run refuses: without a template, add one to the target;
+    with one and --chat-template off, leave the option out."""
     source = template_applies(target, mode, enable_thinking, records, prompts_file)
-    return ChatTemplate(target, enable_thinking) if source else None
+    multi = any(len(turns) > 1 for _, turns in records)
+    return ChatTemplate(target, enable_thinking, raw_ok=not multi) if source else None
 
 
 def template_applies(target: Path, mode: str, enable_thinking: bool, records: list[tuple[str, list[str]]],
@@ -78,17 +89,22 @@ def template_applies(target: Path, mode: str, enable_thinking: bool, records: li
     applied, None for raw text; the same refusals."""
     if mode not in ("auto", "on", "off"):
         raise PayloadError(f"--chat-template {mode}: expected auto, on or off")
-    source = None if mode == "off" else chat_template_source(target)
+    has = chat_template_source(target)
+    source = None if mode == "off" else has
+    multi = next(((n, len(t)) for n, t in records if len(t) > 1), None)
+    # what to do, the same in every message: leave `off` out where the target has a template, else add one
+    fix = ("leave --chat-template off out (auto applies the target's template)" if has
+           else add_template_hint(target))
+    if source is None and multi:
+        why = "--chat-template off applies none" if has else f"--target {target} has none"
+        raise PayloadError(f"--prompts {prompts_file}: {multi[0]!r} has {multi[1]} turns, and multi-turn prompts "
+                           f"need a chat template ({why}); {fix}")
     if mode == "on" and source is None:
         raise PayloadError(f"--chat-template on: --target {target} has no chat template (no chat_template in "
-                           "tokenizer_config.json, no chat_template.jinja); add one, or pass --chat-template off")
-    multi = next(((n, len(t)) for n, t in records if len(t) > 1), None)
-    if source is None and multi:
-        why = "--chat-template off" if mode == "off" else f"--target {target} has no chat template"
-        raise PayloadError(f"--prompts {prompts_file}: {multi[0]!r} has {multi[1]} turns, and multi-turn prompts "
-                           f"need a chat template ({why}); use a target with a chat template, or --chat-template on")
+                           f"tokenizer_config.json, no chat_template.jinja); {fix}, or pass --chat-template off "
+                           "for raw text")
     if source is None and enable_thinking:
-        why = "--chat-template off" if mode == "off" else f"--target {target} has no chat template"
+        why = "--chat-template off" if has else f"--target {target} has no chat template"
         raise PayloadError(f"--enable-thinking: no chat template is applied ({why}) and only a chat template reads "
-                           "enable_thinking; leave --enable-thinking out or use a target with a chat template")
+                           f"enable_thinking; leave --enable-thinking out, or {fix}")
     return source

@@ -46,6 +46,12 @@ def _parse_prompt_line(line: str) -> tuple[str | None, list[str], str]:
     return (None if name is None else str(name)), list(turns), shape
 
 
+def _lines(text: str) -> list[str]:
+    """A file's lines, split at \\n (a \\r\\n ending loses its \\r) and nowhere else: str.splitlines() also splits at
+    U+2028, NEL, form feed, \\v, ..., which cut a .txt prompt in two and a valid jsonl line's string in half."""
+    return [ln.removesuffix("\r") for ln in text.split("\n")]
+
+
 def entry_names(records: list[tuple[str, list[str]]]) -> list[list[str]]:
     """Cache entry names per record: a single-turn prompt keeps its name, turn k of a longer one is <name>/t<k>."""
     return [[name] if len(turns) == 1 else [f"{name}/t{k}" for k in range(1, len(turns) + 1)]
@@ -62,7 +68,7 @@ def read_prompts(path: str | os.PathLike, num_prompts: int | None = None) -> tup
     if not path.is_file():
         raise PayloadError(f"--prompts {path}: no such file; pass a .jsonl of {PROMPT_SHAPES}")
     try:
-        lines = read_regular(path).decode("utf-8").splitlines()
+        lines = _lines(read_regular(path).decode("utf-8"))
     except UnicodeDecodeError as e:
         raise PayloadError(f"--prompts {path}: not UTF-8 text ({e}); pass a .jsonl or .txt of prompts") from None
     records: list[tuple[str, list[str]]] = []

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from remote_payload.contract import protocol, spec
-from remote_payload.contract.contenthash import INDEX_JSON, SINGLE_SAFETENSORS, content_files
+from remote_payload.contract.contenthash import INDEX_JSON, MASK_EMBEDDING, SINGLE_SAFETENSORS, content_files
 from remote_payload.contract.drafterconfig import DrafterConfig, add_allow_unknown, check_features
 from remote_payload.contract.eagle3config import Eagle3Config, check_taps, looks_like_eagle3, target_layers
 from remote_payload.contract.errors import PayloadError
@@ -61,8 +61,11 @@ def drafter_config(path: str, allow_unknown=()) -> DrafterConfig | Eagle3Config 
     if p.is_dir() and not any((folder / w).exists() for w in weights):
         raise PayloadError(f"drafter folder {folder} has none of {', '.join(weights)}")
     for f in content_files(p):
+        if f.exists() and not f.is_file():  # a FIFO hangs the reader that opens it, a device never ends
+            raise PayloadError(f"drafter {p}: {f.name} is not a regular file; replace it with the real file")
         if not f.is_file():
-            raise PayloadError(f"drafter {p}: weight file {f.name} is missing")
+            raise PayloadError(f"drafter {p}: {'file' if f.name == MASK_EMBEDDING else 'weight file'} {f.name} "
+                               "is missing")
     if eagle3:
         return Eagle3Config.from_dict(raw, source=str(folder / "config.json"), allow_unknown=allow_unknown)
     return DrafterConfig.from_dict(raw, source=str(folder / "config.json"), allow_unknown=allow_unknown)

@@ -11,7 +11,7 @@ Layout of DIR (all paths in fixtures.json are relative to DIR):
     fixtures.json             {"recipe_hash", "recipe", "paths": {...}, "quality": {...}, "build_s"}
     tokenizer.json            WordLevel; specials <|pad|> <|eos|> <|mask|> <|unk|> (mask = DFlash mask token)
     target/                   Qwen3ForCausalLM (config, generation_config, >= 2 safetensors shards + index,
-                              tokenizer.json); untied lm_head
+                              tokenizer.json, tokenizer_config.json with CHAT_TEMPLATE); untied lm_head
     target-mm/                the same weights with multimodal keys: model.language_model.* + top-level
                               lm_head.weight (index rewritten); weights-only (not loadable by transformers)
     prompts.jsonl             {name, prompt} per line (fizzbuzz, count-07, pattern-03, skip-2, ...)
@@ -55,6 +55,10 @@ CYCLES = {  # pattern id -> cycle of words
 }
 FIZZBUZZ = ["fizzbuzz" if i % 15 == 0 else "fizz" if i % 3 == 0 else "buzz" if i % 5 == 0 else f"n{i:02d}"
             for i in range(1, 31)]
+# The target's chat template, so that multi-turn prompt files (z-lab's {"turns": [...]}) can be extracted as
+# shipped. The language has no roles or turn markers: the turns and the target's replies follow each other,
+# one space apart, so a single-turn prompt renders to itself (the fixture cache is the raw-text one).
+CHAT_TEMPLATE = ("{%- for m in messages -%}{%- if not loop.first %} {% endif -%}{{- m.content -}}{%- endfor -%}")
 PROMPTS = [  # name, prompt (in-distribution starts; the continuation is determined by them)
     ("fizzbuzz", "fizzbuzz n01 n02"),
     ("count-07", "count n07 n08"),
@@ -155,6 +159,9 @@ def save_target(model, tok, out: Path, max_shard_size: str = "200KB") -> None:
     """save_pretrained in >= 2 safetensors shards + index, plus tokenizer.json."""
     model.save_pretrained(str(out), max_shard_size=max_shard_size, safe_serialization=True)
     tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|eos|>", "pad_token": "<|pad|>",
+        "unk_token": "<|unk|>", "chat_template": CHAT_TEMPLATE}, indent=1) + "\n")
     if not (out / "model.safetensors.index.json").exists():
         raise RuntimeError(f"{out}: expected a sharded checkpoint; lower max_shard_size")
 
@@ -171,7 +178,7 @@ def write_mm_variant(src: Path, out: Path) -> None:
         save_file({rename[k]: v for k, v in tensors.items()}, str(out / shard), metadata={"format": "pt"})
     index["weight_map"] = {rename[k]: v for k, v in index["weight_map"].items()}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
-    for f in ("config.json", "generation_config.json", "tokenizer.json"):
+    for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
         if (src / f).exists():
             shutil.copy(src / f, out / f)
 

@@ -90,7 +90,8 @@ def bench_hosts_check(ctx: BenchContext) -> list[Row]:
         assert all(r.ok for r in check_hosts(hs, requirements=[]))
 
     def bare_ssh(hs):  # the floor: the same handshakes with nothing of ours around them
-        argvs = [["ssh", "-o", "ControlMaster=no", "-o", "ControlPath=none", *transport_mod.SSHTransport(h).ssh_argv("true")[1:]]
+        argvs = [["ssh", "-o", "ControlMaster=no", "-o", "ControlPath=none",
+                  *transport_mod.SSHTransport(h).ssh_argv("true")[1:]]
                  for h in hs]
         procs = [subprocess.Popen(a, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for a in argvs]
         assert all(p.wait() == 0 for p in procs)

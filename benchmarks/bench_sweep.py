@@ -78,7 +78,8 @@ def measure(args, sshd, login_rc: bool) -> dict:
                 (d / "model.safetensors").write_bytes(os.urandom(256 * 1024))
             lines = max(1, round(args.eval_s / 0.1))
             opts = sweep.SweepOptions(checkpoints=[str(root / "ckpts" / "step-*")], hosts=["cluster"],
-                                      spec=EvalSpec(payload="dummy", extra=["--lines", str(lines), "--interval-s", "0.1"]),
+                                      spec=EvalSpec(payload="dummy",
+                                                    extra=["--lines", str(lines), "--interval-s", "0.1"]),
                                       sweep_dir=str(root / "sweeps"), poll_s=args.poll_s)
             lines_at: list[tuple[float, str]] = []
             t0, w0 = time.perf_counter(), time.time()

@@ -15,16 +15,20 @@ from remote_payload.contract import protocol
 
 COMMANDS = {
     # name: (module, one-line help)
-    "eval": ("remote_payload.eagle3.family", "evaluate a drafter (DFlash or EAGLE-3) on a cache of target hidden states"),
+    "eval": ("remote_payload.eagle3.family",
+             "evaluate a drafter (DFlash or EAGLE-3) on a cache of target hidden states"),
     "extract": ("remote_payload.extract.storecmd", "run a target model over prompts and write a hidden-state cache"),
     "caches": ("remote_payload.extract.store", "list or remove the caches of a cache store (extract --store)"),
-    "import-cache": ("remote_payload.extract.importcache", "convert a seeds-layout cache (completions.json + aux/last_hidden)"),
+    "import-cache": ("remote_payload.extract.importcache",
+                     "convert a seeds-layout cache (completions.json + aux/last_hidden)"),
     "fixtures": ("remote_payload.tools.fixtures", "build the tiny offline fixture models + cache (demo, tests)"),
     "bench": ("remote_payload.tools.bench", "time eval at real Qwen3.6-27B-DFlash sizes vs a naive loop"),
     "wrap": ("remote_payload.runtime.wrapper", "run a command detached-safe: status.json, eval.log, exit code"),
     "dummy": ("remote_payload.runtime.dummy", "a torch-free stand-in job that logs and emits events (tests)"),
-    "preflight": ("remote_payload.runtime.preflight", "check an eval's paths and layer compatibility (no torch; before a run)"),
-    "hash": ("remote_payload.contract.contenthash", "print the content hash of checkpoints (the one results.json records)"),
+    "preflight": ("remote_payload.runtime.preflight",
+                  "check an eval's paths and layer compatibility (no torch; before a run)"),
+    "hash": ("remote_payload.contract.contenthash",
+             "print the content hash of checkpoints (the one results.json records)"),
     "stream": ("remote_payload.runtime.stream", "stream a run's log, events and status as frames (reval logs -f)"),
 }
 

@@ -85,7 +85,9 @@ def compare(results: list[Result | str | Path], *, baseline: Result | str | Path
     def where(x):  # every run found before any is read (a wrong name is that line, whatever else is damaged)
         if isinstance(x, str) and _compare.is_run_glob(x):
             return _compare.expand_runs(x, runs_dir)
-        return [x if isinstance(x, _compare.Result | results_json.Result | Path) else _compare.pulled_run_dir(x, runs_dir)]
+        if isinstance(x, _compare.Result | results_json.Result | Path):
+            return [x]
+        return [_compare.pulled_run_dir(x, runs_dir)]
 
     def read(x):
         return _complete(_compare.load_run(x)) if isinstance(x, Path) else x

@@ -215,4 +215,5 @@ def _every_results_json_roundtrips(tmp_path_factory):
             why = check_results_roundtrip(os.path.join(root, "results.json"))
             if why:
                 bad.append(why)
-    assert not bad, "results.json files that do not round-trip through remote_payload/contract/results.py:\n" + "\n".join(bad)
+    assert not bad, ("results.json files that do not round-trip through remote_payload/contract/results.py:\n"
+                     + "\n".join(bad))

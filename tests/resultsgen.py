@@ -1,4 +1,5 @@
-"""Realistic synthetic results.json files (the current schema, remote_payload/contract/results.py) for compare/sweep tests.
+"""Realistic synthetic results.json files (the current schema, remote_payload/contract/results.py) for
+compare/sweep tests.
 
 Metrics are derived from generated acceptance walks (so tau, streak, histogram and per-position curves
 agree with each other as the payload's would), not typed in by hand."""

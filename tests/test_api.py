@@ -69,7 +69,8 @@ def test_api_errors_are_one_line_and_leave_nothing(inv, tmp_path):
     with pytest.raises(reval.Error, match="no-such-drafter does not exist") as e:
         reval.submit(inv["box"], bad, name="api-bad")
     assert e.value.exit_code == 3
-    assert not (tmp_path / "work" / "runs" / "api-bad").exists() and not (tmp_path / "runs" / "box" / "api-bad").exists()
+    assert not (tmp_path / "work" / "runs" / "api-bad").exists()
+    assert not (tmp_path / "runs" / "box" / "api-bad").exists()
     with pytest.raises(reval.Error, match="unknown host 'nope'"):
         inv["nope"]
     with pytest.raises(reval.Error, match="missing --target, --cache"):
@@ -165,7 +166,8 @@ def test_api_removal_is_planned_then_applied(inv, tmp_path):
     assert (tmp_path / "work/runs/crash").is_dir()  # nothing removed by planning
     assert [r.name for r in plan.apply()] == ["crash"]
     assert not (tmp_path / "work/runs/crash").exists() and not (tmp_path / "runs/box/crash").exists()
-    assert reval.prune(older_than_s=86400, inventory=inv).runs == []  # every host: box and the built-in local  # just ended, by the host's own clock
+    # every host: box and the built-in local; just ended, by the host's own clock
+    assert reval.prune(older_than_s=86400, inventory=inv).runs == []
     with pytest.raises(reval.Error, match="--failed and/or --older-than"):
         reval.plan_prune(inventory=inv)
     busy = reval.submit(inv["box"], reval.EvalSpec(payload="dummy", extra=["--lines", "1000", "--interval-s",
@@ -231,7 +233,8 @@ def test_api_load_and_compare_take_names_and_read_short(inv, tmp_path):
 def test_api_sweep_and_sync_and_hosts_check(inv, tmp_path):
     from tests.sweeptools import make_checkpoints
     ckpts = make_checkpoints(tmp_path, [100, 200])
-    opts = reval.SweepOptions(checkpoints=[f"{ckpts}/step-*"], hosts=["box"], spec=reval.EvalSpec(payload="dummy", extra=DUMMY),
+    opts = reval.SweepOptions(checkpoints=[f"{ckpts}/step-*"], hosts=["box"],
+                              spec=reval.EvalSpec(payload="dummy", extra=DUMMY),
                               sweep_dir=str(tmp_path / "sweeps"), poll_s=0.2, backoff_s=0.2)
     lines = []
     rep = reval.sweep(opts, inventory=inv, on_line=lines.append)

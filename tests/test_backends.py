@@ -196,7 +196,8 @@ def test_wait_then_submit_brings_the_ended_runs_files_when_asked(tmp_path, monke
     # nothing to start (a slot's last run): the long poll that sees the end still brings the files
     st, started, pulled = be.wait_then_submit("p5", None, wait_s=30, pull=True)
     assert st.state == protocol.SUCCEEDED and started is None and pulled is not None
-    assert sorted(p.name for p in Path(wd, "runs").iterdir() if p.name.startswith("p")) == ["p1", "p2", "p3", "p4", "p5"]
+    names = sorted(p.name for p in Path(wd, "runs").iterdir() if p.name.startswith("p"))
+    assert names == ["p1", "p2", "p3", "p4", "p5"]
     assert "results.json" in _same_files(pulled.path, Path(wd, "runs", "p5"))
     st, started, pulled = be.wait_then_submit("p5", None, wait_s=30)
     assert st.state == protocol.SUCCEEDED and (started, pulled) == (None, None)

@@ -81,7 +81,8 @@ def test_contract_and_runtime_are_stdlib_only():
     code = ("import importlib, sys\n"
             f"for m in {mods!r}: importlib.import_module(m.removesuffix('.__init__'))\n"
             "bad = sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)"
-            " - {'remote_payload', '__main__', '_virtualenv'} - {m for m in sys.modules if m.startswith('__editable')})\n"
+            " - {'remote_payload', '__main__', '_virtualenv'}"
+            " - {m for m in sys.modules if m.startswith('__editable')})\n"
             "print(','.join(bad))")
     p = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
     assert p.returncode == 0, p.stderr

@@ -297,7 +297,8 @@ def test_summary_line_carries_the_bootstrap_intervals_of_the_numbers_it_shows():
     est = intervals.estimates(Result.from_dict(r))
     m = r["metrics"]
     for label, key, value, digits in (("tau", "tau", m["tau"], 2),
-                                      (f"DDTree-{m['ddtree_best']['budget']}", "ddtree_best", m["ddtree_best"]["tau"], 2),
+                                      (f"DDTree-{m['ddtree_best']['budget']}", "ddtree_best",
+                                       m["ddtree_best"]["tau"], 2),
                                       ("width-8", "width_8", m["tree_width_tau"]["8"], 2),
                                       ("position-1 accuracy", "pos1_acc", m["position_1_accuracy"], 3)):
         got = re.search(re.escape(label) + r" ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]", line)

@@ -45,7 +45,8 @@ def test_rm_refuses_a_running_run_and_removes_nothing(here, capsys):
     finally:
         assert reval(capsys, "kill", "busy", "--grace-s", "2")[0] == 0
     rc, out, _ = reval(capsys, "rm", "busy", "--local-only", "--yes")
-    assert rc == 0 and "local/busy (cancelled): here" in out and (here / ".reval/local/runs/busy").is_dir() and not (here / "runs/local/busy").exists()
+    assert rc == 0 and "local/busy (cancelled): here" in out
+    assert (here / ".reval/local/runs/busy").is_dir() and not (here / "runs/local/busy").exists()
 
 
 def test_prune_by_state_and_age(here, capsys):

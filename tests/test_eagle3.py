@@ -114,7 +114,8 @@ def _rewrite(root: Path, tmp: Path, edit) -> Path:
 def test_loading_is_strict_and_names_the_closest_key(e3, tmp_path):
     root, _ = e3
     embed = _target_embed(root)
-    gone = _rewrite(root, tmp_path / "a", lambda sd: {k: v for k, v in sd.items() if k != "midlayer.hidden_norm.weight"})
+    gone = _rewrite(root, tmp_path / "a",
+                    lambda sd: {k: v for k, v in sd.items() if k != "midlayer.hidden_norm.weight"})
     with pytest.raises(CheckpointError, match=r"needs 'midlayer.hidden_norm.weight'.*Closest: 'midlayer.*norm"):
         load_eagle3(gone, embed=embed)
     more = _rewrite(root, tmp_path / "b", lambda sd: {**sd, "midlayer.self_attn.q_norm.weight": torch.ones(16)})

@@ -224,7 +224,8 @@ def test_all_anchors_widens_position_accuracy_only(inputs, tmp_path):
                             "--all-anchors", name="all")
     assert rc == rc2 == 0
     reach, every = (json.loads((d / "results.json").read_text()) for d in (walk_dir, all_dir))
-    assert [p["acceptance_lengths"] for p in reach["per_prompt"]] == [p["acceptance_lengths"] for p in every["per_prompt"]]
+    assert ([p["acceptance_lengths"] for p in reach["per_prompt"]]
+            == [p["acceptance_lengths"] for p in every["per_prompt"]])
     # 16 anchors per prompt reachable in one block vs every completion anchor (T - 1 - prompt_len)
     assert [p["num_anchors"] for p in reach["per_prompt"]] == [16, 16, 16]
     assert [p["num_anchors"] for p in every["per_prompt"]] == [40 - 1 - 9, 57 - 1 - 10, 71 - 1 - 11]
@@ -304,7 +305,8 @@ def test_a_standalone_eval_whose_reader_goes_away_still_finishes(inputs, tmp_pat
     p = subprocess.Popen([sys.executable, "-m", "remote_payload", "eval", "--drafter", str(inputs / "drafter"),
                           "--target", str(inputs / "target"), "--cache", str(inputs / "cache"), "--run-dir",
                           str(run_dir), "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         cwd=Path(__file__).resolve().parents[1], env={**__import__("os").environ, "PYTHONUNBUFFERED": "1"})
+                         cwd=Path(__file__).resolve().parents[1],
+                         env={**__import__("os").environ, "PYTHONUNBUFFERED": "1"})
     assert p.stdout.readline().startswith("DFlash drafter eval")
     p.stdout.close()  # the reader goes away
     err = p.stderr.read()

@@ -78,7 +78,8 @@ def test_wrapper_term_to_group_is_cancelled_once(tmp_path):
     d = tmp_path / "runs" / "c"
     d.mkdir(parents=True)
     p = subprocess.Popen([sys.executable, "-m", "remote_payload", "wrap", "--run-dir", str(d), "--", sys.executable,
-                          "-m", "remote_payload", "dummy", "--run-dir", str(d), "--lines", "500", "--interval-s", "0.05"],
+                          "-m", "remote_payload", "dummy", "--run-dir", str(d), "--lines", "500",
+                          "--interval-s", "0.05"],
                          cwd=str(Path(wrapper.__file__).resolve().parents[2]), stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     try:
@@ -270,7 +271,8 @@ def test_launch_and_kill_over_ssh(ssh_hosts, tmp_path):
 def test_import_boundaries_of_the_run_path():
     """wrap/dummy/stream run where only a bare python is: stdlib + remote_payload only. The controller side of
     the run path never loads torch."""
-    code = ("import sys; import remote_payload.runtime.wrapper, remote_payload.runtime.dummy, remote_payload.runtime.stream\n"
+    code = ("import sys; import remote_payload.runtime.wrapper, remote_payload.runtime.dummy, "
+            "remote_payload.runtime.stream\n"
             "bad = sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)"
             " - {'remote_payload', '__main__', '_virtualenv', '__editable___reval_0_1_0_finder'})\n"
             "print(','.join(bad))")
@@ -298,7 +300,8 @@ def test_child_starts_after_running_status_and_knows_it_is_wrapped(tmp_path):
     """The child must find status.json (running) already there and REVAL_WRAPPED set, so the payload never
     writes a status of its own beside the wrapper's."""
     d = tmp_path / "runs" / "order"
-    probe = "import json,os,sys; d=sys.argv[1]; print(json.load(open(d+'/status.json'))['state'], os.environ['REVAL_WRAPPED'])"
+    probe = ("import json,os,sys; d=sys.argv[1]; "
+             "print(json.load(open(d+'/status.json'))['state'], os.environ['REVAL_WRAPPED'])")
     p = wrap(d, sys.executable, "-c", probe, str(d))
     assert p.returncode == 0, p.stderr
     assert "running 1" in (d / "eval.log").read_text()

@@ -63,7 +63,8 @@ S, F = "sliding_attention", "full_attention"
     ("top-level is_causal wins over dflash causal (z-lab rule, as vLLM)",
      _cfg(layer_types=[S, F], sliding_window=5, is_causal=False, dflash={"causal": True}),
      [("slid", 5, False), ("full", None, False)]),
-    ("use_swa false is the default", _cfg(dflash={"use_swa": False, "swa_window_size": 4}), [("full", None, False)] * 2),
+    ("use_swa false is the default", _cfg(dflash={"use_swa": False, "swa_window_size": 4}),
+     [("full", None, False)] * 2),
 ])
 def test_attention_layout_follows_vllms_rules(name, d, want):
     assert _layout(d) == want, name

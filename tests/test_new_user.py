@@ -79,7 +79,8 @@ def test_on_a_terminal_the_traceback_is_shown_once_and_the_last_line_says_why(he
 
 # -- 20: a run whose host is not in the inventory in use ------------------------------------------------------
 def test_a_run_of_a_host_of_another_inventory_says_which_host_and_the_inventory(here, capsys, monkeypatch):
-    (here / "other.yaml").write_text("hosts:\n  box: {local: true, workdir: wb, python: current, venv: {mode: python}}\n")
+    (here / "other.yaml").write_text(
+        "hosts:\n  box: {local: true, workdir: wb, python: current, venv: {mode: python}}\n")
     argv = ["-i", "other.yaml", "run", "box", "--payload", "dummy", "--name", "far", *FAST]
     monkeypatch.setattr(sys, "argv", ["reval", *argv])  # the command line run.json records
     rc, _, err = reval(capsys, *argv)
@@ -126,7 +127,8 @@ def test_ctrl_c_in_a_sweep_says_what_keeps_running_and_the_same_command_resumes(
     (run,) = [r for r in runs if r.startswith("step-1-")]
     last = err.strip().splitlines()[-1]
     assert p.returncode == 101, err
-    assert last.startswith("interrupted: sweep ") and f"1 run(s) it launched keep running on their hosts (loc1/{run})" in last
+    assert last.startswith("interrupted: sweep ")
+    assert f"1 run(s) it launched keep running on their hosts (loc1/{run})" in last
     # a run besides it is only one the line names as "may have started" (the slot's long poll was starting it)
     assert all(f"loc1/{r} may have started" in last for r in runs if r != run), (runs, last)
     assert "Resume: run the same command again" in last and "Traceback" not in err
@@ -239,7 +241,8 @@ def test_a_used_name_says_what_holds_it_and_how_to_free_it(here, capsys):
     reval(capsys, "run", "local", "--payload", "dummy", "--name", "bad", "--", "--lines", "6", "--interval-s", "0",
           "--crash")
     rc, _, err = reval(capsys, "run", "local", "--payload", "dummy", "--name", "bad", *FAST)
-    assert rc == 3 and err.splitlines()[0] == f"error: run name 'bad' is already used on local: that run failed (exit 1: {CRASH})"
+    assert rc == 3
+    assert err.splitlines()[0] == f"error: run name 'bad' is already used on local: that run failed (exit 1: {CRASH})"
     assert "free the name: reval rm local/bad" in err
     rc, _, _ = reval(capsys, "run", "local", "--payload", "dummy", "--name", "busy", "--detach", "--", "--lines",
                      "1000", "--interval-s", "0.05")
@@ -303,7 +306,8 @@ def test_json_flags_and_the_inventory_option_after_the_command(here, capsys):
     assert rc == 0, err
     rc2, out2, _ = reval(capsys, "compare", "a", "b", "--format", "json")
     assert rc2 == 0 and json.loads(out) == json.loads(out2) and [r["label"] for r in json.loads(out)["runs"]]
-    (here / "other.yaml").write_text("hosts:\n  box: {local: true, workdir: wb, python: current, venv: {mode: python}}\n"
+    (here / "other.yaml").write_text("hosts:\n  box: {local: true, workdir: wb, python: current, "
+                                     "venv: {mode: python}}\n"
                                      "groups:\n  boxes: [box]\n")
     rc, out, err = reval(capsys, "hosts", "--json", "-i", "other.yaml")
     assert rc == 0, err

@@ -72,7 +72,8 @@ def test_detach_kill_group_gone_then_logs_f_cancelled(here, capsys):
     pgid = protocol.read_json(run_dir / "status.json")["pgid"]
     assert len(group_members(pgid)) == 2  # the wrapper and the payload
     rc, out, _ = reval(capsys, "status", "k1")
-    assert rc == 101 and "k1 on local: running" in out and "eval " in out  # with the latest progress, e.g. "eval 7/1000"
+    # with the latest progress, e.g. "eval 7/1000"
+    assert rc == 101 and "k1 on local: running" in out and "eval " in out
     rc, out, _ = reval(capsys, "kill", "k1")
     assert rc == 0 and "cancelled k1" in out
     assert group_members(pgid) == []

@@ -227,7 +227,8 @@ def _open_sweep_report(page: Path) -> None:
     if browser.chromium_path() is None:  # the HTML itself was checked above
         whole.missing("chromium is not installed (Debian: apt-get install chromium; scripts/install-system-deps)")
         return
-    probe = "JSON.stringify([...document.querySelectorAll('section[id]')].map(s => [s.id, s.querySelectorAll('svg').length]))"
+    probe = ("JSON.stringify([...document.querySelectorAll('section[id]')]"
+             ".map(s => [s.id, s.querySelectorAll('svg').length]))")
     rep = browser.open_page(page.as_uri(), probe)
     assert rep.console_errors == [] and rep.exceptions == [] and rep.requests == [page.as_uri()]
     got = dict(json.loads(rep.probe))
@@ -623,8 +624,8 @@ def test_real_eval_sweep_of_trained_checkpoints(ssh_hosts, tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     o = sweep.SweepOptions(checkpoints=[f"{root}/drafters/step-*"], hosts=["cluster"], 
                            spec=EvalSpec(target=str(root / "target"), cache=str(root / "cache"), num_prompts=3,
-                                         max_blocks=30, extra=["--device", "cpu", "--dtype", "fp32"]), sweep_dir=str(tmp_path / "sweeps"),
-                           poll_s=2.0, backoff_s=0.2)
+                                         max_blocks=30, extra=["--device", "cpu", "--dtype", "fp32"]),
+                           sweep_dir=str(tmp_path / "sweeps"), poll_s=2.0, backoff_s=0.2)
     log: list[str] = []
     rep = sweep.Sweep(o, load_inventory(cluster.inventory_path), log=log.append).run()
     assert rep.exit_code == 0, log

@@ -66,9 +66,9 @@ def test_failure_line_keeps_the_whole_error(tmp_path):
 def test_a_suspect_checkpoint_is_marked_in_the_sweep_report(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ck = make_checkpoints(tmp_path, [100])
-    o = sweep.SweepOptions(checkpoints=[f"{ck}/step-*"], hosts=["locs"], spec=EvalSpec(payload="dummy", extra=[*DUMMY, "--suspect"]),
-                           sweep_dir=str(tmp_path / "sweeps"), poll_s=0.2,
-                           backoff_s=0.2)
+    o = sweep.SweepOptions(checkpoints=[f"{ck}/step-*"], hosts=["locs"],
+                           spec=EvalSpec(payload="dummy", extra=[*DUMMY, "--suspect"]),
+                           sweep_dir=str(tmp_path / "sweeps"), poll_s=0.2, backoff_s=0.2)
     rep = sweep.Sweep(o, local_inventory(tmp_path, 1), log=lambda line: None).run()
     sweep.write_report_files(rep)
     assert [(x.suspect, x.verdict) for x in rep.outcomes] == [(True, "suspect")]

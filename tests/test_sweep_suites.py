@@ -70,7 +70,8 @@ def test_a_sweep_over_suites_reports_tau_per_suite_per_checkpoint_and_draws_a_cu
     monkeypatch.chdir(tmp_path)
     ck = make_checkpoints(tmp_path, [100, 200])
     o = opts(f"{ck}/step-*", ["locs"], tmp_path, cache=["gsm=/e/gsm", "mt=/e/mt"])
-    o.spec = dataclasses.replace(o.spec, extra=[*o.spec.extra, "--suite", "gsm", "--suite", "mt"])  # the dummy's stand-in for the suites' caches
+    # the dummy's stand-in for the suites' caches
+    o.spec = dataclasses.replace(o.spec, extra=[*o.spec.extra, "--suite", "gsm", "--suite", "mt"])
     rep = reval.sweep(o, inventory=local_inventory(tmp_path, 1))
     assert rep.exit_code == 0
     for out in rep.outcomes:

@@ -11,7 +11,8 @@ A backend knows, for one inventory host:
     writes it); the local .follow.json is written the moment the run exists. A used name raises RunExists;
     nothing started -> nothing left.
   - `state(name, wait_s=)` / `list_runs()`: a `RunState` (rundir/registry.py) — `queued` (with `reason`,
-    e.g. the scheduler's pending reason) | running | succeeded | failed | cancelled | lost, `unknown` (no readable status.json),
+    e.g. the scheduler's pending reason) | running | succeeded | failed | cancelled | lost, `unknown` (no readable
+    status.json),
     `no-answer` (with `reason`: the scheduler cannot answer now; not an end); None when there is no such run.
   - `cancel(name, grace_s=, known=)`: stop it (TERM, wait, KILL for a process group; scancel for a job),
     each only after the host proves it is the run's, and record `cancelled`; returns the final RunState.

@@ -191,7 +191,8 @@ class SlurmBackend(Backend):
         # a run folder that is a symbolic link is no run: left out of the listing, refused by name
         loop = ("for n in " + " ".join(q(n) for n in names) + "; do "
                 + f'[ ! -L "$n" ] || {{ echo "{m} LINK $n"; continue; }}; ' if names is not None else
-                'for n in */; do n=${n%/}; case $n in .*|*[!A-Za-z0-9._-]*) continue;; esac; [ ! -L "$n" ] || continue; ')
+                'for n in */; do n=${n%/}; case $n in .*|*[!A-Za-z0-9._-]*) continue;; esac; '
+                '[ ! -L "$n" ] || continue; ')
         # the login node's clock, read with the files: their ages are judged by it (remove.age_of)
         script = (f"cd {q(runs)} 2>/dev/null || exit 0\necho \"{m} NOW $(date +%s)\"\n"
                   f"{loop}[ -d \"$n\" ] || continue; {each}; done\n")

@@ -264,7 +264,8 @@ def wait_then_launch_script(python: str, runs_dir: str, run: str, wait_s: float,
     ]
     if pull_max <= 0:
         return "\n".join([*lines, start])
-    return "\n".join([*lines, f"( {start}\n)", "lrc=$?", pull_part(f"{runs_dir}/{protocol.validate_run_name(run)}", pull_max), 'exit "$lrc"'])
+    pull_sh = pull_part(f"{runs_dir}/{protocol.validate_run_name(run)}", pull_max)
+    return "\n".join([*lines, f"( {start}\n)", "lrc=$?", pull_sh, 'exit "$lrc"'])
 
 
 def pull_part(run_dir: str, max_bytes: int) -> str:

@@ -88,7 +88,8 @@ def batch_script(spec: SlurmSpec, *, workdir: str, tasks: list[Task], env: dict,
     lines += [f"export {shlex.quote(f'{k}={v}')}" for k, v in exports.items()]
     lines += [
         # the job id reval knows the run by: ARRAYJOB_TASK for an array task, else the job id
-        (f'if [ -n "${{SLURM_ARRAY_JOB_ID:-}}" ]; then {JOB_ID_ENV}="${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"; '
+        (f'if [ -n "${{SLURM_ARRAY_JOB_ID:-}}" ]; then '
+         f'{JOB_ID_ENV}="${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"; '
          f'else {JOB_ID_ENV}="${{SLURM_JOB_ID:-}}"; fi; export {JOB_ID_ENV}'),
         'n=${SLURM_RESTART_COUNT:-0}',
         # requeued: start over; what the cut-short attempt left (a status, a result) is not this run's outcome

@@ -96,7 +96,8 @@ def _read_optional(path: Path, limit: int | None = None) -> dict | None:
     except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
         raise ConfigError(f"{path}: not valid JSON ({e})", hint="re-pull the run: reval pull <run>") from e
     if not isinstance(obj, dict):
-        raise ConfigError(f"{path}: a JSON {type(obj).__name__}, not an object", hint="re-pull the run: reval pull <run>")
+        raise ConfigError(f"{path}: a JSON {type(obj).__name__}, not an object",
+                          hint="re-pull the run: reval pull <run>")
     return obj
 
 

@@ -32,7 +32,8 @@ def report_json(rep: SweepReport) -> dict:
 
 def _vs_text(p: stats.Paired | None, point: str, ref: str | None) -> str:
     if p is not None:  # the p where the interval and the test disagree: why a CI off 0 has no star
-        return f"Δ {fmt_delta(p, 2)}" + (f" (p {fmt_p(p.p_value)})" if p.disagree else "") + (f" vs {ref}" if ref else "")
+        return (f"Δ {fmt_delta(p, 2)}" + (f" (p {fmt_p(p.p_value)})" if p.disagree else "")
+                + (f" vs {ref}" if ref else ""))
     return point
 
 

@@ -20,7 +20,8 @@ from .ledger import LedgerEntry
 from .plan import UNREACHABLE, Job, SweepOptions
 from .stage import HostPool, HostSession
 
-Fold = tuple[LedgerEntry | None, Launch | RevalError]  # a job the long poll started: its ledger entry before, the answer
+# a job the long poll started: its ledger entry before, the answer
+Fold = tuple[LedgerEntry | None, Launch | RevalError]
 Ended = tuple[Job, RunState, Pulled | None]  # a run seen to its end; its files when the long poll brought them
 
 _report_modules = threading.Event()  # their loading started
@@ -305,7 +306,8 @@ class SlotWorkers:
         ledger.put(self.record.launched_entry(hs.host.name, nxt))
         try:
             st, started, pulled = self.hosts.op(
-                hs, "status", lambda: hs.backend.wait_then_submit(job.run, sub, wait_s=wait_s, pull=True), bounded=False)
+                hs, "status", lambda: hs.backend.wait_then_submit(job.run, sub, wait_s=wait_s, pull=True),
+                bounded=False)
         except HostUnreachable:
             # started or not, nobody can tell now: the ledger keeps it `launched`, the next sweep re-attaches
             held.remove(nxt)

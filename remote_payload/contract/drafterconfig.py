@@ -19,13 +19,13 @@ rules of vLLM's DFlash loader (`qwen3_dflash.py` `_resolve_layer_attention`), wh
    `dflash_config.causal` when set (all layers); else, with `layer_types` given, causal iff the layer is
    sliding; without `layer_types`, bidirectional (use_swa checkpoints such as MiMo's are non-causal).
 
-Where two fields disagree, the precedence above decides and `conflicts` says so (both fields and the winner: a
-warning in the eval's log and results.json's `notes`). No field is ignored in silence. A key is either interpreted (above, the model's sizes), honoured only at its
-neutral value (`NEUTRAL`: e.g. `hidden_act` silu, `attention_bias` false; any other value is refused), on the
-short list of bookkeeping keys that change no number (`HARMLESS`), transformers' generic attributes at their
-base-class defaults (`TRANSFORMERS_DEFAULTS`: what `PretrainedConfig.to_dict()` writes), or refused: a ConfigError naming it, unless
-the user allowed it by name (`--allow-unknown-config KEY`, recorded in results.json). Harmless and allowed keys
-are kept in `extra` so that `to_dict()` writes back what was read.
+Where two fields disagree, the precedence above decides and `conflicts` says so (both fields and the winner: a warning
+in the eval's log and results.json's `notes`). No field is ignored in silence. A key is either interpreted (above, the
+model's sizes), honoured only at its neutral value (`NEUTRAL`: e.g. `hidden_act` silu, `attention_bias` false; any
+other value is refused), on the short list of bookkeeping keys that change no number (`HARMLESS`), transformers'
+generic attributes at their base-class defaults (`TRANSFORMERS_DEFAULTS`: what `PretrainedConfig.to_dict()` writes),
+or refused: a ConfigError naming it, unless the user allowed it by name (`--allow-unknown-config KEY`, recorded in
+results.json). Harmless and allowed keys are kept in `extra` so that `to_dict()` writes back what was read.
 """
 from __future__ import annotations
 

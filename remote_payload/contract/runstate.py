@@ -375,7 +375,8 @@ def main(argv: list[str]) -> int:
     if len(argv) == 3 and argv[0] == "kill":
         print(json.dumps(kill(argv[1], float(argv[2])), default=str))
         return 0
-    print(json.dumps({"error": f"usage: probe RUNS_DIR [NAME...] | wait[-over] RUNS_DIR NAME WAIT_S | kill RUN_DIR GRACE_S (got {argv!r})"}))
+    print(json.dumps({"error": "usage: probe RUNS_DIR [NAME...] | wait[-over] RUNS_DIR NAME WAIT_S"
+                               f" | kill RUN_DIR GRACE_S (got {argv!r})"}))
     return 3
 
 

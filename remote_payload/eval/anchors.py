@@ -202,8 +202,8 @@ def prime(cfg, device: torch.device, dtype: torch.dtype, *, batch_size: int, bud
     drafter (the same layer types, heads, head size, block size and vocabulary; hidden and MLP 256 wide; zero
     weights and features), so that a process's first calls (CUDA's lazy loading of each kernel, cuBLAS's and
     cuDNN's start, cuDNN's attention kernel compiled at run time, the CUDA C kernels' load, Triton's start) are
-    paid beside the load rather than in `warm_up` after it. Nothing it computes is kept. CUDA only (`warmup_mode`). Seconds, or None
-    when it did not run."""
+    paid beside the load rather than in `warm_up` after it. Nothing it computes is kept. CUDA only
+    (`warmup_mode`). Seconds, or None when it did not run."""
     if device.type != "cuda" or warmup_mode() == "off":
         return None
     return _prime_run(cfg, device, dtype, batch_size=batch_size, budgets=budgets, widths=widths)

@@ -19,7 +19,8 @@ Seeds layout (the team's older caches, read directly or converted with `import-c
 
     SRC/completions.json      [{"name", "prompt_len", "token_ids", "file"?}, ...]  (or {"completions": [...]})
                               aliases: token_ids | ids | tokens | full_ids; file | hs_file | hidden_states_file;
-                              prompt_len | prompt_length | num_prompt_tokens. Without a file: `<name>.pt`, else `<i>.pt`.
+                              prompt_len | prompt_length | num_prompt_tokens. Without a file: `<name>.pt`,
+                              else `<i>.pt`.
     SRC/<name>.pt             torch dict: aux_hidden [1, T, k*H] (the first k tapped layers), last_hidden [1, T, H]
     SRC/layers.json           optional sidecar {"layer_ids": [...]} (k+1 ids); or pass seeds_layer_ids / --layers
 
@@ -148,8 +149,9 @@ class Cache:
             try:
                 ids, parts = self._load_reval(f, idx)
             except Exception as e:  # safetensors' errors: corrupt header, missing tensor, truncated file
+                first = str(e).splitlines()[0] if str(e) else ""
                 raise PayloadError(f"cache {self.path}: cannot read prompt {p.name!r} from {p.file} "
-                                   f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); re-extract") from e
+                                   f"({type(e).__name__}: {first}); re-extract") from e
         else:
             ids, parts = self._load_seeds(i, f, idx)
         if ids.shape[0] != p.seq_len or any(x.shape != (p.seq_len, self.hidden_size) for x in parts):
@@ -175,7 +177,8 @@ class Cache:
         d = _torch_load(f)
         if not isinstance(d, dict) or "aux_hidden" not in d or "last_hidden" not in d:
             raise PayloadError(f"seeds cache: {f} must hold a dict with aux_hidden and last_hidden")
-        aux, last = d["aux_hidden"].reshape(-1, d["aux_hidden"].shape[-1]), d["last_hidden"].reshape(-1, self.hidden_size)
+        aux = d["aux_hidden"].reshape(-1, d["aux_hidden"].shape[-1])
+        last = d["last_hidden"].reshape(-1, self.hidden_size)
         n_aux = len(self.layer_ids) - 1
         ids = torch.tensor(self.meta["ids"][i], dtype=torch.long)
         parts = [aux[:, j * self.hidden_size:(j + 1) * self.hidden_size] if j < n_aux else last for j in idx]

@@ -236,7 +236,8 @@ def _triton_now(always: bool) -> bool:
 
 def rope(x: Tensor, cos: Tensor, sin: Tensor, *, always: bool = False) -> Tensor | None:
     """`drafter.apply_rope` as one pass (five torch kernels, broadcasting cos/sin over the heads; CUDA C in the
-    eval, Triton with `always`), the same bf16 numbers: x [..., NH, d] contiguous bf16, cos/sin [..., 1, d] bf16 with x's leading shape.
+    eval, Triton with `always`), the same bf16 numbers: x [..., NH, d] contiguous bf16, cos/sin [..., 1, d] bf16
+    with x's leading shape.
     None where it does not apply (neither pass available, another dtype or layout, a gradient wanted): the
     caller runs apply_rope. always: see `_triton_now`."""
     if x.dim() < 2 or (torch.is_grad_enabled() and x.requires_grad):

@@ -289,8 +289,8 @@ def online_check(target_model, drafter: DFlashDrafter, head: TargetHead, layer_i
     for l in drafter.cfg.fc_layer_ids, in fc's input order. None: the drafter's fc_layer_ids.
     rehearse: decode each prompt once untimed (both ways) before the timed runs. On CUDA every new attention
     shape (query length x KV length) costs a kernel plan the first time (many times the decoding itself:
-    docs/benchmarks.md), so without it the first prompts' times measure plan building, not decoding. The rehearsal's acceptance
-    lengths must equal the timed run's (a note if not).
+    docs/benchmarks.md), so without it the first prompts' times measure plan building, not decoding. The
+    rehearsal's acceptance lengths must equal the timed run's (a note if not).
     repeats: timed runs of each prompt, each way (spec_runs, target_only_runs); spec_s and target_only_s are
     their medians (the decode is deterministic: every run decodes the same tokens).
     Raises ValueError when `refusal(target_model)` refuses, or on layers the target lacks."""

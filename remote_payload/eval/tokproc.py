@@ -2,10 +2,10 @@
 
 The eval needs the tokenizer only to show tokens (each prompt's first block, the health guard's repeated
 token); reading a large tokenizer.json takes about a second, and the tokenizers library holds the GIL for all
-of it (docs/benchmarks.md), so a thread cannot hide it, and it ran at step 1, before the weights began to load. `TokenizerProcess` starts
-`python -c HELPER tokenizer.json` (this interpreter, the tokenizers package) at once and answers
-`get_vocab_size()` and `decode(ids)` like a `tokenizers.Tokenizer`, each over one JSON line of a pipe; the
-first call waits for the child to have read the file. A file the library cannot read is bad input (exit 3,
+of it (docs/benchmarks.md), so a thread cannot hide it, and it ran at step 1, before the weights began to
+load. `TokenizerProcess` starts `python -c HELPER tokenizer.json` (this interpreter, the tokenizers package) at
+once and answers `get_vocab_size()` and `decode(ids)` like a `tokenizers.Tokenizer`, each over one JSON line of
+a pipe; the first call waits for the child to have read the file. A file the library cannot read is bad input (exit 3,
 naming it); a child that dies or does not answer in time is an error naming it. The child ends when its stdin
 closes (this process gone, or `close()`).
 """

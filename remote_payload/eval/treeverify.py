@@ -127,9 +127,10 @@ GQA_ATTENTION = "reval_gqa_sdpa"  # our attention function's name in HF's Attent
 def _gqa_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """HF attention function: SDPA with the g query heads sharing a kv head as extra query rows, so K/V are read
     in place. HF's own SDPA copies K/V g times (repeat_kv) whenever there is a mask — every verify step (what it
-    costs: docs/benchmarks.md). Without a mask (a decode step) it is HF's call: SDPA's own GQA, whose flash kernel runs a CTA per query head. query [B, h, n, d], key/value
-    [B, kvh, L, d], attention_mask None or additive [., 1, n or g*n, >= L] (`_Step` passes g*n rows) ->
-    ([B, n, h, d], None), as HF's functions return."""
+    costs: docs/benchmarks.md). Without a mask (a decode step) it is HF's call: SDPA's own GQA, whose flash
+    kernel runs a CTA per query head. query [B, h, n, d], key/value [B, kvh, L, d], attention_mask None or
+    additive [., 1, n or g*n, >= L] (`_Step` passes g*n rows) -> ([B, n, h, d], None), as HF's functions
+    return."""
     import torch.nn.functional as F
     b, h, n, d = query.shape
     kvh, length = key.shape[1], key.shape[-2]

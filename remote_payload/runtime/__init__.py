@@ -1,1 +1,2 @@
-"""The run runtime (stdlib only, no torch): the detached wrapper, the log/event stream, the launch's preflight and the torch-free dummy job."""
+"""The run runtime (stdlib only, no torch): the detached wrapper, the log/event stream, the launch's preflight and
+the torch-free dummy job."""

@@ -43,7 +43,8 @@ from remote_payload.tools.benchrows import Row, synthetic_prompt
 
 PRESETS = {
     "27b": {"hidden_size": 5120, "intermediate_size": 17408, "num_attention_heads": 32, "num_key_value_heads": 8,
-                "head_dim": 128, "num_hidden_layers": 5, "num_target_layers": 64, "vocab_size": 248320, "block_size": 16,
+                "head_dim": 128, "num_hidden_layers": 5, "num_target_layers": 64,
+                "vocab_size": 248320, "block_size": 16,
                 "rms_norm_eps": 1e-6, "rope_theta": 1e7, "rope_scaling": None, "max_position_embeddings": 262144,
                 "sliding_window": 2048, "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
                 "dflash_config": {"mask_token_id": 248070, "target_layer_ids": [1, 16, 31, 46, 61]}},
@@ -247,7 +248,8 @@ def bench_naive(drafter, head, cfg, dev, dtype, prompt_len, completion, rounds: 
 
 
 def render(rows: list[Row], peak: float, naive_rate: float | None) -> str:
-    head = f"{'benchmark':<36} {'rounds':>8} {'seconds':>9} {'rounds/s':>10} {'TFLOP/s':>8} {'% peak':>7} {'vs naive':>9}  note"
+    head = (f"{'benchmark':<36} {'rounds':>8} {'seconds':>9} {'rounds/s':>10} {'TFLOP/s':>8} {'% peak':>7} "
+            f"{'vs naive':>9}  note")
     lines = [head, "-" * len(head)]
     for r in rows:
         rate = r.rounds / r.seconds if r.rounds else None

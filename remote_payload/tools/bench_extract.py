@@ -107,6 +107,7 @@ def bench_extract(dev: torch.device, dtype: torch.dtype) -> list:
     what, rates = extract_rates(dev, dtype)
     single_rate, batched_rate, fast_rate = rates["batch-1"][0], rates["batched"][0], rates["fast"][0]
     return [Row("extract batch-1", 0, 0, 0, f"{what}: {single_rate:,.0f} tokens/s"),
-            Row("extract batched", 0, 0, 0, f"{batched_rate:,.0f} tokens/s = {batched_rate / single_rate:.1f}x batch-1"),
+            Row("extract batched", 0, 0, 0,
+                f"{batched_rate:,.0f} tokens/s = {batched_rate / single_rate:.1f}x batch-1"),
             Row("extract fast", 0, 0, 0, f"{fast_rate:,.0f} tokens/s = {fast_rate / single_rate:.1f}x batch-1, "
                 f"{fast_rate / batched_rate:.1f}x batched")]

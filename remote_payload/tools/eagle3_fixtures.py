@@ -3,9 +3,10 @@
 The synthetic language and tokenizer of fixtures.py; an 8-layer Llama target (the default taps {2, 4, 5} are
 distinct from 7 layers on); a cache `extract`ed with the head's taps (cache layers {1, 3, 4} = HF
 hidden_states[2, 4, 5]); an EAGLE-3 head trained test-time-training style (K chained steps fed the sentence's
-tokens, labelled with the target's own greedy next tokens) over a reduced draft vocabulary (the DRAFT_VOCAB most frequent ids, d2t offsets), saved in
-the SafeAILab layout twice: `eagle3/` (config.json + model.safetensors) and `eagle3-bin/` (config.json +
-pytorch_model.bin). Neither ships embed_tokens: the target's is borrowed, as SafeAILab's heads do.
+tokens, labelled with the target's own greedy next tokens) over a reduced draft vocabulary (the DRAFT_VOCAB
+most frequent ids, d2t offsets), saved in the SafeAILab layout twice: `eagle3/` (config.json +
+model.safetensors) and `eagle3-bin/` (config.json + pytorch_model.bin). Neither ships embed_tokens: the
+target's is borrowed, as SafeAILab's heads do.
 
     DIR/eagle3-fixtures.json   {"recipe_hash", "paths", "quality": {"target_accuracy", "chain_tau", ...}}
     DIR/tokenizer.json  DIR/target/  DIR/prompts.jsonl  DIR/cache/  DIR/eagle3/  DIR/eagle3-bin/

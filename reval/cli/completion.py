@@ -109,7 +109,8 @@ complete -o default -F {fn} {prog}
 
 def zsh_script(parser: argparse.ArgumentParser, prog: str = "reval") -> str:
     """zsh: the bash script through bashcompinit (one implementation) (pure)."""
-    return (f"#compdef {prog}\n# {prog} completion for zsh. Install: {prog} completion zsh > \"${{fpath[1]}}/_{prog}\"\n"
+    return (f"#compdef {prog}\n"
+            f"# {prog} completion for zsh. Install: {prog} completion zsh > \"${{fpath[1]}}/_{prog}\"\n"
             "autoload -U +X bashcompinit && bashcompinit\n" + bash_script(parser, prog).split("\n", 2)[2])
 
 

@@ -138,7 +138,8 @@ def test_fused_projections_on_cuda_equal_the_separate_ones():
     from tests.tiny_models import random_drafter, random_head, tiny_drafter_config
     cfg = tiny_drafter_config(hidden_size=256, intermediate_size=512, sliding_window=40)
     model, head = random_drafter(cfg, seed=4), random_head(cfg)
-    model, head.embed, head.lm_head = model.cuda().bfloat16(), head.embed.cuda().bfloat16(), head.lm_head.cuda().bfloat16()
+    model = model.cuda().bfloat16()
+    head.embed, head.lm_head = head.embed.cuda().bfloat16(), head.lm_head.cuda().bfloat16()
     feats = torch.randn(300, cfg.fc_in_features, device="cuda").bfloat16()
     anchors = torch.arange(100, 228, device="cuda")
     bonus = torch.randint(0, cfg.vocab_size, (128,), device="cuda")
@@ -190,7 +191,8 @@ def test_drafting_on_several_streams_equals_one_stream(monkeypatch):
     cfg = tiny_drafter_config(hidden_size=512, intermediate_size=1024, sliding_window=64, vocab_size=32768,
                               max_position_embeddings=4096)
     model, head = random_drafter(cfg, seed=7), random_head(cfg)
-    model, head.embed, head.lm_head = model.cuda().bfloat16(), head.embed.cuda().bfloat16(), head.lm_head.cuda().bfloat16()
+    model = model.cuda().bfloat16()
+    head.embed, head.lm_head = head.embed.cuda().bfloat16(), head.lm_head.cuda().bfloat16()
     model.fuse_projections()
     g = torch.Generator(device="cuda").manual_seed(8)
     prompts = [(torch.randn(T, cfg.fc_in_features, generator=g, device="cuda").bfloat16(),

@@ -31,10 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "102 --baseline run not found.")
     p.add_argument("--checkpoints", action="append", required=True, metavar="SPEC",
                    help="'HOST:/root/ckpt/step-*' or a local './ckpt/step-*' (synced to the hosts); repeatable")
-    p.add_argument("--hosts", action="append", required=True, metavar="GROUP|HOST", help="where to run; repeatable. A Slurm cluster (slurm: in hosts.yaml) takes its share "
+    p.add_argument("--hosts", action="append", required=True, metavar="GROUP|HOST",
+                   help="where to run; repeatable. A Slurm cluster (slurm: in hosts.yaml) takes its share "
                         "as one job array, at most slurm.max_running tasks at once")
     add_spec_options(p, drafter=False, payload_help=argparse.SUPPRESS)
-    p.add_argument("--latest", type=positive_int, metavar="N", help="only the N newest checkpoints (by step, then mtime)")
+    p.add_argument("--latest", type=positive_int, metavar="N",
+                   help="only the N newest checkpoints (by step, then mtime)")
     p.add_argument("--since", metavar="WHEN", help="only checkpoints modified since: 36h, 7d, or 2026-11-30")
     p.add_argument("--baseline", metavar="RUN", help="a pulled run to compare every checkpoint with")
     p.add_argument("--threshold", type=float, default=0.1,
@@ -49,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="longest single wait on a run's status (a long poll that returns when the run ends)")
     p.add_argument("--retries", type=positive_int, default=3, help="attempts per SSH operation on transport errors")
     p.add_argument("eval_args", nargs="*", metavar="-- EVAL-ARGS",
-                   help="more options for the eval payload (e.g. -- --dtype bf16 --batch-size 64); --speedup, --online and --allow-unknown-config are options of reval sweep itself")
+                   help="more options for the eval payload (e.g. -- --dtype bf16 --batch-size 64); --speedup, "
+                        "--online and --allow-unknown-config are options of reval sweep itself")
     p.set_defaults(func=main)
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from remote_payload.contract.errors import ConfigError, FeatureMismatchError, PayloadError
+from remote_payload.contract.hfdefaults import TRANSFORMERS_DEFAULTS, same_as_default
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 SLIDING = "sliding_attention"
@@ -51,26 +52,6 @@ HARMLESS = frozenset({
     "problem_type", "tokenizer_class", "chunk_size_feed_forward", "is_encoder_decoder", "quantization_config",
     "_attn_implementation_autoset",  # whether transformers picked the attention implementation itself
 })
-# transformers' generic PretrainedConfig attributes, which `to_dict()` writes into every config (36 of them in 4.57
-# beside the HARMLESS ones; 5.x writes only HARMLESS ones) and no DFlash loader reads: honoured at the base
-# class's default value (4.x; the generation parameters also 5.x's GenerationConfig defaults, which 5.x pops
-# from a config on load), refused naming the key at any other value. tests/test_layouts.py checks this table
-# against a config written by transformers 4.57's to_dict() and against the installed transformers.
-TRANSFORMERS_DEFAULTS: dict[str, Any] = {
-    "is_decoder": False, "add_cross_attention": False, "cross_attention_hidden_size": None,
-    "tie_encoder_decoder": False, "use_bfloat16": False, "tf_legacy_loss": False, "finetuning_task": None,
-    "prefix": None, "sep_token_id": None, "decoder_start_token_id": None, "task_specific_params": None,
-    # generation parameters
-    "max_length": 20, "min_length": 0, "do_sample": False, "early_stopping": False, "num_beams": 1,
-    "num_beam_groups": 1, "diversity_penalty": 0.0, "temperature": 1.0, "top_k": 50, "top_p": 1.0,
-    "typical_p": 1.0, "repetition_penalty": 1.0, "length_penalty": 1.0, "no_repeat_ngram_size": 0,
-    "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "num_return_sequences": 1, "output_scores": False,
-    "return_dict_in_generate": False, "forced_bos_token_id": None, "forced_eos_token_id": None,
-    "remove_invalid_values": False, "exponential_decay_length_penalty": None, "suppress_tokens": None,
-    "begin_suppress_tokens": None, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "encoder_repetition_penalty": 1.0,
-    "num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.4,
-    "assistant_lookbehind": 10, "target_lookbehind": 10,
-}
 HARMLESS_DFLASH = frozenset({"t2d"})  # vLLM skips a shipped `t2d` tensor's key name too; nothing reads it
 
 # Keys honoured at their neutral value only: (neutral values, what a different value would mean). Another value
@@ -451,7 +432,8 @@ def add_allow_unknown(p) -> None:
 def _check_unknown(d: dict, dflash: dict, allow: tuple[str, ...], fail) -> list[str]:
     """Keys reval neither reads, nor holds to a neutral value, nor knows to be harmless: refused by name unless
     the user allowed them (`--allow-unknown-config KEY`, `dflash_config.KEY` for the nested ones)."""
-    at_default = {k for k, v in d.items() if k in TRANSFORMERS_DEFAULTS and _same(v, TRANSFORMERS_DEFAULTS[k])}
+    at_default = {k for k, v in d.items()
+                  if k in TRANSFORMERS_DEFAULTS and same_as_default(v, TRANSFORMERS_DEFAULTS[k])}
     known_top = _READ_TOP | HARMLESS | set(_NEUTRAL_TOP) | at_default
     known_dflash = set(_DFLASH_READ) | set(_NEUTRAL_DFLASH) | HARMLESS_DFLASH
     found = [k for k in d if k not in known_top] + [f"dflash_config.{k}" for k in dflash if k not in known_dflash]
@@ -469,15 +451,6 @@ def _check_unknown(d: dict, dflash: dict, allow: tuple[str, ...], fail) -> list[
                 f"it{near}")
         raise fail(f"{what} If it changes no number, pass {ALLOW_HINT} {k} (recorded in results.json)")
     return allowed
-
-
-def _same(v: Any, default: Any) -> bool:
-    """`v` is transformers' default value `default` (1 == 1.0, but True is no 1 and 0 no False)."""
-    if default is None or isinstance(default, bool):
-        return v is default
-    if isinstance(default, (int, float)):
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == default
-    return v == default
 
 
 def _extra(d: dict, dflash: dict) -> dict:

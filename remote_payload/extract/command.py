@@ -22,6 +22,7 @@ from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
 from remote_payload.eval.cache import Cache, open_cache, parse_layer_ids
 from remote_payload.eval.devices import resolve_device_dtype
+from remote_payload.eval.regime import Regime, check_resume, entry_name, regime_of
 from remote_payload.extract.batching import LocalRunner, batches
 from remote_payload.extract.decode import choose_generator, generation_record
 from remote_payload.extract.pool import PoolRunner, parse_gpus
@@ -35,7 +36,7 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
             max_new_tokens: int, layer_ids: list[int], device: str = "auto", dtype: str = "auto",
             num_prompts: int | None = None, batch_size: int = 32, batch_tokens: int = 32768,
             chat_template: str = "auto", enable_thinking: bool = False, gpus: str | None = None,
-            shard: bool = False, compile: bool = False, log=print) -> Cache:
+            shard: bool = False, compile: bool = False, regime: Regime | None = None, log=print) -> Cache:
     """Run the target over the prompts and write a reval cache at `out` (atomically; resumable: an interrupted
     run's finished prompts are kept in `.OUT.partial` and the same command continues from there).
 
@@ -50,7 +51,11 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
     gpus: "0,1,..." or "all": one process a GPU (pool.py), the batches formed as one process forms
     them, so the cache equals a one-GPU run's; "cpu,cpu": CPU processes (tests). shard: one process, the target
     spread over those GPUs (device_map), for a target too big for one; chosen by itself when the weights take
-    more than 80% of a GPU's memory. compile: the decode step through torch.compile (`Generator`; CUDA only)."""
+    more than 80% of a GPU's memory. compile: the decode step through torch.compile (`Generator`; CUDA only).
+    regime (eval/regime.py; None: greedy): the completions are sampled with its transform, `samples` per prompt,
+    each its own entry `<prompt>~s<i>` drawing from its own generator (seed, prompt, sample), so the cache is
+    the same whatever the batches or processes; cache.json records it under "sampling", each entry's file its
+    tokens' log-probs, and "sampled_agreement" replaces the argmax agreement."""
     target = Path(target)
     devices, cuda_ids = _devices(gpus, device, shard)
     _check_sizes(num_prompts, max_new_tokens, batch_size, batch_tokens)
@@ -59,8 +64,8 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
     H = config.get("hidden_size") or config.get("text_config", {}).get("hidden_size")
     template = resolve_chat_template(target, chat_template, enable_thinking, records, prompts_file)
     from tokenizers import Tokenizer
-    entries = _Entries(records, template, Tokenizer.from_file(str(target / "tokenizer.json")))
-    encoded = {j: entries.prompt_ids(j, {}) for j, (_, k) in enumerate(entries.at) if k == 0}
+    entries = _Entries(records, template, Tokenizer.from_file(str(target / "tokenizer.json")), regime)
+    encoded = {j: entries.prompt_ids(j, {}) for j, at in enumerate(entries.at) if at[1] == 0}
     empty = [entries.names[j] for j, ids in encoded.items() if not ids]
     if empty:
         raise PayloadError(f"prompt {empty[0]!r} tokenizes to nothing; remove it from {prompts_file}")
@@ -74,11 +79,16 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
                                      "prompt_format": prompt_format}).encode()).hexdigest()
     writer = CacheWriter(out, layer_ids=layer_ids, hidden_size=int(H), target_path=str(target.resolve()),
                          target_config_sha256=config_sha, tokenizer_path=str((target / "tokenizer.json").resolve()),
-                         resume_key=key, metadata={"prompt_format": prompt_format})  # checks --out before loading
+                         resume_key=key, metadata={"prompt_format": prompt_format, **_sampling_meta(regime)})
+    if writer.done:
+        check_resume(writer.resumed_metadata.get("sampling"), regime, str(writer.partial))
     completions = _resumed(writer, entries)
     if writer.done:
         log(f"resuming {writer.partial}: {len(writer.done)} of {len(entries.at)} prompts already extracted")
-    turns_note = f", {len(entries.at)} turns" if len(entries.at) != len(records) else ""
+    n_turns = sum(len(turns) for _, turns in records)
+    turns_note = f", {n_turns} turns" if n_turns != len(records) else ""
+    if regime is not None:
+        turns_note += f"; sampled {regime.label()}: {len(entries.at)} completions"
     log(f"prompts: {len(records)} from {Path(prompts_file).name} ({shape}{turns_note}); chat template "
         + (f"on (sha256 {template.sha256[:12]}, enable_thinking={enable_thinking})" if template else "off (raw text)"))
     shard = shard or _too_big_for_one(target, cuda_ids, log)
@@ -87,7 +97,8 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
     def report(j: int, n_prompt: int, n_seq: int) -> None:
         log(f"[{len(writer.done)}/{len(entries.at)}] {entries.names[j]}: {n_seq} tokens ({n_prompt} prompt + "
             f"{n_seq - n_prompt} completion)")
-    opts = {"layer_ids": layer_ids, "max_new_tokens": max_new_tokens, "eos": eos, "writer": writer, "report": report}
+    opts = {"layer_ids": layer_ids, "max_new_tokens": max_new_tokens, "eos": eos, "writer": writer, "report": report,
+            "regime": regime}
     with writer as w:
         if devices and len(devices) > 1 and not shard:
             log(f"loading target {target} in {len(devices)} processes ({', '.join(devices)}; "
@@ -108,12 +119,21 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
             w.meta["generation"] = _with_history(g, w.resumed_metadata.get("generation"))
             log(_generation_line(g, compile, batch_size, batch_tokens))
             _rounds(runner, w, entries, encoded, completions, max_new_tokens, batch_size, batch_tokens)
-        total = agreement_total(w.done)
-        if total:
+        total = agreement_total(w.done, "argmax_agree" if regime is None else "sampled_agree")
+        if total and regime is None:
             w.meta["argmax_agreement"] = total
             log(f"argmax agreement: the target's argmax is the cached next token at {total['matches']} of "
                 f"{total['positions']} completion positions ({total['fraction']:.6f})")
+        elif total:
+            w.meta["sampled_agreement"] = total
+            log(f"sampled agreement: the cached token has probability > 0 under the transform ({regime.label()}) "
+                f"at {total['matches']} of {total['positions']} completion positions ({total['fraction']:.6f})")
     return open_cache(out)
+
+
+def _sampling_meta(regime: Regime | None) -> dict:
+    """cache.json's "sampling" (absent for greedy: a greedy cache is today's, byte for byte)."""
+    return {} if regime is None else {"sampling": regime.to_json()}
 
 
 def _devices(gpus: str | None, device: str, shard: bool) -> tuple[list[str] | None, list[int]]:
@@ -140,40 +160,58 @@ def _check_sizes(num_prompts: int | None, max_new_tokens: int, batch_size: int, 
 
 
 class _Entries:
-    """The cache's entries: entry j is turn k of record r (`at[j] = (r, k)`), named `names[j]`."""
+    """The cache's entries: entry j is turn k of record r (`at[j] = (r, k)`), named `names[j]`. Sampled (a
+    regime): sample s of it is an entry of its own (`at[j] = (r, k, s)`, named `<turn name>~s<s>`, whose later
+    turns follow sample s's replies), `draw[j]` = (turn name, s) its generator's identity, `info[j]` the
+    prompt's name and the sample index for cache.json."""
 
-    def __init__(self, records: list[tuple[str, list[str]]], template, tok):
+    def __init__(self, records: list[tuple[str, list[str]]], template, tok, regime: Regime | None = None):
         self.records, self.template, self.tok = records, template, tok
-        self.names = [n for ns in entry_names(records) for n in ns]
-        self.at = [(r, k) for r, (_, turns) in enumerate(records) for k in range(len(turns))]
+        base = [n for ns in entry_names(records) for n in ns]
+        turns_at = [(r, k) for r, (_, turns) in enumerate(records) for k in range(len(turns))]
+        n = 1 if regime is None else regime.samples
+        self.at = [(r, k) if regime is None else (r, k, s) for r, k in turns_at for s in range(n)]
+        self.names = [b if regime is None else entry_name(b, s) for b in base for s in range(n)]
+        self.draw = [None if regime is None else (b, s) for b in base for s in range(n)]
+        self.info = [{} if regime is None else {"prompt": b, "sample": s} for b in base for s in range(n)]
         self.last_turn = [len(turns) - 1 for _, turns in records]
 
-    def prompt_ids(self, j: int, completions: dict[tuple[int, int], list[int]]) -> list[int]:
+    def key(self, j: int, turn: int) -> tuple:
+        """(record, turn[, sample]) of entry j's conversation at `turn`: the key of `completions`."""
+        return (self.at[j][0], turn, *self.at[j][2:])
+
+    def prompt_ids(self, j: int, completions: dict[tuple, list[int]]) -> list[int]:
         """Entry j's prompt: its turn rendered by the chat template after the earlier turns and the target's
-        replies to them (`completions`: (record, turn) -> reply ids); without a template, the raw text."""
-        r, k = self.at[j]
+        replies to them (`completions`: `key` -> reply ids); without a template, the raw text."""
+        r, k = self.at[j][:2]
         turns, tok = self.records[r][1], self.tok
         if self.template is None:  # raw text, as before chat templates (single-turn only)
             return tok.encode(turns[0]).ids
         messages = []
         for i in range(k):
-            reply = tok.decode(completions[(r, i)], skip_special_tokens=True)
+            reply = tok.decode(completions[self.key(j, i)], skip_special_tokens=True)
             messages += [{"role": "user", "content": turns[i]}, {"role": "assistant", "content": reply}]
         messages.append({"role": "user", "content": turns[k]})
         return tok.encode(self.template.render(messages, self.names[j]), add_special_tokens=False).ids
 
 
-def _resumed(writer: CacheWriter, entries: _Entries) -> dict[tuple[int, int], list[int]]:
-    """The target's replies that later turns need ((record, turn) -> reply ids), from the entries an interrupted
+def _resumed(writer: CacheWriter, entries: _Entries) -> dict[tuple, list[int]]:
+    """The target's replies that later turns need (`entries.key` -> reply ids), from the entries an interrupted
     run finished; an entry whose earlier turn is to be done again is dropped from `writer.done`."""
-    completions: dict[tuple[int, int], list[int]] = {}
+    completions: dict[tuple, list[int]] = {}
+    step = _samples(entries)
     for j in sorted(writer.done):
-        r, k = entries.at[j]
-        if k and j - 1 not in writer.done:  # an earlier turn is to be done again: so is every later one
+        r, k = entries.at[j][:2]
+        if k and j - step not in writer.done:  # an earlier turn is to be done again: so is every later one
             del writer.done[j]
         elif k < entries.last_turn[r]:
-            completions[(r, k)] = writer.done_ids(j)[writer.done[j]["prompt_len"]:].tolist()
+            completions[entries.key(j, k)] = writer.done_ids(j)[writer.done[j]["prompt_len"]:].tolist()
     return completions
+
+
+def _samples(entries: _Entries) -> int:
+    """Entries a turn has (its samples; 1 when greedy): turn k-1 of entry j is entry j - this."""
+    return 1 if len(entries.at[0]) == 2 else 1 + max(a[2] for a in entries.at)
 
 
 def _too_big_for_one(target: Path, cuda_ids: list[int], log) -> bool:
@@ -207,16 +245,16 @@ def _rounds(runner, w: CacheWriter, entries: _Entries, encoded: dict[int, list[i
     """Turn by turn: round k batches every conversation's turn k (whose prompt holds the replies of the
     rounds before)."""
     for turn in range(max(entries.last_turn) + 1):
-        todo = [j for j, (_, k) in enumerate(entries.at) if k == turn and j not in w.done]
+        todo = [j for j, at in enumerate(entries.at) if at[1] == turn and j not in w.done]
         for j in todo:
             if j not in encoded:
                 encoded[j] = entries.prompt_ids(j, completions)
         lengths = [len(encoded[j]) + max_new_tokens for j in todo]
         groups = [sorted(todo[g] for g in group) for group in batches(lengths, batch_size, batch_tokens)]
-        for j, ids in runner.run_round(groups, {j: encoded[j] for j in todo}, entries.names).items():
-            r, k = entries.at[j]
+        for j, ids in runner.run_round(groups, {j: encoded[j] for j in todo}, entries).items():
+            r, k = entries.at[j][:2]
             if k < entries.last_turn[r]:
-                completions[(r, k)] = ids[len(encoded[j]):]
+                completions[entries.key(j, k)] = ids[len(encoded[j]):]
 
 
 def _with_history(current: dict, previous) -> dict:
@@ -231,9 +269,10 @@ def _with_history(current: dict, previous) -> dict:
     return {**current, "earlier": earlier} if earlier else dict(current)
 
 
-def agreement_total(done: dict[int, dict]) -> dict | None:
-    """cache.json's "argmax_agreement" from the prompts' [matches, positions]; None when a prompt lacks them."""
-    pairs = [(e.get("info") or {}).get("argmax_agree") for e in done.values()]
+def agreement_total(done: dict[int, dict], field: str = "argmax_agree") -> dict | None:
+    """cache.json's "argmax_agreement" ("sampled_agreement") from the prompts' [matches, positions] (`field`);
+    None when a prompt lacks them."""
+    pairs = [(e.get("info") or {}).get(field) for e in done.values()]
     if not pairs or not all(isinstance(a, list) and len(a) == 2 and all(isinstance(x, int) for x in a)
                             for a in pairs):
         return None
@@ -276,6 +315,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "passes (RMSNorm, SiLU * up, RoPE): a few %% faster decoding, about a minute of compilation "
                         "per batch shape (pays off only for very long runs; make bench-decode has the numbers). "
                         "CUDA only")
+    g = p.add_argument_group("sampling (a cache at T > 0; docs/sampling.md)")
+    g.add_argument("--temperature", type=float, default=None, metavar="T",
+                   help="sample the completions at temperature T (then --top-k, then --top-p, as z-lab's sample) "
+                        "instead of greedy; 0 or absent: greedy, today's cache")
+    g.add_argument("--top-k", type=int, default=None, metavar="K", help="keep the K most probable tokens (0: off)")
+    g.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help="keep the most probable tokens up to mass P (1: off)")
+    g.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="the draws' seed (needed with --temperature > 0): one generator per (prompt, sample), so the "
+                        "cache is the same whatever the batches or --gpus")
+    g.add_argument("--samples", type=int, default=None, metavar="N",
+                   help="completions sampled per prompt (default 1), each its own entry <prompt>~s<i>")
 
 
 def layers_arg(layers: str | None, for_drafter: str | None) -> list[int]:
@@ -292,11 +343,12 @@ def layers_arg(layers: str | None, for_drafter: str | None) -> list[int]:
 
 def main(args: argparse.Namespace) -> int:
     try:
+        regime = regime_of(args.temperature, args.top_k, args.top_p, args.seed, args.samples)
         c = extract(args.target, args.prompts, args.out, max_new_tokens=args.max_new_tokens,
                     layer_ids=layers_arg(args.layers, args.for_drafter), device=args.device, dtype=args.dtype,
                     num_prompts=args.num_prompts, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
                     chat_template=args.chat_template, enable_thinking=args.enable_thinking, gpus=args.gpus,
-                    shard=args.shard, compile=args.compile)
+                    shard=args.shard, compile=args.compile, regime=regime)
     except PayloadError as e:
         print(f"error: {e}")
         return e.exit_code

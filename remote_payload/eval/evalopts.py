@@ -35,6 +35,7 @@ class EvalOptions:
     suites: list[tuple[str, str]] | None = None  # (name, cache path) per benchmark suite; None: one cache
     online: int = 0  # first N prompts decoded online with the real target (speculative vs target-only)
     speedup: bool = False  # measure the target's latencies and project the speedup per method
+    draft: str = "greedy"  # the draft rule on a sampled cache: greedy (argmax drafts) | sampled (rejection sampling)
 
 
 def _int_list(text: str) -> list[int]:
@@ -83,6 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="load the whole target and measure at batch 1 on this device: a decode step, the verify "
                         "forward of a block and of each DDTree budget's tree, one drafter block; results.json "
                         "then holds the projected speedup per method (tau x t(decode) / (t(draft) + t(verify)))")
+    p.add_argument("--draft", choices=spec.DRAFT_RULES, default="greedy",
+                   help="on a sampled cache (extract --temperature T): greedy = the drafter's argmax drafts, the walk "
+                        "over every sample (default, as vLLM); sampled = drafts drawn from the drafter at the "
+                        "cache's transform, verified by rejection sampling: the exact E[tau | y] (docs/sampling.md)")
     p.add_argument("--all-anchors", action="store_true",
                    help="teacher-forced position accuracy at every completion anchor (default: the anchors "
                         "the walk can reach within --max-blocks; the walks are the same either way)")
@@ -95,7 +100,8 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
     try:  # the one spec's checks and --cache rule, as the controller applied them
         ask = spec.EvalSpec(drafter=args.drafter, target=args.target, cache=args.cache,
                             num_prompts=args.num_prompts, max_blocks=args.max_blocks, online=args.online,
-                            speedup=bool(args.speedup), allow_unknown_config=args.allow_unknown_config)
+                            speedup=bool(args.speedup), allow_unknown_config=args.allow_unknown_config,
+                            draft=args.draft)
     except spec.SpecError as e:
         raise PayloadError(str(e)) from None
     cache, suites = ask.cache_label(), ask.suites()
@@ -106,4 +112,4 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
                        tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
                        strict=args.strict, all_anchors=args.all_anchors,
                        allow_unknown_config=list(args.allow_unknown_config), online=args.online,
-                       speedup=bool(args.speedup))
+                       speedup=bool(args.speedup), draft=ask.draft)

@@ -72,6 +72,17 @@ def headline(results: dict) -> dict:
             "suspect": results["health"]["suspect"]}
 
 
+def _count(x) -> str:
+    """A count: as is; an expected count (sampled drafts) to one decimal."""
+    return str(x) if isinstance(x, int) or float(x).is_integer() else f"{x:.1f}"
+
+
+def _regime(r: dict, m: dict) -> str:
+    return (f"T={r['temperature']:g} top_k={r['top_k']} top_p={r['top_p']:g} seed={r['seed']}, {r['samples']} "
+            f"samples a prompt ({m.get('num_samples')} completions), draft {r['draft']}"
+            + (" (exact expectations; DDTree left out)" if r["draft"] == "sampled" else ""))
+
+
 def print_summary(results: dict) -> None:
     m, o = results["metrics"], results["options"]
     rows = [("tau (incl. bonus, macro)", fmt(m["tau"], 2)), ("tau pooled", fmt(m["tau_pooled"], 2)),
@@ -80,8 +91,10 @@ def print_summary(results: dict) -> None:
     rows += [(f"width-{w} tree tau", fmt(v, 2)) for w, v in m["tree_width_tau"].items()]
     rows += [("position-1 accuracy", fmt(m["position_1_accuracy"])),
              ("position accuracy k=1..15", " ".join(fmt(x, 2) for x in m["position_accuracy"])),
-             ("acceptance histogram 1..16", " ".join(str(x) for x in m["acceptance_histogram"][1:])),
-             ("rounds / prompts / anchors", f"{m['num_rounds']} / {m['num_prompts']} / {m['num_anchors']}"),
+             ("acceptance histogram 1..16", " ".join(_count(x) for x in m["acceptance_histogram"][1:])),
+             ("rounds / prompts / anchors", f"{_count(m['num_rounds'])} / {m['num_prompts']} / {m['num_anchors']}"),
+             *([("regime", _regime(results["regime"], m))] if (results.get("regime") or {}).get("seed") is not None
+               else []),
              ("max blocks", str(o["max_blocks"])),
              ("attention", (results["comparability"].get("attention") or "n/a").replace("_attention", "")),
              *[(f"suite {x['name']} tau", f"{fmt(x['metrics']['tau'], 2)} ({x['metrics']['num_prompts']} prompts)")

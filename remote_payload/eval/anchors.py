@@ -68,7 +68,7 @@ def enqueue_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, promp
                     transform: tuple | None = None) -> PendingAnchors:
     """feats [T, n_fc*H], ids [T] (both on the drafter's device) -> the queued outputs at anchors
     prompt_len..prompt_len+n-1. Targets are g[a+k] (k = 1..bs-1), -1 past the end. transform (sampled
-    drafts): also log q(g[a+k]) under it (drafter.logits_topk's target_q)."""
+    drafts): also log q(g[a+k]) under it (`_target_q`)."""
     from remote_payload.eval.drafter import logits_topk
     bs = drafter.cfg.block_size
     dev, T = feats.device, ids.shape[0]
@@ -85,9 +85,9 @@ def enqueue_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, promp
             hidden = drafter.draft_hidden(ctx, anchors, ids[anchors], head, bounds=(lo, hi - 1))  # [m, bs, H]
             pos = anchors[:, None] + offsets  # [m, bs-1]
             tgt = torch.where(pos < T, ids[pos.clamp(max=T - 1)], -1)
-            out = logits_topk(hidden, head, k, target_ids=tgt.clamp(min=0), transform=transform)
+            out = logits_topk(hidden, head, k, target_ids=tgt.clamp(min=0))
             if transform is not None:
-                qs.append(out.target_q)
+                qs.append(_target_q(hidden, head, tgt.clamp(min=0), transform))
             finite.append(torch.isfinite(out.topk_logprobs[..., 0]).all())
             drafts.append(out.argmax_ids)
             ranks.append(out.target_ranks.masked_fill(tgt < 0, -1))
@@ -106,6 +106,15 @@ def enqueue_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, promp
             acc = tied = torch.zeros(0, device=dev)
         q_t = None if transform is None else (torch.cat(qs) if qs else torch.zeros(0, width, device=dev))
         return PendingAnchors(drafts_t, ranks_t, topk_t, finite_t, acc, tied, sorted(set(budgets)), q_t)
+
+
+def _target_q(hidden: torch.Tensor, head, tgt: torch.Tensor, transform: tuple) -> torch.Tensor:
+    """hidden [m, bs, H], tgt [m, bs-1] -> [m, bs-1] fp32: log q(tgt) under the sampling transform, q the drafter's
+    distribution at each block position (the lm_head GEMM as logits_topk runs it, then sampling.token_logprobs)."""
+    from remote_payload.eval.sampling import token_logprobs
+    rows = hidden[:, 1:, :].contiguous().view(-1, hidden.shape[-1])
+    logits = torch.nn.functional.linear(rows, head.lm_head.to(rows.dtype))
+    return token_logprobs(logits, tgt.reshape(-1), *transform).view(tgt.shape)
 
 
 class _Lanes:

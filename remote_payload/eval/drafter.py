@@ -56,7 +56,6 @@ class DraftLogits:
     topk_logprobs: Tensor  # [..., bs-1, k] fp32
     target_logprobs: Tensor | None = None  # [..., bs-1] fp32: logprob of the given target ids
     target_ranks: Tensor | None = None  # [..., bs-1] long: position of the target in topk_ids, k if absent
-    target_q: Tensor | None = None  # [..., bs-1] fp32: the target's log-prob under a sampling transform (q(y))
 
 
 class RMSNorm(nn.Module):
@@ -372,8 +371,7 @@ def _group_mask(anchors: Tensor, q_pos: Tensor, T: int, R: int, G: int, g: int, 
     return lo, mask[:, :, :, None].expand(B, ng, G, g, bs, L).reshape(B * ng, 1, G * g * bs, L)
 
 
-def logits_topk(hidden: Tensor, head: TargetHead, k: int, target_ids: Tensor | None = None,
-                transform: tuple | None = None) -> DraftLogits:
+def logits_topk(hidden: Tensor, head: TargetHead, k: int, target_ids: Tensor | None = None) -> DraftLogits:
     """hidden [..., bs, H] from `draft_hidden` -> drafts for rows 1..bs-1.
 
     The rows go through lm_head as ONE contiguous [N*(bs-1), H] GEMM (a strided 3-D slice made cuBLAS
@@ -381,8 +379,6 @@ def logits_topk(hidden: Tensor, head: TargetHead, k: int, target_ids: Tensor | N
     Past the lm_head GEMM every full-vocabulary pass costs as much as the GEMM itself, so there are
     only two (logsumexp, topk): the argmax is topk's first id, and a target's rank is its position in
     topk_ids, k when it is not among them (all that width-k trees and DDTree with budgets <= k need).
-    transform (temperature, top_k, top_p) with target_ids: also the targets' log-probs under it (`target_q`:
-    the drafter's sampling distribution q at the target's token, sampling.token_logprobs; one more pass).
     """
     lead, (bs, H) = hidden.shape[:-2], hidden.shape[-2:]
     rows = hidden[..., 1:, :].contiguous().view(-1, H)  # [N*(bs-1), H]
@@ -403,7 +399,4 @@ def logits_topk(hidden: Tensor, head: TargetHead, k: int, target_ids: Tensor | N
         # topk_ids[r], so a target tied with the argmax (common in bf16) is not counted as drafted.
         hit = top_ids == tgt
         res.target_ranks = torch.where(hit.any(-1), hit.int().argmax(-1), k).view(out_shape)
-        if transform is not None:
-            from remote_payload.eval.sampling import token_logprobs
-            res.target_q = token_logprobs(logits, tgt[:, 0], *transform).view(out_shape)
     return res

@@ -109,7 +109,7 @@ source {here}/reval.bash
 reval() {{ PYTHONPATH={REPO} {sys.executable} -m reval "$@"; }}
 comp() {{ COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); COMPREPLY=(); _reval; echo "${{COMPREPLY[*]}}"; }}
 comp reval l
-comp reval run --dr
+comp reval run --drafte
 comp reval run gpu1 --payload ""
 comp reval hosts c
 comp reval -i hosts.yaml run ""

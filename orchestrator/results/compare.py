@@ -29,7 +29,9 @@ from .stats import Estimate, Paired
 FIELD_WORDS = {"cache_fingerprint": "cache", "prompt_set": "prompt set", "num_prompts": "num_prompts",
                "max_blocks": "max_blocks", "block_size": "block_size", "metrics_version": "metric definitions",
                "attention": "drafter attention (window / causal inside the block)",
-               "family": "drafter family (DFlash block / EAGLE-3 chain)"}
+               "family": "drafter family (DFlash block / EAGLE-3 chain)",
+               "regime": "decoding regime (sampling temperature / top-k / top-p / seed / samples, draft rule; "
+                         "none: greedy)"}
 
 
 _RESULT_SECTIONS = frozenset(f.name for f in dataclasses.fields(results_json.Result)

@@ -93,8 +93,10 @@ class CacheInfo(Record):
     argmax_agreement: float | None = doc(
         "exactness of the cache as `extract` recorded it: the fraction of its completion positions (all prompts) "
         "where the target's argmax over its own prefill is the cached next token; 1.0: tokens and hidden states "
-        "agree exactly; below 0.99 the run is marked suspect (health.reasons). Null: not recorded (a cache "
-        "extracted before it was, or a seeds cache)", None)
+        "agree exactly; below 0.99 the run is marked suspect (health.reasons). On a sampled cache (regime."
+        "temperature > 0) the figure generalised: the fraction of positions whose token has probability > 0 "
+        "under the transform from the prefill's own logits. Null: not recorded (a cache extracted before it was, "
+        "or a seeds cache)", None)
 
 
 @dataclass(kw_only=True)
@@ -124,9 +126,12 @@ class Comparability(Record):
                                 "layer (drafter.attention); null: not recorded (before reval.results/2)", None)
     family: str | None = doc("the drafter family (drafter.family): a DFlash block and an EAGLE-3 chain are "
                              "different decoders; null: not recorded (DFlash, before families)", None)
+    regime: str | None = doc("the decoding regime (`Regime.signature`: `T=1/top_k=0/top_p=1/seed=0/samples=4/"
+                             "draft=greedy`): runs of different regimes are never ranked against each other; "
+                             "null: greedy decoding (T = 0) with greedy drafts, as every run before issue 29", None)
 
     KEY_FIELDS = ("cache_fingerprint", "prompt_set", "num_prompts", "max_blocks", "block_size", "metrics_version",
-                  "attention", "family")
+                  "attention", "family", "regime")
 
     def key(self) -> dict[str, Any]:
         """What must be equal for two results to be ranked against each other (null attention or family:
@@ -147,10 +152,11 @@ class Metrics(Record):
     streak: float | None = doc("tau - 1: drafts accepted per round excl. the bonus token")
     streak_pooled: float | None = doc("tau_pooled - 1")
     num_prompts: int = doc("prompts evaluated")
-    num_rounds: int = doc("rounds of the vanilla walk over all prompts")
+    num_rounds: float = doc("rounds of the vanilla walk over all prompts (sampled drafts: the expected number, "
+                            "regime.notes)")
     num_anchors: int = doc("teacher-forced anchors evaluated")
-    acceptance_histogram: list[int] = doc("index L = rounds whose acceptance length incl. bonus was L (index 0 is "
-                                          "always 0), block_size+1 entries")
+    acceptance_histogram: list[float] = doc("index L = rounds whose acceptance length incl. bonus was L (index 0 "
+                                            "is always 0), block_size+1 entries (sampled drafts: expected counts)")
     per_position_acceptance_unconditional: list[float | None] = doc("k=1..block_size-1: #(acc>=k)/#rounds")
     per_position_acceptance_conditional: list[float | None] = doc("k=1..block_size-1: #(acc>=k)/#(acc>=k-1)")
     position_accuracy: list[float | None] = doc("k=1..block_size-1, teacher-forced, pooled over anchors")
@@ -159,12 +165,37 @@ class Metrics(Record):
     ddtree_tau: dict[str, float | None] = doc("per node budget (string key): DDTree tau, macro over prompts")
     ddtree_best: DDTreeBest | None = doc("the best budget and its tau")
     tree_width_tau: dict[str, float | None] = doc("per width k (string key): width-k tree tau, macro over prompts")
+    num_samples: int | None = doc("a sampled cache: the completions evaluated (every sample of each prompt; tau "
+                                  "is the mean over prompts of each prompt's mean over its samples, tau_pooled "
+                                  "pools every round of every sample); null: a greedy cache", None)
 
 
 @dataclass(kw_only=True)
 class FirstBlock(Record):
     draft: str = doc("the first drafted block, decoded")
     target: str = doc("the target's tokens at the same positions, decoded")
+
+
+@dataclass(kw_only=True)
+class ExpectedWalk(Record):
+    tau: float | None = doc("E[tau | y]: the walk's tokens / rounds in expectation over the drafts given the "
+                            "completion (exact, remote_payload/eval/expect.py)")
+    tokens: float = doc("E[tokens committed]")
+    rounds: float = doc("E[rounds]")
+    histogram: list[float] = doc("index L: E[rounds of acceptance length L], block_size+1 entries")
+    at_least: list[float] = doc("index k = 0..block_size-1: E[rounds with drafts accepted >= k]")
+
+
+@dataclass(kw_only=True)
+class SampleResult(Record):
+    name: str = doc("the cache entry (`<prompt>~s<i>`)")
+    sample: int = doc("the sample index i")
+    prompt_len: int = doc("prompt tokens of this sample's entry")
+    seq_len: int = doc("prompt + completion tokens")
+    tau: float | None = doc("the walk's tau over this sample (sampled drafts: E[tau | y])")
+    acceptance_lengths: list[int] | None = doc("greedy drafts: the walk's acceptance lengths; null: sampled", None)
+    expected: ExpectedWalk | None = doc("sampled drafts: the exact expected walk; null: greedy drafts", None)
+    ddtree_tau: dict[str, float | None] | None = doc("greedy drafts: per budget, the DDTree walk's tau", None)
 
 
 @dataclass(kw_only=True)
@@ -183,6 +214,9 @@ class PromptResult(Record):
     tree_width_acceptance_lengths: dict[str, list[int]] | None = doc("per width: the width-k walk's lengths", None)
     tree_width_tau: dict[str, float | None] | None = doc("per width: mean of those", None)
     first_block: FirstBlock | None = doc("the first block, drafted vs target", None)
+    samples: list[SampleResult] | None = doc("a sampled cache: this prompt's samples (its tau, ddtree_tau and "
+                                             "tree_width_tau are their means, its hits and acceptance lengths "
+                                             "pooled); null: a greedy cache", None)
 
 
 @dataclass(kw_only=True)
@@ -354,6 +388,25 @@ class Speedup(Record):
 
 
 @dataclass(kw_only=True)
+class Regime(Record):
+    temperature: float = doc("the cache's sampling temperature (0: greedy)")
+    top_k: int = doc("top-k of the transform (0: off)")
+    top_p: float = doc("top-p of the transform (1: off)")
+    seed: int | None = doc("the draws' seed (null: greedy)")
+    samples: int = doc("completions per prompt")
+    draft: str = doc("`greedy` (argmax drafts, the walk over every sample) or `sampled` (drafts from the drafter "
+                     "at the same transform, verified by rejection sampling: exact expectations)")
+    notes: list[str] = doc("how the figures of this regime are made and what is left out", factory=list)
+
+    def signature(self) -> str | None:
+        """The comparability key's form; None for greedy decoding with greedy drafts (every run before it)."""
+        if self.temperature == 0 and self.draft == "greedy":
+            return None
+        return (f"T={self.temperature:g}/top_k={self.top_k}/top_p={self.top_p:g}/seed={self.seed}/"
+                f"samples={self.samples}/draft={self.draft}")
+
+
+@dataclass(kw_only=True)
 class Result(Record):
     schema: str = doc(f"`{SCHEMA}` (files with `reval.results/1` still load)")
     run: str = doc("run name")
@@ -379,6 +432,8 @@ class Result(Record):
     notes: list[str] | None = doc("what the run did that the options alone do not say, one sentence each: config "
                                   "fields that disagreed and which one won, `--online N` capped at the prompts "
                                   "there are (null: nothing to say)", None)
+    regime: Regime | None = doc("the decoding regime: the cache's sampling transform and the draft rule (null: "
+                                "written before it was recorded: greedy)", None)
     source: Path | None = field(default=None, repr=False, compare=False, metadata={"internal": True})
 
     @classmethod

@@ -22,10 +22,11 @@ PAYLOADS = ("eval", "dummy")
 DEFAULT_MAX_BLOCKS = 30                       # draft rounds per prompt when --max-blocks is not given
 DEFAULT_DDTREE_BUDGETS = (16, 32, 64, 128, 256, 512)
 DEFAULT_TREE_WIDTHS = (4, 8)
+DRAFT_RULES = ("greedy", "sampled")           # --draft: how drafts are made and verified on a sampled cache
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # eval options the spec owns: given among the payload's extra arguments they would be a second, unchecked copy
 OWNED_OPTIONS = ("--drafter", "--target", "--cache", "--num-prompts", "--max-blocks", "--speedup", "--online",
-                 "--allow-unknown-config", "--name", "--run-dir")
+                 "--allow-unknown-config", "--name", "--run-dir", "--draft")
 
 
 class SpecError(ValueError):
@@ -142,7 +143,8 @@ def _count(name: str, v, *, zero_ok: bool) -> None:
 class EvalSpec:
     """What to evaluate (paths on the host) and how. Checked when made: a value of this type is valid.
     `cache` takes a path, NAME=PATH, or a list of them, and holds the parsed tuple of CacheRef.
-    `payload="dummy"` runs the torch-free stand-in; `extra`: more `python -m remote_payload eval` options."""
+    `payload="dummy"` runs the torch-free stand-in; `extra`: more `python -m remote_payload eval` options.
+    `draft`: the draft rule on a sampled cache (DRAFT_RULES; the payload refuses `sampled` on a greedy cache)."""
     drafter: str | None = None
     target: str | None = None
     cache: tuple[CacheRef, ...] = ()
@@ -153,6 +155,7 @@ class EvalSpec:
     allow_unknown_config: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()
     payload: str = "eval"
+    draft: str = "greedy"
     gpus: str | None = None     # where, not what: auto | none | 0,1 (None: the host's); not part of the argv
     # suites given by their prompt files (NAME=FILE, here): the laptop resolves each to its cache in the host's
     # store (built first when missing) and hands the payload those caches (--cache NAME=PATH)
@@ -182,6 +185,8 @@ class EvalSpec:
         if self.max_new_tokens is not None and not self.prompts:
             raise SpecError("--max-new-tokens is the completion cap of caches built from --prompts; give "
                             "--prompts NAME=FILE, or leave it out")
+        if self.draft not in DRAFT_RULES:
+            raise SpecError(f"--draft {self.draft!r}: use {' or '.join(DRAFT_RULES)}")
         if not isinstance(self.speedup, bool):
             raise SpecError(f"speedup must be true or false, got {self.speedup!r}")
         for k in self.allow_unknown_config:
@@ -233,6 +238,7 @@ class EvalSpec:
         argv += ["--max-blocks", str(self.max_blocks)] if self.max_blocks is not None else []
         argv += ["--speedup"] if self.speedup else []
         argv += ["--online", str(self.online)] if self.online else []
+        argv += ["--draft", self.draft] if self.draft != "greedy" else []
         return argv + self._allow_argv() + list(self.extra)
 
     def preflight_argv(self) -> list[str] | None:
@@ -263,4 +269,6 @@ class EvalSpec:
             key.update(speedup=self.speedup, online=self.online)
         if self.allow_unknown_config:
             key["allow_unknown_config"] = sorted(self.allow_unknown_config)
+        if self.draft != "greedy":  # absent when greedy: keys of sweeps made before --draft stay the same
+            key["draft"] = self.draft
         return key

@@ -29,15 +29,16 @@ class AnchorOutputs:
     target_rank: np.ndarray  # [n, bs-1] int, -1 past the end
     topk_logprobs: torch.Tensor | None  # [n, bs-1, K] fp32 sorted descending, on the device (DDTree)
     tree_acc: dict | None = None  # {budget: acc [n]} (DDTree), computed with the drafts
+    target_q: np.ndarray | None = None  # [n, bs-1] float: log q(g[a+k]) under a sampling transform (sampled drafts)
 
 
 class PendingAnchors:
     """One prompt's queued drafting; `result()` waits for its outputs (the only host sync)."""
 
-    def __init__(self, drafts, ranks, topk, finite, acc, tied, budgets):
+    def __init__(self, drafts, ranks, topk, finite, acc, tied, budgets, target_q=None):
         """On CUDA the copies are queued on the current stream (the caller's side stream, where the DDTree ran)."""
         self.topk, self.ranks, self.budgets = topk, ranks, budgets
-        small = [drafts, ranks, finite, acc, tied]
+        small = [drafts, ranks, finite, acc, tied] + ([] if target_q is None else [target_q])
         self.event = None
         if drafts.device.type == "cuda":
             self.host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in small]
@@ -53,19 +54,21 @@ class PendingAnchors:
         if self.event is not None:
             self.event.synchronize()
             self._sources = None
-        drafts, ranks, finite, acc, tied = self.host
+        drafts, ranks, finite, acc, tied, *q = self.host
         if not bool(finite):
             raise PayloadError("drafter produced NaN/inf logits: check the weights' dtype and the cache features")
         tree_acc = (metrics.ddtree_resolve(acc.numpy(), tied.numpy(), self.topk, self.ranks, self.budgets)
                     if self.budgets else None)
-        return AnchorOutputs(drafts.numpy(), ranks.numpy(), self.topk, tree_acc)
+        return AnchorOutputs(drafts.numpy(), ranks.numpy(), self.topk, tree_acc, q[0].numpy() if q else None)
 
 
 @torch.inference_mode()
 def enqueue_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, prompt_len: int, n: int, *,
-                    batch_size: int, budgets: list[int], widths: list[int] = ()) -> PendingAnchors:
+                    batch_size: int, budgets: list[int], widths: list[int] = (),
+                    transform: tuple | None = None) -> PendingAnchors:
     """feats [T, n_fc*H], ids [T] (both on the drafter's device) -> the queued outputs at anchors
-    prompt_len..prompt_len+n-1. Targets are g[a+k] (k = 1..bs-1), -1 past the end."""
+    prompt_len..prompt_len+n-1. Targets are g[a+k] (k = 1..bs-1), -1 past the end. transform (sampled
+    drafts): also log q(g[a+k]) under it (`_target_q`)."""
     from remote_payload.eval.drafter import logits_topk
     bs = drafter.cfg.block_size
     dev, T = feats.device, ids.shape[0]
@@ -74,7 +77,7 @@ def enqueue_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, promp
     ctx = drafter.precompute_context(feats)  # context K/V once per prompt
     offsets = torch.arange(1, bs, device=dev)
     lanes = _Lanes(dev)
-    finite, drafts, ranks, topk = [], [], [], []
+    finite, drafts, ranks, topk, qs = [], [], [], [], []
     for j, s in enumerate(range(0, n, batch_size)):
         with lanes.batch(j):
             lo, hi = prompt_len + s, prompt_len + min(n, s + batch_size)
@@ -83,6 +86,8 @@ def enqueue_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, promp
             pos = anchors[:, None] + offsets  # [m, bs-1]
             tgt = torch.where(pos < T, ids[pos.clamp(max=T - 1)], -1)
             out = logits_topk(hidden, head, k, target_ids=tgt.clamp(min=0))
+            if transform is not None:
+                qs.append(_target_q(hidden, head, tgt.clamp(min=0), transform))
             finite.append(torch.isfinite(out.topk_logprobs[..., 0]).all())
             drafts.append(out.argmax_ids)
             ranks.append(out.target_ranks.masked_fill(tgt < 0, -1))
@@ -99,7 +104,17 @@ def enqueue_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, promp
             acc, tied = metrics.ddtree_accept_device(topk_t, ranks_t, budgets)
         else:
             acc = tied = torch.zeros(0, device=dev)
-        return PendingAnchors(drafts_t, ranks_t, topk_t, finite_t, acc, tied, sorted(set(budgets)))
+        q_t = None if transform is None else (torch.cat(qs) if qs else torch.zeros(0, width, device=dev))
+        return PendingAnchors(drafts_t, ranks_t, topk_t, finite_t, acc, tied, sorted(set(budgets)), q_t)
+
+
+def _target_q(hidden: torch.Tensor, head, tgt: torch.Tensor, transform: tuple) -> torch.Tensor:
+    """hidden [m, bs, H], tgt [m, bs-1] -> [m, bs-1] fp32: log q(tgt) under the sampling transform, q the drafter's
+    distribution at each block position (the lm_head GEMM as logits_topk runs it, then sampling.token_logprobs)."""
+    from remote_payload.eval.sampling import token_logprobs
+    rows = hidden[:, 1:, :].contiguous().view(-1, hidden.shape[-1])
+    logits = torch.nn.functional.linear(rows, head.lm_head.to(rows.dtype))
+    return token_logprobs(logits, tgt.reshape(-1), *transform).view(tgt.shape)
 
 
 class _Lanes:
@@ -151,8 +166,8 @@ def draft_all_anchors(drafter, head, feats: torch.Tensor, ids: torch.Tensor, pro
 
 
 def drafted_prompts(drafter, head, cache, count: int, anchors_of: Callable[[int], int], *, device: torch.device,
-                    dtype: torch.dtype, batch_size: int, budgets: list[int],
-                    widths: list[int]) -> Iterator[tuple[int, torch.Tensor, AnchorOutputs]]:
+                    dtype: torch.dtype, batch_size: int, budgets: list[int], widths: list[int],
+                    transform: tuple | None = None) -> Iterator[tuple[int, torch.Tensor, AnchorOutputs]]:
     """(i, ids [T] on the CPU, outputs) for cache prompts 0..count-1 in order, the device one prompt ahead.
     anchors_of(i): how many anchors of prompt i to draft. Token ids outside the vocabulary are bad input."""
     from remote_payload.eval.kernels import plan
@@ -178,7 +193,7 @@ def drafted_prompts(drafter, head, cache, count: int, anchors_of: Callable[[int]
             f = feats.to(device, non_blocking=True).to(dtype)
             queued = enqueue_anchors(drafter, head, f, ids.to(device, non_blocking=True),
                                      cache.prompts[i].prompt_len, anchors_of(i), batch_size=batch_size,
-                                     budgets=budgets, widths=widths)
+                                     budgets=budgets, widths=widths, transform=transform)
             if pending is not None:
                 yield pending[0], pending[1], pending[2].result()
             pending = (i, ids, queued, feats)  # feats: the pinned source stays alive until the copy is done

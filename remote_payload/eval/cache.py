@@ -13,7 +13,10 @@ reval layout (written by `extract` and `import-cache` through extract/writer.py)
                                "argmax_agreement": {"fraction", "matches", "positions"}}  # optional: exactness
                               # (the target's argmax over its own prefill = the cached next token, over every
                               # completion position; per prompt "argmax_agree": [matches, positions])
-    CACHE/p0000.safetensors   ids int64 [T]; features [T, n_layers, H] (dtype as written)
+                              "sampling": {...}, "sampled_agreement": {...}  # a sampled cache (eval/regime.py):
+                              # per prompt "prompt", "sample", "sampled_agree", "logp_sha256"
+    CACHE/p0000.safetensors   ids int64 [T]; features [T, n_layers, H] (dtype as written); a sampled cache's
+                              logp fp32 [T - prompt_len] (log p of each completion token under the transform)
 
 Seeds layout (the team's older caches, read directly or converted with `import-cache`):
 
@@ -41,6 +44,7 @@ from safetensors import safe_open
 from remote_payload.contract.errors import FeatureMismatchError, PayloadError
 from remote_payload.contract.runstate import open_regular, read_regular
 from remote_payload.eval.checkpoint import torch_load_cpu
+from remote_payload.eval.regime import Regime, from_meta
 
 CACHE_FORMAT = "reval.cache/1"
 CACHE_JSON = "cache.json"
@@ -99,6 +103,43 @@ class Cache:
         rec = self.meta.get("argmax_agreement") if isinstance(self.meta, dict) else None
         f = rec.get("fraction") if isinstance(rec, dict) else None
         return float(f) if isinstance(f, (int, float)) and not isinstance(f, bool) and 0 <= f <= 1 else None
+
+    @property
+    def agreement(self) -> float | None:
+        """The exactness figure of this cache's regime: the argmax agreement (greedy), or for a sampled cache the
+        fraction of completion positions whose token has probability > 0 under the transform."""
+        if self.regime is None:
+            return self.argmax_agreement
+        rec = self.meta.get("sampled_agreement")
+        f = rec.get("fraction") if isinstance(rec, dict) else None
+        return float(f) if isinstance(f, (int, float)) and not isinstance(f, bool) and 0 <= f <= 1 else None
+
+    @property
+    def regime(self) -> Regime | None:
+        """How the completions were sampled (cache.json "sampling"); None: greedy."""
+        return from_meta(self.meta, str(self.path / CACHE_JSON)) if self.layout == "reval" else None
+
+    def sample_of(self, i: int) -> tuple[str, int]:
+        """(the prompt's name, the sample index) of entry i; a greedy cache: (its name, 0)."""
+        rec = self.meta["prompts"][i] if self.regime is not None else {}
+        if "prompt" not in rec:
+            return self.prompts[i].name, 0
+        return str(rec["prompt"]), int(rec["sample"])
+
+    def load_logp(self, i: int) -> torch.Tensor:
+        """A sampled cache's entry i -> log p(y) [seq_len - prompt_len] fp32 (checked against cache.json)."""
+        p = self.prompts[i]
+        try:
+            with safe_open(str(self.path / p.file), framework="pt") as st:
+                logp = st.get_tensor("logp").float()
+        except Exception as e:  # safetensors: no such tensor, a corrupt file
+            raise PayloadError(f"cache {self.path}: prompt {p.name!r} has no readable log-probs in {p.file} "
+                               f"({type(e).__name__}); re-extract it") from e
+        want = self.meta["prompts"][i].get("logp_sha256")
+        if logp.shape != (p.seq_len - p.prompt_len,) or hashlib.sha256(logp.numpy().tobytes()).hexdigest() != want:
+            raise PayloadError(f"cache {self.path}: prompt {p.name!r}: its log-probs are not the ones cache.json "
+                               "records (logp_sha256, one per completion token); re-extract it")
+        return logp
 
     def __init__(self, path: Path, layout: str, layer_ids: list[int], hidden_size: int,
                  prompts: list[CachePrompt], meta: dict):

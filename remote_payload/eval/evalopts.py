@@ -40,6 +40,7 @@ class EvalOptions:
     remeasure: bool = False  # measure again even when the latency table holds the entry
     latency_table: str | None = None  # the table's path (else targetchecks.latency_table_path's order)
     online_repeats: int = 3  # timed runs of each online prompt, each way
+    draft: str = "greedy"  # the draft rule on a sampled cache: greedy (argmax drafts) | sampled (rejection sampling)
 
 
 def _int_list(text: str) -> list[int]:
@@ -95,6 +96,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for DFlash drafters, whose block_size is in their config.json")
     from remote_payload.eval.speedupopts import add_speedup_arguments
     add_speedup_arguments(p)
+    p.add_argument("--draft", choices=spec.DRAFT_RULES, default="greedy",
+                   help="on a sampled cache (extract --temperature T): greedy = the drafter's argmax drafts, the walk "
+                        "over every sample (default, as vLLM); sampled = drafts drawn from the drafter at the "
+                        "cache's transform, verified by rejection sampling: the exact E[tau | y] (docs/sampling.md)")
     p.add_argument("--all-anchors", action="store_true",
                    help="teacher-forced position accuracy at every completion anchor (default: the anchors "
                         "the walk can reach within --max-blocks; the walks are the same either way)")
@@ -108,7 +113,8 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
     try:  # the one spec's checks and --cache rule, as the controller applied them
         ask = spec.EvalSpec(drafter=args.drafter, target=args.target, cache=args.cache,
                             num_prompts=args.num_prompts, max_blocks=args.max_blocks, online=args.online,
-                            speedup=bool(args.speedup), allow_unknown_config=args.allow_unknown_config)
+                            speedup=bool(args.speedup), allow_unknown_config=args.allow_unknown_config,
+                            draft=args.draft)
     except spec.SpecError as e:
         raise PayloadError(str(e)) from None
     cache, suites = ask.cache_label(), ask.suites()
@@ -119,5 +125,5 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
                        tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
                        strict=args.strict, all_anchors=args.all_anchors,
                        allow_unknown_config=list(args.allow_unknown_config), online=args.online,
-                       speedup=bool(args.speedup), chain=getattr(args, "chain", None),
+                       speedup=bool(args.speedup), chain=getattr(args, "chain", None), draft=ask.draft,
                        **speedup_options(args))

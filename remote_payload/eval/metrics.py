@@ -56,6 +56,9 @@ DEFINITIONS: dict[str, str] = {
     "ddtree_acceptance_lengths": "per prompt and budget: the acceptance lengths (incl. bonus) of the DDTree walk",
     "tree_width_acceptance_lengths": "per prompt and width: the acceptance lengths (incl. bonus) of the width-k walk",
     "degenerate_drafts": "the most common draft token and its share of all draft tokens; suspect above 0.5",
+    "num_samples": "a sampled cache (extract --temperature T): completions evaluated, every sample of each prompt; "
+    "tau is then the mean over prompts of each prompt's mean over its samples, the pooled figures pool every "
+    "sample's rounds (with --draft sampled: exact expected counts, eval/samples.py); null on a greedy cache",
 }
 
 

@@ -13,7 +13,7 @@ import torch
 from remote_payload import __version__
 from remote_payload.contract import protocol
 from remote_payload.contract import results as R
-from remote_payload.eval import metrics
+from remote_payload.eval import metrics, samples
 from remote_payload.eval.evalopts import EvalOptions
 from remote_payload.eval.steps import Drafted, Inputs, Loaded, layer_attention
 from remote_payload.eval.summary import dtype_name
@@ -33,10 +33,12 @@ def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: d
                   device: torch.device, dtype: torch.dtype, total_s: float) -> dict:
     """results.json (schema: docs/results.md)."""
     cfg, info, hinfo, cache = mod.drafter.cfg, mod.info, mod.hinfo, inp.cache
-    bs, prompts, budgets, widths = cfg.block_size, inp.prompts, opts.ddtree_budgets, opts.tree_widths
+    bs, budgets, widths = cfg.block_size, opts.ddtree_budgets, opts.tree_widths
     eval_s = ev.eval_s
     fingerprint = cache.fingerprint
     attention = layer_attention(cfg)
+    regime = regime_record(getattr(cache, "regime", None), opts.draft)
+    n_prompts = len(ev.per_prompt)  # a sampled cache: prompts, each with its samples
     result = R.Result(
         schema=R.SCHEMA, run=opts.name, created_at=protocol.now_iso(),
         drafter=R.Drafter(path=str(opts.drafter), name=info.name, layout=info.layout, step=info.step,
@@ -49,17 +51,18 @@ def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: d
                         lm_head_key=None if hinfo.tied else hinfo.lm_head_key, tied=hinfo.tied,
                         config_matches_cache=mod.target_matches),
         cache=R.CacheInfo(path=str(opts.cache), fingerprint=fingerprint, layer_ids=list(cache.layer_ids),
-                          num_prompts_total=len(cache.prompts),
-                          argmax_agreement=getattr(cache, "argmax_agreement", None)),
-        options=R.Options(num_prompts=len(prompts), max_blocks=opts.max_blocks, block_size=bs,
+                          num_prompts_total=_prompts_total(cache),
+                          argmax_agreement=getattr(cache, "agreement", getattr(cache, "argmax_agreement", None))),
+        options=R.Options(num_prompts=n_prompts, max_blocks=opts.max_blocks, block_size=bs,
                           ddtree_budgets=budgets, tree_widths=widths, device=str(device), dtype=dtype_name(dtype),
                           batch_size=ev.batch_size, strict=opts.strict,
                           position_accuracy_anchors="all" if opts.all_anchors else "walk_reach"),
         comparability=R.Comparability(
             cache_fingerprint=fingerprint, prompt_set=ev.prompt_set,
-            num_prompts=len(prompts), max_blocks=opts.max_blocks, block_size=bs,
+            num_prompts=n_prompts, max_blocks=opts.max_blocks, block_size=bs,
             metrics_version=protocol.METRICS_VERSION + ("+all-anchors" if opts.all_anchors else ""),
-            attention=R.attention_signature(attention), family="dflash"),
+            attention=R.attention_signature(attention), family="dflash",
+            regime=regime.signature()),
         definitions=metrics.DEFINITIONS,
         metrics=R.Metrics.from_dict(m, "metrics"),
         per_prompt=[R.PromptResult.from_dict(p, f"per_prompt[{i}]") for i, p in enumerate(ev.per_prompt)],
@@ -71,8 +74,22 @@ def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: d
                                   gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                                   hostname=socket.gethostname(), python=platform.python_version(),
                                   payload_version=__version__),
-        notes=[f"drafter config: {c}" for c in cfg.conflicts] or None)
+        notes=[f"drafter config: {c}" for c in cfg.conflicts] or None, regime=regime)
     return result.to_dict()
+
+
+def regime_record(regime, draft: str) -> R.Regime:
+    """results.json's regime: the cache's sampling transform (eval/regime.py; None: greedy) and the draft rule."""
+    if regime is None:
+        return R.Regime(temperature=0.0, top_k=0, top_p=1.0, seed=None, samples=1, draft=draft)
+    return R.Regime(**regime.to_json(), draft=draft, notes=samples.notes(draft))
+
+
+def _prompts_total(cache) -> int:
+    """Prompts in the cache: a sampled cache's entries are its prompts' samples."""
+    if getattr(cache, "regime", None) is None:
+        return len(cache.prompts)
+    return len({cache.sample_of(i)[0] for i in range(len(cache.prompts))})
 
 
 @dataclass
@@ -82,6 +99,7 @@ class JoinedCache:
     layer_ids: list
     prompts: list
     meta: dict | None
+    regime: object = None  # the suites' one regime (eval/regime.py; None: greedy)
 
 
 def suite_mean(suites: list) -> R.SuiteMean:

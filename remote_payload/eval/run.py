@@ -38,7 +38,7 @@ from remote_payload.contract import results as R
 from remote_payload.contract.drafterconfig import check_features
 from remote_payload.contract.errors import FeatureMismatchError, PayloadError
 from remote_payload.contract.spec import joined_fingerprint
-from remote_payload.eval import metrics
+from remote_payload.eval import samples
 from remote_payload.eval.devices import resolve_device_dtype
 from remote_payload.eval.evalopts import EvalOptions, add_arguments, options_from_args
 from remote_payload.eval.record import JoinedCache, build_results, suite_mean
@@ -172,7 +172,7 @@ def _evaluate(opts: EvalOptions, rep: Reporter, device: torch.device, dtype: tor
     tok, cache, prompts = open_inputs(opts, rep, tok)
     inp, mod = load_beside_features(opts, tok, cache, prompts, device, dtype, rep)
     ev = eval_prompts(opts, inp, mod, device, dtype, rep)
-    m = metrics.aggregate(ev.per_prompt, mod.drafter.cfg.block_size)
+    m = samples.aggregate(ev.per_prompt, mod.drafter.cfg.block_size)
     health = assess_health(m, ev.drafts, ev.targets, inp.tok, rep)
     cache_exactness(inp.cache, health, rep)
     health.update(feature_stats=inp.feature_stats, weight_stats=mod.info.weight_stats, embed_stats=mod.embed_stats)
@@ -213,6 +213,9 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
                                f"{seen[cache.fingerprint]}'s; its prompts would count twice in every pooled figure "
                                "(give each cache once)")
         seen[cache.fingerprint] = name
+        if done and cache.regime != done[0][2].cache.regime:
+            raise PayloadError(f"--cache: suite {name}'s cache is sampled {_said(cache.regime)}, suite {done[0][0]}'s "
+                               f"{_said(done[0][2].cache.regime)}; one run evaluates one regime: give them to two runs")
         try:
             inp, mod = _suite_features(so, rep, tok, cache, prompts, mod, device, dtype)
         except FeatureMismatchError as e:  # which suite's cache is the wrong one
@@ -221,7 +224,7 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
     bs = mod.drafter.cfg.block_size
     suites, per_prompt, feature_stats = [], [], {}
     for name, so, inp, ev in done:
-        m = metrics.aggregate(ev.per_prompt, bs)
+        m = samples.aggregate(ev.per_prompt, bs)
         one = build_results(so, inp, mod, ev, m, {"suspect": False, "reasons": [], "hints": []}, device, dtype, 0.0)
         suites.append(R.Suite(name=name, cache=R.CacheInfo.from_dict(one["cache"], "cache"),
                               comparability=R.Comparability.from_dict(one["comparability"], "comparability"),
@@ -234,14 +237,15 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
     ev_all = Drafted(per_prompt, np.concatenate([d[3].drafts for d in done]),
                      np.concatenate([d[3].targets for d in done]), "sha256:" + both.hexdigest(),
                      sum(d[3].num_anchors for d in done), sum(d[3].eval_s for d in done), done[0][3].batch_size)
-    m = metrics.aggregate(per_prompt, bs)
+    m = samples.aggregate(per_prompt, bs)
     health = assess_health(m, ev_all.drafts, ev_all.targets, first.tok, rep)
     for name, _so, inp_s, _ev in done:
         cache_exactness(inp_s.cache, health, rep, suite=name)
     health.update(feature_stats=feature_stats, weight_stats=mod.info.weight_stats, embed_stats=mod.embed_stats)
     joined = JoinedCache(fingerprint=joined_fingerprint([(s.name, s.cache.fingerprint) for s in suites]),
                          layer_ids=list(first.cache.layer_ids),
-                         prompts=[p for d in done for p in d[2].cache.prompts], meta=None)
+                         prompts=[p for d in done for p in d[2].cache.prompts], meta=None,
+                         regime=first.cache.regime)
     inp_all = Inputs(first.tok, joined, [p for d in done for p in d[2].prompts], feature_stats)
     results = build_results(opts, inp_all, mod, ev_all, m, health, device, dtype, time.perf_counter() - t0)
     results["suites"] = [s.to_dict() for s in suites]
@@ -250,6 +254,10 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
     print_summary(results)
     rep.event(stage="done", step=STEPS, steps=STEPS, metrics=headline(results))
     return results
+
+
+def _said(regime) -> str:
+    return "greedy" if regime is None else regime.label()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -125,14 +125,22 @@ def sample_logprobs(logprobs: Tensor, generator=None) -> Tensor:
     rows = logprobs.reshape(-1, vocab)
     if rows.shape[0] and not bool((rows > NEG_INF).any(dim=-1).all()):
         raise ValueError("cannot sample a row whose log-probs are all -inf (no token has mass)")
-    probs = rows.double().exp()
-    cdf = probs.cumsum(dim=-1)
     u = _uniforms(rows.shape[0], generator, rows.device)
-    x = (u * cdf[:, -1]).unsqueeze(-1)
+    return sample_with_uniforms(rows, u).view(logprobs.shape[:-1])
+
+
+def sample_with_uniforms(logprobs: Tensor, u: Tensor) -> Tensor:
+    """log-probs [R, V] (from `transform_logprobs`), float64 uniforms [R] in [0, 1) -> long [R]: the inverse
+    CDF of each row at its uniform (what `sample_logprobs` does once the uniforms are drawn). No host sync, no
+    check: a CUDA graph can hold it (extract's static decoder draws its uniforms before the loop)."""
+    vocab = logprobs.shape[-1]
+    probs = logprobs.double().exp()
+    cdf = probs.cumsum(dim=-1)
+    x = (u.to(device=cdf.device, dtype=torch.float64) * cdf[:, -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf, x, right=True).squeeze(-1)  # the first index whose cdf exceeds x
     # x < cdf[-1] always (u < 1); the clamp guards the last bit: the last token with mass, never a zero one
     last = vocab - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)
-    return torch.minimum(idx, last).view(logprobs.shape[:-1])
+    return torch.minimum(idx, last)
 
 
 def sample(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0, generator=None) -> Tensor:

@@ -23,7 +23,7 @@ from remote_payload.contract import results as R
 from remote_payload.contract.drafterconfig import check_features
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
-from remote_payload.eval import anchors, metrics, rtc
+from remote_payload.eval import anchors, metrics, rtc, samples
 from remote_payload.eval.anchors import drafted_prompts, warm_up
 from remote_payload.eval.cache import open_cache
 from remote_payload.eval.checkpoint import load_drafter, load_target_head, peek_config
@@ -127,14 +127,44 @@ def open_inputs(opts: EvalOptions, rep: Reporter, tok) -> tuple:
 
     rep.step(2, "completions", f"Loading cached completions from {opts.cache}...")
     cache = open_cache(opts.cache, seeds_layer_ids=opts.cache_layers)
-    prompts = cache.prompts[: opts.num_prompts] if opts.num_prompts else cache.prompts
+    regime = check_regime(opts, cache)
+    prompts = cache.prompts[: _entries_of(cache, opts.num_prompts)] if opts.num_prompts else cache.prompts
     rep.line(f"  Loaded {len(cache.prompts)} cached completions")
+    if regime is not None:
+        rep.line(f"  sampled cache: {regime.label()}; --draft {opts.draft}", stage="regime",
+                 regime={**regime.to_json(), "draft": opts.draft})
     if opts.num_prompts and opts.num_prompts > len(cache.prompts):
         rep.line(f"  warning: --num-prompts {opts.num_prompts} is more than the cache holds: using all "
                  f"{len(cache.prompts)}")
     rep.line(f"  Got {len(prompts)} valid completions (layers {cache.layer_ids}, hidden {cache.hidden_size})")
 
     return tok, cache, prompts
+
+
+def check_regime(opts: EvalOptions, cache):
+    """The cache's regime (None: greedy), refused where the options cannot take it (one line, exit 3)."""
+    regime = cache.regime
+    if regime is None and opts.draft == "sampled":
+        raise PayloadError(f"--draft sampled needs a sampled cache (extract --temperature T --seed S); "
+                           f"{cache.path} is greedy: use --draft greedy")
+    if regime is not None and opts.online:
+        raise PayloadError(f"--online decodes greedily; {cache.path} was sampled ({regime.label()}): "
+                           "drop --online for a sampled cache")
+    return regime
+
+
+def _entries_of(cache, num_prompts: int) -> int:
+    """Cache entries of the first num_prompts prompts (a sampled cache: every sample of each)."""
+    if cache.regime is None:
+        return num_prompts
+    seen: list[str] = []
+    for i in range(len(cache.prompts)):
+        name = cache.sample_of(i)[0]
+        if name not in seen:
+            if len(seen) == num_prompts:
+                return i
+            seen.append(name)
+    return len(cache.prompts)
 
 
 # While the weights load beside it, the feature pass's torch ops run on one CPU thread: torch's intra-op pool on
@@ -284,6 +314,8 @@ def eval_prompts(opts: EvalOptions, inp: Inputs, mod: Loaded, device: torch.devi
     rep.step(5, "eval", f"Evaluating {len(prompts)} prompts x {opts.max_blocks} blocks...")
     bs, batch = cfg.block_size, batch_size(opts, device)
     budgets, widths = opts.ddtree_budgets, opts.tree_widths
+    regime = inp.cache.regime
+    transform = regime.transform if regime is not None and opts.draft == "sampled" else None
     per_prompt, all_drafts, all_targets = [], [], []
     prompt_hash = hashlib.sha256()
     t_eval = time.perf_counter()
@@ -296,7 +328,8 @@ def eval_prompts(opts: EvalOptions, inp: Inputs, mod: Loaded, device: torch.devi
 
     # the device runs a prompt ahead of this loop: its walks and metrics overlap the next prompt's drafting
     for i, ids, out in drafted_prompts(mod.drafter, mod.head, inp.cache, len(prompts), anchors_of, device=device,
-                                       dtype=dtype, batch_size=batch, budgets=budgets, widths=widths):
+                                       dtype=dtype, batch_size=batch, budgets=budgets, widths=widths,
+                                       transform=transform):
         p, n = prompts[i], anchors_of(i)
         rep.line(f"  [{i + 1}/{len(prompts)}] {p.name}: {p.seq_len} tokens", stage="eval", step=5, steps=STEPS,
                  i=i + 1, n=len(prompts))
@@ -310,15 +343,22 @@ def eval_prompts(opts: EvalOptions, inp: Inputs, mod: Loaded, device: torch.devi
         first = {"draft": decode(tok, out.drafts[0]) if n else "",
                  "target": decode(tok, all_targets[-1][0]) if n else ""}
         per_prompt.append({"name": p.name, "num_anchors": n, **rec, "first_block": first})
+        if transform is not None:
+            per_prompt[-1]["expected"] = samples.expected(out.target_q, inp.cache.load_logp(i), p.prompt_len,
+                                                          p.seq_len, opts.max_blocks, bs)
+            rec = {**rec, "tau": per_prompt[-1]["expected"]["tau"]}
         tau_p, pos1 = rec["tau"], rec["position_accuracy"][0]
         if i == 0 and n:
             rep.line(f"      first block, drafted: {first['draft']!r}")
             rep.line(f"      first block, target : {first['target']!r}")
-        rep.line(f"      {len(rec['acceptance_lengths'])} rounds · tau {fmt(tau_p)} · position-1 accuracy "
+        rep.line(f"      {len(rec['acceptance_lengths'])} rounds · {'E[tau | y]' if transform else 'tau'} {fmt(tau_p)} "
+                 "· position-1 accuracy "
                  f"{fmt(pos1)}", stage="eval_prompt", i=i + 1, n=len(prompts),
                  metrics={"tau": tau_p, "position_1_accuracy": pos1})
     if device.type == "cuda":
         torch.cuda.synchronize()
+    if regime is not None:  # one record per prompt, its samples inside (samples.by_prompt)
+        per_prompt = samples.by_prompt(per_prompt, [inp.cache.sample_of(i) for i in range(len(prompts))])
     return Drafted(per_prompt, np.concatenate(all_drafts), np.concatenate(all_targets),
                    "sha256:" + prompt_hash.hexdigest(), n_anchors_total, time.perf_counter() - t_eval, batch)
 
@@ -350,15 +390,19 @@ def cache_exactness(cache, health: dict, rep: Reporter, suite: str | None = None
     """The cache's exactness as `extract` recorded it (the target's argmax over its own prefill vs the cached next
     tokens): a log line; below MIN_ARGMAX_AGREEMENT a health reason (the run is marked suspect)."""
     what = f"cache {suite}" if suite else "cache"
-    a, gen = cache.argmax_agreement, (cache.meta or {}).get("generation") or {}
+    a, gen = getattr(cache, "agreement", cache.argmax_agreement), (cache.meta or {}).get("generation") or {}
+    sampled = getattr(cache, "regime", None) is not None
+    word = "sampled agreement" if sampled else "argmax agreement"
     if a is None:
-        rep.line(f"  {what}: argmax agreement not recorded (extracted before `extract` recorded it)")
+        rep.line(f"  {what}: {word} not recorded (extracted before `extract` recorded it)")
         return
     how = f" (completions by {gen['generator']}, {gen.get('dtype')})" if gen.get("generator") else ""
-    rep.line(f"  {what}: argmax agreement {a:.4f}: the target's argmax is the cached next token at that fraction of "
-             f"the completion positions{how}", stage="cache_exactness", argmax_agreement=a)
+    said = ("the cached token has probability > 0 under the transform" if sampled
+            else "the target's argmax is the cached next token")
+    rep.line(f"  {what}: {word} {a:.4f}: {said} at that fraction of the completion positions{how}",
+             stage="cache_exactness", **{word.replace(" ", "_"): a})
     if a < MIN_ARGMAX_AGREEMENT:
-        reason = (f"{what} argmax agreement {a:.4f} < {MIN_ARGMAX_AGREEMENT}: its tokens are not what its hidden "
+        reason = (f"{what} {word} {a:.4f} < {MIN_ARGMAX_AGREEMENT}: its tokens are not what its hidden "
                   "states predict")
         health["suspect"] = True
         health["reasons"].append(reason)

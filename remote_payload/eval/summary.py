@@ -78,6 +78,17 @@ def speedup_rows(sp: dict) -> list[tuple[str, str]]:
     return summary_rows(sp)
 
 
+def _count(x) -> str:
+    """A count: as is; an expected count (sampled drafts) to one decimal."""
+    return str(x) if isinstance(x, int) or float(x).is_integer() else f"{x:.1f}"
+
+
+def _regime(r: dict, m: dict) -> str:
+    return (f"T={r['temperature']:g} top_k={r['top_k']} top_p={r['top_p']:g} seed={r['seed']}, {r['samples']} "
+            f"samples a prompt ({m.get('num_samples')} completions), draft {r['draft']}"
+            + (" (exact expectations; DDTree left out)" if r["draft"] == "sampled" else ""))
+
+
 def print_summary(results: dict) -> None:
     m, o = results["metrics"], results["options"]
     rows = [("tau (incl. bonus, macro)", fmt(m["tau"], 2)), ("tau pooled", fmt(m["tau_pooled"], 2)),
@@ -86,8 +97,11 @@ def print_summary(results: dict) -> None:
     rows += [(f"width-{w} tree tau", fmt(v, 2)) for w, v in m["tree_width_tau"].items()]
     rows += [("position-1 accuracy", fmt(m["position_1_accuracy"])),
              (f"position accuracy k=1..{o['block_size'] - 1}", " ".join(fmt(x, 2) for x in m["position_accuracy"])),
-             (f"acceptance histogram 1..{o['block_size']}", " ".join(str(x) for x in m["acceptance_histogram"][1:])),
-             ("rounds / prompts / anchors", f"{m['num_rounds']} / {m['num_prompts']} / {m['num_anchors']}"),
+             (f"acceptance histogram 1..{o['block_size']}",
+              " ".join(_count(x) for x in m["acceptance_histogram"][1:])),
+             ("rounds / prompts / anchors", f"{_count(m['num_rounds'])} / {m['num_prompts']} / {m['num_anchors']}"),
+             *([("regime", _regime(results["regime"], m))] if (results.get("regime") or {}).get("seed") is not None
+               else []),
              ("max blocks", str(o["max_blocks"])),
              ("attention", (results["comparability"].get("attention") or "n/a").replace("_attention", "")),
              *[(f"suite {x['name']} tau", f"{fmt(x['metrics']['tau'], 2)} ({x['metrics']['num_prompts']} prompts)")

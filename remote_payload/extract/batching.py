@@ -5,11 +5,13 @@ batch computes. pool.py runs the same batches in one process per GPU.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
 
-from remote_payload.extract.decode import Generator
+from remote_payload.eval.regime import Regime
+from remote_payload.extract.decode import Generator, draws
 from remote_payload.extract.prefill import prefill_batch
 from remote_payload.extract.writer import CacheWriter
 
@@ -22,6 +24,8 @@ class BatchResult:
     agree: torch.Tensor     # [B, 2]: argmax matches, completion positions
     lens: list[int]
     ready: object = None    # the CUDA event the copies end at
+    logp: torch.Tensor | None = None  # sampled: the completion tokens' log-probs under the transform, row after row
+    prompt_lens: list[int] | None = None
 
     def wait(self) -> None:
         if self.ready is not None:
@@ -29,26 +33,44 @@ class BatchResult:
 
 
 def extract_batch(model, gen: Generator, prompts: list[list[int]], max_new_tokens: int, eos: set[int],
-                  layer_ids: list[int]) -> BatchResult:
+                  layer_ids: list[int], regime: Regime | None = None,
+                  rows: list[tuple[str, int]] | None = None) -> BatchResult:
     """Greedy completions of `prompts`, then one prefill of prompt + completion: the tapped features and the
-    argmax agreement. On CUDA the copies to the host are queued (pinned memory) and not waited for."""
-    seqs = gen(model, prompts, max_new_tokens, eos)
-    pre = prefill_batch(model, [torch.tensor(x) for x in seqs], layer_ids, [len(p) for p in prompts])
+    argmax agreement. On CUDA the copies to the host are queued (pinned memory) and not waited for.
+    regime (a sampled cache): the completions are sampled, row i from the uniforms of its (prompt key, sample)
+    `rows[i]` (decode.draws), and the prefill gives each completion token's log-prob under the transform."""
+    if regime is None:
+        seqs = gen(model, prompts, max_new_tokens, eos)
+    else:
+        seqs = gen(model, prompts, max_new_tokens, eos, sampler=draws(regime, rows, max_new_tokens))
+    lens_p = [len(p) for p in prompts]
+    pre = prefill_batch(model, [torch.tensor(x) for x in seqs], layer_ids, lens_p,
+                        transform=None if regime is None else regime.transform)
     if pre.features.device.type != "cuda":
-        return BatchResult(seqs, pre.features, pre.agree, pre.lens)
+        return BatchResult(seqs, pre.features, pre.agree, pre.lens, logp=pre.logp, prompt_lens=lens_p)
     feats, agree = pre.features.to("cpu", non_blocking=True), pre.agree.to("cpu", non_blocking=True)
+    logp = None if pre.logp is None else pre.logp.to("cpu", non_blocking=True)
     ready = torch.cuda.Event()
     ready.record(torch.cuda.current_stream(pre.features.device))
-    return BatchResult(seqs, feats, agree, pre.lens, ready)
+    return BatchResult(seqs, feats, agree, pre.lens, ready, logp, lens_p)
 
 
 def batch_rows(res: BatchResult):
-    """(row, ids [T], features [T, n_layers, H], info) per row of a finished batch, info = {"argmax_agree":
-    [matches, positions]}."""
+    """(row, ids [T], features [T, n_layers, H], info, tensors) per row of a finished batch, info =
+    {"argmax_agree": [matches, positions]}; a sampled batch: info {"sampled_agree": [...], "logp_sha256"} and
+    tensors {"logp": [completion tokens] fp32} (else {})."""
     res.wait()
     agree = res.agree.tolist()
+    parts = (None if res.logp is None else
+             torch.split(res.logp, [n - p for n, p in zip(res.lens, res.prompt_lens)]))
     for r, seq in enumerate(res.seqs):
-        yield r, torch.tensor(seq), res.features[r, :res.lens[r]], {"argmax_agree": agree[r]}
+        ids, feats = torch.tensor(seq), res.features[r, :res.lens[r]]
+        if parts is None:
+            yield r, ids, feats, {"argmax_agree": agree[r]}, {}
+            continue
+        logp = parts[r].float().contiguous()
+        sha = hashlib.sha256(logp.numpy().tobytes()).hexdigest()
+        yield r, ids, feats, {"sampled_agree": agree[r], "logp_sha256": sha}, {"logp": logp}
 
 
 class Background:
@@ -96,9 +118,9 @@ class LocalRunner:
     next batch computes (`Background`)."""
 
     def __init__(self, model, gen: Generator, *, layer_ids: list[int], max_new_tokens: int, eos: set[int],
-                 writer: CacheWriter, report):
+                 writer: CacheWriter, report, regime: Regime | None = None):
         self.model, self.gen, self.layer_ids, self.max_new_tokens, self.eos = model, gen, layer_ids, max_new_tokens, eos
-        self.w, self.report = writer, report
+        self.w, self.report, self.regime = writer, report, regime
 
     def __enter__(self) -> LocalRunner:  # noqa: PYI034
         self.bg = Background().__enter__()
@@ -107,20 +129,22 @@ class LocalRunner:
     def __exit__(self, *exc) -> None:
         self.bg.__exit__(*exc)
 
-    def run_round(self, groups: list[list[int]], prompts: dict[int, list[int]], names: list[str]) -> dict:
-        """Every group (entry indices) as one batch; returns {entry: prompt + completion ids}."""
+    def run_round(self, groups: list[list[int]], prompts: dict[int, list[int]], entries) -> dict:
+        """Every group (entry indices) as one batch; returns {entry: prompt + completion ids}. entries:
+        command._Entries (names, each entry's draws and cache.json fields)."""
         seqs = {}
         for idx in groups:
             res = extract_batch(self.model, self.gen, [prompts[j] for j in idx], self.max_new_tokens, self.eos,
-                                self.layer_ids)
+                                self.layer_ids, self.regime, [entries.draw[j] for j in idx])
             seqs.update(zip(idx, res.seqs))
-            self.bg.put(lambda idx=idx, res=res: self._write(idx, res, prompts, names))
+            self.bg.put(lambda idx=idx, res=res: self._write(idx, res, prompts, entries))
         return seqs
 
-    def _write(self, idx: list[int], res: BatchResult, prompts: dict, names: list[str]) -> None:
-        for r, ids, feats, info in batch_rows(res):
+    def _write(self, idx: list[int], res: BatchResult, prompts: dict, entries) -> None:
+        for r, ids, feats, info, tensors in batch_rows(res):
             j = idx[r]
-            self.w.add(names[j], len(prompts[j]), ids, feats, index=j, info=info)
+            self.w.add(entries.names[j], len(prompts[j]), ids, feats, index=j, info={**entries.info[j], **info},
+                       tensors=tensors)
             self.report(j, len(prompts[j]), len(ids))
 
 

@@ -21,6 +21,7 @@ from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
 from remote_payload.eval.cache import Cache, open_cache
 from remote_payload.eval.devices import resolve_device_dtype
+from remote_payload.eval.regime import Regime, check_resume, entry_name
 from remote_payload.extract.batching import LocalRunner, batches
 from remote_payload.extract.decode import choose_generator, generation_record
 from remote_payload.extract.options import data_kwargs, run_kwargs
@@ -37,7 +38,8 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
             num_prompts: int | None = None, batch_size: int = 32, batch_tokens: int = 32768,
             chat_template: str = "auto", enable_thinking: bool = False, gpus: str | None = None,
             shard: bool = False, compile: bool = False, hash_memo: str | os.PathLike | None = None,
-            labels: dict | None = None, progress=None, log=print) -> Cache:
+            labels: dict | None = None, progress=None, regime: Regime | None = None,
+            log=print) -> Cache:
     """Run the target over the prompts and write a reval cache at `out` (atomically; resumable: an interrupted
     run's finished prompts are kept in `.OUT.partial` and the same command continues from there).
 
@@ -56,7 +58,12 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
     The resume key and cache.json's "recipe" are the extract's recipe (recipe.py; hash_memo: where the
     target's content hash is kept between runs, e.g. a cache store's). labels: more cache.json fields that
     name the cache without changing it (a store's {"store": {"suite": ...}}); progress(done, total, name):
-    called as each prompt is finished."""
+    called as each prompt is finished.
+
+    regime (eval/regime.py; None: greedy): the completions are sampled with its transform, `samples` per prompt,
+    each its own entry `<prompt>~s<i>` drawing from its own generator (seed, prompt, sample), so the cache is
+    the same whatever the batches or processes; cache.json records it under "sampling", each entry's file its
+    tokens' log-probs, and "sampled_agreement" replaces the argmax agreement."""
     target = Path(target)
     devices, cuda_ids = _devices(gpus, device, shard)
     _check_sizes(num_prompts, max_new_tokens, batch_size, batch_tokens)
@@ -65,8 +72,8 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
     H = config.get("hidden_size") or config.get("text_config", {}).get("hidden_size")
     template = resolve_chat_template(target, chat_template, enable_thinking, records, prompts_file)
     from tokenizers import Tokenizer
-    entries = _Entries(records, template, Tokenizer.from_file(str(target / "tokenizer.json")))
-    encoded = {j: entries.prompt_ids(j, {}) for j, (_, k) in enumerate(entries.at) if k == 0}
+    entries = _Entries(records, template, Tokenizer.from_file(str(target / "tokenizer.json")), regime)
+    encoded = {j: entries.prompt_ids(j, {}) for j, at in enumerate(entries.at) if at[1] == 0}
     empty = [entries.names[j] for j, ids in encoded.items() if not ids]
     if empty:
         raise PayloadError(f"prompt {empty[0]!r} tokenizes to nothing; remove it from {prompts_file}")
@@ -76,13 +83,19 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
     dev, dt = resolve_device_dtype(devices[0] if devices else device, dtype)
     recipe = recipe_of(target, prompts_file, layer_ids=layer_ids, max_new_tokens=max_new_tokens,
                        dtype=str(dt), chat_template=chat_template, enable_thinking=enable_thinking,
-                       num_prompts=num_prompts, memo=hash_memo)
+                       num_prompts=num_prompts, memo=hash_memo, regime=regime)
     writer = _writer(out, target, recipe, int(H), {"prompt_format": prompt_format,
-                     "hf_hidden_states": [l + 1 for l in layer_ids], **(labels or {})})
+                     "hf_hidden_states": [l + 1 for l in layer_ids], **_sampling_meta(regime),
+                     **(labels or {})})
+    if writer.done:
+        check_resume(writer.resumed_metadata.get("sampling"), regime, str(writer.partial))
     completions = _resumed(writer, entries)
     if writer.done:
         log(f"resuming {writer.partial}: {len(writer.done)} of {len(entries.at)} prompts already extracted")
-    turns_note = f", {len(entries.at)} turns" if len(entries.at) != len(records) else ""
+    n_turns = sum(len(turns) for _, turns in records)
+    turns_note = f", {n_turns} turns" if n_turns != len(records) else ""
+    if regime is not None:
+        turns_note += f"; sampled {regime.label()}: {len(entries.at)} completions"
     log(f"prompts: {len(records)} from {Path(prompts_file).name} ({shape}{turns_note}); chat template "
         + (f"on (sha256 {template.sha256[:12]}, enable_thinking={enable_thinking})" if template else "off (raw text)"))
     shard = shard or _too_big_for_one(target, cuda_ids, log)
@@ -93,7 +106,8 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
             f"{n_seq - n_prompt} completion)")
         if progress is not None:
             progress(len(writer.done), len(entries.at), entries.names[j])
-    opts = {"layer_ids": layer_ids, "max_new_tokens": max_new_tokens, "eos": eos, "writer": writer, "report": report}
+    opts = {"layer_ids": layer_ids, "max_new_tokens": max_new_tokens, "eos": eos, "writer": writer, "report": report,
+            "regime": regime}
     with writer as w:
         if devices and len(devices) > 1 and not shard:
             log(f"loading target {target} in {len(devices)} processes ({', '.join(devices)}; "
@@ -114,11 +128,15 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
             w.meta["generation"] = _with_history(g, w.resumed_metadata.get("generation"))
             log(_generation_line(g, compile, batch_size, batch_tokens))
             _rounds(runner, w, entries, encoded, completions, max_new_tokens, batch_size, batch_tokens)
-        total = agreement_total(w.done)
-        if total:
+        total = agreement_total(w.done, "argmax_agree" if regime is None else "sampled_agree")
+        if total and regime is None:
             w.meta["argmax_agreement"] = total
             log(f"argmax agreement: the target's argmax is the cached next token at {total['matches']} of "
                 f"{total['positions']} completion positions ({total['fraction']:.6f})")
+        elif total:
+            w.meta["sampled_agreement"] = total
+            log(f"sampled agreement: the cached token has probability > 0 under the transform ({regime.label()}) "
+                f"at {total['matches']} of {total['positions']} completion positions ({total['fraction']:.6f})")
     return open_cache(out)
 
 
@@ -131,6 +149,11 @@ def _writer(out, target: Path, recipe: Recipe, hidden_size: int, metadata: dict)
                        tokenizer_path=str((target / "tokenizer.json").resolve()), resume_key=recipe.key,
                        recipe=recipe.as_dict(),
                        metadata={**metadata, "recipe": {**recipe.as_dict(), "key": recipe.key}})
+
+
+def _sampling_meta(regime: Regime | None) -> dict:
+    """cache.json's "sampling" (absent for greedy: a greedy cache is today's, byte for byte)."""
+    return {} if regime is None else {"sampling": regime.to_json()}
 
 
 def _devices(gpus: str | None, device: str, shard: bool) -> tuple[list[str] | None, list[int]]:
@@ -157,40 +180,58 @@ def _check_sizes(num_prompts: int | None, max_new_tokens: int, batch_size: int, 
 
 
 class _Entries:
-    """The cache's entries: entry j is turn k of record r (`at[j] = (r, k)`), named `names[j]`."""
+    """The cache's entries: entry j is turn k of record r (`at[j] = (r, k)`), named `names[j]`. Sampled (a
+    regime): sample s of it is an entry of its own (`at[j] = (r, k, s)`, named `<turn name>~s<s>`, whose later
+    turns follow sample s's replies), `draw[j]` = (turn name, s) its generator's identity, `info[j]` the
+    prompt's name and the sample index for cache.json."""
 
-    def __init__(self, records: list[tuple[str, list[str]]], template, tok):
+    def __init__(self, records: list[tuple[str, list[str]]], template, tok, regime: Regime | None = None):
         self.records, self.template, self.tok = records, template, tok
-        self.names = [n for ns in entry_names(records) for n in ns]
-        self.at = [(r, k) for r, (_, turns) in enumerate(records) for k in range(len(turns))]
+        base = [n for ns in entry_names(records) for n in ns]
+        turns_at = [(r, k) for r, (_, turns) in enumerate(records) for k in range(len(turns))]
+        n = 1 if regime is None else regime.samples
+        self.at = [(r, k) if regime is None else (r, k, s) for r, k in turns_at for s in range(n)]
+        self.names = [b if regime is None else entry_name(b, s) for b in base for s in range(n)]
+        self.draw = [None if regime is None else (b, s) for b in base for s in range(n)]
+        self.info = [{} if regime is None else {"prompt": b, "sample": s} for b in base for s in range(n)]
         self.last_turn = [len(turns) - 1 for _, turns in records]
 
-    def prompt_ids(self, j: int, completions: dict[tuple[int, int], list[int]]) -> list[int]:
+    def key(self, j: int, turn: int) -> tuple:
+        """(record, turn[, sample]) of entry j's conversation at `turn`: the key of `completions`."""
+        return (self.at[j][0], turn, *self.at[j][2:])
+
+    def prompt_ids(self, j: int, completions: dict[tuple, list[int]]) -> list[int]:
         """Entry j's prompt: its turn rendered by the chat template after the earlier turns and the target's
-        replies to them (`completions`: (record, turn) -> reply ids); without a template, the raw text."""
-        r, k = self.at[j]
+        replies to them (`completions`: `key` -> reply ids); without a template, the raw text."""
+        r, k = self.at[j][:2]
         turns, tok = self.records[r][1], self.tok
         if self.template is None:  # raw text, as before chat templates (single-turn only)
             return tok.encode(turns[0]).ids
         messages = []
         for i in range(k):
-            reply = tok.decode(completions[(r, i)], skip_special_tokens=True)
+            reply = tok.decode(completions[self.key(j, i)], skip_special_tokens=True)
             messages += [{"role": "user", "content": turns[i]}, {"role": "assistant", "content": reply}]
         messages.append({"role": "user", "content": turns[k]})
         return tok.encode(self.template.render(messages, self.names[j]), add_special_tokens=False).ids
 
 
-def _resumed(writer: CacheWriter, entries: _Entries) -> dict[tuple[int, int], list[int]]:
-    """The target's replies that later turns need ((record, turn) -> reply ids), from the entries an interrupted
+def _resumed(writer: CacheWriter, entries: _Entries) -> dict[tuple, list[int]]:
+    """The target's replies that later turns need (`entries.key` -> reply ids), from the entries an interrupted
     run finished; an entry whose earlier turn is to be done again is dropped from `writer.done`."""
-    completions: dict[tuple[int, int], list[int]] = {}
+    completions: dict[tuple, list[int]] = {}
+    step = _samples(entries)
     for j in sorted(writer.done):
-        r, k = entries.at[j]
-        if k and j - 1 not in writer.done:  # an earlier turn is to be done again: so is every later one
+        r, k = entries.at[j][:2]
+        if k and j - step not in writer.done:  # an earlier turn is to be done again: so is every later one
             del writer.done[j]
         elif k < entries.last_turn[r]:
-            completions[(r, k)] = writer.done_ids(j)[writer.done[j]["prompt_len"]:].tolist()
+            completions[entries.key(j, k)] = writer.done_ids(j)[writer.done[j]["prompt_len"]:].tolist()
     return completions
+
+
+def _samples(entries: _Entries) -> int:
+    """Entries a turn has (its samples; 1 when greedy): turn k-1 of entry j is entry j - this."""
+    return 1 if len(entries.at[0]) == 2 else 1 + max(a[2] for a in entries.at)
 
 
 def _too_big_for_one(target: Path, cuda_ids: list[int], log) -> bool:
@@ -224,16 +265,16 @@ def _rounds(runner, w: CacheWriter, entries: _Entries, encoded: dict[int, list[i
     """Turn by turn: round k batches every conversation's turn k (whose prompt holds the replies of the
     rounds before)."""
     for turn in range(max(entries.last_turn) + 1):
-        todo = [j for j, (_, k) in enumerate(entries.at) if k == turn and j not in w.done]
+        todo = [j for j, at in enumerate(entries.at) if at[1] == turn and j not in w.done]
         for j in todo:
             if j not in encoded:
                 encoded[j] = entries.prompt_ids(j, completions)
         lengths = [len(encoded[j]) + max_new_tokens for j in todo]
         groups = [sorted(todo[g] for g in group) for group in batches(lengths, batch_size, batch_tokens)]
-        for j, ids in runner.run_round(groups, {j: encoded[j] for j in todo}, entries.names).items():
-            r, k = entries.at[j]
+        for j, ids in runner.run_round(groups, {j: encoded[j] for j in todo}, entries).items():
+            r, k = entries.at[j][:2]
             if k < entries.last_turn[r]:
-                completions[(r, k)] = ids[len(encoded[j]):]
+                completions[entries.key(j, k)] = ids[len(encoded[j]):]
 
 
 def _with_history(current: dict, previous) -> dict:
@@ -248,9 +289,10 @@ def _with_history(current: dict, previous) -> dict:
     return {**current, "earlier": earlier} if earlier else dict(current)
 
 
-def agreement_total(done: dict[int, dict]) -> dict | None:
-    """cache.json's "argmax_agreement" from the prompts' [matches, positions]; None when a prompt lacks them."""
-    pairs = [(e.get("info") or {}).get("argmax_agree") for e in done.values()]
+def agreement_total(done: dict[int, dict], field: str = "argmax_agree") -> dict | None:
+    """cache.json's "argmax_agreement" ("sampled_agreement") from the prompts' [matches, positions] (`field`);
+    None when a prompt lacks them."""
+    pairs = [(e.get("info") or {}).get(field) for e in done.values()]
     if not pairs or not all(isinstance(a, list) and len(a) == 2 and all(isinstance(x, int) for x in a)
                             for a in pairs):
         return None

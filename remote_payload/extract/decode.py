@@ -1,9 +1,11 @@
-"""How `extract` generates the completions: a batch of prompts at once, greedy, one KV cache.
+"""How `extract` generates the completions: a batch of prompts at once, greedy or sampled, one KV cache.
 
 `greedy_complete_batch` is the dynamic-cache reference (left padding, each row what target.forward's batch-1
 `greedy_complete` computes); `choose_generator` picks fastgen.greedy_static (static KV cache, the decode step
 a CUDA graph on CUDA) where the target allows it (`static_refusal`), and `generation_record` is cache.json's
-"generation": how the cached completions were made.
+"generation": how the cached completions were made. `Sampler` is the sampled regime's token choice (issue 29),
+the same in both decoders: a row's token at decode step k is the transform's inverse CDF at the k-th uniform of the
+row's own generator, so the batch around it never changes its draws.
 """
 from __future__ import annotations
 
@@ -11,15 +13,42 @@ from dataclasses import dataclass
 
 import torch
 
+from remote_payload.eval.regime import Regime
+from remote_payload.eval.sampling import generator_for, sample_with_uniforms, transform_logprobs
 from remote_payload.target.forward import last_logits_kw, new_kv
+
+
+@dataclass
+class Sampler:
+    """The sampled regime's pick for a batch: the transform (temperature, top-k, top-p) and each row's uniforms
+    [B, max_new_tokens] float64, uniform k for decode step k (step 0: the token after the prompt), drawn at once
+    from the row's generator (`draws`). Graph-safe: `col` may be a device tensor [1]."""
+    transform: tuple[float, int, float]
+    uniforms: torch.Tensor
+
+    def to(self, device) -> Sampler:
+        return Sampler(self.transform, self.uniforms.to(device))
+
+    def __call__(self, logits: torch.Tensor, col) -> torch.Tensor:
+        """logits [B, V] -> tokens [B] long."""
+        u = self.uniforms.index_select(1, col).squeeze(1) if torch.is_tensor(col) else self.uniforms[:, col]
+        return sample_with_uniforms(transform_logprobs(logits, *self.transform), u)
+
+
+def draws(regime: Regime, rows: list[tuple[str, int]], max_new_tokens: int) -> Sampler:
+    """One row per (prompt key, sample index): its uniforms from generator_for(seed, key, sample) (CPU)."""
+    u = torch.stack([torch.rand(max_new_tokens, dtype=torch.float64, generator=generator_for(regime.seed, k, s))
+                     for k, s in rows])
+    return Sampler(regime.transform, u)
 
 
 @torch.no_grad()
 def greedy_complete_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int],
-                          pad_id: int = 0) -> list[list[int]]:
+                          pad_id: int = 0, sampler: Sampler | None = None) -> list[list[int]]:
     """Greedy completions of several prompts at once, one KV cache: prompts are LEFT-padded, pads masked
     out and positions counted from each prompt's first real token, so every row computes what an unbatched
-    `greedy_complete` computes. A row stops at its eos (kept); the batch stops when all rows have."""
+    `greedy_complete` computes. A row stops at its eos (kept); the batch stops when all rows have.
+    sampler: the sampled regime's pick instead of the argmax (`Sampler`)."""
     dev = next(model.parameters()).device
     B, P = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((B, P), pad_id, dtype=torch.long)
@@ -34,8 +63,10 @@ def greedy_complete_batch(model, prompts: list[list[int]], max_new_tokens: int, 
     out = [list(p) for p in prompts]
     live = list(range(B))
     nxt_pos = pos[:, -1:] + 1
+    if sampler is not None:
+        sampler = sampler.to(dev)
     for step in range(max_new_tokens):
-        nxt = logits.argmax(-1)  # [B]
+        nxt = logits.argmax(-1) if sampler is None else sampler(logits, step)  # [B]
         toks = nxt.tolist()  # one host sync a step for the whole batch
         for i in list(live):
             out[i].append(toks[i])
@@ -63,11 +94,13 @@ class Generator:
     why: str | None = None
     compile: bool = False
 
-    def __call__(self, model, prompts: list[list[int]], max_new_tokens: int, eos: set[int]) -> list[list[int]]:
+    def __call__(self, model, prompts: list[list[int]], max_new_tokens: int, eos: set[int],
+                 sampler: Sampler | None = None) -> list[list[int]]:
         if self.name == "greedy_static":
             from remote_payload.extract.fastgen import greedy_static
-            return greedy_static(model, prompts, max_new_tokens, eos, graphs=self.graphs, compile=self.compile)
-        return greedy_complete_batch(model, prompts, max_new_tokens, eos)
+            return greedy_static(model, prompts, max_new_tokens, eos, graphs=self.graphs, compile=self.compile,
+                                 sampler=sampler)
+        return greedy_complete_batch(model, prompts, max_new_tokens, eos, sampler=sampler)
 
 
 def static_refusal(model) -> str | None:

@@ -33,8 +33,8 @@ def cache_kw(model) -> str:
 class _StaticStep:
     """One decode step over fixed buffers: reads tok/pos/cp/mask, writes the argmax into out and advances them."""
 
-    def __init__(self, model, cache, tok, pos, cp, mask, out, P: int, forward=None):
-        self.model, self.cache, self.P, self.kw = model, cache, P, cache_kw(model)
+    def __init__(self, model, cache, tok, pos, cp, mask, out, P: int, forward=None, pick=None):
+        self.model, self.cache, self.P, self.kw, self.pick = model, cache, P, cache_kw(model), pick
         self.forward = forward or model
         self.tok, self.pos, self.cp, self.mask, self.out = tok, pos, cp, mask, out
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -43,7 +43,7 @@ class _StaticStep:
         logits = self.forward(input_ids=self.tok, attention_mask=self.mask, position_ids=self.pos,
                             cache_position=self.cp, use_cache=True, logits_to_keep=1,
                             **{self.kw: self.cache}).logits  # [B, 1, V]
-        nxt = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1] long, on the device
+        nxt = (logits[:, -1].argmax(-1) if self.pick is None else self.pick(logits[:, -1], self.cp - self.P))[:, None]
         self.out.index_copy_(1, self.cp - self.P, nxt)  # out [B, max_new]: column cp-P
         self.tok.copy_(nxt)
         self.pos.add_(1)
@@ -401,7 +401,7 @@ class _Phases:
 def greedy_static(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int], pad_id: int = 0, *,
                   graphs: bool | None = None, compile: bool = False, eos_every: int = 16,
                   bucket: int = 64, phases: dict | None = None, grouped_attention: bool = True,
-                  fused: bool = True) -> list[list[int]]:
+                  fused: bool = True, sampler=None) -> list[list[int]]:
     """Greedy completions of `prompts` (token id lists) at once; rows as `greedy_complete_batch` returns them.
 
     graphs: capture the decode step as a CUDA graph (default: on CUDA). eos_every: steps between the host's
@@ -413,16 +413,17 @@ def greedy_static(model, prompts: list[list[int]], max_new_tokens: int, eos_ids:
     model's own); on CUDA in bf16/fp16 with Triton, its split-KV kernels (`split_decode_attention`: the filled
     slots only; REVAL_DECODE_ATTENTION=grouped keeps the torch matmuls). fused: the decode steps' RMSNorms, SiLU
     MLPs and RoPE as one Triton pass each (`FusedLayers`: CUDA, bf16; not with compile, which fuses them itself;
-    REVAL_DECODE_FUSED=0 keeps the model's own)."""
+    REVAL_DECODE_FUSED=0 keeps the model's own). sampler: decode.Sampler, the sampled regime's pick (in the graph:
+    its uniforms are on the device before the loop) instead of the argmax."""
     with _DecodeAttention(model, grouped_attention) as attention:
         return _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, graphs=graphs, compile=compile,
                               eos_every=eos_every, bucket=bucket, phases=phases, attention=attention,
-                              fused=FusedLayers(model, enabled=fused and not compile))
+                              fused=FusedLayers(model, enabled=fused and not compile), sampler=sampler)
 
 
 @torch.no_grad()
 def _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, *, graphs, compile, eos_every, bucket, phases,
-                   attention, fused):
+                   attention, fused, sampler):
     clock = _Phases(phases, next(model.parameters()).device)
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
@@ -449,7 +450,8 @@ def _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, *, graphs, c
     cache = _static_cache(model, B, L, dev, dtype)
     logits = model(input_ids=ids, attention_mask=pre_mask, position_ids=pos, cache_position=torch.arange(P, device=dev),
                    use_cache=True, logits_to_keep=1, **{cache_kw(model): cache}).logits
-    first = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
+    pick = None if sampler is None else sampler.to(dev)
+    first = (logits[:, -1].argmax(-1) if pick is None else pick(logits[:, -1], 0))[:, None]  # [B, 1]
     clock("prefill_s")
 
     with fused:  # the decode steps only: the prefill (and its first token) is the model's own code
@@ -463,7 +465,7 @@ def _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, *, graphs, c
         out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=dev)
         out[:, :1] = first
         step = _StaticStep(model, cache, tok, posb, cp, mask, out, P - 1,  # step k writes column cp - (P - 1)
-                           forward=_compiled(model) if compile else None)
+                           forward=_compiled(model) if compile else None, pick=pick)
         done = 1
         if graphs and max_new_tokens > 3:
             side = torch.cuda.Stream()  # warm-up (allocations, kernel choice, compilation): 2 real steps

@@ -12,6 +12,7 @@ from remote_payload.contract.drafterconfig import DrafterConfig, parse_layer_ids
 from remote_payload.contract.eagle3config import Eagle3Config, looks_like_eagle3
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
+from remote_payload.eval.regime import regime_of
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,6 +61,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "passes (RMSNorm, SiLU * up, RoPE): a few %% faster decoding, about a minute of compilation "
                         "per batch shape (pays off only for very long runs; make bench-decode has the numbers). "
                         "CUDA only")
+    g = p.add_argument_group("sampling (a cache at T > 0; docs/sampling.md)")
+    g.add_argument("--temperature", type=float, default=None, metavar="T",
+                   help="sample the completions at temperature T (then --top-k, then --top-p, as z-lab's sample) "
+                        "instead of greedy; 0 or absent: greedy, today's cache")
+    g.add_argument("--top-k", type=int, default=None, metavar="K", help="keep the K most probable tokens (0: off)")
+    g.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help="keep the most probable tokens up to mass P (1: off)")
+    g.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="the draws' seed (needed with --temperature > 0): one generator per (prompt, sample), so "
+                        "the cache is the same whatever the batches or --gpus")
+    g.add_argument("--samples", type=int, default=None, metavar="N",
+                   help="completions sampled per prompt (default 1), each its own entry <prompt>~s<i>")
 
 
 def layers_arg(layers: str | None, for_drafter: str | None, target: str | None = None) -> list[int]:
@@ -106,7 +119,8 @@ def data_kwargs(args: argparse.Namespace) -> dict:
     built here once for the command and the store (store.py): an option that changes the data joins here."""
     return {"layer_ids": layers_arg(args.layers, args.for_drafter, args.target), "max_new_tokens": args.max_new_tokens,
             "dtype": args.dtype, "chat_template": args.chat_template, "enable_thinking": args.enable_thinking,
-            "num_prompts": args.num_prompts}
+            "num_prompts": args.num_prompts,
+            "regime": regime_of(args.temperature, args.top_k, args.top_p, args.seed, args.samples)}
 
 
 def run_kwargs(args: argparse.Namespace) -> dict:

@@ -23,6 +23,7 @@ import torch
 
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.gpus import gpu_indices
+from remote_payload.eval.regime import Regime
 from remote_payload.extract.batching import Background, batch_rows, extract_batch
 from remote_payload.extract.decode import choose_generator, generation_record
 from remote_payload.extract.writer import write_prompt
@@ -53,16 +54,18 @@ def parse_gpus(text: str) -> list[str]:
 
 class PoolRunner:
     """The worker processes, as `command.extract` uses a runner: `with` starts them (each loads the target) and
-    stops them; `run_round(groups, prompts, names)` has every group extracted as one batch, records each prompt
+    stops them; `run_round(groups, prompts, entries)` has every group extracted as one batch, records each prompt
     as its file is reported and returns {entry: prompt + completion ids}."""
 
     def __init__(self, devices: list[str], *, target, dtype: torch.dtype, layer_ids: list[int], max_new_tokens: int,
-                 eos: set[int], writer, report, batch_size: int, batch_tokens: int, compile: bool = False):
+                 eos: set[int], writer, report, batch_size: int, batch_tokens: int, compile: bool = False,
+                 regime=None):
         self.devices, self.writer, self.report = devices, writer, report
         self.spec = {"target": str(target), "dtype": str(dtype).removeprefix("torch."), "layer_ids": list(layer_ids),
                      "max_new_tokens": max_new_tokens, "eos": sorted(eos), "num_layers": len(layer_ids),
                      "hidden_size": writer.hidden_size, "batch_size": batch_size, "batch_tokens": batch_tokens,
                      "compile": compile, "parent": os.getpid(),
+                     "regime": None if regime is None else regime.to_json(),
                      "threads": torch.get_num_threads() if devices[0] == "cpu" else 0}
         self.procs: list = []
         self.generation: dict | None = None
@@ -113,9 +116,10 @@ class PoolRunner:
                 raise RuntimeError(f"extract worker {rank} ({self.devices[rank]}) failed: {text}\n{tb}")
             return msg
 
-    def run_round(self, groups: list[list[int]], prompts: dict[int, list[int]], names: list[str]) -> dict:
+    def run_round(self, groups: list[list[int]], prompts: dict[int, list[int]], entries) -> dict:
         for idx in groups:
-            self.tasks.put((idx, [names[j] for j in idx], [prompts[j] for j in idx]))
+            self.tasks.put((idx, [entries.names[j] for j in idx], [prompts[j] for j in idx],
+                            [entries.draw[j] for j in idx], [entries.info[j] for j in idx]))
         seqs: dict[int, list[int]] = {}
         want = sum(len(g) for g in groups)
         while len(seqs) < want:
@@ -161,11 +165,13 @@ def _worker(rank: int, device: str, spec: dict, tasks, results) -> None:
                                                       batch_tokens=spec["batch_tokens"],
                                                       max_new_tokens=spec["max_new_tokens"])))
         eos, workdir = set(spec["eos"]), Path(spec["workdir"])
+        regime = None if spec["regime"] is None else Regime(**spec["regime"])
 
-        def write(idx, names, prompt_lens, res) -> None:
-            for r, ids, feats, info in batch_rows(res):
+        def write(idx, names, prompt_lens, res, infos) -> None:
+            for r, ids, feats, info, tensors in batch_rows(res):
                 entry = write_prompt(workdir, idx[r], names[r], prompt_lens[r], ids, feats,
-                                     num_layers=spec["num_layers"], hidden_size=spec["hidden_size"], info=info)
+                                     num_layers=spec["num_layers"], hidden_size=spec["hidden_size"],
+                                     info={**infos[r], **info}, tensors=tensors)
                 results.put(("done", rank, idx[r], entry, res.seqs[r]))
 
         with Background() as bg:
@@ -178,9 +184,10 @@ def _worker(rank: int, device: str, spec: dict, tasks, results) -> None:
                     continue
                 if task is None:
                     break
-                idx, names, prompts = task
-                res = extract_batch(model, gen, prompts, spec["max_new_tokens"], eos, spec["layer_ids"])
-                bg.put(lambda idx=idx, names=names, prompts=prompts, res=res:
-                       write(idx, names, [len(p) for p in prompts], res))
+                idx, names, prompts, rows, infos = task
+                res = extract_batch(model, gen, prompts, spec["max_new_tokens"], eos, spec["layer_ids"], regime,
+                                    rows)
+                bg.put(lambda idx=idx, names=names, prompts=prompts, res=res, infos=infos:
+                       write(idx, names, [len(p) for p in prompts], res, infos))
     except BaseException as e:  # noqa: BLE001 — reported to the coordinator, which raises it
         results.put(("error", rank, isinstance(e, PayloadError), f"{type(e).__name__}: {e}", traceback.format_exc()))

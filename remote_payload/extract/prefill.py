@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from remote_payload.eval.sampling import token_logprobs
 from remote_payload.target.forward import last_logits_kw
 
 
@@ -47,6 +48,7 @@ class Prefill:
     features: torch.Tensor
     lens: list[int]
     agree: torch.Tensor | None = None
+    logp: torch.Tensor | None = None  # sampled regime: [sum of completion lengths] fp32, row after row
 
     def rows(self) -> list[torch.Tensor]:
         return [self.features[i, :n] for i, n in enumerate(self.lens)]
@@ -54,7 +56,7 @@ class Prefill:
 
 @torch.no_grad()
 def prefill_batch(model, seqs: list[torch.Tensor], layer_ids: list[int], prompt_lens: list[int] | None = None,
-                  *, chunk_logits: int = 1 << 28) -> Prefill:
+                  *, chunk_logits: int = 1 << 28, transform: tuple | None = None) -> Prefill:
     """Several sequences in one causal prefill, RIGHT-padded (a causal position never sees the pads after it, so
     no mask is needed): the tapped hidden states hs[l+1] (`tapped_features`' numbers, bit for bit) and, given
     the prompt lengths, the argmax agreement at the completion positions.
@@ -65,7 +67,9 @@ def prefill_batch(model, seqs: list[torch.Tensor], layer_ids: list[int], prompt_
     block when neither the last block nor the agreement is asked for, else the decoder, so no lm_head runs over
     the whole sequence. The agreement: the final hidden state at the positions that predict a completion token
     (prompt_len-1 .. T-2) through the lm_head in chunks of about `chunk_logits` logits, argmax, compared with
-    the tokens. A model whose decoder blocks are not found runs with output_hidden_states (the same numbers)."""
+    the tokens. A model whose decoder blocks are not found runs with output_hidden_states (the same numbers).
+    transform (temperature, top_k, top_p; a sampled cache): the agreement counts the completion tokens of
+    probability > 0 under the transform instead, and `logp` holds each one's log-prob (sampling.token_logprobs)."""
     dev = next(model.parameters()).device
     lens = [len(x) for x in seqs]
     T = max(lens)
@@ -108,14 +112,17 @@ def prefill_batch(model, seqs: list[torch.Tensor], layer_ids: list[int], prompt_
         final = got.get("final")
         taps = {l: final if l in from_final else got[l] for l in layer_ids}
     features = torch.stack([taps[l].to(dev) for l in layer_ids], dim=2)  # [B, T, n_layers, H]
-    agree = None if prompt_lens is None else _argmax_agreement(model, final, ids, lens, prompt_lens, chunk_logits)
-    return Prefill(features, lens, agree)
+    if prompt_lens is None:
+        return Prefill(features, lens)
+    agree, logp = _agreement(model, final, ids, lens, prompt_lens, chunk_logits, transform)
+    return Prefill(features, lens, agree, logp)
 
 
-def _argmax_agreement(model, final: torch.Tensor, ids: torch.Tensor, lens: list[int], prompt_lens: list[int],
-                      chunk_logits: int) -> torch.Tensor:
-    """[B, 2] long on final's device: per row, how many completion tokens ids[p..T-1] are the lm_head's argmax
-    of final[p-1..T-2], and how many there are."""
+def _agreement(model, final: torch.Tensor, ids: torch.Tensor, lens: list[int], prompt_lens: list[int],
+               chunk_logits: int, transform: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """([B, 2] long on final's device: per row, how many completion tokens ids[p..T-1] are the lm_head's argmax
+    of final[p-1..T-2] (with a transform: have probability > 0 under it), and how many there are; with a
+    transform, the tokens' log-probs [N] fp32, else None)."""
     head = model.get_output_embeddings()
     B, dev = final.shape[0], final.device
     rows = torch.cat([torch.full((t - p,), i, dtype=torch.long) for i, (p, t) in enumerate(zip(prompt_lens, lens))])
@@ -124,8 +131,15 @@ def _argmax_agreement(model, final: torch.Tensor, ids: torch.Tensor, lens: list[
     want = ids.to(dev)[rows, cols + 1]
     h = final[rows, cols]  # [N, H]
     step = max(1, chunk_logits // max(1, head.weight.shape[0]))
-    hit = torch.cat([head(h[s:s + step]).argmax(-1).to(dev) == want[s:s + step] for s in range(0, h.shape[0], step)])
+    if transform is None:
+        logp = None
+        hit = torch.cat([head(h[s:s + step]).argmax(-1).to(dev) == want[s:s + step]
+                         for s in range(0, h.shape[0], step)])
+    else:
+        logp = torch.cat([token_logprobs(head(h[s:s + step]), want[s:s + step], *transform).to(dev)
+                          for s in range(0, h.shape[0], step)])
+        hit = logp > float("-inf")
     out = torch.zeros((B, 2), dtype=torch.long, device=dev)
     out[:, 0].index_add_(0, rows, hit.long())
     out[:, 1].index_add_(0, rows, torch.ones_like(rows))
-    return out
+    return out, logp

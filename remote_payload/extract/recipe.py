@@ -150,10 +150,14 @@ def make_recipe(target: str | os.PathLike, shape: str, records: list[tuple[str, 
 
 def recipe_of(target: str | os.PathLike, prompts_file: str | os.PathLike, *, layer_ids, max_new_tokens: int,
               dtype: str, chat_template: str = "auto", enable_thinking: bool = False,
-              num_prompts: int | None = None, memo: str | os.PathLike | None = None, **more) -> Recipe:
+              num_prompts: int | None = None, memo: str | os.PathLike | None = None, regime=None,
+              **more) -> Recipe:
     """The recipe of `extract(target, prompts_file, ..., **the same options)`, decided without torch: the
     prompts read and the chat template resolved as extract does (its refusals too); `dtype` resolved
-    (bf16, fp32, fp16); `more`: the data options added later (data_options)."""
+    (bf16, fp32, fp16); `regime`: the sampling regime (eval/regime.py; None: greedy, left out of the recipe so a
+    greedy cache keeps its key), as `options["sampling"]`; `more`: the data options added later (data_options)."""
+    if regime is not None:
+        more["sampling"] = regime.to_json()
     shape, records = read_prompts(prompts_file, num_prompts)
     source = template_applies(Path(target), chat_template, enable_thinking, records, prompts_file)
     applied = source is not None

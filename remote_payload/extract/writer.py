@@ -25,11 +25,12 @@ _PROMPT_FIELDS = ("name", "prompt_len", "seq_len", "file")
 
 def write_prompt(directory: str | os.PathLike, index: int, name: str, prompt_len: int, ids: torch.Tensor,
                  features: torch.Tensor, *, num_layers: int, hidden_size: int, info: dict | None = None,
-                 where: str | None = None) -> dict:
+                 where: str | None = None, tensors: dict | None = None) -> dict:
     """Prompt `index`'s file p{index:04d}.safetensors in `directory` (under a temporary name, then renamed), as
     `CacheWriter.add` writes it; returns the entry for `CacheWriter.record`. Also what an `extract` worker process
     runs, writing into the writer's work dir while the writer's process keeps the books. `info`: per-prompt
-    fields (JSON values) that cache.json lists beside name, prompt_len, seq_len and file."""
+    fields (JSON values) that cache.json lists beside name, prompt_len, seq_len and file. `tensors`: more
+    tensors of the file (a sampled cache's `logp`)."""
     directory = Path(directory)
     p = CachePrompt(name, int(prompt_len), int(ids.shape[0]), f"p{int(index):04d}.safetensors")
     check_prompt(p, where or f"cache {directory}")
@@ -38,8 +39,11 @@ def write_prompt(directory: str | os.PathLike, index: int, name: str, prompt_len
     if info and set(info) & set(_PROMPT_FIELDS):
         raise ValueError(f"info may not replace a prompt's own fields {sorted(set(info) & set(_PROMPT_FIELDS))}")
     part = directory / f"{p.file}.part"
+    more = {k: v.detach().to("cpu").contiguous() for k, v in (tensors or {}).items()}
+    if set(more) & {"ids", "features"}:
+        raise ValueError("tensors may not replace ids or features")
     save_file({"ids": ids.detach().to("cpu", torch.long).contiguous(),
-               "features": features.detach().to("cpu").contiguous()}, str(part))
+               "features": features.detach().to("cpu").contiguous(), **more}, str(part))
     os.replace(part, directory / p.file)
     entry = {**vars(p), "index": int(index), "bytes": (directory / p.file).stat().st_size,
              "dtype": str(features.dtype).removeprefix("torch.")}
@@ -152,12 +156,13 @@ class CacheWriter:
         return self
 
     def add(self, name: str, prompt_len: int, ids: torch.Tensor, features: torch.Tensor,
-            index: int | None = None, info: dict | None = None) -> None:
+            index: int | None = None, info: dict | None = None, tensors: dict | None = None) -> None:
         """One prompt (ids [T] int; features [T, n_layers, H]); `index` = its place in the cache (default:
         after the last one added); `info`: per-prompt fields for cache.json (write_prompt)."""
         n = (max(self.done) + 1 if self.done else 0) if index is None else int(index)
         self.record(write_prompt(self.tmp, n, name, prompt_len, ids, features, num_layers=len(self.layer_ids),
-                                 hidden_size=self.hidden_size, info=info, where=f"cache {self.out}"))
+                                 hidden_size=self.hidden_size, info=info, where=f"cache {self.out}",
+                                 tensors=tensors))
 
     def record(self, entry: dict) -> None:
         """The books for a prompt file `write_prompt` wrote into `tmp` (in this process or another)."""

@@ -40,6 +40,10 @@ def add_spec_options(p: argparse.ArgumentParser, *, drafter: bool = True, payloa
     p.add_argument("--online", type=positive_int, metavar="N",
                    help="also decode the first N prompts by real speculative decoding with the whole target: "
                         "acceptance checked against the offline walk, measured speedup beside the projection")
+    p.add_argument("--draft", choices=("greedy", "sampled"), default="greedy",
+                   help="the draft rule on a sampled cache (extract --temperature T): greedy = argmax drafts, the "
+                        "walk over every sample (default); sampled = drafts drawn from the drafter, verified by "
+                        "rejection sampling: the exact expected tau (docs/sampling.md)")
     p.add_argument("--payload", choices=("eval", "dummy"), default="eval",
                    help=payload_help or "what to run: the eval, or a torch-free stand-in (tests, demos of the "
                                         "plumbing)")
@@ -51,4 +55,4 @@ def spec_from_args(args: argparse.Namespace, extra: list[str], gpus: str | None 
                           num_prompts=args.num_prompts, max_blocks=args.max_blocks, extra=list(extra),
                           payload=args.payload, gpus=gpus, allow_unknown_config=list(args.allow_unknown_config),
                           speedup=bool(args.speedup), online=args.online or 0, prompts=args.prompts or (),
-                          max_new_tokens=args.max_new_tokens)
+                          max_new_tokens=args.max_new_tokens, draft=args.draft)

@@ -128,16 +128,22 @@ def extract(target: str | os.PathLike, prompts_file: str | os.PathLike, out: str
             w.meta["generation"] = _with_history(g, w.resumed_metadata.get("generation"))
             log(_generation_line(g, compile, batch_size, batch_tokens))
             _rounds(runner, w, entries, encoded, completions, max_new_tokens, batch_size, batch_tokens)
-        total = agreement_total(w.done, "argmax_agree" if regime is None else "sampled_agree")
-        if total and regime is None:
-            w.meta["argmax_agreement"] = total
-            log(f"argmax agreement: the target's argmax is the cached next token at {total['matches']} of "
-                f"{total['positions']} completion positions ({total['fraction']:.6f})")
-        elif total:
-            w.meta["sampled_agreement"] = total
-            log(f"sampled agreement: the cached token has probability > 0 under the transform ({regime.label()}) "
-                f"at {total['matches']} of {total['positions']} completion positions ({total['fraction']:.6f})")
+        _record_agreement(w, regime, log)
     return open_cache(out)
+
+
+def _record_agreement(w: CacheWriter, regime: Regime | None, log) -> None:
+    """cache.json's exactness figure over every finished prompt: the argmax agreement (greedy) or the sampled
+    agreement (a regime), said in the log."""
+    total = agreement_total(w.done, "argmax_agree" if regime is None else "sampled_agree")
+    if total and regime is None:
+        w.meta["argmax_agreement"] = total
+        log(f"argmax agreement: the target's argmax is the cached next token at {total['matches']} of "
+            f"{total['positions']} completion positions ({total['fraction']:.6f})")
+    elif total:
+        w.meta["sampled_agreement"] = total
+        log(f"sampled agreement: the cached token has probability > 0 under the transform ({regime.label()}) "
+            f"at {total['matches']} of {total['positions']} completion positions ({total['fraction']:.6f})")
 
 
 def _writer(out, target: Path, recipe: Recipe, hidden_size: int, metadata: dict) -> CacheWriter:

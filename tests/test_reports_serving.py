@@ -29,14 +29,17 @@ def serving(run: str, *, measured: float, best: float, agree: int = 4, step: int
                     "decode_s": 0.01, "draft_s": 0.004, "verify_s": {"16": 0.012, "65": 0.02},
                     "target_hash": "sha256:t", "reused": False, "measure_s": 1.5, "note": "",
                     "projected": {"block": best * 0.8, "ddtree_64": best}, "best_method": "ddtree_64",
-                    "best_speedup": best, "by_suite": None}
+                    "best_speedup": best, "by_suite": None, "tau": "pooled", "tied": None, "batches": None,
+                    "repeats": None, "latencies": None, "by_batch": None, "stops_paying": None,
+                    "measured_at": None, "table": None, "table_note": None}
     names = [p["name"] for p in d["per_prompt"][:4]]
     d["online"] = {"method": "block", "device": "cpu", "dtype": "float32", "prompts": 4,
                    "prompts_agreeing": agree, "rounds": 12, "rounds_agreeing": 12 - (4 - agree),
                    "tau_pooled_online": 3.1, "tau_pooled_offline": 3.1, "tokens": 37, "spec_s": 2.0,
                    "target_only_s": 2.0 * measured, "measured_speedup": measured,
                    "projected_speedup": best * 0.8,
-                   "prompts_with_cache_mismatch": 0,
+                   "prompts_with_cache_mismatch": 0, "projected_tau": None, "measured_speedup_runs": None,
+                   "repeats": None,
                    "per_prompt": [{"name": n, "acceptance_lengths": [3, 3, 4], "agree": i < agree,
                                    "spec_s": 0.5, "target_only_s": 0.5 * measured}
                                   for i, n in enumerate(names)]}

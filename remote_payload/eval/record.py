@@ -74,7 +74,7 @@ def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: d
                                   gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                                   hostname=socket.gethostname(), python=platform.python_version(),
                                   payload_version=__version__),
-        notes=[f"drafter config: {c}" for c in cfg.conflicts] or None, regime=regime)
+        notes=[f"drafter config: {c}" for c in getattr(cfg, "conflicts", ())] or None, regime=regime)
     return result.to_dict()
 
 

@@ -9,14 +9,13 @@ extract runs detached like `reval run` (live bar, Ctrl-C detaches, `reval logs N
 while a running eval reads one)."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import reval
 from reval import EXIT_PARTIAL, EXIT_STILL_RUNNING
 
-from ..argparsing import inventory_option, positive_int, seconds
+from ..argparsing import HelpFormatter, inventory_option, positive_int, seconds
 from .run import launch_line
 from .runs import detached_message, err, make_sink, out, report_extract, shown_on
 
@@ -29,7 +28,7 @@ exit codes: 0 the caches are there · 1 the extract failed · 3 bad input (the t
 
 def register(sub) -> None:
     p = sub.add_parser("extract", help="build hidden-state caches on a host from prompt files here (its store)",
-                       description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, epilog=EPILOG, formatter_class=HelpFormatter)
     p.add_argument("host", metavar="HOST", help="an inventory host (or a Slurm cluster)")
     p.add_argument("--target", required=True, metavar="PATH", help="the target model's folder on the host")
     p.add_argument("--prompts", required=True, action="append", metavar="NAME=FILE",

@@ -117,6 +117,11 @@ def test_gpu_locks_never_shared_and_stale_lock_reclaimed(tmp_path, monkeypatch):
         wrapper.acquire_gpus("0", locks, "c")
     with pytest.raises(wrapper.StartError, match="GPU 5 does not exist"):
         wrapper.acquire_gpus("5", locks, "c")
+    # not an ASCII index (int() read '٣' as 3), or one GPU twice (it would be locked twice): refused, one line
+    with pytest.raises(wrapper.StartError, match=r"--gpus '٣': expected GPU indices"):
+        wrapper.acquire_gpus("٣", locks, "c")
+    with pytest.raises(wrapper.StartError, match="GPU 2 is given twice"):
+        wrapper.acquire_gpus("2,2", locks, "c")
     os.close(fa[0])  # run a ended: its lock file stays, its flock is gone
     c, fc = wrapper.acquire_gpus("auto", locks, "c")
     assert c[0].index == a[0].index

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from remote_payload.contract import gpus, protocol, runstate
+from remote_payload.contract.gpus import gpu_indices
 from remote_payload.runtime import cause
 
 # A GPU counts as free when our locks don't hold it and it is idle by nvidia-smi's numbers.
@@ -121,10 +122,10 @@ def acquire_gpus(spec: str, locks_dir: Path, run: str) -> tuple[list[gpus.Gpu], 
             return [], []  # a host without GPUs runs on CPU (status says device cpu)
         busy = ", ".join(f"GPU {g.index}: {g.memory_used_mib} MiB used, {g.utilization_pct}%" for g in gpus)
         raise StartError(f"no free GPU ({busy}); wait for a run to finish, or pass --gpus N to choose one")
-    try:
-        wanted = [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        raise StartError(f"--gpus {spec!r}: use auto, none, or GPU indices like 0,1") from None
+    try:  # ASCII indices, each once (int() would read '٣' as 3, and 0,0 would lock GPU 0 twice)
+        wanted = gpu_indices(",".join(x for x in spec.split(",") if x.strip()))
+    except ValueError as e:
+        raise StartError(f"--gpus {spec!r}: {e}; use auto, none, or GPU indices like 0,1") from None
     chosen = []
     for idx in wanted:
         if idx not in by_index:

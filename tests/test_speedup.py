@@ -253,6 +253,9 @@ def test_reval_run_passes_speedup_and_online_to_the_host(fx, halves, here, capsy
                          "--ddtree-budgets", "16", *FAST, "--online-repeats", "3")
     assert rc == 0, err
     res = json.loads((here / "runs" / "local" / "sp" / "results.json").read_text())
+    events = [json.loads(x) for x in (here / "runs" / "local" / "sp" / "events.jsonl").read_text().splitlines()]
+    online = [(e["i"], e["n"]) for e in events if e.get("stage") == "online" and "i" in e]
+    assert online == [(1, 2), (2, 2)]  # the online phase's bar: one event a decoded prompt (issue 32 item 4)
     assert res["speedup"]["projected"]["block"] > 0 and [s["name"] for s in res["speedup"]["by_suite"]] == ["s1", "s2"]
     on = res["online"]
     assert on["prompts"] == 2 and on["rounds_agreeing"] == on["rounds"]

@@ -278,7 +278,7 @@ def _first_mismatch(produced: list[int], g: list[int], P: int) -> int | None:
 @torch.no_grad()
 def online_check(target_model, drafter: DFlashDrafter, head: TargetHead, layer_ids_in_cache_order: list[int] | None,
                  prompts: list[tuple[str, list[int], int, list[int]]], max_blocks: int, *,
-                 rehearse: bool = True, repeats: int = 1) -> list[OnlinePrompt]:
+                 rehearse: bool = True, repeats: int = 1, progress=None) -> list[OnlinePrompt]:
     """prompts: (name, cached token ids [T] (prompt + the target's greedy completion), prompt_len, offline
     acceptance lengths). Real greedy speculative decoding with the real target (module doc), timed (spec_s),
     and target-only greedy decoding of the same number of tokens, timed (target_only_s); both start from the
@@ -353,6 +353,8 @@ def online_check(target_model, drafter: DFlashDrafter, head: TargetHead, layer_i
             spec_s=spec_s, target_only_s=target_only_s, tokens=tokens, prompt_len=P, seq_len=len(g),
             rounds=len(lengths), first_mismatch=mism, target_only_mismatch=plain_mism, first_disagreement=diff,
             notes=notes, spec_runs=spec_runs, target_only_runs=plain_runs))
+        if progress is not None:  # progress(done, total, name): a long online phase shows a bar
+            progress(len(results), len(prompts), name)
     return results
 
 

@@ -171,7 +171,9 @@ def online_section(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, m
         prompts.append((rec["name"], [int(x) for x in ids], inp.prompts[i].prompt_len, rec["acceptance_lengths"]))
     try:
         got = online.online_check(model, mod.drafter, mod.head, list(inp.cache.layer_ids), prompts, opts.max_blocks,
-                                  repeats=opts.online_repeats)
+                                  repeats=opts.online_repeats,
+                                  progress=lambda i, n, name: rep.line(f"  online [{i}/{n}] {name}", stage="online",
+                                                                       i=i, n=n))
     except ValueError as e:
         raise PayloadError(f"--online: {e}") from None
     s = online.summarize(got)

@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", metavar="IDS",
                    help="several GPUs of this host: 0,1,... or all = one process a GPU, the prompts split between "
                         "them and merged into one cache equal to a one-GPU run's (with --shard: one process, the "
-                        "target spread over them). cpu,cpu: CPU processes (tests)")
+                        "target spread over them). cpu,cpu or cuda:0,cuda:0: processes on named devices (tests)")
     p.add_argument("--shard", action="store_true",
                    help="with --gpus: load the target across those GPUs (device_map) instead of one copy a GPU; for "
                         "a target too big for one (chosen by itself when its weights exceed 80%% of a GPU's memory)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import traceback
 from pathlib import Path
 
@@ -31,7 +32,8 @@ from remote_payload.target.load import load_target
 
 
 def parse_gpus(text: str) -> list[str]:
-    """--gpus: "0,1,3" -> ["cuda:0", "cuda:1", "cuda:3"]; "all" -> every visible GPU; "cpu,cpu" -> CPU processes."""
+    """--gpus: "0,1,3" -> ["cuda:0", "cuda:1", "cuda:3"] (each index once); "all" -> every visible GPU; "cpu,cpu" ->
+    CPU processes; devices named ("cuda:0,cuda:0") -> those processes, one GPU twice allowed (tests)."""
     items = [x.strip() for x in text.split(",")]
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if items == ["all"]:
@@ -39,6 +41,11 @@ def parse_gpus(text: str) -> list[str]:
             raise PayloadError("--gpus all: no CUDA device is visible on this host; use --device cpu")
         return [f"cuda:{i}" for i in range(n)]
     if items and all(x == "cpu" for x in items):
+        return items
+    if items and all(re.fullmatch(r"cuda:[0-9]+", x) for x in items):  # devices named: several processes on one
+        bad = [x for x in items if int(x[5:]) >= n]                   # GPU allowed (tests: cuda:0,cuda:0)
+        if bad:
+            raise PayloadError(f"--gpus {text!r}: {bad[0]} is not visible on this host ({n} CUDA devices)")
         return items
     try:
         ids = gpu_indices(text)

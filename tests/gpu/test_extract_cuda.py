@@ -55,7 +55,8 @@ def test_two_processes_on_cuda_write_the_one_process_cache(trained_fixtures, tmp
     t, prompts = trained_fixtures / "target", _prompts(tmp_path / "p.jsonl", 10)
     kw = {"max_new_tokens": 40, "layer_ids": LAYERS, "dtype": "bf16", "batch_size": 3, "log": print}
     extract(t, prompts, tmp_path / "one", device="cuda:0", **kw)
-    extract(t, prompts, tmp_path / "two", gpus="0,1" if torch.cuda.device_count() > 1 else "0,0", **kw)
+    extract(t, prompts, tmp_path / "two", gpus="0,1" if torch.cuda.device_count() > 1 else "cuda:0,cuda:0",
+            **kw)  # --gpus 0,0 is refused as a duplicate; named devices may repeat
     a, b = tmp_path / "one", tmp_path / "two"
     files = sorted(f.name for f in a.iterdir())
     assert files == sorted(f.name for f in b.iterdir())

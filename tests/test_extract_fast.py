@@ -315,6 +315,7 @@ def test_multi_turn_over_two_processes_is_the_one_process_cache(fx, tmp_path):
     (["--gpus", "\u0663"], "expected GPU indices such as 0,1,2,3"),  # int() reads Arabic-Indic 3 as 3
     (["--gpus", "0, 0"], "--gpus '0, 0': GPU 0 is given twice; name each GPU once"),
     (["--gpus", "all"], "--gpus all: no CUDA device is visible"),
+    (["--gpus", "cuda:0,cuda:0"], "--gpus 'cuda:0,cuda:0': cuda:0 is not visible on this host (0 CUDA devices)"),
     (["--gpus", "cpu,cpu", "--device", "cpu"], "give one of them"),
     (["--shard"], "--shard spreads the target over several GPUs: name them, e.g. --gpus 0,1 --shard"),
     (["--gpus", "cpu,cpu", "--shard"], "--shard spreads the target over several GPUs"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -14,11 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from remote_payload.__main__ import main as payload_main
 from remote_payload.extract import store, storecmd
 from remote_payload.tools import fixtures
+from tests.tiny_models import fixture_recipe_target, write_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = "0,2"
@@ -26,18 +25,10 @@ LAYERS = "0,2"
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    d = tmp_path_factory.mktemp("store-target")
-    tok = fixtures.train_tokenizer(random.Random(0))
-    torch.manual_seed(0)
-    model = fixtures.make_target(fixtures.Recipe(), tok.get_vocab_size(), tok.token_to_id("<|eos|>"),
-                                 tok.token_to_id("<|pad|>"))
-    fixtures.save_target(model, tok, d / "target")
-    return d / "target"
+    return fixture_recipe_target(tmp_path_factory.mktemp("store-target") / "target")[0]
 
 
-def _prompts(path: Path, chosen) -> Path:
-    path.write_text("".join(json.dumps({"name": n, "prompt": t}) + "\n" for n, t in chosen))
-    return path
+_prompts = write_prompts
 
 
 def _argv(target, store_dir, *suites, extra=()):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ import torch
 from remote_payload.__main__ import main as payload_main
 from remote_payload.eval.cache import open_cache
 from remote_payload.tools import fixtures
+from tests.tiny_models import fixture_recipe_target
 
 LAYERS = [0, 2, 4]
 
@@ -17,13 +17,8 @@ LAYERS = [0, 2, 4]
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
     """A random-init tiny Qwen3 (5 layers, H=64) saved in shards, with a trained WordLevel tokenizer."""
-    d = tmp_path_factory.mktemp("target")
-    tok = fixtures.train_tokenizer(random.Random(0))
-    torch.manual_seed(0)
-    model = fixtures.make_target(fixtures.Recipe(), tok.get_vocab_size(), tok.token_to_id("<|eos|>"),
-                                 tok.token_to_id("<|pad|>"))
-    fixtures.save_target(model, tok, d / "target")
-    return d / "target", tok, model.eval()
+    path, tok, model = fixture_recipe_target(tmp_path_factory.mktemp("target") / "target")
+    return path, tok, model.eval()
 
 
 def _reference_greedy(model, ids: list[int], n: int) -> list[int]:

@@ -4,34 +4,25 @@ no cache visible; the prompt files travel by content (only what the host lacks).
 from __future__ import annotations
 
 import json
-import random
 import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from remote_payload.__main__ import main as payload_main
 from remote_payload.tools import fixtures
 from reval import cli
+from tests.tiny_models import fixture_recipe_target, write_prompts
 
 pytestmark = pytest.mark.ssh
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    d = tmp_path_factory.mktemp("reval-extract-target")
-    tok = fixtures.train_tokenizer(random.Random(0))
-    torch.manual_seed(0)
-    model = fixtures.make_target(fixtures.Recipe(), tok.get_vocab_size(), tok.token_to_id("<|eos|>"),
-                                 tok.token_to_id("<|pad|>"))
-    fixtures.save_target(model, tok, d / "target")
-    return d / "target"
+    return fixture_recipe_target(tmp_path_factory.mktemp("reval-extract-target") / "target")[0]
 
 
-def _prompts(path: Path, chosen) -> Path:
-    path.write_text("".join(json.dumps({"name": n, "prompt": t}) + "\n" for n, t in chosen))
-    return path
+_prompts = write_prompts
 
 
 def _extract(inv, target, *suites, extra=()):

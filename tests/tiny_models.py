@@ -131,3 +131,24 @@ def write_tiny_target(directory, *, multimodal: bool = False, tied: bool = False
 
 def _mm_key(key: str) -> str:
     return "model.language_model." + key[len("model."):] if key.startswith("model.") else key
+
+
+def fixture_recipe_target(directory):
+    """(path, tokenizer, model): a random-init target of the trained fixtures' shape (fixtures.Recipe: a tiny
+    Qwen3, the fixtures' WordLevel tokenizer), seed 0, saved at `directory`: what the extract tests run on."""
+    import random
+
+    from remote_payload.tools import fixtures
+    tok = fixtures.train_tokenizer(random.Random(0))
+    torch.manual_seed(0)
+    model = fixtures.make_target(fixtures.Recipe(), tok.get_vocab_size(), tok.token_to_id("<|eos|>"),
+                                 tok.token_to_id("<|pad|>"))
+    fixtures.save_target(model, tok, Path(directory))
+    return Path(directory), tok, model
+
+
+def write_prompts(path, chosen) -> Path:
+    """A .jsonl prompt file of (name, prompt) pairs."""
+    path = Path(path)
+    path.write_text("".join(json.dumps({"name": n, "prompt": t}) + "\n" for n, t in chosen))
+    return path

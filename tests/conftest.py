@@ -109,6 +109,25 @@ def trained_fixtures():
     return _build_trained_fixtures()
 
 
+@pytest.fixture(scope="session")
+def fx(trained_fixtures):
+    """The trained fixtures' paths by name (fixtures.json's "paths": target, cache, drafter_good, ...)."""
+    import json
+    meta = json.loads((trained_fixtures / "fixtures.json").read_text())
+    return {k: trained_fixtures / v for k, v in meta["paths"].items() if isinstance(v, str)}
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matmuls on a shared, loaded box: two OpenMP threads spin-wait far longer than one computes (a module
+    uses it by `pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def random_eval_inputs(tmp_path_factory):
     """A tiny random-init Qwen3 target, a 2-prompt cache extracted from it, a random z-lab drafter: the real

@@ -184,12 +184,6 @@ def test_an_unknown_key_is_refused_unless_allowed_by_name():
 
 
 # ---- on the trained fixtures: honoured fields equal an independent formulation --------------------------------
-@pytest.fixture(scope="module")
-def fx(trained_fixtures):
-    meta = json.loads((trained_fixtures / "fixtures.json").read_text())
-    return {k: trained_fixtures / v for k, v in meta["paths"].items() if isinstance(v, str)}
-
-
 def _variant(fx, tmp_path: Path, name: str, edit=None, weights=None) -> Path:
     """A copy of the good drafter with its config.json edited (edit(dict) -> dict) and/or weights renamed."""
     d = tmp_path / name

@@ -34,13 +34,7 @@ def _offline(tmp_path, drafter, p, name) -> list[dict]:
     return json.loads((run_dir / "results.json").read_text())["per_prompt"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls on a shared, loaded CI box: two OpenMP threads spin-wait far longer than one computes."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny matmuls, one thread
 
 
 @pytest.fixture(scope="module")

@@ -43,12 +43,7 @@ NEW = 40
 HOT = Regime(temperature=1.0, top_k=0, top_p=1.0, seed=7, samples=2)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny matmuls, one thread
 
 
 @pytest.fixture(scope="module")

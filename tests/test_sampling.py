@@ -39,13 +39,7 @@ from remote_payload.eval.sampling import (
 NEG_INF = float("-inf")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small tensors on a shared, loaded box: two OpenMP threads spin-wait longer than one computes."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny matmuls, one thread
 
 
 # ---------------------------------------------------------------- the Monte Carlo of the rejection sampler

@@ -16,13 +16,6 @@ from remote_payload.__main__ import main as payload_main
 from remote_payload.eval.latency import projected_speedup
 from tests.runtools import cut_cache
 
-
-@pytest.fixture(scope="module")
-def fx(trained_fixtures) -> dict[str, Path]:
-    meta = json.loads((trained_fixtures / "fixtures.json").read_text())
-    return {k: trained_fixtures / v for k, v in meta["paths"].items() if isinstance(v, str)}
-
-
 FAST = ["--speedup-batches", "1,4", "--speedup-repeats", "2"]  # tiny shapes, few runs: seconds on a busy CPU
 
 
@@ -58,6 +51,8 @@ def _lat(sp, step, tokens, batch) -> dict:
     return next(x for x in sp["latencies"] if (x["step"], x["tokens"], x["batch"]) == (step, tokens, batch))
 
 
+# results.json rounds the projections to 4 decimals: abs=5e-5 beside rel=1e-3 (a projection under 0.05x, seen on a
+# busy CPU, is otherwise farther than 1e-3 of itself)
 def test_projection_per_method_batch_and_suite_and_the_table_reused(fx, halves, tmp_path, capsys):
     x, y = halves
     first = _eval(tmp_path, "a", fx, f"x={x}", f"y={y}")
@@ -77,9 +72,9 @@ def test_projection_per_method_batch_and_suite_and_the_table_reused(fx, halves, 
         b = row["batch"]
         d, dr = _lat(sp, "decode", 1, b)["median"], _lat(sp, "draft", 16, b)["median"]
         assert row["projected"]["block"] == pytest.approx(
-            projected_speedup(_pooled(pp), d, dr, _lat(sp, "verify", 16, b)["median"]), rel=1e-3)
+            projected_speedup(_pooled(pp), d, dr, _lat(sp, "verify", 16, b)["median"]), rel=1e-3, abs=5e-5)
         assert row["projected"]["ddtree_64"] == pytest.approx(
-            projected_speedup(_pooled(pp, "64"), d, dr, _lat(sp, "verify", 65, b)["median"]), rel=1e-3)
+            projected_speedup(_pooled(pp, "64"), d, dr, _lat(sp, "verify", 65, b)["median"]), rel=1e-3, abs=5e-5)
         for m, v in row["projected"].items():
             assert row["low"][m] <= v <= row["high"][m]
         # a best method is named only when its low clears every other's high; else the tied ones are named
@@ -97,7 +92,7 @@ def test_projection_per_method_batch_and_suite_and_the_table_reused(fx, halves, 
     for suite, by in zip(first["suites"], sp["by_suite"]):  # each suite projected from its own pooled tau
         lo, hi = suite["prompt_range"]
         want = projected_speedup(_pooled(pp[lo:hi]), sp["decode_s"], sp["draft_s"], sp["verify_s"]["16"])
-        assert by["projected"]["block"] == pytest.approx(want, rel=1e-3)
+        assert by["projected"]["block"] == pytest.approx(want, rel=1e-3, abs=5e-5)
     out = capsys.readouterr().out
     assert "speedup at batch 1" in out and "speedup at batch 4" in out and "stops paying" in out
     assert "latency at batch 1" in out and "[" in out.split("latency at batch 1")[1].splitlines()[0]  # the spread
@@ -263,7 +258,7 @@ def test_reval_run_passes_speedup_and_online_to_the_host(fx, halves, here, capsy
     assert on["projected_tau"] == pytest.approx(_pooled(same), abs=1e-4) == on["tau_pooled_offline"]
     sp = res["speedup"]
     assert on["projected_speedup"] == pytest.approx(projected_speedup(
-        _pooled(same), sp["decode_s"], sp["draft_s"], sp["verify_s"]["16"]), rel=1e-3)
+        _pooled(same), sp["decode_s"], sp["draft_s"], sp["verify_s"]["16"]), rel=1e-3, abs=5e-5)
     assert on["repeats"] == 3 and len(on["measured_speedup_runs"]) == 3
     assert all(x > 0 for x in on["measured_speedup_runs"])  # its spread: one figure per timed run
     assert on["measured_speedup"] == pytest.approx(on["target_only_s"] / on["spec_s"], rel=2e-2)  # the medians

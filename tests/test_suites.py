@@ -40,12 +40,6 @@ def caches(trained_fixtures, tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-@pytest.fixture(scope="module")
-def fx(trained_fixtures) -> dict[str, Path]:
-    meta = json.loads((trained_fixtures / "fixtures.json").read_text())
-    return {k: trained_fixtures / v for k, v in meta["paths"].items() if isinstance(v, str)}
-
-
 def _eval(run_dir: Path, fx, *caches: str) -> dict:
     argv = ["eval", "--drafter", str(fx["drafter_good"]), "--target", str(fx["target"]), "--device", "cpu",
             "--max-blocks", "6", "--run-dir", str(run_dir)]

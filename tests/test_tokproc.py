@@ -18,12 +18,6 @@ from remote_payload.eval import steps, tokproc
 from remote_payload.eval.tokproc import TokenizerProcess
 
 
-@pytest.fixture(scope="module")
-def fx(trained_fixtures):
-    meta = json.loads((trained_fixtures / "fixtures.json").read_text())
-    return {k: trained_fixtures / v for k, v in meta["paths"].items() if isinstance(v, str)}
-
-
 def _eval(fx, tmp_path, target, name="r"):
     return payload_main(["eval", "--drafter", str(fx["drafter_good"]), "--target", str(target), "--cache",
                          str(fx["cache"]), "--run-dir", str(tmp_path / name), "--device", "cpu", "--max-blocks", "3"])

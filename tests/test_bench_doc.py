@@ -76,6 +76,10 @@ def test_from_json_writes_the_page_and_bad_input_is_exit_3(tmp_path, capsys):
     text = doc.read_text()
     assert "session 1, 2031-01-02" in text and "session 2, 2031-01-03" in text
     assert f"### {T_EVAL} (n = 3; session 2)" in text and "| seeds 10x30 | 70.0 [70.0-70.0] |" in text
+    fresh = tmp_path / "new" / "page.md"  # a page not written yet (a GPU host's --doc $OUT/x.md): the section
+    fresh.parent.mkdir()
+    assert benchdoc.main(["--from-json", str(readings), "--doc", str(fresh)]) == 0
+    assert fresh.read_text().startswith(benchdoc.BEGIN) and fresh.read_text().rstrip().endswith(benchdoc.END)
     (tmp_path / "bad.json").write_text("{}")
     assert benchdoc.main(["--from-json", str(tmp_path / "bad.json"), "--doc", str(doc)]) == 3
     assert benchdoc.main(["--repeats", "2", "--doc", str(doc)]) == 3

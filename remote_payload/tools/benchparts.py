@@ -15,7 +15,7 @@ import torch
 
 from remote_payload.contract.drafterconfig import DrafterConfig
 from remote_payload.eval.devices import resolve_device_dtype
-from remote_payload.tools import bench, bench_decode, bench_extract, bench_process
+from remote_payload.tools import bench, bench_decode, bench_extract, bench_process, bench_serving
 from remote_payload.tools.benchrows import (
     AFTER_IMPORTS,
     DEFAULT_ROW,
@@ -117,25 +117,26 @@ def part_extract(ctx: Ctx, repeats: int) -> list[Sample]:
     return out
 
 
-def part_decode(ctx: Ctx, repeats: int) -> list[Sample]:
+def part_decode(ctx: Ctx, repeats: int, new: int = 64) -> list[Sample]:
     out = []
+    table = f"{T_DECODE} (batch 32, {new} new tokens)"
     sizes = [("8B-class", bench_extract.QWEN3_8B, True), ("27B-class", bench_decode.QWEN3_27B, False)] \
         if ctx.dev.type == "cuda" else [("tiny", bench_extract.TINY, True)]
     for name, cfg, hf in sizes:
-        m = bench_decode.measure(cfg, name, ctx.dev, ctx.dtype, hf=hf, quick=True, compile_rows=False,
-                                 repeats=repeats, prefill=True, hf_impls=("static",))
+        m = bench_decode.measure(cfg, name, ctx.dev, ctx.dtype, new=new, hf=hf, quick=True, compile_rows=False,
+                                 repeats=repeats, prefill=new == 64, hf_impls=("static",))
         n, new, floor_s = m["n"], m["new"], m["floor_s"]
         for label, times, _same, steps in m["rows"]:
             for s in times:
-                out += [Sample(T_DECODE, label, "whole call tokens/s", n * new / s),
-                        Sample(T_DECODE, label, "whole call, of floor (%)", 100 * floor_s * new / s)]
-            out += [Sample(T_DECODE, label, "a step (ms)", st) for st in steps]
-            out += [Sample(T_DECODE, label, "a step, of floor (%)", 100 * 1e3 * floor_s / st) for st in steps]
-        out += [Sample(T_DECODE, f"{name}: memory-bandwidth floor ({m['weight_bytes'] / 1e9:.1f} GB at the copy "
+                out += [Sample(table, label, "whole call tokens/s", n * new / s),
+                        Sample(table, label, "whole call, of floor (%)", 100 * floor_s * new / s)]
+            out += [Sample(table, label, "a step (ms)", st) for st in steps]
+            out += [Sample(table, label, "a step, of floor (%)", 100 * 1e3 * floor_s / st) for st in steps]
+        out += [Sample(table, f"{name}: memory-bandwidth floor ({m['weight_bytes'] / 1e9:.1f} GB at the copy "
                        "rate)", "a step (ms)", 1e3 * m["weight_bytes"] / bw) for bw in m["bws"] if not math.isnan(bw)]
         if m["prefill"]:
             times, flops, peak = m["prefill"]
-            out += [Sample(T_DECODE, f"{name}: feature prefill of {2 * n} prompts + {new} tokens",
+            out += [Sample(table, f"{name}: feature prefill of {2 * n} prompts + {new} tokens",
                            "% of bf16 peak", 100 * flops / s / peak) for s in times]
     return out
 
@@ -157,6 +158,14 @@ def measure_all(parts: list[str], repeats: int, env: dict, json_path: str | None
                 samples += part_extract(ctx, repeats)
             elif part == "decode":
                 samples += part_decode(ctx, repeats)
+            elif part == "decode-512":
+                samples += part_decode(ctx, repeats, new=512)
+            elif part == "sampled":
+                samples += bench_serving.part_sampled(ctx.dev, ctx.dtype, repeats)
+            elif part == "projection":
+                samples += bench_serving.part_projection(ctx.dev, repeats)
+            elif part == "latency-table":
+                samples += bench_serving.part_latency(ctx.dev, ctx.dtype, repeats)
             if ctx.dev.type == "cuda":
                 torch.cuda.empty_cache()
             print(f"  done: {part} in {time.perf_counter() - t:.0f}s", flush=True)

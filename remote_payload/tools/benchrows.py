@@ -34,7 +34,24 @@ T_EVAL = "The eval stage in-process (27B drafter sizes, random weights)"
 T_PROCESS = "The `eval` process against its floor"
 T_TIMELINE = "Where an `eval` process's seconds go (the seeds' run, seconds)"
 T_EXTRACT = "Extraction, end to end (8B-class target, random weights)"
-T_DECODE = "Extraction's greedy decoding (batch 32, 64 new tokens)"
+T_DECODE = "Extraction's greedy decoding"  # + " (batch 32, N new tokens)"
+T_SAMPLED = "Sampled extraction against greedy (8B-class target, random weights)"
+T_LATENCY = "The latency table at batch sizes (eval --speedup; random weights, bf16, context 1,024)"
+T_PROJECTION = "Projected speedup against the online decode (tiny trained fixtures, batch 1)"
+SERVING_NOTES = {
+    T_SAMPLED: "Completion tokens per second of extract's fast path, disk writes left out; the two regimes "
+               "interleaved in each run on the same prompts. Sampled: T=0.7, top-k 20, top-p 0.95, one sample a "
+               "prompt, each row's uniforms drawn from its own (seed, prompt, sample) generator, and the prefill "
+               "also gives log p(y) under the transform. Target: within 10% of greedy.",
+    T_LATENCY: "Each latency is the median of >= 7 timed runs (CUDA graphs); \"measure\" is what `--speedup` adds "
+               "the first time on a host (every batch, every tree), \"reuse\" the key and table lookup that "
+               "replaces it on later runs. verify(n): the block (16 tokens) or DDTree-B's tree (B+1 nodes).",
+    T_PROJECTION: "The fixtures' `eval --speedup --online N` on this GPU in fp32: the online decode (target alone "
+                  "against speculative decoding, each timed --online-repeats times, the median) beside the "
+                  "projection over the same prompts from their pooled tau and the run's latency table. Tiny models "
+                  "are launch-bound, so this row checks the projection's arithmetic and timing, not a real "
+                  "model's speedup.",
+}
 NOTES = {
     T_PEAKS: "Raw read: the weight files read into host memory (page cache warm); eval's load: the drafter and "
              "the target's embed and lm_head onto the GPU as `eval` reads them. The peak: an 8192^3 bf16 matmul on "

@@ -35,7 +35,8 @@ def _eval(fx, run_dir: Path, *caches: str, draft: str = "sampled") -> int:
 @pytest.fixture(scope="module")
 def runs(fx, tmp_path_factory) -> Path:
     """runs/h/{mixed (greedy cut of the fixture cache + a T=1 cache, --draft sampled), g (greedy alone),
-    hot (the T=1 cache alone, --draft sampled), hotg (the T=1 cache alone, --draft greedy)}."""
+    hot (the T=1 cache alone, --draft sampled), hotg (the T=1 cache alone, --draft greedy), twohot (the T=1
+    cache cut in two suites, --draft greedy)}."""
     root = tmp_path_factory.mktemp("regimes")
     src = fx["cache"]
     index = json.loads((src / "cache.json").read_text())
@@ -47,11 +48,18 @@ def runs(fx, tmp_path_factory) -> Path:
     (root / "p.jsonl").write_text("".join(json.dumps({"name": n, "prompt": t}) + "\n" for n, t in TEXTS))
     extract(fx["target"], root / "p.jsonl", root / "hot", max_new_tokens=24, layer_ids=[1, 2, 3, 4],
             device="cpu", regime=HOT, log=lambda line: None)
+    hot = json.loads((root / "hot" / "cache.json").read_text())
+    for half, entries in (("hot_a", hot["prompts"][:HOT.samples]), ("hot_b", hot["prompts"][HOT.samples:])):
+        (root / half).mkdir()  # the T=1 cache cut in two suites of the one regime, each prompt's samples together
+        (root / half / "cache.json").write_text(json.dumps({**hot, "prompts": entries}))
+        for p in entries:
+            (root / half / p["file"]).symlink_to(root / "hot" / p["file"])
     out = root / "runs" / "h"
     assert _eval(fx, out / "mixed", f"g={greedy}", f"hot={root / 'hot'}") == 0
     assert _eval(fx, out / "g", str(greedy), draft="greedy") == 0
     assert _eval(fx, out / "hot", str(root / "hot")) == 0
     assert _eval(fx, out / "hotg", str(root / "hot"), draft="greedy") == 0
+    assert _eval(fx, out / "twohot", f"a={root / 'hot_a'}", f"b={root / 'hot_b'}", draft="greedy") == 0
     return out
 
 
@@ -84,10 +92,16 @@ def test_each_suite_equals_a_separate_run_in_its_own_regime(runs):
     assert mixed.metrics.ddtree_tau == {}  # sampled drafts have no trees: no pooled tree figure over both
 
 
-def test_a_run_of_one_regime_keeps_todays_top_level(runs):
-    """Two suites of the one regime: the top level is that regime, its key that signature, suite_mean kept."""
-    hotg = _load(runs, "hotg")
-    assert not hotg.regime.mixed and hotg.comparability.regime.endswith("draft=greedy")
+def test_suites_of_one_sampled_regime_keep_that_regime_at_the_top(runs):
+    """Two suites of the one T=1 regime (a sampled cache cut in two): the top level is that regime, its key that
+    signature, suite_mean kept, and every figure the one-cache run's over the same samples."""
+    two, hotg = _load(runs, "twohot"), _load(runs, "hotg")
+    assert not two.regime.mixed and two.regime.to_dict() == hotg.regime.to_dict()
+    assert two.comparability.regime == hotg.comparability.regime and two.comparability.regime.endswith("greedy")
+    assert [s.regime.to_dict() for s in two.suites] == [hotg.regime.to_dict()] * 2
+    assert two.suite_mean is not None and two.cache.num_prompts_total == len(TEXTS)
+    assert two.metrics.tau == pytest.approx(hotg.metrics.tau) and two.metrics.num_samples == hotg.metrics.num_samples
+    assert two.metrics.tau_pooled == pytest.approx(hotg.metrics.tau_pooled)
 
 
 def test_draft_sampled_over_greedy_suites_only_is_refused(fx, runs, capsys):

@@ -140,3 +140,10 @@ def test_compare_never_ranks_across_regimes_and_sets_them_side_by_side(runs, cap
     flat = " ".join(out.split())
     assert rc == 0 and "T=0" in flat and "draft=sampled" in flat and "never ranked" in flat, err
     assert "mixed: suites of several decoding regimes: no mean over suites" in flat
+    rc, out, _ = reval(capsys, "compare", "h/mixed", "h/hot", "h/hotg", "--by", "suite", "--format", "csv")
+    header = out.splitlines()[0].split(",")
+    assert rc == 0 and {"suite:g T=0", f"suite:{hot_s}", "suite:hot T=1"} <= set(header)
+    page = runs.parent.parent / "r.html"
+    rc, _, err = reval(capsys, "compare", "h/mixed", "h/hot", "h/hotg", "--by", "suite", "--html", str(page))
+    by_suite = page.read_text().split('id="suites"')[1].split("</section>")[0]
+    assert rc == 0 and "T=1 draft=sampled" in by_suite and "never ranked" in by_suite, err

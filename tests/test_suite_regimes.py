@@ -147,3 +147,12 @@ def test_compare_never_ranks_across_regimes_and_sets_them_side_by_side(runs, cap
     rc, _, err = reval(capsys, "compare", "h/mixed", "h/hot", "h/hotg", "--by", "suite", "--html", str(page))
     by_suite = page.read_text().split('id="suites"')[1].split("</section>")[0]
     assert rc == 0 and "T=1 draft=sampled" in by_suite and "never ranked" in by_suite, err
+
+
+def test_regime_tags_are_short_and_tell_every_regime_apart():
+    a, b = "T=1/top_k=0/top_p=1/seed=0/samples=4/draft=greedy", "T=1/top_k=0/top_p=1/seed=1/samples=4/draft=greedy"
+    c = "T=0.6/top_k=20/top_p=0.95/seed=0/samples=1/draft=sampled"
+    want = {None: "T=0", a: "T=1", c: "T=0.6 top_k=20 top_p=0.95 draft=sampled"}
+    assert suite_match.regime_tags([None, a, c]) == want
+    tags = suite_match.regime_tags([a, b, None])  # alike but for the seed: both say theirs
+    assert tags == {a: "T=1 seed=0 samples=4", b: "T=1 seed=1 samples=4", None: "T=0"}

@@ -224,10 +224,10 @@ def regime_tags(signatures) -> dict[str | None, str]:
                         + (["draft=sampled"] if f.get("draft") == "sampled" else []))
     sigs = list(dict.fromkeys(signatures))
     tags = {s: short(s) for s in sigs}
-    for s in sigs:
-        if s is not None and sum(t == tags[s] for t in tags.values()) > 1:
-            f = fields(s)
-            tags[s] = f"{tags[s]} seed={f.get('seed')} samples={f.get('samples')}"
+    alike = [s for s in sigs if s is not None and list(tags.values()).count(tags[s]) > 1]
+    for s in alike:
+        f = fields(s)
+        tags[s] = f"{tags[s]} seed={f.get('seed')} samples={f.get('samples')}"
     return tags
 
 

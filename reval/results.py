@@ -54,9 +54,10 @@ class Comparison:
     @functools.cached_property
     def by_suite(self) -> dict:
         """The papers' layout as data (`reval compare --by suite --json`): `suites` (the columns, matched by
-        name; a one-cache run by its cache's content), per run its marks and per suite tau with its 95%
-        interval over that suite's prompts, `comparable` (and what differs) and, against the baseline, the
-        paired Δ; the mean over suites likewise (ranked only over the same suites)."""
+        name and decoding regime, `regimes` naming each column's; a one-cache run by its cache's content), per
+        run its marks and per suite tau with its 95% interval over that suite's prompts, `comparable` (and what
+        differs) and, against the baseline, the paired Δ; the mean over suites likewise (ranked only over the
+        same suites)."""
         return _suites_view.suite_json(self.model)
 
     def save_plot(self, path: str | Path) -> Path:

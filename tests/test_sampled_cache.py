@@ -246,7 +246,7 @@ def _drafter_logits(fx, cache, i):
 def test_draft_greedy_is_the_walk_of_every_sample(fx, hot):
     _, cache, runs = hot
     res = runs["greedy"]
-    assert res.regime.to_dict() == {**HOT.to_json(), "draft": "greedy", "notes": res.regime.notes}
+    assert res.regime.to_dict() == {**HOT.to_json(), "draft": "greedy", "notes": res.regime.notes, "mixed": False}
     assert res.comparability.regime == "T=1/top_k=0/top_p=1/seed=7/samples=2/draft=greedy"
     assert [p.name for p in res.per_prompt] == [n for n, _ in TEXTS] and res.metrics.num_samples == 8
     assert res.options.num_prompts == res.comparability.num_prompts == 4 and res.cache.num_prompts_total == 4

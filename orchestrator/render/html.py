@@ -14,7 +14,7 @@ from remote_payload.contract import protocol
 
 from ..results.compare import ComparedRuns, run_duration_s
 from ..words import printable
-from . import plots, suites, tables
+from . import plots, speedup, suites, tables
 from .formats import ci_text, visible_columns
 from .tables import Cell, Table, format_duration
 
@@ -141,6 +141,15 @@ def render_report(title: str, cmp: ComparedRuns, *, threshold: float = 0.1, swee
         paired_suites = suites.suite_paired_table(cmp)
         parts.append(_section("suites", "tau by suite", table_html(suites.suite_table(cmp))
                               + (table_html(paired_suites) if paired_suites else "")))
+    batch = speedup.batch_table(cmp)
+    if batch is not None:  # --speedup measured per batch: the table and one plot per method
+        curves = speedup.series(cmp)
+        methods = list(dict.fromkeys(c.method for c in curves))
+        parts.append(_section("speedup", "projected speedup by batch size", table_html(batch) + "".join(
+            _figure(plots.speedup_vs_batch_svg([c for c in curves if c.method == m], m),
+                    f"{speedup.method_name(m)}: projected speedup against batch size per run; band: the latencies' "
+                    "quartiles (worst..best case); dashed: 1x, below it speculation stops paying")
+            for m in methods)))
     parts.append(_section("per-position", "per-position acceptance (both conventions)",
                           _figure(plots.panel_svg(cmp, "per_position_unconditional"), "#(acc>=k)/#rounds")
                           + _figure(plots.panel_svg(cmp, "per_position_conditional"), "#(acc>=k)/#(acc>=k-1)")))
@@ -151,7 +160,8 @@ def render_report(title: str, cmp: ComparedRuns, *, threshold: float = 0.1, swee
     parts.append(_section("per-prompt", "per prompt", table_html(tables.per_prompt_table(cmp))))
     parts.append(_section("definitions", "definitions", definitions_html(cmp)))
     parts.append(_section("provenance", "provenance", table_html(provenance_table(cmp))))
-    ids = (SWEEP_SECTIONS if sweep_table is not None else ()) + SECTIONS
+    ids = (SWEEP_SECTIONS if sweep_table is not None else ()) + SECTIONS[:1] + (
+        ("speedup",) if batch is not None else ()) + SECTIONS[1:]
     nav = "".join(f'<a href="#{s}">{e(s)}</a>' for s in ids)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

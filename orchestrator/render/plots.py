@@ -212,6 +212,32 @@ def panel_svg(cmp: ComparedRuns, panel: str) -> str:
     return svg_text(panel_figure(cmp, panel))
 
 
+def draw_speedup_vs_batch(ax, curves: list, method: str) -> None:
+    """One method's projected speedup against batch size, a curve per run (render/speedup.py Series), the
+    quartiles' worst..best case as a band, and speedup 1 (below it speculation stops paying) dashed."""
+    for s in curves:
+        x = s.batches
+        y = [float("nan") if v is None else v for v in s.median]
+        line, = ax.plot(x, y, marker="o", markersize=3, linewidth=1.6, label=printable(s.run))
+        lo = [float("nan") if v is None else v for v in s.low]
+        hi = [float("nan") if v is None else v for v in s.high]
+        ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.18, linewidth=0)
+    ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1, label="1x (no gain)")
+    ax.set(title=f"projected speedup: {method.replace('ddtree_', 'DDTree-')}", xlabel="batch size",
+           ylabel="speedup (x)")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    legend_clear_of_data(ax)
+
+
+def speedup_vs_batch_svg(curves: list, method: str) -> str:
+    fig = _figure(5.2, 3.8)
+    draw_speedup_vs_batch(fig.axes[0], curves, method)
+    return svg_text(fig)
+
+
 def tau_vs_step_figure(points: list[StepPoint], baseline=None) -> Figure:
     fig = _figure(7.5, 4.2)
     draw_tau_vs_step(fig.axes[0], points, baseline)

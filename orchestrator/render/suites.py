@@ -94,7 +94,7 @@ def _mean_cell(sc: SuiteComparison, run: Result) -> Cell:
 def suite_table(cmp: ComparedRuns) -> Table:
     sc = match(cmp)
     cols = [Column("run", "run", digits=None)]
-    cols += [Column(f"suite:{n}", n, ranked=True) for n in sc.columns]
+    cols += [Column(f"suite:{n}", sc.heads[n], ranked=True) for n in sc.columns]
     cols.append(Column("suite_mean", "mean\nover suites", ranked=True))
     rows = []
     for run in cmp.runs:
@@ -110,6 +110,11 @@ def _notes(sc: SuiteComparison, rows: list[Row]) -> list[str]:
     if any(r.result is not None and r.result.speedup is not None for r in cmp.runs):
         notes.append("· Nx @B = the best projected speedup for that suite and its method (@B: DDTree budget B; blk: "
                      "the plain block), from the run's measured latencies (--speedup)")
+    if any(sig is not None for sig in sc.regimes.values()):
+        notes.append("T=t under a suite = the decoding regime of that column (T=0: greedy; T>0: a sampled cache, "
+                     "top-k/top-p when set, draft=sampled: rejection-sampled drafts, else greedy drafts): each "
+                     "column is one regime, columns of different regimes are set side by side, never ranked "
+                     "against each other")
     if any(not c.comparable for c in sc.cells.values()):
         refs = ", ".join(f"{n}: {cmp.label(sc.reference[n])}" for n in sc.columns)
         notes.append(f"{MISMATCH} = this suite's cache, prompts, max blocks, metrics or drafter attention differ "
@@ -118,6 +123,11 @@ def _notes(sc: SuiteComparison, rows: list[Row]) -> list[str]:
         ref = ", ".join(sc.mean_columns())
         notes.append(f"mean {MISMATCH} = over other suites than the reference's ({ref}), or over a suite "
                      f"marked {MISMATCH}: not ranked")
+    mixed = [cmp.label(r) for r in cmp.runs if r.result is not None and r.result.regime is not None
+             and r.result.regime.mixed]
+    if mixed:
+        notes.append(f"{', '.join(mixed)}: suites of several decoding regimes: no mean over suites (a mean over "
+                     "regimes is no regime's figure)")
     for run, column in sc.landed:
         notes.append(f"{cmp.label(run)}: one cache, the same content as suite {column}'s: in that column")
     alone = [cmp.label(r) for r in cmp.runs if r.result is not None and not r.result.suites
@@ -168,6 +178,7 @@ def suite_json(cmp: ComparedRuns) -> dict:
     likewise."""
     sc = match(cmp)
     out = {"by": "suite", "baseline": cmp.label(cmp.baseline) if cmp.baseline else None, "suites": sc.columns,
+           "regimes": dict(sc.regimes),
            "reference": {n: cmp.label(sc.reference[n]) for n in sc.columns}, "mean_over": sc.mean_columns(),
            "comparable": not sc.differences,
            "differences": [{"run": d.run, "suite": d.suite, "field": d.field, "value": d.value,
@@ -188,7 +199,8 @@ def suite_json(cmp: ComparedRuns) -> dict:
             est = sc.estimate(run, c.column)
             projected, best = _speedup(res, c.name)
             entry["suites"][c.column] = {
-                "suite": c.name, "tau": c.tau, "num_prompts": c.view.metrics.num_prompts,
+                "suite": c.name, "regime": sc.regimes[c.column], "tau": c.tau,
+                "num_prompts": c.view.metrics.num_prompts,
                 "interval": est.as_dict() if est else None, "comparable": c.comparable,
                 "differences": [{"field": f, "value": v, "expected": w} for f, v, w in c.differences],
                 "projected_speedup": projected, "best_method_by_speedup": best,

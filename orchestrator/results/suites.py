@@ -6,7 +6,11 @@ comparability key and slice of the top-level per_prompt, named `<suite>/<prompt>
 runs by name, never by the order of `--cache`: one column per suite name. A one-cache run (no `suites`) is a
 suite of its own: it lands in the column whose cache has the same content (fingerprint), else in the column
 named by its cache folder (as `--cache PATH` among several names it). A run without a suite has an empty cell
-there; runs that share only some suites are compared on those.
+there; runs that share only some suites are compared on those. A column is one suite in one decoding regime
+(comparability.regime: greedy, or the sampling transform and draft rule): when any run is not greedy, columns
+are named `<suite> <regime tag>` (`gsm8k T=0`, `gsm8k T=1`: the DDTree paper's layout; a one-cache run lands
+where its cache's content and regime match), a run over several regimes in one process (`regime.mixed`) filling
+one column per suite, so cells of different regimes are set side by side and never ranked against each other.
 
 A cell is comparable with its column's reference (the baseline's cell when the baseline has that suite, else
 the first run's) when their comparability keys are equal (cache, prompts, max blocks, block size, metric
@@ -88,13 +92,16 @@ def cache_name(result: results_json.Result) -> str:
 
 @dataclass
 class SuiteComparison:
-    """The runs of a comparison matched suite by suite: `columns` (suite names, in the order first seen),
+    """The runs of a comparison matched suite by suite: `columns` (suite names, with their regime's tag when any
+    run is not greedy; in the order first seen),
     `cells[(run path, column)]`, `reference[column]` (the run whose cell the others are compared with)."""
     cmp: ComparedRuns
     columns: list[str] = field(default_factory=list)
     cells: dict[tuple[str, str], SuiteCell] = field(default_factory=dict)
     reference: dict[str, Result] = field(default_factory=dict)
     landed: list[tuple[Result, str]] = field(default_factory=list)  # one-cache runs placed by cache content
+    regimes: dict[str, str | None] = field(default_factory=dict)  # column -> its regime signature (None: greedy)
+    heads: dict[str, str] = field(default_factory=dict)  # column -> its header (`gsm8k\nT=1`)
     _est: dict = field(default_factory=dict, repr=False)
     _pair: dict = field(default_factory=dict, repr=False)
 
@@ -198,25 +205,56 @@ class SuiteComparison:
 def _place(sc: SuiteComparison, run: Result, column: str, suite: Suite | None, view) -> None:
     if column not in sc.columns:
         sc.columns.append(column)
+        sc.regimes[column] = view.comparability.regime
     sc.cells[(str(run.path), column)] = SuiteCell(run, column, suite, view)
 
 
+def regime_tags(signatures) -> dict[str | None, str]:
+    """Each regime signature (Comparability.regime; None: greedy) -> a short column tag: `T=0`, `T=1`, `T=0.6
+    top_p=0.95 draft=sampled`; seed and samples added where two regimes would read the same."""
+    def fields(sig):
+        return dict(x.split("=", 1) for x in sig.split("/") if "=" in x)
+
+    def short(sig):
+        if sig is None:
+            return "T=0"
+        f = fields(sig)
+        return " ".join([f"T={f.get('T')}"] + [f"{k}={f[k]}" for k, off in (("top_k", "0"), ("top_p", "1"))
+                                                 if f.get(k, off) != off]
+                        + (["draft=sampled"] if f.get("draft") == "sampled" else []))
+    sigs = list(dict.fromkeys(signatures))
+    tags = {s: short(s) for s in sigs}
+    alike = [s for s in sigs if s is not None and list(tags.values()).count(tags[s]) > 1]
+    for s in alike:
+        f = fields(s)
+        tags[s] = f"{tags[s]} seed={f.get('seed')} samples={f.get('samples')}"
+    return tags
+
+
 def match(cmp: ComparedRuns) -> SuiteComparison:
-    """The comparison's runs matched suite by suite (computed once per comparison)."""
+    """The comparison's runs matched suite by suite and regime (computed once per comparison): a column is a
+    suite name in one decoding regime, named `<suite>` when every run is greedy, else `<suite> <regime tag>`
+    (`gsm8k T=0`, `gsm8k T=1`: the DDTree paper's layout), so cells of different regimes are never ranked."""
     if _VIEW in cmp.views:
         return cmp.views[_VIEW]
     sc = SuiteComparison(cmp)
     with_results = [r for r in cmp.runs if r.result is not None]
+    placed: list[tuple[Result, str, Suite | None, results_json.Result, bool]] = []
     for run in with_results:  # named suites first: the columns are the suites' names
-        for s in run.result.suites or []:
-            _place(sc, run, s.name, s, suite_view(run.result, s))
+        placed += [(run, s.name, s, suite_view(run.result, s), False) for s in run.result.suites or []]
     for run in (r for r in with_results if not r.result.suites):  # one cache: its suite by content, else name
-        fp = run.result.comparability.cache_fingerprint
-        same = next((n for n in sc.columns if any(c.column == n and c.key["cache_fingerprint"] == fp
-                                                  for c in sc.cells.values())), None)
-        if same is not None:
-            sc.landed.append((run, same))
-        _place(sc, run, same if same is not None else cache_name(run.result), None, run.result)
+        key = run.result.comparability.key()
+        same = next((x for x in placed if (x[3].comparability.cache_fingerprint, x[3].comparability.regime)
+                     == (key["cache_fingerprint"], key["regime"])), None)
+        placed.append((run, same[1] if same else cache_name(run.result), None, run.result, same is not None))
+    tags = regime_tags(x[3].comparability.regime for x in placed)
+    tagged = any(s is not None for s in tags)
+    for run, name, suite, view, landed in placed:
+        column = f"{name} {tags[view.comparability.regime]}" if tagged else name
+        sc.heads[column] = f"{name}\n{tags[view.comparability.regime]}" if tagged else name
+        if landed:
+            sc.landed.append((run, column))
+        _place(sc, run, column, suite, view)
     for n in sc.columns:
         holders = [r for r in cmp.runs if sc.cell(r, n) is not None]
         base = cmp.baseline

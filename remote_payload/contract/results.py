@@ -136,7 +136,9 @@ class Comparability(Record):
                              "different decoders; null: not recorded (DFlash, before families)", None)
     regime: str | None = doc("the decoding regime (`Regime.signature`: `T=1/top_k=0/top_p=1/seed=0/samples=4/"
                              "draft=greedy`): runs of different regimes are never ranked against each other; "
-                             "null: greedy decoding (T = 0) with greedy drafts, as every run before issue 29", None)
+                             "null: greedy decoding (T = 0) with greedy drafts, as every run before issue 29; a run "
+                             "over suites of several regimes: `mixed:<suite>=<signature, or greedy>;...` (each "
+                             "suite's own key is in suites[].comparability)", None)
 
     KEY_FIELDS = ("cache_fingerprint", "prompt_set", "num_prompts", "max_blocks", "block_size", "metrics_version",
                   "attention", "family", "regime")
@@ -257,12 +259,43 @@ class Environment(Record):
 
 
 @dataclass(kw_only=True)
+class Regime(Record):
+    temperature: float | None = doc("the cache's sampling temperature (0: greedy); null: mixed (below)")
+    top_k: int | None = doc("top-k of the transform (0: off); null: mixed")
+    top_p: float | None = doc("top-p of the transform (1: off); null: mixed")
+    seed: int | None = doc("the draws' seed (null: greedy, or mixed)")
+    samples: int | None = doc("completions per prompt; null: mixed")
+    draft: str = doc("`greedy` (argmax drafts, the walk over every sample) or `sampled` (drafts from the drafter "
+                     "at the same transform, verified by rejection sampling: exact expectations). At T = 0 the "
+                     "rule is irrelevant (the drafter's sample is its argmax and the target's one-hot: rejection "
+                     "sampling accepts exactly the greedy matches): a greedy cache records `greedy`. Mixed: the "
+                     "--draft given (it applies to the sampled suites)")
+    notes: list[str] = doc("how the figures of this regime are made and what is left out", factory=list)
+    mixed: bool = doc("the run's suites were evaluated in different regimes (`--cache NAME=PATH` repeated over "
+                      "greedy and sampled caches, or caches sampled differently): the transform's fields are "
+                      "null here and each suite's regime is in suites[].regime", False)
+
+    def signature(self) -> str | None:
+        """The comparability key's form; None for greedy decoding with greedy drafts (every run before it).
+        A mixed run's key names each suite's regime (run.py's mixed_signature), not this."""
+        if self.mixed:
+            return "mixed"
+        if self.temperature == 0 and self.draft == "greedy":
+            return None
+        return (f"T={self.temperature:g}/top_k={self.top_k}/top_p={self.top_p:g}/seed={self.seed}/"
+                f"samples={self.samples}/draft={self.draft}")
+
+
+@dataclass(kw_only=True)
 class Suite(Record):
     name: str = doc("the suite's name (`--cache NAME=PATH`), e.g. `gsm8k`")
     cache: CacheInfo = doc("its hidden-state cache")
     comparability: Comparability = doc("what must be equal for this suite to be ranked against another run's")
     metrics: Metrics = doc("the headline numbers over this suite's prompts")
     prompt_range: list[int] = doc("[first, end): its prompts in the top-level per_prompt (names `<suite>/<prompt>`)")
+    regime: Regime | None = doc("this suite's decoding regime (its cache's sampling transform and the draft rule it "
+                                "was evaluated with; comparability.regime is its signature); null: the run's "
+                                "top-level regime (files written before suites carried their own)", None)
 
 
 @dataclass(kw_only=True)
@@ -273,25 +306,6 @@ class SuiteMean(Record):
     streak: float | None = doc("tau - 1")
     position_1_accuracy: float | None = doc("unweighted mean over suites of position-1 accuracy")
     ddtree_tau: dict[str, float | None] = doc("per node budget: unweighted mean over suites of DDTree tau")
-
-
-@dataclass(kw_only=True)
-class Regime(Record):
-    temperature: float = doc("the cache's sampling temperature (0: greedy)")
-    top_k: int = doc("top-k of the transform (0: off)")
-    top_p: float = doc("top-p of the transform (1: off)")
-    seed: int | None = doc("the draws' seed (null: greedy)")
-    samples: int = doc("completions per prompt")
-    draft: str = doc("`greedy` (argmax drafts, the walk over every sample) or `sampled` (drafts from the drafter "
-                     "at the same transform, verified by rejection sampling: exact expectations)")
-    notes: list[str] = doc("how the figures of this regime are made and what is left out", factory=list)
-
-    def signature(self) -> str | None:
-        """The comparability key's form; None for greedy decoding with greedy drafts (every run before it)."""
-        if self.temperature == 0 and self.draft == "greedy":
-            return None
-        return (f"T={self.temperature:g}/top_k={self.top_k}/top_p={self.top_p:g}/seed={self.seed}/"
-                f"samples={self.samples}/draft={self.draft}")
 
 
 @dataclass(kw_only=True)
@@ -312,7 +326,8 @@ class Result(Record):
     environment: Environment = doc("software and host")
     suites: list[Suite] | None = doc("per benchmark suite (`--cache NAME=PATH` repeated): its cache, metrics and "
                                      "prompts; null: one cache", None)
-    suite_mean: SuiteMean | None = doc("the mean over suites (null: one cache)", None)
+    suite_mean: SuiteMean | None = doc("the mean over suites (null: one cache, or suites of different regimes: a "
+                                       "mean over T = 0 and T = 1 is no regime's figure)", None)
     speedup: Speedup | None = doc("`--speedup`: measured latencies and the projected speedup per method (null: "
                                   "not measured)", None)
     online: Online | None = doc("`--online N`: the spot check of the offline walk by real speculative decoding "
@@ -320,7 +335,8 @@ class Result(Record):
     notes: list[str] | None = doc("what the run did that the options alone do not say, one sentence each: config "
                                   "fields that disagreed and which one won, `--online N` capped at the prompts "
                                   "there are (null: nothing to say)", None)
-    regime: Regime | None = doc("the decoding regime: the cache's sampling transform and the draft rule (null: "
+    regime: Regime | None = doc("the decoding regime: the cache's sampling transform and the draft rule (`mixed`: "
+                                "suites of several regimes, each in suites[].regime; null: "
                                 "written before it was recorded: greedy)", None)
     source: Path | None = field(default=None, repr=False, compare=False, metadata={"internal": True})
 

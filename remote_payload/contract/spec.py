@@ -144,7 +144,8 @@ class EvalSpec:
     """What to evaluate (paths on the host) and how. Checked when made: a value of this type is valid.
     `cache` takes a path, NAME=PATH, or a list of them, and holds the parsed tuple of CacheRef.
     `payload="dummy"` runs the torch-free stand-in; `extra`: more `python -m remote_payload eval` options.
-    `draft`: the draft rule on a sampled cache (DRAFT_RULES; the payload refuses `sampled` on a greedy cache)."""
+    `draft`: the draft rule on a sampled cache (DRAFT_RULES; the payload refuses `sampled` where no cache is sampled,
+    and over suites applies it to the sampled ones)."""
     drafter: str | None = None
     target: str | None = None
     cache: tuple[CacheRef, ...] = ()

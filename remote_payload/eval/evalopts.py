@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", required=True, action="append", metavar="[NAME=]PATH",
                    help="hidden-state cache (from `extract`, or the seeds' layout). Repeat it, NAME=PATH, to "
                         "evaluate one drafter over several benchmark suites in one process (weights loaded "
-                        "once; per-suite metrics and their mean in results.json)")
+                        "once; per-suite metrics and their mean in results.json); greedy and sampled caches may "
+                        "be mixed, each suite evaluated in its own regime (docs/sampling.md)")
     p.add_argument("--cache-layers", type=parse_layer_ids, default=None,
                    help="layer ids of a seeds-layout cache, e.g. 1,16,31,46,61 (aux_hidden..., last_hidden)")
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/<name>)")
@@ -99,7 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", choices=spec.DRAFT_RULES, default="greedy",
                    help="on a sampled cache (extract --temperature T): greedy = the drafter's argmax drafts, the walk "
                         "over every sample (default, as vLLM); sampled = drafts drawn from the drafter at the "
-                        "cache's transform, verified by rejection sampling: the exact E[tau | y] (docs/sampling.md)")
+                        "cache's transform, verified by rejection sampling: the exact E[tau | y]. Over suites of "
+                        "several regimes it applies to the sampled ones; a greedy suite is draft greedy (at T=0 "
+                        "the rule is irrelevant) (docs/sampling.md)")
     p.add_argument("--all-anchors", action="store_true",
                    help="teacher-forced position accuracy at every completion anchor (default: the anchors "
                         "the walk can reach within --max-blocks; the walks are the same either way)")

@@ -99,7 +99,7 @@ class JoinedCache:
     layer_ids: list
     prompts: list
     meta: dict | None
-    regime: object = None  # the suites' one regime (eval/regime.py; None: greedy)
+    regime: object = None  # None: run.py records the run's regime from its suites' (eval/suiteregimes.py)
 
 
 def suite_mean(suites: list) -> R.SuiteMean:

@@ -39,6 +39,8 @@ from remote_payload.contract.drafterconfig import check_features
 from remote_payload.contract.errors import FeatureMismatchError, PayloadError
 from remote_payload.contract.spec import joined_fingerprint
 from remote_payload.eval import samples
+from remote_payload.eval import suiteregimes as SR
+from remote_payload.eval.cache import open_cache
 from remote_payload.eval.devices import resolve_device_dtype
 from remote_payload.eval.evalopts import EvalOptions, add_arguments, options_from_args
 from remote_payload.eval.record import JoinedCache, build_results, suite_mean
@@ -203,19 +205,18 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
     done: list[tuple[str, EvalOptions, Inputs, Drafted]] = []
     mod = None
     seen: dict[str, str] = {}  # cache fingerprint -> the suite that gave it
-    for k, (name, path) in enumerate(opts.suites):
-        so = dataclasses.replace(opts, cache=path, suites=None)
-        rep.line(f"\n== suite {name} ({k + 1}/{len(names)}): {path}", stage="suite", suite=name, i=k + 1,
-                 n=len(names))
+    regimes = [(name, open_cache(path, seeds_layer_ids=opts.cache_layers).regime) for name, path in opts.suites]
+    SR.check_drafts(opts.draft, regimes)  # each suite in its own regime (suiteregimes.py)
+    for k, ((name, path), (_, regime)) in enumerate(zip(opts.suites, regimes)):
+        so = dataclasses.replace(opts, cache=path, suites=None, draft=SR.suite_draft(opts.draft, regime))
+        rep.line(f"\n== suite {name} ({k + 1}/{len(names)}): {path} ({_said(regime, so.draft)})", stage="suite",
+                 suite=name, i=k + 1, n=len(names))
         tok, cache, prompts = open_inputs(so, rep, tok)
         if cache.fingerprint in seen:  # a copy or a link of another suite's cache: its prompts would count twice
             raise PayloadError(f"--cache: suite {name}'s cache {path} holds the same data as suite "
                                f"{seen[cache.fingerprint]}'s; its prompts would count twice in every pooled figure "
                                "(give each cache once)")
         seen[cache.fingerprint] = name
-        if done and cache.regime != done[0][2].cache.regime:
-            raise PayloadError(f"--cache: suite {name}'s cache is sampled {_said(cache.regime)}, suite {done[0][0]}'s "
-                               f"{_said(done[0][2].cache.regime)}; one run evaluates one regime: give them to two runs")
         try:
             inp, mod = _suite_features(so, rep, tok, cache, prompts, mod, device, dtype)
         except FeatureMismatchError as e:  # which suite's cache is the wrong one
@@ -229,7 +230,8 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
         suites.append(R.Suite(name=name, cache=R.CacheInfo.from_dict(one["cache"], "cache"),
                               comparability=R.Comparability.from_dict(one["comparability"], "comparability"),
                               metrics=R.Metrics.from_dict(one["metrics"], "metrics"),
-                              prompt_range=[len(per_prompt), len(per_prompt) + len(ev.per_prompt)]))
+                              prompt_range=[len(per_prompt), len(per_prompt) + len(ev.per_prompt)],
+                              regime=SR.suite_regime(one["regime"], opts.draft)))
         per_prompt += [{**p, "name": f"{name}/{p['name']}"} for p in ev.per_prompt]
         feature_stats.update({f"{name}/{k}": v for k, v in inp.feature_stats.items()})
     first = done[0][2]
@@ -237,27 +239,33 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
     ev_all = Drafted(per_prompt, np.concatenate([d[3].drafts for d in done]),
                      np.concatenate([d[3].targets for d in done]), "sha256:" + both.hexdigest(),
                      sum(d[3].num_anchors for d in done), sum(d[3].eval_s for d in done), done[0][3].batch_size)
-    m = samples.aggregate(per_prompt, bs)
+    signature = SR.mixed_signature(suites)
+    mixed = signature is not None and signature.startswith("mixed:")
+    m = SR.pooled_metrics(per_prompt, bs) if mixed else samples.aggregate(per_prompt, bs)
     health = assess_health(m, ev_all.drafts, ev_all.targets, first.tok, rep)
     for name, _so, inp_s, _ev in done:
         cache_exactness(inp_s.cache, health, rep, suite=name)
     health.update(feature_stats=feature_stats, weight_stats=mod.info.weight_stats, embed_stats=mod.embed_stats)
     joined = JoinedCache(fingerprint=joined_fingerprint([(s.name, s.cache.fingerprint) for s in suites]),
                          layer_ids=list(first.cache.layer_ids),
-                         prompts=[p for d in done for p in d[2].cache.prompts], meta=None,
-                         regime=first.cache.regime)
+                         prompts=[p for d in done for p in d[2].cache.prompts], meta=None)
     inp_all = Inputs(first.tok, joined, [p for d in done for p in d[2].prompts], feature_stats)
     results = build_results(opts, inp_all, mod, ev_all, m, health, device, dtype, time.perf_counter() - t0)
+    results["cache"]["num_prompts_total"] = sum(s.cache.num_prompts_total for s in suites)  # not sample entries
+    results["comparability"]["regime"] = signature
+    results["regime"] = (SR.mixed_regime(opts.draft) if mixed else suites[0].regime).to_dict()
     results["suites"] = [s.to_dict() for s in suites]
-    results["suite_mean"] = suite_mean(suites).to_dict()
+    results["suite_mean"] = None if mixed else suite_mean(suites).to_dict()
+    if mixed:
+        results["notes"] = (results.get("notes") or []) + [SR.MIXED_NOTE]
     target_checks(opts, results, mod, done[0][2], device, dtype, rep)
     print_summary(results)
     rep.event(stage="done", step=STEPS, steps=STEPS, metrics=headline(results))
     return results
 
 
-def _said(regime) -> str:
-    return "greedy" if regime is None else regime.label()
+def _said(regime, draft: str) -> str:
+    return "greedy" if regime is None else f"sampled {regime.label()}, --draft {draft}"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -43,7 +43,8 @@ def add_spec_options(p: argparse.ArgumentParser, *, drafter: bool = True, payloa
     p.add_argument("--draft", choices=("greedy", "sampled"), default="greedy",
                    help="the draft rule on a sampled cache (extract --temperature T): greedy = argmax drafts, the "
                         "walk over every sample (default); sampled = drafts drawn from the drafter, verified by "
-                        "rejection sampling: the exact expected tau (docs/sampling.md)")
+                        "rejection sampling: the exact expected tau; over suites it applies to the sampled ones, "
+                        "a greedy suite staying greedy (at T=0 the rule is irrelevant) (docs/sampling.md)")
     p.add_argument("--payload", choices=("eval", "dummy"), default="eval",
                    help=payload_help or "what to run: the eval, or a torch-free stand-in (tests, demos of the "
                                         "plumbing)")

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import reval
-from orchestrator.render import formats, suites, tables
+from orchestrator.render import formats, speedup, suites, tables
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the same as --format json (as llm and sqlite-utils spell it)")
     p.add_argument("--wide", action="store_true",
                    help="every column (tau pooled, streak, each DDTree budget, width-k trees, host, step, "
-                        "...), not only the headline ones (--by run)")
+                        "...), not only the headline ones, and, where runs measured --speedup, the projected "
+                        "speedup at each batch size per method, best or within noise (≈) marked (--by run)")
     p.add_argument("--threshold", type=float, default=0.1, metavar="TAU",
                    help="the tau change that matters: how many prompts would detect it (default 0.1)")
     p.add_argument("--html", metavar="FILE.html", help="write a self-contained HTML report (tables, plots, "
@@ -60,6 +61,9 @@ def main(args: argparse.Namespace) -> int:
     else:
         main_t, paired_t = tables.main_table(cmp, args.threshold), tables.paired_table(cmp, args.threshold)
     extra = tables.per_position_tables(cmp) if args.per_position else []
+    batch_t = speedup.batch_table(cmp) if args.wide else None
+    if batch_t is not None:  # --speedup's projection at every batch measured, a row per run and method
+        extra.insert(0, batch_t)
     if args.per_prompt:
         extra.append(tables.per_prompt_table(cmp))
     if args.plot:

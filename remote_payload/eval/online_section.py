@@ -11,6 +11,7 @@ from remote_payload.contract.errors import PayloadError
 from remote_payload.eval.summary import dtype_name, fmt
 
 DEFAULT_SEEDS = 4  # --online-seeds on a sampled cache when not given
+WARN_MIN_PROMPTS = 8  # fewer: a percentile bootstrap over the prompts is too narrow to warn on (it still is shown)
 
 
 def available_prompts(cache, entries: int) -> list[tuple[str, int]]:
@@ -89,7 +90,7 @@ def online_section_at_t(opts, results: dict, mod, inp, model, device: torch.devi
              f"(95% bootstrap over prompts); difference {fmt(o['tau_difference'], 2)} {_ci(o['tau_difference_ci'])} "
              f"paired; measured speedup {fmt(o['measured_speedup'], 2)}x (eager)", stage="online")
     diff = o["tau_difference_ci"]
-    if diff and not diff[0] <= 0 <= diff[1]:
+    if diff and not diff[0] <= 0 <= diff[1] and s["prompts_compared"] >= WARN_MIN_PROMPTS:
         rep.line(f"  warning: the online tau differs from the offline tau at T beyond the paired 95% interval "
                  f"{_ci(diff)} ({o['prompts']} prompts x {seeds} seeds; {dtype_name(dtype)}): more seeds, samples or "
                  f"prompts tell chance from a real difference", stage="warning")

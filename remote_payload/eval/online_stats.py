@@ -20,7 +20,8 @@ SEED = 20261203
 CONFIDENCE = 0.95
 CI_NOTE = ("95% percentile bootstraps ({n} draws): tau_online_ci and tau_offline_ci over prompts (seeds, samples "
            "nested: the cluster bootstrap); tau_difference_ci paired over prompts; tau_online_seed_ci over the {k} "
-           "seed indices with the {p} prompts fixed")
+           "seed indices with the {p} prompts fixed; over fewer than 8 prompts a percentile bootstrap is narrower "
+           "than its 95%, and the log does not warn when the paired interval excludes 0")
 
 
 def mean_of(xs) -> float | None:

@@ -39,9 +39,12 @@ def serving(run: str, *, measured: float, best: float, agree: int = 4, step: int
                    "target_only_s": 2.0 * measured, "measured_speedup": measured,
                    "projected_speedup": best * 0.8,
                    "prompts_with_cache_mismatch": 0, "projected_tau": None, "measured_speedup_runs": None,
-                   "repeats": None,
+                   "repeats": None, "regime": None, "tau_online": None, "tau_online_ci": None,
+                   "tau_online_seed_ci": None, "tau_offline": None, "tau_offline_ci": None, "tau_difference": None,
+                   "tau_difference_ci": None, "ci_note": None,  # the fields of a sampled cache's online decode
                    "per_prompt": [{"name": n, "acceptance_lengths": [3, 3, 4], "agree": i < agree,
-                                   "spec_s": 0.5, "target_only_s": 0.5 * measured}
+                                   "spec_s": 0.5, "target_only_s": 0.5 * measured, "seed_taus": None,
+                                   "seed_rounds": None, "tau_online": None, "tau_offline": None}
                                   for i, n in enumerate(names)]}
     return d
 

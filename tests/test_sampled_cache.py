@@ -309,7 +309,7 @@ def test_draft_sampled_is_the_exact_program_and_within_a_monte_carlo_of_rejectio
 
 def test_regimes_are_not_ranked_against_each_other_and_bad_combinations_exit_3(fx, hot, tmp_path, capsys):
     from orchestrator.results import compare
-    d, _, runs = hot
+    _, _, runs = hot
     key_g, key_s = runs["greedy"].comparability.key(), runs["sampled"].comparability.key()
     assert {k for k in key_g if key_g[k] != key_s[k]} == {"regime"}
     cmp = compare.build_comparison([compare._record(runs["greedy"]), compare._record(runs["sampled"])])
@@ -318,7 +318,7 @@ def test_regimes_are_not_ranked_against_each_other_and_bad_combinations_exit_3(f
     capsys.readouterr()
     for k, (cache, args, want) in enumerate((
             (greedy.path, ["--draft", "sampled"], "--draft sampled needs a sampled cache"),
-            (d / "cache", ["--online", "1"], "--online decodes greedily"))):
+            (greedy.path, ["--online", "1", "--online-seeds", "2"], "--online-seeds needs a sampled cache"))):
         rc, _ = _eval(fx, cache, tmp_path / "runs" / f"bad{k}", *args)
         err = capsys.readouterr().err
         assert rc == 3 and err.startswith(f"error: {want}") and len(err.splitlines()) == 1, err

@@ -30,6 +30,7 @@ from remote_payload.contract.results_speedup import (  # noqa: F401 - part of th
     BatchSpeedup,
     Online,
     OnlinePrompt,
+    OnlineRegime,
     Speedup,
     StepLatency,
     SuiteSpeedup,

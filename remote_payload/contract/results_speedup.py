@@ -12,24 +12,65 @@ from remote_payload.contract.records import Record, doc
 @dataclass(kw_only=True)
 class OnlinePrompt(Record):
     name: str = doc("prompt name")
-    acceptance_lengths: list[int] = doc("per round of the online decoder, incl. the bonus token")
-    agree: bool = doc("equal, round by round, to the offline walk's acceptance lengths of this prompt")
-    spec_s: float = doc("wall seconds of speculative decoding (prefill included)")
-    target_only_s: float = doc("wall seconds of target-only greedy decoding of the same tokens (prefill included)")
+    acceptance_lengths: list[int] = doc("per round of the online decoder, incl. the bonus token (at T > 0: every "
+                                        "seed's rounds, seed by seed)")
+    agree: bool | None = doc("equal, round by round, to the offline walk's acceptance lengths of this prompt (null "
+                             "at T > 0: the online decode samples its own completions)")
+    spec_s: float = doc("wall seconds of speculative decoding (prefill included; at T > 0 the seeds' decodes summed)")
+    target_only_s: float = doc("wall seconds of target-only decoding of the same tokens (prefill included)")
+    seed_taus: list[float | None] | None = doc("at T > 0: each seed's decode tau (tokens / rounds), seed index "
+                                               "0..seeds-1", None)
+    seed_rounds: list[int] | None = doc("at T > 0: each seed's rounds (splits acceptance_lengths)", None)
+    tau_online: float | None = doc("at T > 0: the mean of seed_taus", None)
+    tau_offline: float | None = doc("at T > 0: the eval's tau of this prompt (the mean over the cache's samples)",
+                                    None)
+
+
+@dataclass(kw_only=True)
+class OnlineRegime(Record):
+    temperature: float = doc("the cache's temperature (the target's posterior and sampled drafts, after it top-k "
+                             "and top-p)")
+    top_k: int = doc("the cache's top-k (0: off)")
+    top_p: float = doc("the cache's top-p (1: off)")
+    seed: int = doc("the cache's seed: decode i of a prompt draws from a generator seeded by it, the prompt's name "
+                    "and i (never the cache's own draws)")
+    samples: int = doc("the cache's samples a prompt (the offline figures' completions)")
+    seeds: int = doc("decodes a prompt (--online-seeds)")
+    draft: str = doc("greedy: argmax drafts kept while equal to the target's samples; sampled: drafts drawn from the "
+                     "drafter, verified by rejection sampling (--draft)")
 
 
 @dataclass(kw_only=True)
 class Online(Record):
     method: str = doc("`block`: the plain DFlash block, verified by the target over its KV cache")
+    regime: OnlineRegime | None = doc("null: greedy (the check of the walk round by round); on a sampled cache "
+                                      "the online decode's regime", None)
     device: str = doc("where it ran")
     dtype: str = doc("the target's and drafter's compute dtype")
     prompts: int = doc("prompts decoded online (the first N of the cache; with suites, of the first suite)")
-    prompts_agreeing: int = doc("prompts whose every round's acceptance length equals the offline walk's")
+    prompts_agreeing: int | None = doc("prompts whose every round's acceptance length equals the offline walk's "
+                                       "(null at T > 0)")
     rounds: int = doc("rounds decoded")
-    rounds_agreeing: int = doc("rounds whose acceptance length equals the offline walk's (exact in fp32 on CPU; "
-                               "bf16 on a GPU may differ at near-ties, this says how often)")
+    rounds_agreeing: int | None = doc("rounds whose acceptance length equals the offline walk's (exact in fp32 on CPU; "
+                               "bf16 on a GPU may differ at near-ties, this says how often; null at T > 0)")
     tau_pooled_online: float | None = doc("mean acceptance length of the online rounds")
-    tau_pooled_offline: float | None = doc("the offline walk's mean over the same prompts and rounds")
+    tau_pooled_offline: float | None = doc("the offline walk's mean over the same prompts and rounds (at T > 0: "
+                                           "over the cache's samples of these prompts)")
+    tau_online: float | None = doc("at T > 0: the online tau, per prompt the mean over its seeds of each decode's "
+                                   "tokens / rounds, then the mean over prompts (results.json's tau, online)", None)
+    tau_online_ci: list[float] | None = doc("at T > 0: its 95% interval, a bootstrap over prompts (seeds nested)",
+                                            None)
+    tau_online_seed_ci: list[float] | None = doc("at T > 0: its 95% interval, a bootstrap over the seed indices "
+                                                 "(prompts fixed: the online decode's randomness alone)", None)
+    tau_offline: float | None = doc("at T > 0: the eval's tau over the same prompts (each the mean over its "
+                                    "samples; sampled drafts: of E[tau | y])", None)
+    tau_offline_ci: list[float] | None = doc("at T > 0: its 95% interval, a bootstrap over prompts (samples nested)",
+                                             None)
+    tau_difference: float | None = doc("at T > 0: tau_online - tau_offline (0 in expectation: both estimate the "
+                                       "same tau at T)", None)
+    tau_difference_ci: list[float] | None = doc("at T > 0: its 95% interval, a bootstrap over prompts paired (the "
+                                                "same prompts for both)", None)
+    ci_note: str | None = doc("at T > 0: how the intervals were made", None)
     tokens: int = doc("tokens the rounds produced")
     spec_s: float = doc("total wall seconds, speculative decoding (the median over the timed runs)")
     target_only_s: float = doc("total wall seconds, target-only greedy decoding of the same prompts (the median "
@@ -45,8 +86,9 @@ class Online(Record):
                               "median", None)
     measured_speedup_runs: list[float] | None = doc("per timed run: target-only seconds / speculative seconds over "
                                                     "all the prompts (the spread of measured_speedup)", None)
-    prompts_with_cache_mismatch: int = doc("prompts where the target's own greedy tokens differ from the cache's "
-                                           "(the cache was not made by this target in this dtype)")
+    prompts_with_cache_mismatch: int | None = doc("prompts where the target's own greedy tokens differ from the "
+                                                  "cache's (the cache was not made by this target in this dtype; "
+                                                  "null at T > 0)")
     per_prompt: list[OnlinePrompt] = doc("per prompt")
 
 

@@ -40,6 +40,7 @@ class EvalOptions:
     remeasure: bool = False  # measure again even when the latency table holds the entry
     latency_table: str | None = None  # the table's path (else targetchecks.latency_table_path's order)
     online_repeats: int = 3  # timed runs of each online prompt, each way
+    online_seeds: int | None = None  # decodes a prompt online on a sampled cache (None: online_section's default)
     draft: str = "greedy"  # the draft rule on a sampled cache: greedy (argmax drafts) | sampled (rejection sampling)
 
 
@@ -83,11 +84,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true", help="a suspect result fails the run (exit 1)")
     add_allow_unknown(p)
     p.add_argument("--online", type=int, default=0, metavar="N",
-                   help="also decode the first N prompts online: real greedy speculative decoding with the whole "
-                        "target (block drafting, verification over its KV cache); the per-round acceptance "
-                        "lengths are checked against the offline walk and the measured speedup over target-only "
-                        "greedy decoding is reported (with suites: the first suite's prompts; N above the "
-                        "prompts there are decodes them all, said in the log and results.json's notes)")
+                   help="also decode the first N prompts online: real speculative decoding with the whole "
+                        "target (block drafting, verification over its KV cache). A greedy cache: greedy decoding, "
+                        "the per-round acceptance lengths checked against the offline walk; a sampled cache: the "
+                        "target's posterior sampled at the cache's T/top-k/top-p, --draft's rule, --online-seeds "
+                        "decodes a prompt, their mean tau beside the offline tau with 95%% intervals. Either way the "
+                        "measured speedup over target-only decoding (with suites: the first suite's prompts; N "
+                        "above the prompts there are decodes them all, said in the log and results.json's notes)")
     p.add_argument("--speedup", action="store_true",
                    help="load the whole target and measure at batch 1 on this device: a decode step, the verify "
                         "forward of a block and of each DDTree budget's tree, one drafter block; results.json "

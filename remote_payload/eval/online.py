@@ -275,6 +275,30 @@ def _first_mismatch(produced: list[int], g: list[int], P: int) -> int | None:
 
 # ---------------------------------------------------------------- the check
 
+def check_inputs(target_model, drafter: DFlashDrafter, head: TargetHead, layer_ids_in_cache_order: list[int] | None,
+                 repeats: int) -> tuple[list[int], torch.device]:
+    """ValueError (one line) unless the target can be rolled back, taps the drafter's fc layers, and sits on the
+    head's device -> (the drafter's fc layer ids, the target's device). Shared with online_sampled.py."""
+    why = refusal(target_model)
+    if why is not None:
+        raise ValueError(why)
+    fc = list(drafter.cfg.fc_layer_ids)
+    have = list(fc if layer_ids_in_cache_order is None else layer_ids_in_cache_order)
+    missing = [l for l in fc if l not in have]
+    if missing:
+        raise ValueError(f"the drafter's fc layers {fc} are not all among the offline features' layers {have} "
+                         f"(missing {missing})")
+    n_layers = target_model.config.get_text_config().num_hidden_layers
+    if max(fc) >= n_layers:
+        raise ValueError(f"the drafter taps layers {fc} but the target has {n_layers} layers")
+    dev = next(target_model.parameters()).device
+    if repeats < 1:
+        raise ValueError(f"repeats {repeats} must be >= 1")
+    if head.embed.device.type != dev.type:
+        raise ValueError(f"the target head is on {head.embed.device} but the target on {dev}")
+    return fc, dev
+
+
 @torch.no_grad()
 def online_check(target_model, drafter: DFlashDrafter, head: TargetHead, layer_ids_in_cache_order: list[int] | None,
                  prompts: list[tuple[str, list[int], int, list[int]]], max_blocks: int, *,
@@ -294,24 +318,7 @@ def online_check(target_model, drafter: DFlashDrafter, head: TargetHead, layer_i
     repeats: timed runs of each prompt, each way (spec_runs, target_only_runs); spec_s and target_only_s are
     their medians (the decode is deterministic: every run decodes the same tokens).
     Raises ValueError when `refusal(target_model)` refuses, or on layers the target lacks."""
-    why = refusal(target_model)
-    if why is not None:
-        raise ValueError(why)
-    cfg = drafter.cfg
-    fc = list(cfg.fc_layer_ids)
-    have = list(fc if layer_ids_in_cache_order is None else layer_ids_in_cache_order)
-    missing = [l for l in fc if l not in have]
-    if missing:
-        raise ValueError(f"the drafter's fc layers {fc} are not all among the offline features' layers {have} "
-                         f"(missing {missing})")
-    n_layers = target_model.config.get_text_config().num_hidden_layers
-    if max(fc) >= n_layers:
-        raise ValueError(f"the drafter taps layers {fc} but the target has {n_layers} layers")
-    dev = next(target_model.parameters()).device
-    if repeats < 1:
-        raise ValueError(f"repeats {repeats} must be >= 1")
-    if head.embed.device.type != dev.type:
-        raise ValueError(f"the target head is on {head.embed.device} but the target on {dev}")
+    fc, dev = check_inputs(target_model, drafter, head, layer_ids_in_cache_order, repeats)
 
     results = []
     for name, g, P, offline in prompts:

@@ -45,6 +45,10 @@ def add_speedup_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--online-repeats", type=_repeats, default=None, metavar="N",
                    help="with --online: timed runs of each prompt, each way; the measured speedup is their median, "
                         "with their spread (default 3)")
+    p.add_argument("--online-seeds", type=_repeats, default=None, metavar="K",
+                   help="with --online on a sampled cache (extract --temperature T): decodes of each prompt, each "
+                        "from its own seeded generator; the online tau is their mean, with 95%% intervals "
+                        "(default 4; refused on a greedy cache, whose decode is deterministic)")
 
 
 def speedup_options(args: argparse.Namespace) -> dict:
@@ -55,8 +59,9 @@ def speedup_options(args: argparse.Namespace) -> dict:
                                          ("--latency-table", args.latency_table)) if v is not None]
     if speedup_only and not args.speedup:
         raise PayloadError(f"{speedup_only[0]} tunes --speedup: add --speedup, or drop it")
-    if args.online_repeats is not None and not args.online:
-        raise PayloadError("--online-repeats tunes --online N: add --online N, or drop it")
+    for name, v in (("--online-repeats", args.online_repeats), ("--online-seeds", args.online_seeds)):
+        if v is not None and not args.online:
+            raise PayloadError(f"{name} tunes --online N: add --online N, or drop it")
     out = {"remeasure": bool(args.remeasure), "latency_table": args.latency_table}
     if args.speedup_batches is not None:
         out["speedup_batches"] = args.speedup_batches
@@ -64,4 +69,6 @@ def speedup_options(args: argparse.Namespace) -> dict:
         out["speedup_repeats"] = args.speedup_repeats
     if args.online_repeats is not None:
         out["online_repeats"] = args.online_repeats
+    if args.online_seeds is not None:
+        out["online_seeds"] = args.online_seeds
     return out

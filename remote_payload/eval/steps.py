@@ -147,9 +147,9 @@ def check_regime(opts: EvalOptions, cache):
     if regime is None and opts.draft == "sampled":
         raise PayloadError(f"--draft sampled needs a sampled cache (extract --temperature T --seed S); "
                            f"{cache.path} is greedy: use --draft greedy")
-    if regime is not None and opts.online:
-        raise PayloadError(f"--online decodes greedily; {cache.path} was sampled ({regime.label()}): "
-                           "drop --online for a sampled cache")
+    if regime is None and opts.online_seeds is not None:
+        raise PayloadError(f"--online-seeds needs a sampled cache (extract --temperature T --seed S); {cache.path} "
+                           "is greedy, whose online decode is deterministic: drop --online-seeds")
     return regime
 
 

@@ -89,6 +89,15 @@ def _regime(r: dict, m: dict) -> str:
             + (" (exact expectations; DDTree left out)" if r["draft"] == "sampled" else ""))
 
 
+def _online(o: dict) -> str:
+    speed = f"measured speedup {fmt(o['measured_speedup'], 2)}x"
+    if not o.get("regime"):
+        return f"{o['rounds_agreeing']}/{o['rounds']} rounds = offline · {speed}"
+    ci = (lambda x: "" if not x else f" [{x[0]:.2f}, {x[1]:.2f}]")
+    return (f"tau {fmt(o['tau_online'], 2)}{ci(o['tau_online_ci'])} online ({o['regime']['seeds']} seeds) vs "
+            f"{fmt(o['tau_offline'], 2)}{ci(o['tau_offline_ci'])} offline · {speed}")
+
+
 def print_summary(results: dict) -> None:
     m, o = results["metrics"], results["options"]
     rows = [("tau (incl. bonus, macro)", fmt(m["tau"], 2)), ("tau pooled", fmt(m["tau_pooled"], 2)),
@@ -108,9 +117,7 @@ def print_summary(results: dict) -> None:
                for x in results.get("suites") or []],
              *([("tau, mean over suites", fmt(results["suite_mean"]["tau"], 2))] if results.get("suite_mean") else []),
              *(speedup_rows(results["speedup"]) if results.get("speedup") else []),
-             *([("online (block)", (f"{results['online']['rounds_agreeing']}/{results['online']['rounds']} rounds "
-                                    f"= offline · measured speedup {fmt(results['online']['measured_speedup'], 2)}x"))]
-               if results.get("online") else []),
+             *([("online (block)", _online(results["online"]))] if results.get("online") else []),
              ("load / eval", f"{results['timing']['load_s']:.2f}s / {results['timing']['eval_s']:.2f}s"),
              ("suspect", "YES: " + "; ".join(results["health"]["reasons"]) if results["health"]["suspect"] else "no")]
     w = max(len(k) for k, _ in rows)

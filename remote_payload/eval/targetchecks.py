@@ -158,12 +158,16 @@ def online_section(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, m
     """results["online"]: the first N prompts decoded online, timed --online-repeats times each way; beside it the
     block's projection at batch 1 over THE SAME prompts from their pooled offline tau (when --speedup ran)."""
     from remote_payload.eval import online
-    n = min(opts.online, len(inp.prompts))
+    from remote_payload.eval.online_section import available_prompts, online_section_at_t
+    sampled = inp.cache.regime is not None
+    n = min(opts.online, len(available_prompts(inp.cache, len(inp.prompts)) if sampled else inp.prompts))
     if opts.online > n:  # said, not silently fewer
         where = f"suite {opts.suites[0][0]} (the first)" if opts.suites else "the eval"
         note = f"--online {opts.online}: {where} has {n} prompts, so {n} are decoded online"
         rep.line(f"  note: {note}", stage="note")
         results["notes"] = [*(results.get("notes") or []), note]
+    if sampled:  # at the cache's T: sampled posterior, seeds, CIs (online_sampled.py)
+        return online_section_at_t(opts, results, mod, inp, model, device, dtype, rep, lat, n)
     prompts = []
     for i in range(n):
         ids, _feats = inp.cache.load(i)

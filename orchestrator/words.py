@@ -56,3 +56,16 @@ def printable(text, keep: str = "") -> str:
     elif not runs.search(text):
         return text
     return runs.sub(_escaped, text)
+
+
+def online_agreement(on) -> str:
+    """The online check's agreement in a few words, from results.json's online section (a dict or its record):
+    '6/6 agree' for a greedy cache (prompts whose every round equals the offline walk's); at T > 0, where rounds
+    are not compared (the online draws are its own), 'tau 3.82 online vs 3.85 offline'; '' when neither is there."""
+    get = on.get if isinstance(on, dict) else lambda k: getattr(on, k, None)
+    if get("prompts_agreeing") is not None:
+        return f"{get('prompts_agreeing')}/{get('prompts')} agree"
+    t_on, t_off = get("tau_online"), get("tau_offline")
+    if t_on is None or t_off is None:
+        return ""
+    return f"tau {t_on:.2f} online vs {t_off:.2f} offline"

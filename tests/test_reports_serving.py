@@ -244,3 +244,23 @@ def test_one_duration_for_one_run(served, capsys, tmp_path):
     assert tables.main_table(compare.compare([run])).rows[0].cells["duration"].text == duration_text(run.status)
     prov = html.provenance_table(compare.compare([run])).rows[0].cells
     assert (prov["wall"].text, prov["payload_s"].text) == ("2m41s", "12s")  # the wall, and the payload's part
+
+
+def test_an_online_check_at_t_shows_its_taus_not_a_none_agreement(tmp_path, monkeypatch, capsys):
+    """At T > 0 the online rounds are not compared with the walk's (the draws are its own): prompts_agreeing is
+    null, and the tables say 'tau X online vs Y offline' instead of 'None/4'."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("REVAL_RUNS_DIR", raising=False)
+    d = serving("t1", measured=1.5, best=2.0)
+    d["online"].update({"prompts_agreeing": None, "rounds_agreeing": None, "prompts_with_cache_mismatch": None,
+                        "tau_online": 3.823, "tau_offline": 3.847, "tau_difference": -0.024})
+    for p in d["online"]["per_prompt"]:
+        p["agree"] = None
+    write_run(tmp_path / "runs", "h", "t1", d)
+    rc, out, err = reval(capsys, "compare", "h/t1")
+    assert rc == 0, err
+    assert "None" not in out and "1.50x · tau 3.82 online vs 3.85 offline" in out
+    from orchestrator.words import online_agreement
+    assert online_agreement(d["online"]) == "tau 3.82 online vs 3.85 offline"
+    assert online_agreement({"prompts_agreeing": 3, "prompts": 4}) == "3/4 agree"
+    assert online_agreement({"prompts_agreeing": None, "prompts": 4}) == ""

@@ -20,6 +20,7 @@ from ..results.compare import (
 from ..results.intervals import metric_values
 from ..results.stats import Estimate, Paired
 from ..rundir.registry import iso_s
+from ..words import online_agreement
 
 
 def format_duration(seconds: float | None) -> str:
@@ -258,7 +259,8 @@ def serving_cells(res, cols: list[Column]) -> dict[str, Cell]:
     on = res.online if res is not None else None
     if on is not None:
         x = "-" if on.measured_speedup is None else f"{on.measured_speedup:.2f}x"
-        out["online"] = Cell(on.measured_speedup, f"{x} · {on.prompts_agreeing}/{on.prompts}")
+        agree = online_agreement(on).removesuffix(" agree")
+        out["online"] = Cell(on.measured_speedup, f"{x} · {agree}" if agree else x)
     return out
 
 

@@ -10,7 +10,7 @@ from remote_payload.contract import protocol
 
 from ..render.tables import Cell, Column, Row, Table, fmt_ci, fmt_delta, fmt_p, mark_best, serving_notes
 from ..results import compare, stats
-from ..words import printable
+from ..words import online_agreement, printable
 from .plan import Outcome
 from .report import LoadedRuns, SweepReport, detection_note
 
@@ -81,7 +81,8 @@ def online_text(o: Outcome) -> str:
     if not on:
         return ""
     x = "-" if on.get("measured_speedup") is None else f"{on['measured_speedup']:.2f}x"
-    return f"online {x} ({on['prompts_agreeing']}/{on['prompts']} agree)"
+    agree = online_agreement(on)
+    return f"online {x} ({agree})" if agree else f"online {x}"
 
 
 def _suite_cell(v: dict | None) -> Cell:

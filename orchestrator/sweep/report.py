@@ -231,6 +231,7 @@ def serving(result) -> tuple[dict | None, dict | None]:
                                         "block": sp.projected.get("block")}
     online = None if on is None else {"measured_speedup": on.measured_speedup, "prompts": on.prompts,
                                       "prompts_agreeing": on.prompts_agreeing, "rounds": on.rounds,
+                                      "tau_online": on.tau_online, "tau_offline": on.tau_offline,
                                       "rounds_agreeing": on.rounds_agreeing}
     return speedup, online
 

@@ -189,7 +189,7 @@ def test_fused_layers_only_where_their_kernels_run(monkeypatch):
 
 
 def test_static_cache_writes_where_the_decoder_looks_before_every_step(monkeypatch):
-    """transformers' StaticCache writes at its own counter, not at cache_position (fastgen._StaticStep's note):
+    """transformers' StaticCache writes at its own counter, not at cache_position (extract/staticcache.py):
     greedy_static's slot `cp` must equal every layer's counter before each step, or K/V land where the mask
     does not look. A spy on the real cache and step (CPU, a tiny model)."""
     import remote_payload.extract.fastgen as fg
@@ -214,12 +214,12 @@ def test_static_cache_writes_where_the_decoder_looks_before_every_step(monkeypat
 
 
 def test_transformers_static_cache_ignores_cache_position():
-    """What the note in fastgen._StaticStep rests on, in the installed transformers: an update writes at the
-    layer's counter whatever cache_position says. If this fails, StaticCache honours cache_position now: the note
-    (and the in-order caveat) can go."""
-    from remote_payload.extract.fastgen import _static_cache
+    """What extract/staticcache.py rests on, in the installed transformers: an update writes at the layer's
+    counter whatever cache_position says. If this fails, StaticCache honours cache_position now: the note (and
+    the in-order caveat) can go."""
+    from remote_payload.extract.staticcache import static_cache
     model = random_target(TINY, torch.device("cpu"), torch.float32)
-    cache = _static_cache(model, 1, 8, torch.device("cpu"), torch.float32)
+    cache = static_cache(model, 1, 8, torch.device("cpu"), torch.float32)
     kv = torch.ones(1, TINY["num_key_value_heads"], 1, TINY["head_dim"])
     cache.update(kv, kv, 0, cache_position=torch.tensor([5]), kwargs={"cache_position": torch.tensor([5])})
     keys = cache.layers[0].keys[0, :, :, 0]  # [heads, slots]

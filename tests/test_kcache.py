@@ -219,3 +219,22 @@ def test_sync_warm_over_ssh_on_a_cpu_host_shows_progress_and_has_nothing_to_warm
     assert cli.main(["-i", str(c.inventory_path), "sync", "ssh1", "--warm", "--no-venv"]) == 3
     err = capsys.readouterr().err
     assert "warm needs the payload's venv" in err and "Traceback" not in err
+
+
+# --- the bench's "fresh host" rows ----------------------------------------------------------------------------
+def test_the_bench_fresh_node_rows_empty_every_kernel_cache_and_warm_runs(tmp_path):
+    """bench_process's fresh host: every cache of kcache (and their root) in an empty folder, whatever the
+    bench's own environment says (a user's TRITON_CACHE_DIR, the venv default), so the row still means a fresh
+    node; "after warm" runs `warm --only eval` for the eval's drafter and device first (here a CPU: nothing)."""
+    from remote_payload.tools import bench_process
+    from remote_payload.tools.bench import PRESETS
+    env = bench_process.fresh_caches(tmp_path / "k")
+    assert set(env) == {*kcache.VARIABLES, kcache.ROOT_ENV}
+    child = {**_clean_env(TRITON_CACHE_DIR="/mine"), **env}
+    kcache.setup(child)
+    assert {v: child[v] for v in kcache.VARIABLES} == kcache.paths(tmp_path / "k")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text(json.dumps(PRESETS["tiny"]))
+    argv = bench_process.eval_argv(tmp_path / "d", tmp_path / "t", tmp_path / "c", __import__("torch").device("cpu"))
+    bench_process.warm_caches(argv, env)  # raises when warm fails
+    assert not (tmp_path / "k").exists()  # a CPU compiles nothing

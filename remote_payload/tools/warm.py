@@ -1,4 +1,4 @@
-"""`python -m remote_payload warm [--drafter DIR]... [--target DIR]... [--device cuda:N]`: fill this host's kernel
+"""`python -m remote_payload warm [--drafter DIR]... [--target DIR]... [--only eval|extract]`: fill this host's kernel
 caches (runtime/kcache.py: in the payload's venv) ahead of the first run, so that the first `eval` or `extract` on
 a fresh node finds its kernels compiled (`reval sync HOST --warm` runs it after the sync).
 
@@ -32,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", action="append", default=[], metavar="DIR",
                    help="a target model whose shapes extract's decode kernels are warmed for (repeatable; its "
                         "config.json only; default: the Qwen3-8B and 27B classes)")
+    p.add_argument("--only", choices=("eval", "extract"), help="warm one command's kernels (default: both)")
     p.add_argument("--device", default="cuda", help="the GPU to warm on (default: cuda, the current one)")
 
 
@@ -102,7 +103,8 @@ def main(args: argparse.Namespace) -> int:
     for line in kcache.describe():
         print(f"  {line}", flush=True)
     try:
-        drafters, targets = _drafter_classes(args.drafter), _target_classes(args.target)
+        drafters = _drafter_classes(args.drafter) if args.only != "extract" else []
+        targets = _target_classes(args.target) if args.only != "eval" else []
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {' '.join(str(e).split())}", flush=True)
         return protocol.EXIT_BAD_INPUT
@@ -114,8 +116,8 @@ def main(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     if device.index is not None:
         torch.cuda.set_device(device)
-    steps = ([("reval's CUDA C passes", None, _warm_rtc)]
-             + [(f"eval's drafting path, {n}", c, _warm_eval) for n, c in drafters]
+    steps = ([] if args.only == "extract" else [("reval's CUDA C passes", None, _warm_rtc)])
+    steps += ([(f"eval's drafting path, {n}", c, _warm_eval) for n, c in drafters]
              + [(f"extract's decode, {n}", c, _warm_extract) for n, c in targets])
     failed = 0
     t0 = time.perf_counter()

@@ -17,7 +17,9 @@ wrapper's command) keeps it without asking again.
 
 Two nodes filling one cache at once: every writer of these caches writes a file whole under a temporary name and
 renames it into place (rtc.write_cached; Triton's and Inductor's caches do the same), so a reader sees the old
-file, the new one or none, never half of one. CUDA's JIT cache is the driver's own (an index file it locks).
+file, the new one or none, never half of one. CUDA's JIT cache is the driver's own format, with the driver's own
+handling of writers at once (not checked here across nodes): where it misbehaves on a shared filesystem, a
+node-local CUDA_CACHE_PATH keeps the rest shared.
 """
 from __future__ import annotations
 

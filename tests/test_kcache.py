@@ -238,3 +238,32 @@ def test_the_bench_fresh_node_rows_empty_every_kernel_cache_and_warm_runs(tmp_pa
     argv = bench_process.eval_argv(tmp_path / "d", tmp_path / "t", tmp_path / "c", __import__("torch").device("cpu"))
     bench_process.warm_caches(argv, env)  # raises when warm fails
     assert not (tmp_path / "k").exists()  # a CPU compiles nothing
+
+
+FAILING_WARM = """#!/bin/sh
+# the real interpreter, except that `-m remote_payload warm` prints a step and fails (a GPU step gone wrong)
+if [ "$1" = "-m" ] && [ "$2" = "remote_payload" ] && [ "$3" = "warm" ]; then
+  echo "[1/2] reval's CUDA C passes: failed: RuntimeError: no NVRTC"; echo "warmed in 0.1s; 1 step(s) failed"; exit 1
+fi
+exec %s "$@"
+"""
+
+
+def test_a_failed_warm_fails_its_host_in_one_line(tmp_path, capsys, monkeypatch):
+    """The local host's interpreter is the real one behind a shell seam whose `warm` exits 1: sync --warm names
+    the host FAILED with warm's last line and exits 2, the progress lines shown before it."""
+    from reval import cli
+    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.chdir(tmp_path)
+    py = tmp_path / "py"
+    py.write_text(FAILING_WARM % sys.executable)
+    py.chmod(0o755)
+    box = {"local": True, "workdir": "w", "python": str(py), "venv": {"mode": "python"}}
+    (tmp_path / "hosts.yaml").write_text(json.dumps({"hosts": {"box": box}}))
+    rc = cli.main(["-i", "hosts.yaml", "sync", "box", "--warm"])
+    out = capsys.readouterr().out
+    assert rc == 2, out
+    assert "box: [1/2] reval's CUDA C passes: failed: RuntimeError: no NVRTC" in out
+    failed = [x for x in out.splitlines() if x.startswith("box  FAILED")]
+    want = "box  FAILED  warming the kernel caches on box failed (exit 1): warmed in 0.1s; 1 step(s) failed"
+    assert failed == [want], out

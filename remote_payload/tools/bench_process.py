@@ -168,9 +168,10 @@ def process_runs(argv: list[str], root: Path, runs: int = 2, env: dict | None = 
 
 
 def rounds(argv: list[str], dev: torch.device, root: Path, repeats: int, variants=VARIANTS, fresh: bool = True):
-    """`repeats` rounds, each: the bare init, then (CUDA) the fresh host and its rerun, the default, each variant,
-    the order rotated by one each round (a run after an eval process's exit starts slower than one after the bare
-    init: each row takes each place). Yields (round, label, wall seconds, timing), "init" (timing None) first."""
+    """`repeats` rounds, each: the bare init, then (CUDA) the fresh host and its rerun and a fresh host after `warm`
+    (those three with `fresh`), the default, each variant, the order rotated by one each round (a run after an eval
+    process's exit starts slower than one after the bare init: each row takes each place). Yields (round, label,
+    wall seconds, timing), "init" (timing None) first."""
     from remote_payload.tools.benchrows import AGAIN_ROW, FRESH_ROW, WARMED_ROW
     units = [[("default", None, {})]]
     if dev.type == "cuda":

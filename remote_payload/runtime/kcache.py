@@ -73,7 +73,7 @@ def resolve(environ: MutableMapping[str, str], prefix: str | None = None,
     asked = environ.get(ROOT_ENV, "").strip()
     if asked == USER:
         return None, None
-    root = Path(os.path.expanduser(asked)) if asked else venv_root(prefix, base_prefix)
+    root = Path(os.path.abspath(os.path.expanduser(asked))) if asked else venv_root(prefix, base_prefix)
     if root is None:
         return None, None
     unset = [(var, Path(root, sub)) for var, sub, _ in CACHES if not environ.get(var)]

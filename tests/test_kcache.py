@@ -98,10 +98,12 @@ def test_the_payload_sets_the_venv_caches_before_torch_and_torch_sees_them(venv)
         return json.loads(p.stdout.strip().splitlines()[-1])
 
     root = venv / "var" / "reval" / "kernel-caches"
-    for argv in (["eval", "--help"], ["extract", "--help"], ["warm", "--drafter", "/no/such/drafter"]):
-        assert sees(argv) == {"torch_imported_before": [False], "inductor": str(root / "inductor"),
-                              "triton": str(root / "triton")}, argv
-    assert sees(["eval", "--help"], TORCHINDUCTOR_CACHE_DIR=str(venv / "mine"))["inductor"] == str(venv / "mine")
+    assert sees(["eval", "--help"]) == {"torch_imported_before": [False], "inductor": str(root / "inductor"),
+                                        "triton": str(root / "triton")}
+    assert sees(["extract", "--help"], TORCHINDUCTOR_CACHE_DIR=str(venv / "mine")) == {
+        "torch_imported_before": [False], "inductor": str(venv / "mine"), "triton": str(root / "triton")}
+    from remote_payload import __main__ as m
+    assert set(m.KERNEL_COMMANDS) == {"eval", "extract", "bench", "fixtures", "warm"}  # the torch commands
 
 
 def test_warm_on_a_cpu_host_names_the_caches_and_has_nothing_to_warm(venv):
@@ -112,7 +114,8 @@ def test_warm_on_a_cpu_host_names_the_caches_and_has_nothing_to_warm(venv):
     assert f"CUDA_CACHE_PATH={root / 'cuda'}" in p.stdout and f"REVAL_KERNEL_CACHE={root / 'reval'}" in p.stdout
     assert p.stdout.strip().endswith("nothing to warm (the kernels are compiled on a GPU host, by its first run "
                                      "or by this command there)")
-    bad = subprocess.run([venv / "bin" / "python", "-m", "remote_payload", "warm", "--target", "/no/such"],
+    bad = subprocess.run([venv / "bin" / "python", "-m", "remote_payload", "warm", "--only", "extract", "--target",
+                          "/no/such"],
                          cwd=ROOT, env=_clean_env(), check=False, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 3 and bad.stdout.strip().splitlines()[-1].startswith("error: --target /no/such: ")
 

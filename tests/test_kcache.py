@@ -112,8 +112,8 @@ def test_warm_on_a_cpu_host_names_the_caches_and_has_nothing_to_warm(venv):
     assert p.returncode == 0, p.stderr[-2000:]
     root = venv / "var" / "reval" / "kernel-caches"
     assert f"CUDA_CACHE_PATH={root / 'cuda'}" in p.stdout and f"REVAL_KERNEL_CACHE={root / 'reval'}" in p.stdout
-    assert p.stdout.strip().endswith("nothing to warm (the kernels are compiled on a GPU host, by its first run "
-                                     "or by this command there)")
+    assert p.stdout.strip().endswith("no CUDA GPU here (the kernels are compiled on a GPU host, by its first run "
+                                     "or by this command there)\nnothing to warm")
     bad = subprocess.run([venv / "bin" / "python", "-m", "remote_payload", "warm", "--only", "extract", "--target",
                           "/no/such"],
                          cwd=ROOT, env=_clean_env(), check=False, capture_output=True, text=True, timeout=300)
@@ -215,10 +215,9 @@ def test_sync_warm_over_ssh_on_a_cpu_host_shows_progress_and_has_nothing_to_warm
     root = venv / "var" / "reval" / "kernel-caches"
     lines = out.splitlines()
     assert "ssh1: kernel caches:" in lines and f"ssh1:   REVAL_KERNEL_CACHE={root / 'reval'}  " in "\n".join(lines)
-    nothing = "no CUDA GPU here: nothing to warm"
-    assert any(x.startswith(f"ssh1: {nothing}") for x in lines)
+    assert "ssh1: nothing to warm" in lines and any(x.startswith("ssh1: no CUDA GPU here (") for x in lines)
     summary = [x for x in lines if x.startswith("ssh1  payload: ")]
-    assert len(summary) == 1 and f" · warm: {nothing}" in summary[0]
+    assert len(summary) == 1 and " · warm: nothing to warm  " in summary[0]
     assert cli.main(["-i", str(c.inventory_path), "sync", "ssh1", "--warm", "--no-venv"]) == 3
     err = capsys.readouterr().err
     assert "warm needs the payload's venv" in err and "Traceback" not in err

@@ -110,8 +110,9 @@ def main(args: argparse.Namespace) -> int:
         return protocol.EXIT_BAD_INPUT
     import torch
     if not torch.cuda.is_available() or not args.device.startswith("cuda"):
-        print("no CUDA GPU here: nothing to warm (the kernels are compiled on a GPU host, by its first run or "
-              "by this command there)", flush=True)
+        print("no CUDA GPU here (the kernels are compiled on a GPU host, by its first run or by this command "
+              "there)", flush=True)
+        print("nothing to warm", flush=True)  # the last line: `reval sync --warm`'s word for the host
         return 0
     device = torch.device(args.device)
     if device.index is not None:

@@ -269,3 +269,16 @@ def test_a_failed_warm_fails_its_host_in_one_line(tmp_path, capsys, monkeypatch)
     failed = [x for x in out.splitlines() if x.startswith("box  FAILED")]
     want = "box  FAILED  warming the kernel caches on box failed (exit 1): warmed in 0.1s; 1 step(s) failed"
     assert failed == [want], out
+
+
+def test_warm_refuses_a_bad_drafter_config_in_one_line(tmp_path, capsys):
+    import argparse
+
+    from remote_payload.tools import warm
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text(json.dumps({"hidden_size": "wide"}))
+    p = argparse.ArgumentParser()
+    warm.add_arguments(p)
+    assert warm.main(p.parse_args(["--drafter", str(tmp_path / "d"), "--only", "eval"])) == 3
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"error: {tmp_path / 'd' / 'config.json'}: ") and "hidden_size" in last

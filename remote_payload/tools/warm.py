@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from remote_payload.contract import protocol
+from remote_payload.contract.errors import PayloadError
 from remote_payload.runtime import kcache
 
 WARM_BATCH, WARM_PROMPT, WARM_NEW = 32, 48, 64  # extract's step: 32 prompts padded to 64 tokens, 64 new tokens
@@ -105,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         drafters = _drafter_classes(args.drafter) if args.only != "extract" else []
         targets = _target_classes(args.target) if args.only != "eval" else []
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError, PayloadError) as e:
         print(f"error: {' '.join(str(e).split())}", flush=True)
         return protocol.EXIT_BAD_INPUT
     import torch
@@ -114,12 +115,19 @@ def main(args: argparse.Namespace) -> int:
               "there)", flush=True)
         print("nothing to warm", flush=True)  # the last line: `reval sync --warm`'s word for the host
         return 0
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        device = None
+    if device is None or (device.index or 0) >= torch.cuda.device_count():
+        print(f"error: --device {args.device}: not a GPU of this host ({torch.cuda.device_count()} GPU(s): "
+              "cuda:0 ...)", flush=True)
+        return protocol.EXIT_BAD_INPUT
     if device.index is not None:
         torch.cuda.set_device(device)
-    steps = ([] if args.only == "extract" else [("reval's CUDA C passes", None, _warm_rtc)])
-    steps += ([(f"eval's drafting path, {n}", c, _warm_eval) for n, c in drafters]
-             + [(f"extract's decode, {n}", c, _warm_extract) for n, c in targets])
+    steps = [] if args.only == "extract" else [("reval's CUDA C passes", None, _warm_rtc)]
+    steps += [(f"eval's drafting path, {n}", c, _warm_eval) for n, c in drafters]
+    steps += [(f"extract's decode, {n}", c, _warm_extract) for n, c in targets]
     failed = 0
     t0 = time.perf_counter()
     print(f"warming {torch.cuda.get_device_name(device)} ({len(steps)} steps)", flush=True)

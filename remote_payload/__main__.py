@@ -12,6 +12,7 @@ import sys
 
 from remote_payload import __version__
 from remote_payload.contract import protocol
+from remote_payload.runtime import kcache
 
 COMMANDS = {
     # name: (module, one-line help)
@@ -23,6 +24,7 @@ COMMANDS = {
                      "convert a seeds-layout cache (completions.json + aux/last_hidden)"),
     "fixtures": ("remote_payload.tools.fixtures", "build the tiny offline fixture models + cache (demo, tests)"),
     "bench": ("remote_payload.tools.bench", "time eval at real Qwen3.6-27B-DFlash sizes vs a naive loop"),
+    "warm": ("remote_payload.tools.warm", "compile this host's kernels into the kernel caches ahead of the first run"),
     "wrap": ("remote_payload.runtime.wrapper", "run a command detached-safe: status.json, eval.log, exit code"),
     "dummy": ("remote_payload.runtime.dummy", "a torch-free stand-in job that logs and emits events (tests)"),
     "preflight": ("remote_payload.runtime.preflight",
@@ -31,6 +33,10 @@ COMMANDS = {
              "print the content hash of checkpoints (the one results.json records)"),
     "stream": ("remote_payload.runtime.stream", "stream a run's log, events and status as frames (reval logs -f)"),
 }
+
+
+# Commands that compile GPU kernels: their caches (runtime/kcache.py: in the venv) are set before torch is imported.
+KERNEL_COMMANDS = ("eval", "extract", "bench", "fixtures", "warm")
 
 
 class Parser(argparse.ArgumentParser):
@@ -54,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     # Only import the module of the command asked for (torch stays out of `wrap`).
     wanted = command_of(argv)
+    if wanted in KERNEL_COMMANDS:
+        note = kcache.setup()
+        if note:
+            print(note, file=sys.stderr, flush=True)
     for name, (mod, help_) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_, description=help_)
         if name == wanted:

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.backends import get_backend
-from orchestrator.errors import EvalFailed, HostKeyError, HostUnreachable, RevalError
+from orchestrator.errors import ConfigError, EvalFailed, HostKeyError, HostUnreachable, RevalError
 from orchestrator.hosts.environment import EnvInfo, provision
 from orchestrator.hosts.hostcheck import HostCheck
 from orchestrator.hosts.hostcheck import check_hosts as _check_hosts
 from orchestrator.hosts.inventory import Host, Inventory, load_inventory
 from orchestrator.hosts.sync import SyncResult
-from orchestrator.hosts.transport import get_transport, q
+from orchestrator.hosts.transport import Transport, get_transport, q, resolve_workdir
 from orchestrator.runs import lifecycle as _lifecycle
 from orchestrator.runs.lifecycle import EvalSpec, Prepared
 
@@ -70,13 +70,18 @@ class HostSync:
     error: str | None = None
     hint: str | None = None
     elapsed_s: float = 0.0
+    warm: str | None = None  # `warm=True`: the warm command's last line ("warmed in 12.3s", "nothing to warm")
 
 
-def _sync_host(host: Host, *, venv: bool = True) -> HostSync:
+def _sync_host(host: Host, *, venv: bool = True, warm: bool = False,
+               on_line: Callable[[str, str], None] | None = None) -> HostSync:
     t0 = time.monotonic()
     r = HostSync(host.name)
     try:
-        r.sync, r.env = provision(get_transport(host), host, venv=venv)
+        t = get_transport(host)
+        r.sync, r.env = provision(t, host, venv=venv)
+        if warm:
+            r.warm = warm_host(t, host.name, r.env.python, on_line=on_line)
         r.ok = True
     except (HostUnreachable, HostKeyError) as e:
         r.reachable, r.error, r.hint = False, str(e), e.hint
@@ -86,13 +91,41 @@ def _sync_host(host: Host, *, venv: bool = True) -> HostSync:
     return r
 
 
-def sync(target: str, *, venv: bool = True, max_workers: int = 8,
+def sync(target: str, *, venv: bool = True, warm: bool = False, max_workers: int = 8,
+         on_line: Callable[[str, str], None] | None = None,
          inventory: Inventory | str | Path | None = None) -> list[HostSync]:
     """Push the payload (only what changed) and provision its venv on a host or every host of a group, in
-    parallel (`reval sync`); one failed host does not stop the others."""
+    parallel (`reval sync`); one failed host does not stop the others. warm: then fill the host's kernel caches
+    (`python -m remote_payload warm`, in the venv: on a cluster sharing it, once for every node); its output
+    lines go to on_line(host, line) as they come. warm needs the venv (a ConfigError with venv=False)."""
+    if warm and not venv:
+        raise ConfigError("warm needs the payload's venv: the kernel caches live in it",
+                          hint="drop --no-venv (the venv is reused when it is unchanged)")
     hosts = as_inventory(inventory).resolve(target)
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(hosts)))) as pool:
-        return list(pool.map(lambda h: _sync_host(h, venv=venv), hosts))
+        return list(pool.map(lambda h: _sync_host(h, venv=venv, warm=warm, on_line=on_line), hosts))
+
+
+def warm_host(t: Transport, host: str, python: str, *, on_line: Callable[[str, str], None] | None = None) -> str:
+    """`python -m remote_payload warm` on the host (after a sync: `t.workdir` known), its lines streamed to
+    on_line(host, line); returns its last line. A failure raises EvalFailed naming the host and the last line."""
+    payload = q(resolve_workdir(t) + "/payload")
+    proc = t.popen(f"cd {payload} && PYTHONUNBUFFERED=1 {q(python)} -m remote_payload warm 2>&1")
+    last = ""
+    for raw in iter(proc.stdout.readline, b""):
+        line = raw.decode(errors="replace").rstrip()
+        last = line or last
+        if on_line:
+            on_line(host, line)
+    stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    rc = proc.wait()
+    if rc:
+        err = t.connection_error(rc, stderr)
+        if err is not None:
+            raise err
+        raise EvalFailed(f"warming the kernel caches on {host} failed (exit {rc}): {last or stderr.strip()[-300:]}",
+                         hint="see the lines above; on the host: python -m remote_payload warm")
+    return last
 
 
 @dataclass

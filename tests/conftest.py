@@ -25,6 +25,19 @@ def _control_sockets_in_tmp(tmp_path_factory):
         os.environ["REVAL_CONTROL_ROOT"] = old
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _kernel_caches_in_tmp(tmp_path_factory):
+    """The payload's kernel caches (remote_payload/runtime/kcache.py: by default in the venv, here the shared
+    one) of this session and its subprocesses live in pytest's tmp dir. tests/test_kcache.py clears it where
+    it checks the venv default."""
+    if os.environ.get("REVAL_KERNEL_CACHES"):
+        yield
+        return
+    os.environ["REVAL_KERNEL_CACHES"] = str(tmp_path_factory.mktemp("kernel-caches"))
+    yield
+    os.environ.pop("REVAL_KERNEL_CACHES", None)
+
+
 # --- real OpenSSH sshd hosts (hosts engineer) -----------------------------------------------------------
 @pytest.fixture
 def ssh_hosts(tmp_path_factory):

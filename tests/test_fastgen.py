@@ -186,3 +186,41 @@ def test_fused_layers_only_where_their_kernels_run(monkeypatch):
     assert not fl.active and fg.decode_fused_name(model) is None
     with fl:
         assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_static_cache_writes_where_the_decoder_looks_before_every_step(monkeypatch):
+    """transformers' StaticCache writes at its own counter, not at cache_position (extract/staticcache.py):
+    greedy_static's slot `cp` must equal every layer's counter before each step, or K/V land where the mask
+    does not look. A spy on the real cache and step (CPU, a tiny model)."""
+    import remote_payload.extract.fastgen as fg
+    model = random_target(TINY, torch.device("cpu"), torch.float32)
+    made, seen = [], []
+    real_cache, real_call = fg._static_cache, fg._StaticStep.__call__
+
+    def cache_spy(*a, **k):
+        made.append(real_cache(*a, **k))
+        return made[-1]
+
+    def step_spy(self):
+        seen.append((int(self.cp), [int(layer.cumulative_length) for layer in self.cache.layers]))
+        return real_call(self)
+    monkeypatch.setattr(fg, "_static_cache", cache_spy)
+    monkeypatch.setattr(fg._StaticStep, "__call__", step_spy)
+    prompts = _prompts(TINY["vocab_size"], (3, 9, 20))
+    assert greedy_static(model, prompts, 12, set(), bucket=16) == greedy_complete_batch(model, prompts, 12, set())
+    assert len(made) == 1 and len(seen) == 11  # the first token comes from the prefill
+    assert all(counters == [cp] * TINY["num_hidden_layers"] for cp, counters in seen), seen
+    assert [cp for cp, _ in seen] == list(range(32, 43))  # P = 32 (prompts padded to the bucket), then one a step
+
+
+def test_transformers_static_cache_ignores_cache_position():
+    """What extract/staticcache.py rests on, in the installed transformers: an update writes at the layer's
+    counter whatever cache_position says. If this fails, StaticCache honours cache_position now: the note (and
+    the in-order caveat) can go."""
+    from remote_payload.extract.staticcache import static_cache
+    model = random_target(TINY, torch.device("cpu"), torch.float32)
+    cache = static_cache(model, 1, 8, torch.device("cpu"), torch.float32)
+    kv = torch.ones(1, TINY["num_key_value_heads"], 1, TINY["head_dim"])
+    cache.update(kv, kv, 0, cache_position=torch.tensor([5]), kwargs={"cache_position": torch.tensor([5])})
+    keys = cache.layers[0].keys[0, :, :, 0]  # [heads, slots]
+    assert keys[:, 0].eq(1).all() and keys[:, 5].eq(0).all(), "StaticCache wrote at cache_position"

@@ -6,8 +6,9 @@ pass saved (kernels.py, TRITON_PAYS_ELEMENTS), so the seeds' run reduced its log
 (an fp32 copy of the logits, then an fp32 output; docs/benchmarks.md) and a separate max pass for the top-k.
 NVRTC and the driver are what CUDA torch already loads: no import, nothing hashed; the
 kernel is compiled once per host (NVRTC, a fraction of a second, on the prime's thread beside the weight load)
-and kept as a cubin under the kernel cache (REVAL_KERNEL_CACHE, else ~/.cache/reval/kernels), checked by its
-sha256 when read back; a later process reads and loads it in milliseconds.
+and kept as a cubin under the kernel cache (REVAL_KERNEL_CACHE: the venv's, runtime/kcache.py; else
+~/.cache/reval/kernels), checked by its sha256 when read back; a later process reads and loads it in
+milliseconds.
 
 `lse_cmax(logits [N, V] bf16)` -> (logsumexp [N, 1] fp32, each 32 columns' maximum [N, V/32] bf16): one read
 of the logits, an online max/sum per thread in fp32 (expf, not the fast approximation), the same contract as
@@ -23,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import secrets
 import threading
 import time
 from concurrent.futures import Future
@@ -269,8 +271,11 @@ def read_cached(path: Path) -> bytes | None:
 
 
 def write_cached(path: Path, cubin: bytes) -> None:
-    """Written whole or not at all (a temp file renamed into place); a cache that cannot be written is skipped."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    """Written whole or not at all (a temp file renamed into place); a cache that cannot be written is skipped.
+    Writers at once (threads, processes, the nodes of a cluster sharing the venv's cache) each write their own
+    temp file (a random name: pids repeat across nodes) and rename it over the same name: a reader finds the
+    old file, a whole new one or none, never a mix (the content is the same either way)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(_MAGIC + hashlib.sha256(cubin).digest() + cubin)

@@ -18,6 +18,7 @@ import os
 import torch
 
 from remote_payload.eval.kernels import _load_triton
+from remote_payload.extract.staticcache import static_cache as _static_cache
 
 
 def _bucket(n: int, to: int) -> int:
@@ -31,7 +32,8 @@ def cache_kw(model) -> str:
 
 
 class _StaticStep:
-    """One decode step over fixed buffers: reads tok/pos/cp/mask, writes the argmax into out and advances them."""
+    """One decode step over fixed buffers: reads tok/pos/cp/mask, writes the argmax into out and advances them.
+    Every forward on the cache runs once, in order: StaticCache writes at its own counter (staticcache.py)."""
 
     def __init__(self, model, cache, tok, pos, cp, mask, out, P: int, forward=None, pick=None):
         self.model, self.cache, self.P, self.kw, self.pick = model, cache, P, cache_kw(model), pick
@@ -365,19 +367,6 @@ def _compiled(model):
         fn = torch.compile(model.forward, dynamic=False)
         model._reval_compiled_forward = fn
     return fn
-
-
-def _static_cache(model, B: int, L: int, device, dtype):
-    from transformers import StaticCache
-    cfg = model.config
-    for kw in ({"config": cfg, "max_batch_size": B, "max_cache_len": L, "device": device, "dtype": dtype},
-               {"config": cfg, "max_cache_len": L}):
-        try:
-            return StaticCache(**kw)
-        except TypeError:
-            continue
-    raise RuntimeError("this transformers' StaticCache takes neither (config, max_batch_size, max_cache_len, ...) "
-                       "nor (config, max_cache_len)")
 
 
 class _Phases:

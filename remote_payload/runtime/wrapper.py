@@ -32,7 +32,7 @@ from pathlib import Path
 
 from remote_payload.contract import gpus, protocol, runstate
 from remote_payload.contract.gpus import gpu_indices
-from remote_payload.runtime import cause
+from remote_payload.runtime import cause, kcache
 
 # A GPU counts as free when our locks don't hold it and it is idle by nvidia-smi's numbers.
 FREE_MEMORY_MIB = 1024
@@ -198,11 +198,15 @@ class Wrapper:
             protocol.atomic_write_json(self.run_dir / protocol.STATUS_JSON, final)
 
 
-def _child_env(run_id: str, run_dir: Path) -> dict:
-    """REVAL_WRAPPED: the payload leaves status.json to us (it writes its own only when run standalone);
-    REVAL_LATENCY_TABLE: eval --speedup's table, the workdir's (shared by every run and sweep on this host)."""
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "REVAL_WRAPPED": "1", runstate.RUN_ID_ENV: run_id,
-            "REVAL_LATENCY_TABLE": str(run_dir.resolve().parent.parent / "latency.json")}
+def _child_env(run_id: str, run_dir: Path) -> tuple[dict, str]:
+    """(the child's environment, a line for the log or ""). REVAL_WRAPPED: the payload leaves status.json to us
+    (it writes its own only when run standalone); REVAL_LATENCY_TABLE: eval --speedup's table, the workdir's
+    (shared by every run and sweep on this host); the kernel caches (kcache: the venv's) set before the child,
+    whatever it is, starts, the line saying so when they fell back to the per-user ones."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "REVAL_WRAPPED": "1", runstate.RUN_ID_ENV: run_id,
+           "REVAL_LATENCY_TABLE": str(run_dir.resolve().parent.parent / "latency.json")}
+    note = kcache.setup(env)
+    return env, f"\n[reval] {note}" if note else ""
 
 
 def main(args) -> int:
@@ -264,12 +268,12 @@ def main(args) -> int:
     if args.run_json and Path(args.run_json).resolve().parent == run_dir:
         Path(args.run_json).unlink(missing_ok=True)  # the staged copy the controller uploaded
 
-    env = _child_env(w.base["run_id"], run_dir)
+    env, cache_note = _child_env(w.base["run_id"], run_dir)
     if args.gpus != "scheduler":  # a scheduler's assignment is kept as it is (set, unset, never blanked)
         env["CUDA_VISIBLE_DEVICES"] = visible
     where = f"GPU {visible}" if gpus else "CPU (no GPU on this host)" if args.gpus == "auto" else "CPU"
     w.log(f"[reval] {run} started {w.base['started_at']} on {w.base['host']} · {where} · pid {pid}"
-          f" · {shlex.join(cmd)}")
+          f" · {shlex.join(cmd)}{cache_note}")
     if w.cancel_signal is not None:  # cancelled before the child existed: start nothing
         w.finish(protocol.CANCELLED, protocol.EXIT_CANCELLED, t0, cancelled_by=signal.Signals(w.cancel_signal).name)
         return protocol.EXIT_CANCELLED

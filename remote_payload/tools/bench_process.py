@@ -12,10 +12,12 @@ against the warm eval, so first-call costs and host stalls inside the stage show
 Each eval process is stamped (`timeline`): the parent's clock at the spawn and at the exit, the child's at its
 first line of Python, after `import torch`, after the eval's imports; the events it writes (each step, the
 load's end, the eval's start, done), results.json's mtime: where the seconds from spawn to exit go.
-On CUDA, a round runs: the init, the first eval with empty kernel caches (CUDA_CACHE_PATH, TRITON_CACHE_DIR,
-TORCHINDUCTOR_CACHE_DIR, REVAL_KERNEL_CACHE in a fresh folder: a fresh host), again with the caches it filled,
-the shipped default (the host's own caches, warm), and each knob's other value (`VARIANTS`), interleaved so a
-machine whose speed drifts moves them all alike. What it measured: docs/benchmarks.md.
+On CUDA, a round runs: the init, the first eval with empty kernel caches (every variable of runtime/kcache.py
+and its root, REVAL_KERNEL_CACHES, in a fresh folder: a fresh node, whatever the venv's caches hold), again
+with the caches it filled, a fresh node whose empty caches `warm --only eval` filled first (untimed: what
+`reval sync --warm` does ahead of the first run), the shipped default (the venv's caches, warm), and each knob's
+other value (`VARIANTS`), interleaved so a machine whose speed drifts moves them all alike. What it measured:
+docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -41,10 +43,12 @@ REPEATS = 5  # rounds in `bench`'s rows (benchdoc passes its own count)
 SHAPES = {"seeds": {"prompts": 10, "prompt_len": 60, "completion": 480, "max_blocks": 30},
           "2k": {"prompts": 8, "prompt_len": 2000, "completion": 512, "max_blocks": 32}}
 SEEDS_RUN = SHAPES["seeds"]
-CACHE_ENV = ("CUDA_CACHE_PATH", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "REVAL_KERNEL_CACHE")
-# the eval process, stamped: what `python -m remote_payload eval ...` runs, its imports timed on the way
+# the eval process, stamped: what `python -m remote_payload eval ...` runs (the kernel caches set before torch),
+# its imports timed on the way
 STAMPED = ("import json, os, sys, time\n"
            "T = {'main': time.time()}\n"
+           "from remote_payload.runtime import kcache\n"
+           "kcache.setup()\n"
            "import torch\n"
            "T['torch'] = time.time()\n"
            "import remote_payload.__main__ as m\n"
@@ -164,23 +168,43 @@ def process_runs(argv: list[str], root: Path, runs: int = 2, env: dict | None = 
 
 
 def rounds(argv: list[str], dev: torch.device, root: Path, repeats: int, variants=VARIANTS, fresh: bool = True):
-    """`repeats` rounds, each: the bare init, then (CUDA) the fresh host and its rerun, the default, each variant,
-    the order rotated by one each round (a run after an eval process's exit starts slower than one after the bare
-    init: each row takes each place). Yields (round, label, wall seconds, timing), "init" (timing None) first."""
+    """`repeats` rounds, each: the bare init, then (CUDA) the fresh host and its rerun and a fresh host after `warm`
+    (those three with `fresh`), the default, each variant, the order rotated by one each round (a run after an eval
+    process's exit starts slower than one after the bare init: each row takes each place). Yields (round, label,
+    wall seconds, timing), "init" (timing None) first."""
+    from remote_payload.tools.benchrows import AGAIN_ROW, FRESH_ROW, WARMED_ROW
     units = [[("default", None, {})]]
     if dev.type == "cuda":
-        units = ([[("fresh host (empty kernel caches)", "fresh", {}), ("again, same caches", "again", {})]]
+        units = ([[(FRESH_ROW, "fresh", {}), (AGAIN_ROW, "again", {})], [(WARMED_ROW, "warmed", {})]]
                  if fresh else []) + units + [[(label, None, env)] for label, env in variants]
     root.mkdir(parents=True, exist_ok=True)
     for r in range(repeats):
         yield r, "init", init_once(dev), None
-        caches = root / f"kernel-caches-{r}"
         k = r % len(units)
         for label, kind, env in [run for unit in units[k:] + units[:k] for run in unit]:
             if kind:
-                env = {name: str(caches / name.lower()) for name in CACHE_ENV}
+                env = fresh_caches(root / f"kernel-caches-{r}{'-warmed' if kind == 'warmed' else ''}")
+            if kind == "warmed":
+                warm_caches(argv, env)
             (w, t), = process_runs(argv, root, runs=1, env=env)
             yield r, label, w, t
+
+
+def fresh_caches(folder: Path) -> dict[str, str]:
+    """The environment of a fresh node: every kernel cache (runtime/kcache.py) and their root in `folder`, set
+    explicitly (a value the bench's own environment holds would win over a root alone)."""
+    from remote_payload.runtime import kcache
+    return {kcache.ROOT_ENV: str(folder), **kcache.paths(folder)}
+
+
+def warm_caches(argv: list[str], env: dict[str, str]) -> None:
+    """`python -m remote_payload warm --only eval` for the eval's drafter and device into `env`'s caches (what
+    `reval sync --warm` does on a fresh node), untimed."""
+    a = ["--only", "eval", "--drafter", argv[argv.index("--drafter") + 1], "--device", argv[argv.index("--device") + 1]]
+    p = subprocess.run([sys.executable, "-m", "remote_payload", "warm", *a], check=False, env={**_env(), **env},
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"warm exited {p.returncode}:\n{p.stdout[-3000:]}")
 
 
 def bench_process(ddir: Path, tdir: Path, cfg: DrafterConfig, dev: torch.device, dtype: torch.dtype,

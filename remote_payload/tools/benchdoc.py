@@ -7,7 +7,8 @@ range [min-max] of n runs, the header saying when, on which GPU, driver, CUDA an
             128x64 and 2k against the bf16 matmul peak (the median of 5 readings, each run its own), and each
             fast path off (REVAL_RTC=0, REVAL_STREAMS=1), against the naive loop
   process   bench_process.py: `eval` as a subprocess against its floor, and where its seconds go (a stamped
-            timeline from spawn to exit) for a fresh host (empty kernel caches), its rerun and the warm default;
+            timeline from spawn to exit) for a fresh host (empty kernel caches), its rerun, a fresh host after
+            `warm` and the warm default;
             each default knob's other value (REVAL_WARMUP=off, REVAL_RTC=0), the table saying which wins
   process-2k  the same at 2k context (8 prompts x 2,000 + 512 tokens), no fresh-host runs
   extract   bench_extract.py: extraction's three paths (batch-1, batched, fast) on an 8B-class target
@@ -42,6 +43,7 @@ from remote_payload.tools.benchrows import (
     NOTES,
     T_EVAL,
     T_PROCESS,
+    WARMED_ROW,
     Sample,
 )
 
@@ -219,7 +221,7 @@ def _process_lines(rows: dict[str, dict[str, list[float]]]) -> list[str]:
     by the time after the imports (the knobs act after them; torch's import moves by tenths of a second)."""
     lines = []
     base = rows.get(DEFAULT_ROW, {})
-    for row in (FRESH_ROW, AGAIN_ROW):
+    for row in (FRESH_ROW, WARMED_ROW, AGAIN_ROW):
         ratios = [f"{statistics.median(rows[row][c]) / statistics.median(base[c]):.2f}x {what}"
                   for c, what in (("wall (s)", "by the wall"), (AFTER_IMPORTS, "after the imports"))
                   if rows.get(row, {}).get(c) and base.get(c)]

@@ -29,6 +29,7 @@ def synthetic_prompt(cfg: DrafterConfig, prompt_len: int, completion: int, dev, 
 DEFAULT_ROW = "default (warm caches)"
 AFTER_IMPORTS = "after the imports (s)"  # wall less interpreter start and imports: what no knob touches
 FRESH_ROW, AGAIN_ROW = "fresh host (empty kernel caches)", "again, same caches"
+WARMED_ROW = "fresh host after warm (caches filled by `warm`)"
 T_PEAKS = "Ceilings and the weight load"
 T_EVAL = "The eval stage in-process (27B drafter sizes, random weights)"
 T_PROCESS = "The `eval` process against its floor"
@@ -59,9 +60,11 @@ NOTES = {
     T_EVAL: "One round = one anchor's 16-token block. Useful FLOPs only (block GEMMs, attention, lm_head, context "
             "projections). A row with a knob set is the same scenario with that fast path off.",
     T_PROCESS: "floor = a bare interpreter importing torch and making the CUDA context + the raw read + the warm "
-               "eval stage in-process, each round's own. A fresh host runs with CUDA_CACHE_PATH, TRITON_CACHE_DIR, "
-               "TORCHINDUCTOR_CACHE_DIR and REVAL_KERNEL_CACHE in an empty folder; \"again\" reruns on the caches "
-               "it filled; the default uses the host's own caches, warm. Rounds interleave every row, the order "
+               "eval stage in-process, each round's own. A fresh host runs with its kernel caches (CUDA's JIT, "
+               "the CUDA C cubins, Triton's, Inductor's, torch's: every variable of runtime/kcache.py) in an empty "
+               "folder; \"again\" reruns on the caches it filled; \"after warm\" on empty caches that "
+               "`python -m remote_payload warm --only eval` filled first (what `reval sync --warm` does); the "
+               "default uses the venv's caches, warm. Rounds interleave every row, the order "
                "rotated each round. \"after the imports\": the wall less the interpreter's start and imports, "
                "which no knob touches and which move by tenths of a second from run to run.",
     T_TIMELINE: "From the parent's spawn to its wait returning: the child's clock at its first line, after "

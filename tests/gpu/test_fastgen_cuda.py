@@ -157,3 +157,20 @@ def test_fused_decode_replays_in_the_graph_and_matches_the_models_own_layers():
         assert fl.counts == {"norm": 4 * L + 1, "mlp": L, "rope": 1}
         assert mq.apply_rotary_pos_emb is not own_rope
     assert mq.apply_rotary_pos_emb is own_rope
+
+
+def test_static_cache_counter_follows_the_graph_replays(monkeypatch):
+    """extract/staticcache.py's note on CUDA: the cache's own counter (where StaticCache writes) advances with
+    every replay of the captured step, so after the loop it equals the decoder's slot `cp` on every layer."""
+    import remote_payload.extract.fastgen as fg
+    model = random_target(TINY, torch.device("cuda"), torch.bfloat16)
+    made, steps = [], []
+    real_cache, real_capture = fg._static_cache, fg._StaticStep.capture
+    monkeypatch.setattr(fg, "_static_cache", lambda *a, **k: made.append(real_cache(*a, **k)) or made[-1])
+    monkeypatch.setattr(fg._StaticStep, "capture", lambda self: (steps.append(self), real_capture(self))[1])
+    prompts = _prompts(TINY["vocab_size"], (5, 33, 70))
+    greedy_static(model, prompts, 40, set(), graphs=True, eos_every=7)
+    assert len(made) == 1 and len(steps) == 1 and steps[0].graph is not None
+    cp = int(steps[0].cp)
+    assert cp == 128 + 39  # P = 128 (prompts padded to the bucket), then one slot a step after the first token
+    assert [int(layer.cumulative_length) for layer in made[0].layers] == [cp] * TINY["num_hidden_layers"]

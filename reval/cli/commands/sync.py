@@ -1,8 +1,10 @@
-"""`reval sync HOST|GROUP [--no-venv]`: push the payload (only what changed) and provision its venv,
-on every host of a group in parallel; one failed host does not stop the others (exit 2, named)."""
+"""`reval sync HOST|GROUP [--no-venv] [--warm]`: push the payload (only what changed) and provision its venv,
+on every host of a group in parallel; one failed host does not stop the others (exit 2, named). --warm then
+fills each host's kernel caches (in the venv), its progress shown line by line, prefixed by the host."""
 from __future__ import annotations
 
 import argparse
+import threading
 
 import reval
 from orchestrator.render.formats import listing_console
@@ -18,6 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "the venv keyed by the requirements hash.")
     p.add_argument("target", metavar="HOST|GROUP", help="an inventory host, or a group of them")
     p.add_argument("--no-venv", action="store_true", help="only push the payload")
+    p.add_argument("--warm", action="store_true",
+                   help="then compile the GPU kernels into the caches in the host's venv (python -m remote_payload "
+                        "warm), so the first run on a fresh node finds them; a CPU-only host has nothing to warm")
     p.add_argument("--jobs", type=positive_int, default=8, metavar="N", help="hosts synced at once (default 8)")
     p.set_defaults(func=main)
 
@@ -42,12 +47,19 @@ def sync_line(r: reval.HostSync) -> str:
         env = f"python: {r.env.python} (as is)"
     else:
         env = f"venv: {'reused' if r.env.reused else 'built with ' + r.env.method} ({r.env.key[:8]})"
-    return f"{r.host}  {payload} · {env}  {r.elapsed_s:.1f}s"
+    warm = f" · warm: {r.warm}" if r.warm else ""
+    return f"{r.host}  {payload} · {env}{warm}  {r.elapsed_s:.1f}s"
 
 
 def main(args: argparse.Namespace) -> int:
-    results = reval.sync(args.target, venv=not args.no_venv, max_workers=args.jobs, inventory=args.inventory)
     con = listing_console()
+    lock = threading.Lock()
+
+    def progress(host: str, line: str) -> None:  # hosts warm at once: one whole line at a time
+        with lock:
+            con.print(reval.printable(f"{host}: {line}"), highlight=False, markup=False)
+    results = reval.sync(args.target, venv=not args.no_venv, warm=args.warm, max_workers=args.jobs,
+                         on_line=progress if args.warm else None, inventory=args.inventory)
     for r in results:
         con.print(reval.printable(sync_line(r)), highlight=False, markup=False)
     failed = [r for r in results if not r.ok]

@@ -1,0 +1,62 @@
+"""`reval sweep --prompts NAME=FILE` over real sshd hosts (issue 30): each host resolves the suites to the caches of
+its own store, builds what is missing once (one extract run, before that host's first eval), and the next night
+builds nothing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from remote_payload.tools import fixtures
+from reval import cli
+from tests.tiny_models import write_prompts
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+
+
+def _extract_runs(work: Path) -> list[Path]:
+    return sorted(p for p in (work / "runs").iterdir() if json.loads((p / "run.json").read_text()).get("kind")
+                  == "extract")
+
+
+def _eval_runs(work: Path) -> list[Path]:
+    return sorted(p for p in (work / "runs").iterdir() if p not in _extract_runs(work))
+
+
+def test_sweep_with_prompts_builds_each_hosts_caches_once(ssh_hosts, trained_fixtures, tmp_path, monkeypatch,
+                                                          capsys):
+    root = Path(trained_fixtures)
+    cluster = ssh_hosts(2)
+    monkeypatch.chdir(tmp_path)
+    a = write_prompts(tmp_path / "a.jsonl", fixtures.PROMPTS[:3])
+    works = [h.workdir for h in cluster.hosts]
+
+    def night(*more: str) -> int:
+        return cli.main(["-i", str(cluster.inventory_path), "sweep", "--checkpoints", f"{root}/drafters/step-*",
+                         "--hosts", "cluster", "--target", str(root / "target"), "--prompts", f"gsm8k={a}",
+                         "--max-new-tokens", "16", "--max-blocks", "3", "--poll-s", "1", *more,
+                         "--", "--device", "cpu", "--dtype", "fp32"])
+    assert night("--latest", "2") == 0
+    err = capsys.readouterr().err
+    assert err.count("gsm8k: built") == 2, err  # each host its own, once
+    for w in works:
+        [ex] = _extract_runs(w)
+        [store] = [p for p in (w / "caches").iterdir() if not p.name.startswith(".")]
+        [ev] = _eval_runs(w)
+        info = json.loads((ev / "run.json").read_text())
+        assert info["prompt_caches"]["gsm8k"]["key"] == store.name
+        # no eval before its caches: the eval started after the extract ended
+        ended = json.loads((ex / "status.json").read_text())["finished_at"]
+        assert json.loads((ev / "status.json").read_text())["started_at"] >= ended
+        res = json.loads((tmp_path / "runs" / cluster.hosts[works.index(w)].name / ev.name / "results.json")
+                         .read_text())
+        assert res["suites"][0]["cache"]["path"] == str(store)
+    # the same recipe on both hosts (same target, prompts, layers, dtype): the same key
+    assert len({p.name for w in works for p in (w / "caches").iterdir() if not p.name.startswith(".")}) == 1
+    # the next night: the new checkpoints evaluated on the caches there, nothing built
+    assert night() == 0
+    err = capsys.readouterr().err
+    assert "built" not in err and err.count("gsm8k: in the store") >= 1, err
+    assert [len(_extract_runs(w)) for w in works] == [1, 1]
+    assert sum(len(_eval_runs(w)) for w in works) == len(list((root / "drafters").glob("step-*")))

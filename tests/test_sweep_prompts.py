@@ -51,9 +51,20 @@ def test_sweep_with_prompts_builds_each_hosts_caches_once(ssh_hosts, trained_fix
         assert json.loads((ev / "status.json").read_text())["started_at"] >= ended
         res = json.loads((tmp_path / "runs" / cluster.hosts[works.index(w)].name / ev.name / "results.json")
                          .read_text())
-        assert res["suites"][0]["cache"]["path"] == str(store)
+        cache = res["suites"][0]["cache"]
+        assert cache["path"] == str(store) and cache["key"] == store.name  # results.json: the key and its recipe
+        assert cache["recipe"]["options"]["dtype"] == "fp32" and cache["recipe"]["prompts"]["count"] == 3
+        assert cache["recipe"]["options"]["layers"] == res["drafter"]["target_layer_ids"]
     # the same recipe on both hosts (same target, prompts, layers, dtype): the same key
     assert len({p.name for w in works for p in (w / "caches").iterdir() if not p.name.startswith(".")}) == 1
+    # `reval ls`: the job kind (run.json's), a column once an extract is among the runs
+    assert cli.main(["-i", str(cluster.inventory_path), "ls", "--json"]) == 0
+    kinds = sorted(r["kind"] for r in json.loads(capsys.readouterr().out))
+    assert kinds == ["eval", "eval", "extract", "extract"]
+    assert cli.main(["-i", str(cluster.inventory_path), "ls"]) == 0
+    table = capsys.readouterr().out
+    assert "kind" in table.splitlines()[0] and all(
+        ln.split()[2] == "extract" for ln in table.splitlines() if "extract-" in ln), table
     # the next night: the new checkpoints evaluated on the caches there, nothing built
     assert night() == 0
     err = capsys.readouterr().err

@@ -119,6 +119,12 @@ class SlurmBackend(Backend):
         """Slurm places the runs (their GPUs are the job's): K of them at once, the array's %K."""
         return [GPUS_SCHEDULER] * self.spec.max_running
 
+    def job_device(self, gpus: str) -> str | None:
+        """A job computes on the GPUs its cluster entry asks for (slurm.gpus, or a gpu gres), else on CPUs; the
+        login node, where its pre-flight runs, may have none."""
+        gres = (self.spec.gres or "").split(",")
+        return "cuda" if self.spec.gpus or any(g.strip().startswith("gpu") for g in gres) else "cpu"
+
     def describe_batch(self, launches: list[Launch]) -> str:
         """`job array 123 (at most 2 at once)`, or `job 123` for one run."""
         first = launches[0].handle.job_id.split("_")[0] if launches else "?"

@@ -138,13 +138,17 @@ def sync_prompts(prepared: Prepared, refs) -> SyncedPrompts:
 
 
 def extract_argv(prepared: Prepared, spec: ExtractSpec, remote: list[tuple[str, str]]) -> list[str]:
-    """`python -m remote_payload extract --store ...` arguments, without --run-dir (the launcher adds it);
-    --gpus none: --device cpu, so that the plan (run outside the wrapper, CUDA visible) resolves the dtype as the
-    run will."""
+    """`python -m remote_payload extract --store ...` arguments, without --run-dir (the launcher adds it). The
+    plan must key the cache as the run will (the dtype is in the recipe): --gpus none is --device cpu (the
+    plan runs outside the wrapper, CUDA visible); where the plan runs on another machine than the job (a
+    scheduler's login node: Backend.job_device), --dtype auto is named for the job's device (cuda: bf16, cpu:
+    fp32), as extract resolves auto there, so the login node's lack of a GPU keys nothing."""
     gpus = normalize_gpus(spec.gpus or prepared.backend.host.gpus)
-    return ["extract", "--store", store_dir(prepared.workdir), "--target", spec.target,
+    argv = ["extract", "--store", store_dir(prepared.workdir), "--target", spec.target,
             *[a for name, path in remote for a in ("--prompts", f"{name}={path}")], *spec.options_argv(),
             *(["--device", "cpu"] if gpus == "none" else [])]
+    device = prepared.backend.job_device(gpus) if spec.dtype == "auto" and gpus != "none" else None
+    return argv + (["--dtype", "bf16" if device == "cuda" else "fp32"] if device else [])
 
 
 def _payload(prepared: Prepared, argv: list[str], *, timeout_s: float = 600):

@@ -127,4 +127,38 @@ def bench_prompts_reuse(ctx: BenchContext) -> list[Row]:
                 (base_s + 1.5) / base_s)]
 
 
-RUN_BENCHES = [bench_live_latency, bench_run_overhead, bench_prompts_reuse]
+def bench_prompts_lookup(ctx: BenchContext) -> list[Row]:
+    """The reuse path alone over a real sshd host: a --prompts suite whose cache is in the store resolved to it
+    (the prompt file's look, then `extract --plan` in the payload's python) vs one round trip that starts the
+    host's python (the floor of any answer from the payload; a bare `ssh true` is ~30 ms here); each
+    sample on the open connection. The cache is built once, outside the timing."""
+    import reval
+    root = Path(__file__).resolve().parents[1]
+    fx = root / ".cache" / "fixtures"
+    c = ctx.ssh_hosts(1)
+    host = load_inventory(c.inventory_path).get("ssh1")
+    prompts = Path(tempfile.mkdtemp(dir=ctx.root)) / "two.jsonl"
+    prompts.write_text("".join((fx / "prompts.jsonl").read_text().splitlines(keepends=True)[:2]))
+    spec = reval.EvalSpec(drafter=str(fx / "drafter-good"), target=str(fx / "target"),
+                          prompts=[f"two={prompts}"], max_new_tokens=16)
+    prep = reval.prepare(host)
+    _, found = reval.resolve_prompts(host, spec, prepared=prep)  # built here (not timed)
+    assert found["two"]["built"], found
+    t = prep.backend.transport
+
+    def lookup() -> None:
+        _, again = reval.resolve_prompts(host, spec, prepared=prep)
+        assert not again["two"]["built"]
+    def warm(fn) -> float:  # on the connection `reval run` opened already (prepare's probe), as it runs there
+        times = []
+        for _ in range(ctx.repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    bare = f"{prep.python} -c pass"
+    ours_s, base_s = warm(lookup), warm(lambda: t.run(bare))
+    return [Row("run --prompts reuse path (look + plan)", ours_s, base_s, "one round trip starting python", 4.0)]
+
+
+RUN_BENCHES = [bench_live_latency, bench_run_overhead, bench_prompts_reuse, bench_prompts_lookup]

@@ -60,3 +60,26 @@ def test_extract_then_run_with_prompts_through_slurm(hpc, trained_fixtures, caps
     out = run("r2")  # everything in the store: no extract job
     assert "cache   gsm8k: in the store" in out and "cache   mt: in the store" in out, out
     assert len(_extract_runs(hpc)) == 2
+
+
+def test_sweep_with_prompts_on_slurm_builds_once_before_its_array(hpc, trained_fixtures, capsys):
+    """`reval sweep --prompts` on the cluster: the missing cache is built by one extract job before the
+    checkpoints' array is submitted; the next night's array finds it and no extract job starts."""
+    root = Path(trained_fixtures)
+    p = write_prompts(hpc.here / "sweep.jsonl", fixtures.PROMPTS[5:8])
+
+    def night(*more: str) -> str:
+        rc = cli.main(["-i", hpc.inv, "sweep", "--checkpoints", f"{root}/drafters/step-*", "--hosts", "hpc",
+                       "--target", str(root / "target"), "--prompts", f"nightly={p}", "--max-new-tokens", "12",
+                       "--max-blocks", "3", "--poll-s", "1", "--sweep-dir", str(hpc.here / "sweeps"), *more,
+                       "--", "--device", "cpu", "--dtype", "fp32"])
+        err = capsys.readouterr().err
+        assert rc == 0, err
+        return err
+    before = len(_extract_runs(hpc))
+    err = night("--latest", "2")
+    assert err.count("nightly: built") == 1 and "submit  2 checkpoint(s) on hpc" in err, err
+    assert len(_extract_runs(hpc)) == before + 1
+    err = night("--latest", "3")  # one new checkpoint: its eval on the cache there
+    assert "nightly: in the store" in err and "built" not in err and "submit  1 checkpoint(s)" in err, err
+    assert len(_extract_runs(hpc)) == before + 1

@@ -25,6 +25,9 @@ def sweep(options: SweepOptions, *, inventory: Inventory | str | Path | None = N
     if [m for m in options.spec.missing() if m != "--drafter"]:  # the drafter is each checkpoint
         raise ConfigError("reval sweep needs --target and --cache (paths on the hosts) or --prompts NAME=FILE",
                           hint="e.g. --target /root/models/Qwen3.6-27B --cache /root/eval/cache")
+    if options.spec.prompts and options.spec.payload != "eval":
+        raise ConfigError("reval sweep --prompts builds caches for the eval payload; --payload dummy reads none",
+                          hint="leave --prompts out with --payload dummy")
     inv = as_inventory(inventory)
     options = _sweep_paths(options, inv)
     baseline = _sweep.load_baseline(options.baseline)  # now, not after a night of evals

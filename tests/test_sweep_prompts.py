@@ -12,8 +12,6 @@ from remote_payload.tools import fixtures
 from reval import cli
 from tests.tiny_models import write_prompts
 
-pytestmark = [pytest.mark.ssh, pytest.mark.slow]
-
 
 def _extract_runs(work: Path) -> list[Path]:
     return sorted(p for p in (work / "runs").iterdir() if json.loads((p / "run.json").read_text()).get("kind")
@@ -24,6 +22,8 @@ def _eval_runs(work: Path) -> list[Path]:
     return sorted(p for p in (work / "runs").iterdir() if p not in _extract_runs(work))
 
 
+@pytest.mark.ssh
+@pytest.mark.slow
 def test_sweep_with_prompts_builds_each_hosts_caches_once(ssh_hosts, trained_fixtures, tmp_path, monkeypatch,
                                                           capsys):
     root = Path(trained_fixtures)
@@ -71,3 +71,11 @@ def test_sweep_with_prompts_builds_each_hosts_caches_once(ssh_hosts, trained_fix
     assert "built" not in err and err.count("gsm8k: in the store") >= 1, err
     assert [len(_extract_runs(w)) for w in works] == [1, 1]
     assert sum(len(_eval_runs(w)) for w in works) == len(list((root / "drafters").glob("step-*")))
+
+
+def test_sweep_with_prompts_and_the_dummy_payload_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    a = write_prompts(tmp_path / "a.jsonl", fixtures.PROMPTS[:1])
+    rc = cli.main(["sweep", "--checkpoints", f"{tmp_path}/step-*", "--hosts", "local", "--target", "/t",
+                   "--prompts", f"gsm8k={a}", "--payload", "dummy"])
+    assert rc == 3 and "--payload dummy reads none" in capsys.readouterr().err

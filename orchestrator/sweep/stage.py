@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from remote_payload.contract import protocol
 from remote_payload.contract.spec import joined_fingerprint
 
 from ..backends import get_backend
@@ -192,7 +193,7 @@ class HostPool:
 
                 def resolve():
                     return extracts.resolve_prompts(side, spec, synced=hs.prompt_files, build=build,
-                                                    name=f"extract-{run}",
+                                                    name=protocol.default_run_name(f"extract-{run}"),
                                                     run_json={"for": "reval sweep --prompts", "run": run})
                 got = self.op(hs, "caches", resolve, bounded=False)
                 if got is None:

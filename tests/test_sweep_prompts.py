@@ -3,6 +3,7 @@ its own store, builds what is missing once (one extract run, before that host's 
 builds nothing."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -79,3 +80,29 @@ def test_sweep_with_prompts_and_the_dummy_payload_is_refused(tmp_path, monkeypat
     rc = cli.main(["sweep", "--checkpoints", f"{tmp_path}/step-*", "--hosts", "local", "--target", "/t",
                    "--prompts", f"gsm8k={a}", "--payload", "dummy"])
     assert rc == 3 and "--payload dummy reads none" in capsys.readouterr().err
+
+
+def test_a_failed_cache_build_is_not_tried_again_on_that_host(monkeypatch):
+    """The seam: runs/extracts.resolve_prompts (the real one: the sweep above). A build that failed on a host
+    fails that checkpoint; the host's next checkpoints only look (a plan: their caches may be there) and fail
+    in one line saying why, instead of one failing extract run each."""
+    from orchestrator.errors import EvalFailed
+    from orchestrator.hosts.inventory import Host
+    from orchestrator.runs.lifecycle import EvalSpec
+    from orchestrator.sweep import HostPool, HostSession, SweepOptions, stage
+
+    asked = []
+
+    def resolve(side, spec, *, synced, build, name, run_json):
+        asked.append((spec.drafter, build))
+        if build:
+            raise EvalFailed("h/extract-1: building the caches of gsm8k failed; nothing was evaluated")
+    monkeypatch.setattr(stage.extracts, "resolve_prompts", resolve)
+    pool = HostPool(SweepOptions(checkpoints=[], hosts=["h"]), None)
+    hs = HostSession(Host(name="h", local=True), None, None)
+    spec = EvalSpec(target="/t", prompts=["gsm8k=/p.jsonl"])
+    with pytest.raises(EvalFailed, match="building the caches of gsm8k failed"):
+        pool.resolve_caches(hs, dataclasses.replace(spec, drafter="/c/1"), run="r1")
+    with pytest.raises(EvalFailed, match="failed there before .* not tried again until the next sweep"):
+        pool.resolve_caches(hs, dataclasses.replace(spec, drafter="/c/2"), run="r2")
+    assert asked == [("/c/1", True), ("/c/2", False)]

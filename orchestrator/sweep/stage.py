@@ -17,7 +17,7 @@ from remote_payload.contract.spec import joined_fingerprint
 
 from ..backends import get_backend
 from ..backends.base import Backend
-from ..errors import ConfigError, HostUnreachable, RevalError
+from ..errors import ConfigError, EvalFailed, HostUnreachable, RevalError
 from ..hosts import hostcheck
 from ..hosts.environment import provision
 from ..hosts.inventory import Host, Inventory
@@ -45,6 +45,7 @@ class HostSession:
     prompt_files: list[tuple[str, str]] = field(default_factory=list)  # --prompts: (suite, the file's path here)
     caches: dict[str, tuple] = field(default_factory=dict)  # drafter path -> (its CacheRefs, what each suite was)
     caches_lock: threading.Lock = field(default_factory=threading.Lock)  # one cache build on this host at a time
+    build_failed: str = ""  # why a cache build of this sweep failed on this host (then not tried again)
 
     @property
     def on_gpu(self) -> bool:
@@ -190,12 +191,20 @@ class HostPool:
         with hs.caches_lock:
             if drafter not in hs.caches:
                 side = OnHost(hs.host.name, hs.backend, hs.workdir, hs.python)
+                again = build and not hs.build_failed  # a build that failed here is not tried again this sweep
 
                 def resolve():
-                    return extracts.resolve_prompts(side, spec, synced=hs.prompt_files, build=build,
+                    return extracts.resolve_prompts(side, spec, synced=hs.prompt_files, build=again,
                                                     name=protocol.default_run_name(f"extract-{run}"),
                                                     run_json={"for": "reval sweep --prompts", "run": run})
-                got = self.op(hs, "caches", resolve, bounded=False)
+                try:
+                    got = self.op(hs, "caches", resolve, bounded=False)
+                except EvalFailed as e:
+                    hs.build_failed = str(e).splitlines()[0]
+                    raise
+                if got is None and build:
+                    raise EvalFailed(f"{hs.host.name}: building this sweep's caches failed there before "
+                                     f"({hs.build_failed}); not tried again until the next sweep")
                 if got is None:
                     return None
                 resolved, info = got

@@ -49,7 +49,7 @@ bench-doc: setup          # the payload's benches, each row >= 3 runs, written i
 	$(PY) -m remote_payload.tools.benchdoc $(ARGS)
 bench-speedup: setup      # what eval --speedup costs (first run, reused) and the verify-latency curve
 	$(PY) -m remote_payload.tools.bench_speedup $(ARGS)
-bench-orchestrator: setup # sync vs bare rsync, hosts check fan-out, follow latency, `reval run` overhead
+bench-orchestrator: setup # sync vs bare rsync, hosts check fan-out, follow latency, `reval run` and `run --prompts` overhead
 	scripts/netns-run $(PY) -m benchmarks.bench
 bench-sweep: setup        # a sweep's per-checkpoint overhead beyond the eval
 	scripts/netns-run $(PY) -m benchmarks.bench_sweep

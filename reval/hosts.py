@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.backends import get_backend
@@ -131,13 +131,17 @@ def warm_host(t: Transport, host: str, python: str, *, on_line: Callable[[str, s
 @dataclass
 class Fixtures:
     """The tiny offline fixtures built on a host (build_fixtures): `dir` on the host; `target`, `cache`,
-    `drafters` (saved steps, in training order), `drafter_good` relative to it."""
+    `drafters` (saved steps, in training order), `drafter_good` relative to it; `prompts_text`: the prompt file
+    the cache was extracted from (its content, brought here: what --prompts takes) and `max_new_tokens`, its
+    completion cap."""
     host: str
     dir: str
     target: str
     cache: str
     drafters: list[str]
     drafter_good: str
+    prompts_text: str = field(default="", repr=False)
+    max_new_tokens: int | None = None
 
     def spec(self, drafter: str, **options) -> EvalSpec:
         """An EvalSpec of `drafter` (relative to `dir`) against the fixtures' target and cache."""
@@ -168,5 +172,10 @@ def build_fixtures(host: Host | str, *, out: str | None = None, prepared: Prepar
                        hint="see the output above; rerun with: python -m remote_payload fixtures --out DIR")
         e.stderr = stderr[-2000:]
         raise e
-    paths = json.loads(t.run(f"cat {q(fixtures + '/fixtures.json')}").stdout)["paths"]
-    return Fixtures(h.name, fixtures, paths["target"], paths["cache"], list(paths["drafters"]), paths["drafter_good"])
+    sep = "@@reval-fixtures-prompts@@"  # fixtures.json, then the prompt file: one round trip
+    meta, _, prompts = t.run(f"cat {q(fixtures + '/fixtures.json')} && echo {sep} && "
+                             f"cat {q(fixtures + '/prompts.jsonl')}").stdout.partition(f"\n{sep}\n")
+    meta = json.loads(meta)
+    paths = meta["paths"]
+    return Fixtures(h.name, fixtures, paths["target"], paths["cache"], list(paths["drafters"]), paths["drafter_good"],
+                    prompts_text=prompts, max_new_tokens=meta["recipe"]["max_new_tokens"])

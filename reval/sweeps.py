@@ -20,14 +20,14 @@ def sweep(options: SweepOptions, *, inventory: Inventory | str | Path | None = N
           on_line: Callable[[str], None] | None = None) -> SweepReport:
     """Evaluate every new checkpoint over the hosts (`reval sweep`): discover, skip what the ledger has, run,
     pull, compare, and write the report files (report.md/.json/.html, plots) into the sweep's folder. Progress
-    lines go to `on_line`; the report's `exit_code` is the CLI's."""
+    lines go to `on_line`; the report's `exit_code` is the CLI's. With --prompts each host resolves the suites
+    to its store's caches (the missing ones built once, by one extract run, before that host's first eval)."""
     if [m for m in options.spec.missing() if m != "--drafter"]:  # the drafter is each checkpoint
-        raise ConfigError("reval sweep needs --target and --cache (paths on the hosts)",
+        raise ConfigError("reval sweep needs --target and --cache (paths on the hosts) or --prompts NAME=FILE",
                           hint="e.g. --target /root/models/Qwen3.6-27B --cache /root/eval/cache")
-    if options.spec.prompts:
-        raise ConfigError("reval sweep --prompts is not there yet: build the caches once with reval extract HOST "
-                          "--prompts NAME=FILE --for-drafter D, then sweep over --cache NAME=PATH (reval caches "
-                          "HOST lists their paths)", hint="reval extract and reval caches take the same files")
+    if options.spec.prompts and options.spec.payload != "eval":
+        raise ConfigError("reval sweep --prompts builds caches for the eval payload; --payload dummy reads none",
+                          hint="leave --prompts out with --payload dummy")
     inv = as_inventory(inventory)
     options = _sweep_paths(options, inv)
     baseline = _sweep.load_baseline(options.baseline)  # now, not after a night of evals

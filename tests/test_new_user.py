@@ -218,7 +218,9 @@ def test_ctrl_c_in_the_demo_says_the_eval_goes_on_and_the_same_command_reattache
     monkeypatch.setattr(demo_cmd, "make_sink", lambda: InterruptAfter(3))
     rc, out, err = reval(capsys, "demo", "--max-blocks", "5")
     assert rc == 101, err
-    (early,) = os.listdir(here / ".reval/local/runs")
+    assert "cache   demo: built" in out  # the demo's cache through the host's store (as run --prompts)
+    (extract,) = [n for n in os.listdir(here / ".reval/local/runs") if n.startswith("extract-")]
+    (early,) = [n for n in os.listdir(here / ".reval/local/runs") if n != extract]
     assert early.startswith("demo-early-")
     assert err.strip().splitlines()[-1] == (f"interrupted: {early} keeps running on local (follow it: reval logs "
                                             f"local/{early} -f). Resume: reval demo (the same command re-attaches "
@@ -227,7 +229,8 @@ def test_ctrl_c_in_the_demo_says_the_eval_goes_on_and_the_same_command_reattache
     rc, out, err = reval(capsys, "demo", "--max-blocks", "5")
     assert rc == 0, err
     assert f"{early} from before (its controller stopped)" in out and "following it, not starting another" in out
-    runs = sorted(os.listdir(here / ".reval/local/runs"))
+    assert "cache   demo: in the store" in out  # found again: no second extract
+    runs = sorted(n for n in os.listdir(here / ".reval/local/runs") if n != extract)
     assert len(runs) == 2 and runs[0] == early and runs[1].startswith("demo-final-")  # the early eval ran once
     assert f"done    {early} succeeded" in out and "demo    done in" in out
 

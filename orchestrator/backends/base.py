@@ -206,6 +206,12 @@ class Backend(ABC):
         """How the screen names one submit_many submission (Slurm: `job array 123 (at most 2 at once)`)."""
         return f"{len(launches)} run(s)"
 
+    def job_device(self, gpus: str) -> str | None:
+        """Where a run started with `gpus` will compute, when the machine that answers its pre-flight cannot
+        tell (a scheduler's login node): "cuda" or "cpu"; None: the run's own host answers its pre-flight, so
+        "auto" resolves the same in both (an SSH host). A cache's recipe names its dtype by it."""
+        return None
+
     # -- the same for every backend, on the run directory contract ---------------------------------------
     def run_slots(self, list_gpus: Callable[[], str]) -> list[str]:
         """The `--gpus` of each run the host takes at once (a sweep's slots): "auto" once per GPU that

@@ -119,6 +119,12 @@ class SlurmBackend(Backend):
         """Slurm places the runs (their GPUs are the job's): K of them at once, the array's %K."""
         return [GPUS_SCHEDULER] * self.spec.max_running
 
+    def job_device(self, gpus: str) -> str | None:
+        """A job computes on the GPUs its cluster entry asks for (slurm.gpus, or a gpu gres), else on CPUs; the
+        login node, where its pre-flight runs, may have none."""
+        gres = (self.spec.gres or "").split(",")
+        return "cuda" if self.spec.gpus or any(g.strip().startswith("gpu") for g in gres) else "cpu"
+
     def describe_batch(self, launches: list[Launch]) -> str:
         """`job array 123 (at most 2 at once)`, or `job 123` for one run."""
         first = launches[0].handle.job_id.split("_")[0] if launches else "?"
@@ -187,7 +193,9 @@ class SlurmBackend(Backend):
         each = (f'echo "{m} RUN $n"; echo "{m} STATUS"; cat "$n/status.json" 2>/dev/null; echo; echo "{m} JOB"; '
                 f'cat "$n/{slurmjobs.JOB_FILE}" 2>/dev/null; echo; '
                 f'echo "{m} EVENT"; tail -n 1 "$n/events.jsonl" 2>/dev/null; echo; '
-                f'echo "{m} SUM"; cksum 2>/dev/null < "$n/status.json"; true')
+                f'echo "{m} SUM"; cksum 2>/dev/null < "$n/status.json"; '
+                f'echo "{m} KIND"; grep -o \'"kind": *"[a-z]*"\' "$n/run.json" 2>/dev/null | head -n 1 '
+                '| cut -d\\" -f4; true')
         # a run folder that is a symbolic link is no run: left out of the listing, refused by name
         loop = ("for n in " + " ".join(q(n) for n in names) + "; do "
                 + f'[ ! -L "$n" ] || {{ echo "{m} LINK $n"; continue; }}; ' if names is not None else
@@ -205,8 +213,8 @@ class SlurmBackend(Backend):
                 now = float(line[len(m) + 5:]) if line[len(m) + 5:].strip().isdigit() else None
             elif line.startswith(f"{m} RUN "):
                 cur = line[len(m) + 5:]
-                out[cur] = {"STATUS": [], "JOB": [], "EVENT": [], "SUM": []}
-            elif cur is not None and line in (f"{m} STATUS", f"{m} JOB", f"{m} EVENT", f"{m} SUM"):
+                out[cur] = {"STATUS": [], "JOB": [], "EVENT": [], "SUM": [], "KIND": []}
+            elif cur is not None and line in (f"{m} STATUS", f"{m} JOB", f"{m} EVENT", f"{m} SUM", f"{m} KIND"):
                 sect = line[len(m) + 1:]
             elif cur is not None and sect:
                 out[cur][sect].append(line)
@@ -215,10 +223,11 @@ class SlurmBackend(Backend):
             if not is_run_name(name):
                 continue
             # status.json is untrusted: fields of the wrong type are left out, as the SSH listing does
-            objs = {k: _json_obj("\n".join(v)) for k, v in parts.items() if k != "SUM"}
+            objs = {k: _json_obj("\n".join(v)) for k, v in parts.items() if k not in ("SUM", "KIND")}
+            kind = "".join(parts["KIND"]).strip()
             # SUM: status.json's checksum as read, so that recording Slurm's word never overwrites a newer one
             parsed[name] = {**objs, "STATUS": clean_status(objs.get("STATUS")), "SUM": "".join(parts["SUM"]).strip(),
-                            "NOW": now}
+                            "NOW": now, "KIND": kind if kind and is_run_name(kind) else "eval"}
         return parsed
 
     def _query_jobs(self, job_ids: list[str]) -> tuple[dict[str, slurmjobs.JobInfo], dict[str, str]]:
@@ -284,7 +293,8 @@ class SlurmBackend(Backend):
             if v.exit_code is not None:
                 shown.setdefault("exit_code", v.exit_code)
             out.append(RunState(self.host.name, name, v.state, shown, alive=v.state in (slurmjobs.QUEUED,
-                                protocol.RUNNING), last_event=r["EVENT"], reason=v.reason, host_now=r["NOW"]))
+                                protocol.RUNNING), last_event=r["EVENT"], reason=v.reason, host_now=r["NOW"],
+                                kind=r["KIND"]))
         if fixes:
             self._record(fixes)
         return out

@@ -209,9 +209,10 @@ def state_from_probe(rec: dict, host: str) -> RunState | None:
     event = rec.get("last_event") if isinstance(rec.get("last_event"), dict) else {}
     now = rec.get("now")  # the host's clock, read with its status.json
     now = float(now) if isinstance(now, (int, float)) and not isinstance(now, bool) and math.isfinite(now) else None
+    kind = rec.get("kind") if isinstance(rec.get("kind"), str) and is_run_name(rec["kind"]) else "eval"
     if "state" not in st:
-        return RunState(host, name, UNKNOWN, {}, alive, event, host_now=now)
-    return RunState(host, name, reported_state(st, alive), st, alive, event, host_now=now)
+        return RunState(host, name, UNKNOWN, {}, alive, event, host_now=now, kind=kind)
+    return RunState(host, name, reported_state(st, alive), st, alive, event, host_now=now, kind=kind)
 
 
 def run_state(transport: Transport, run: str, *, wait_s: float = 0) -> RunState | None:

@@ -43,6 +43,7 @@ class RunState:
     # the host's clock (epoch seconds) when this was read, in the same round trip: the one clock that wrote
     # status.json's times, so a run's age is host_now - finished_at whatever this machine's clock says
     host_now: float | None = None
+    kind: str = "eval"         # run.json's kind: eval, or extract (a cache build)
 
     @property
     def terminal(self) -> bool:
@@ -61,7 +62,7 @@ class RunState:
     def to_json(self) -> dict:
         """What `--json` prints for a run (pure)."""
         st = self.status
-        return {"host": self.host, "name": self.name, "state": self.state, "suspect": self.suspect,
+        return {"host": self.host, "name": self.name, "kind": self.kind, "state": self.state, "suspect": self.suspect,
                 **({"suspect_reasons": st.get("suspect_reasons", [])} if self.suspect else {}),
                 **{k: st.get(k) for k in ("started_at", "finished_at", "exit_code", "error", "gpus", "device")},
                 "reason": self.reason or None,  # a scheduler's pending reason, why it is lost or has no answer

@@ -138,13 +138,17 @@ def sync_prompts(prepared: Prepared, refs) -> SyncedPrompts:
 
 
 def extract_argv(prepared: Prepared, spec: ExtractSpec, remote: list[tuple[str, str]]) -> list[str]:
-    """`python -m remote_payload extract --store ...` arguments, without --run-dir (the launcher adds it);
-    --gpus none: --device cpu, so that the plan (run outside the wrapper, CUDA visible) resolves the dtype as the
-    run will."""
+    """`python -m remote_payload extract --store ...` arguments, without --run-dir (the launcher adds it). The
+    plan must key the cache as the run will (the dtype is in the recipe): --gpus none is --device cpu (the
+    plan runs outside the wrapper, CUDA visible); where the plan runs on another machine than the job (a
+    scheduler's login node: Backend.job_device), --dtype auto is named for the job's device (cuda: bf16, cpu:
+    fp32), as extract resolves auto there, so the login node's lack of a GPU keys nothing."""
     gpus = normalize_gpus(spec.gpus or prepared.backend.host.gpus)
-    return ["extract", "--store", store_dir(prepared.workdir), "--target", spec.target,
+    argv = ["extract", "--store", store_dir(prepared.workdir), "--target", spec.target,
             *[a for name, path in remote for a in ("--prompts", f"{name}={path}")], *spec.options_argv(),
             *(["--device", "cpu"] if gpus == "none" else [])]
+    device = prepared.backend.job_device(gpus) if spec.dtype == "auto" and gpus != "none" else None
+    return argv + (["--dtype", "bf16" if device == "cuda" else "fp32"] if device else [])
 
 
 def _payload(prepared: Prepared, argv: list[str], *, timeout_s: float = 600):
@@ -191,23 +195,42 @@ def submission(prepared: Prepared, spec: ExtractSpec, remote: list[tuple[str, st
     return Submission(name, payload, prepared.python, gpus=gpus, run_json=info, preflight=[*payload, "--plan"])
 
 
-def resolve_prompts(prepared: Prepared, spec, *, sink=None, name: str | None = None, give_up_s: float = 120.0):
+def prompts_identity(spec) -> str:
+    """What a spec's --prompts suites ask, as one fingerprint (a sweep's ledger key and its hosts' agreement):
+    each suite's name and prompt file content, and the completion cap; the target, the layers (the drafter's)
+    and the dtype are the host's to resolve, and results.json records each suite's cache key and recipe."""
+    cap = spec.max_new_tokens or "default"
+    return _spec.joined_fingerprint([(r.name, f"prompts:{prompt_name(r.path)}:max_new_tokens={cap}")
+                                     for r in spec.prompts])
+
+
+def with_caches(spec, caches: tuple[_spec.CacheRef, ...]):
+    """The spec with its prompt suites' caches as --cache NAME=PATH, and no prompts left."""
+    return dataclasses.replace(spec, cache=spec.cache + caches, prompts=(), max_new_tokens=None)
+
+
+def resolve_prompts(prepared: Prepared, spec, *, sink=None, name: str | None = None, give_up_s: float = 120.0,
+                    synced: list[tuple[str, str]] | None = None, build: bool = True, run_json: dict | None = None):
     """An EvalSpec's --prompts suites -> their caches in the host's store: the files copied (only what the host
-    lacks), the plan asked (the layers: the drafter's), the missing caches built by one extract run (followed
-    into `sink`; a failure raises EvalFailed naming it), then the spec with those caches as --cache NAME=PATH
-    and no prompts. Returns (spec, {suite: {"key", "built", "file"}}); nothing is launched when every cache is
-    there (one round trip for the look, one for the plan)."""
+    lacks; `synced`: the [(suite, path there)] of a copy made before), the plan asked (the layers: the
+    drafter's), the missing caches built by one extract run (followed into `sink`; a failure raises EvalFailed
+    naming it), then the spec with those caches as --cache NAME=PATH and no prompts. Returns (spec, {suite:
+    {"key", "built", "file", "recipe"}}); nothing is launched when every cache is there (one round trip for the
+    look, one for the plan). build=False: None when a cache is missing (nothing launched)."""
     es = ExtractSpec(target=spec.target, prompts=spec.prompts, for_drafter=spec.drafter, gpus=spec.gpus,
                      max_new_tokens=spec.max_new_tokens)
-    synced = sync_prompts(prepared, es.prompts)
-    paths = {c["suite"]: c["path"] for c in plan(prepared, es, synced.remote)["caches"] if c["state"] == "ready"}
+    remote = synced if synced is not None else sync_prompts(prepared, es.prompts).remote
+    rows = {c["suite"]: c for c in plan(prepared, es, remote)["caches"]}
+    paths = {s: c["path"] for s, c in rows.items() if c["state"] == "ready"}
     todo = [r for r in es.prompts if r.name not in paths]
+    if todo and not build:
+        return None
     built: set[str] = set()
     if todo:
         names = {r.name for r in todo}
         sub = submission(prepared, dataclasses.replace(es, prompts=tuple(todo)),
-                         [(n, p) for n, p in synced.remote if n in names],
-                         name=name or protocol.default_run_name("extract"), run_json={"for": "reval run --prompts"})
+                         [(n, p) for n, p in remote if n in names], name=name or protocol.default_run_name("extract"),
+                         run_json=run_json or {"for": "reval run --prompts"})
         fin = submit_submission(prepared.backend, sub).finish(sink, give_up_s=give_up_s)
         try:
             made = json.loads((fin.path / protocol.CACHES_JSON).read_text(encoding="utf-8"))["caches"]
@@ -220,9 +243,11 @@ def resolve_prompts(prepared: Prepared, spec, *, sink=None, name: str | None = N
         paths.update({c["suite"]: c["path"] for c in made})
         built = {c["suite"] for c in made if c.get("built")}
     caches = tuple(_spec.CacheRef(path=paths[r.name], name=r.name) for r in es.prompts)
-    info = {r.name: {"key": Path(paths[r.name]).name, "built": r.name in built, "file": Path(f).name}
-            for r, (_, f) in zip(es.prompts, synced.remote)}
-    return dataclasses.replace(spec, cache=spec.cache + caches, prompts=(), max_new_tokens=None), info
+    info = {r.name: {"key": Path(paths[r.name]).name, "built": r.name in built, "file": Path(f).name,
+                     **({"recipe": rows[r.name]["recipe"]} if rows[r.name]["key"] == Path(paths[r.name]).name
+                        and rows[r.name].get("recipe") else {})}
+            for r, (_, f) in zip(es.prompts, remote)}
+    return with_caches(spec, caches), info
 
 
 def list_caches(prepared: Prepared) -> dict:

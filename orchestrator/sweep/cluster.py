@@ -76,8 +76,19 @@ class BatchWorker:
                 jobs.remove(job)
                 self.record.failed(hs.host.name, job, e)
                 continue
-            argv = self.opts.spec_for(path, gpus).payload_argv(job.run)
-            subs.append(Submission(job.run, argv, hs.python, gpus, self.record.run_json(job, path, argv)))
+            spec, info = self.opts.spec_for(path, gpus), None
+            try:  # --prompts: the caches resolved (the missing ones built by one extract job) before the array
+                if spec.prompts:
+                    spec, info = self.hosts.resolve_caches(hs, spec, run=job.run)
+            except HostUnreachable:
+                raise
+            except Exception as e:  # noqa: BLE001 - this checkpoint fails (its caches could not be had)
+                jobs.remove(job)
+                self.record.failed(hs.host.name, job, e)
+                continue
+            argv = spec.payload_argv(job.run)
+            run_json = {**self.record.run_json(job, path, argv), **({"prompt_caches": info} if info else {})}
+            subs.append(Submission(job.run, argv, hs.python, gpus, run_json))
             entries.append(self.record.launched_entry(hs.host.name, job))
         if not subs:
             return

@@ -66,7 +66,7 @@ def baseline_differences(opts: SweepOptions, baseline: compare.Result | None, ca
     if ask.num_prompts is not None and c.num_prompts != ask.num_prompts and not (
             c.num_prompts < ask.num_prompts and c.num_prompts == total):  # both ran the whole (smaller) cache
         out.append(f"{compare.FIELD_WORDS['num_prompts']} {c.num_prompts} there, {ask.num_prompts} here")
-    if eval_payload and cache_fingerprint and c.cache_fingerprint != cache_fingerprint:
+    if eval_payload and cache_fingerprint and not ask.prompts and c.cache_fingerprint != cache_fingerprint:
         out.append(f"cache {c.cache_fingerprint[:19]} there, {cache_fingerprint[:19]} here")
     return out
 

@@ -185,11 +185,10 @@ class SlotWorkers:
                     raise
                 self.record.not_stageable(job, e)
                 return None
+            spec, run_json = self._spec(hs, job, path, gpu)
             before = ledger.get(job.key)
             ledger.put(self.record.launched_entry(hs.host.name, job))  # a killed controller finds it and re-attaches
-            run_json = self.record.run_json(job, path, self.opts.spec_for(path).payload_argv(job.run))
             try:
-                spec = self.opts.spec_for(path, gpu)
                 return self._take(hs, job, before, lambda: self.hosts.op(hs, "launch", lambda: lifecycle.submit(
                     hs.backend, spec, python=hs.python, name=job.run, run_json=run_json)).launch)
             except HostUnreachable:
@@ -198,6 +197,21 @@ class SlotWorkers:
                 raise
         self.log(f"attach  {c.name}: run {job.run} on {hs.host.name}")
         return False
+
+    def _spec(self, hs: HostSession, job: Job, path: str, gpu: str):
+        """The job's spec and run.json; with --prompts its caches resolved on hs first (the missing ones built:
+        no eval starts before its caches exist). The job goes back to the queue when hs went away or no GPU
+        was free for the build."""
+        spec = self.opts.spec_for(path, gpu)
+        info = None
+        if spec.prompts:
+            try:
+                spec, info = self.hosts.resolve_caches(hs, spec, run=job.run)
+            except (HostUnreachable, NoFreeGpu):
+                self.queue.put_back(job)
+                raise
+        run_json = self.record.run_json(job, path, spec.payload_argv(job.run))
+        return spec, {**run_json, **({"prompt_caches": info} if info else {})}
 
     def _take(self, hs: HostSession, job: Job, before, launch: Callable[[], Launch]) -> bool:
         """A launch's answer (`launch()`: the Launch, or what it raises): started (True), the run already there
@@ -288,9 +302,14 @@ class SlotWorkers:
         """nxt's Submission (as its launch makes it), or None when that fails: its own launch then says why."""
         path = nxt.staged[1]
         try:
-            return lifecycle.submission(hs.backend, self.opts.spec_for(path, gpu), python=hs.python, name=nxt.run,
-                                        run_json=self.record.run_json(nxt, path,
-                                                                      self.opts.spec_for(path).payload_argv(nxt.run)))
+            spec, info = self.opts.spec_for(path, gpu), None
+            if spec.prompts:  # only on caches resolved before (prefetch): the long poll builds nothing
+                spec, info = self.hosts.known_caches(hs, spec) or (None, None)
+                if spec is None:
+                    return None
+            run_json = self.record.run_json(nxt, path, spec.payload_argv(nxt.run))
+            return lifecycle.submission(hs.backend, spec, python=hs.python, name=nxt.run,
+                                        run_json={**run_json, **({"prompt_caches": info} if info else {})})
         except Exception:  # noqa: BLE001 - bad input for that checkpoint: not this run's business
             return None
 
@@ -337,3 +356,7 @@ class SlotWorkers:
                 nxt.staged = (hs.host.name, self.hosts.stage_checkpoint(hs, nxt.ckpt))
             except RevalError:
                 nxt.staged = None
+            if nxt.staged and self.opts.spec.prompts:  # its caches looked up now (built by its own launch)
+                with contextlib.suppress(RevalError):
+                    self.hosts.resolve_caches(hs, self.opts.spec_for(nxt.staged[1], "auto" if hs.on_gpu else "none"),
+                                              run=nxt.run, build=False)

@@ -12,11 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from remote_payload.contract import protocol
 from remote_payload.contract.spec import joined_fingerprint
 
 from ..backends import get_backend
 from ..backends.base import Backend
-from ..errors import ConfigError, HostUnreachable, RevalError
+from ..errors import ConfigError, EvalFailed, HostUnreachable, RevalError
 from ..hosts import hostcheck
 from ..hosts.environment import provision
 from ..hosts.inventory import Host, Inventory
@@ -24,7 +25,8 @@ from ..hosts.sync import rsync, sync_payload
 from ..hosts.transport import LocalTransport, Transport, get_transport, q, resolve_workdir
 from ..rundir.pull import Pulled
 from ..rundir.registry import save_follow_state
-from ..runs import lifecycle
+from ..runs import extracts, lifecycle
+from ..runs.lifecycle import EvalSpec
 from .discover import hash_command, parse_hashes
 from .plan import Checkpoint, SweepOptions
 
@@ -40,6 +42,10 @@ class HostSession:
     slots: list[str] = field(default_factory=lambda: ["none"])  # --gpus of each run slot; ["none"]: CPU
     down: str | None = None                          # why it is out of the sweep
     down_unreachable: bool = False
+    prompt_files: list[tuple[str, str]] = field(default_factory=list)  # --prompts: (suite, the file's path here)
+    caches: dict[str, tuple] = field(default_factory=dict)  # drafter path -> (its CacheRefs, what each suite was)
+    caches_lock: threading.Lock = field(default_factory=threading.Lock)  # one cache build on this host at a time
+    build_failed: str = ""  # why a cache build of this sweep failed on this host (then not tried again)
 
     @property
     def on_gpu(self) -> bool:
@@ -56,6 +62,15 @@ _FINGERPRINT_PY = ("import sys; from remote_payload.eval.cache import open_cache
 _COPY_AND_MARK_SH = 'mkdir -p -- "$1"; m=$2; shift 2; rsync "$@" && touch -- "$m"'
 _GPU_LIST_SH = (f"command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi {' '.join(hostcheck.NVIDIA_SMI_QUERY)} "
                 "2>/dev/null; true")
+
+
+@dataclass(frozen=True)
+class OnHost:
+    """A sweep host as the cache functions (runs/extracts.py) take it: its name, backend, workdir, python."""
+    host: str
+    backend: Backend
+    workdir: str
+    python: str
 
 
 def retrying(fn, *, retries: int, backoff_s: float, what: str, on_retry=None):
@@ -124,6 +139,10 @@ class HostPool:
         hs.workdir = step("workdir", lambda: resolve_workdir(t))
         if self.opts.spec.payload == "dummy":
             hs.cache_fingerprint = "dummy"
+        elif self.opts.spec.prompts:  # the suites' caches come from the host's store (resolve_caches)
+            side = OnHost(h.name, hs.backend, hs.workdir, hs.python)
+            hs.prompt_files = step("prompts", lambda: extracts.sync_prompts(side, self.opts.spec.prompts)).remote
+            hs.cache_fingerprint = extracts.prompts_identity(self.opts.spec)
         else:
             suites = self.opts.spec.suites()
             paths = [c.path for c in self.opts.spec.cache]
@@ -162,6 +181,46 @@ class HostPool:
             raise ConfigError(f"the cache {self.opts.spec.cache_label()} differs between hosts ({which})",
                               hint="results would not be comparable: copy one cache to every host, "
                                    "or sweep on the hosts that share it (--hosts)")
+
+    def resolve_caches(self, hs: HostSession, spec: EvalSpec, *, run: str, build: bool = True):
+        """A checkpoint's spec with --prompts -> (the spec on the caches of hs's store, {suite: key, built,
+        file, recipe}): asked once per drafter path (one round trip: the plan); what is missing is built by one
+        extract run, one at a time on a host (a second slot waits, then finds them there). build=False: None
+        when a cache is missing. Its trouble is the job's (EvalFailed, ConfigError)."""
+        drafter = str(spec.drafter)
+        with hs.caches_lock:
+            if drafter not in hs.caches:
+                side = OnHost(hs.host.name, hs.backend, hs.workdir, hs.python)
+                again = build and not hs.build_failed  # a build that failed here is not tried again this sweep
+
+                def resolve():
+                    return extracts.resolve_prompts(side, spec, synced=hs.prompt_files, build=again,
+                                                    name=protocol.default_run_name(f"extract-{run}"),
+                                                    run_json={"for": "reval sweep --prompts", "run": run})
+                try:
+                    got = self.op(hs, "caches", resolve, bounded=False)
+                except EvalFailed as e:
+                    hs.build_failed = str(e).splitlines()[0]
+                    raise
+                if got is None and build:
+                    raise EvalFailed(f"{hs.host.name}: building this sweep's caches failed there before "
+                                     f"({hs.build_failed}); not tried again until the next sweep")
+                if got is None:
+                    return None
+                resolved, info = got
+                hs.caches[drafter] = (resolved.cache[len(spec.cache):], info)
+                said = "; ".join(f"{n}: {'built' if i['built'] else 'in the store'} {i['key'][:12]}"
+                                 for n, i in info.items())
+                self.log(f"cache   {hs.host.name}: {said}")
+            caches, info = hs.caches[drafter]
+        return extracts.with_caches(spec, caches), info
+
+    @staticmethod
+    def known_caches(hs: HostSession, spec: EvalSpec):
+        """resolve_caches' answer for spec's drafter when it was asked before (no SSH); None otherwise."""
+        with hs.caches_lock:
+            got = hs.caches.get(str(spec.drafter))
+        return None if got is None else (extracts.with_caches(spec, got[0]), got[1])
 
     def _prepare_one(self, hs: HostSession) -> None:
         try:

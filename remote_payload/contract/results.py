@@ -106,6 +106,12 @@ class CacheInfo(Record):
         "temperature > 0) the figure generalised: the fraction of positions whose token has probability > 0 "
         "under the transform from the prefill's own logits. Null: not recorded (a cache extracted before it was, "
         "or a seeds cache)", None)
+    key: str | None = doc("the cache's recipe key: its name in a host's cache store (`reval caches`); null: a "
+                          "cache made without a recipe (an older extract, a seeds cache)", None)
+    recipe: dict[str, Any] | None = doc(
+        "what the cache was made of, as its cache.json records it: target (content hash), tokenizer, prompts "
+        "(sha256, count, entries), template (applied, enable_thinking), options (layers, max_new_tokens, dtype, "
+        "sampling), generator; null when it records none", None)
 
 
 @dataclass(kw_only=True)

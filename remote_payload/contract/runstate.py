@@ -227,6 +227,15 @@ def _last_event(run_dir: str) -> dict:
     return {}
 
 
+def _kind(run_dir: str) -> str:
+    """What the run is (run.json's "kind": extract; eval when it says nothing, as runs made before it did)."""
+    try:
+        kind = loads(read_regular(os.path.join(run_dir, "run.json"), MAX_STATUS_BYTES)).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return "eval"
+    return kind if isinstance(kind, str) and _NAME.match(kind) else "eval"
+
+
 def probe(runs_dir: str, names: list[str]) -> list[dict]:
     """One record per run directory (every one when no names). A run folder that is a symbolic link is no run:
     left out of the listing; asked for by name, its record says `refused` (the controller refuses it)."""
@@ -251,7 +260,7 @@ def probe(runs_dir: str, names: list[str]) -> list[dict]:
             # written its end in between, so status.json is read again (after the liveness, as stream.py does)
             st, err = _read_status(d)
         out.append({"name": n, "status": st, "status_error": err, "alive": alive,
-                    "last_event": _last_event(d), "now": time.time()})
+                    "last_event": _last_event(d), "kind": _kind(d), "now": time.time()})
     return out
 
 

@@ -272,4 +272,6 @@ class EvalSpec:
             key["allow_unknown_config"] = sorted(self.allow_unknown_config)
         if self.draft != "greedy":  # absent when greedy: keys of sweeps made before --draft stay the same
             key["draft"] = self.draft
+        if self.prompts:  # suites by their prompt files (absent otherwise: the keys of --cache sweeps stay)
+            key.update(prompts=[p.text() for p in self.prompts], max_new_tokens=self.max_new_tokens)
         return key

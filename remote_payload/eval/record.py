@@ -29,6 +29,17 @@ def _allowed(cfg) -> dict:
     return out
 
 
+def cache_recipe(cache) -> dict:
+    """The cache's recipe and key as its cache.json records them (a store's cache: `reval caches`); {} when it
+    records none (an older cache, a seeds cache, the suites joined)."""
+    meta = getattr(cache, "meta", None)
+    rec = meta.get("recipe") if isinstance(meta, dict) else None
+    if not isinstance(rec, dict):
+        return {}
+    key = rec.get("key")
+    return {"key": key if isinstance(key, str) else None, "recipe": {k: v for k, v in rec.items() if k != "key"}}
+
+
 def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: dict, health: dict,
                   device: torch.device, dtype: torch.dtype, total_s: float) -> dict:
     """results.json (schema: docs/results.md)."""
@@ -52,7 +63,8 @@ def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: d
                         config_matches_cache=mod.target_matches),
         cache=R.CacheInfo(path=str(opts.cache), fingerprint=fingerprint, layer_ids=list(cache.layer_ids),
                           num_prompts_total=_prompts_total(cache),
-                          argmax_agreement=getattr(cache, "agreement", getattr(cache, "argmax_agreement", None))),
+                          argmax_agreement=getattr(cache, "agreement", getattr(cache, "argmax_agreement", None)),
+                          **cache_recipe(cache)),
         options=R.Options(num_prompts=n_prompts, max_blocks=opts.max_blocks, block_size=bs,
                           ddtree_budgets=budgets, tree_widths=widths, device=str(device), dtype=dtype_name(dtype),
                           batch_size=ev.batch_size, strict=opts.strict,

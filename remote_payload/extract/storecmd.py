@@ -96,8 +96,10 @@ def plan(root: Path, target: str, suites: list[tuple[str, str]], kw: dict) -> di
         damage = store.entry_problem(path) if path.exists() else None
         state = ("damaged" if damage else "ready") if path.exists() else (
             "building" if store.being_built(root, rec.key) else "missing")
-        tokens = estimate_tokens(tdir, f, kw.get("num_prompts"), kw["max_new_tokens"])
-        size = tokens * (len(kw["layer_ids"]) * int(hidden) * DTYPE_BYTES[kw["dtype"]] + 8)
+        size = 0  # the estimate (a tokenizer's pass over the prompts) only for what is to be built
+        if state in ("missing", "building"):
+            tokens = estimate_tokens(tdir, f, kw.get("num_prompts"), kw["max_new_tokens"])
+            size = tokens * (len(kw["layer_ids"]) * int(hidden) * DTYPE_BYTES[kw["dtype"]] + 8)
         rows.append({"suite": name, "file": f, "key": rec.key, "path": str(path), "state": state,
                      "damage": damage, "prompts": rec.prompts["count"], "entries": rec.prompts["entries"],
                      "estimated_bytes": size, "recipe": rec.as_dict()})

@@ -2,22 +2,27 @@
 
 On the `local` host of the inventory (the default hosts.yaml has one): sync the payload, build the tiny
 offline fixtures there (a synthetic language, a tiny Qwen3 target trained on it, a hidden-state cache,
-DFlash drafters trained against it; cached after the first build), then evaluate an early checkpoint and
-the final drafter through the `reval` API (the same lifecycle as `reval run`), and compare the two
-("checkpoint vs checkpoint", the final drafter as the baseline).
+DFlash drafters trained against it; cached after the first build), resolve their prompt file to its cache in
+the host's cache store as `reval run --prompts` does (built there by one extract run the first time, found
+again by every later demo: `reval caches`), then evaluate an early checkpoint and the final drafter on it
+through the `reval` API (the same lifecycle as `reval run`), and compare the two ("checkpoint vs
+checkpoint", the final drafter as the baseline).
 """
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import reval
 from orchestrator.render import formats, tables
 from reval import EXIT_CANCELLED, EXIT_OK, EXIT_STILL_RUNNING, printable
 
 from ..argparsing import HelpFormatter, positive_int
-from .run import launch_line
+from .run import launch_line, resolve_shown
 from .runs import finish_run, make_sink
 
 
@@ -55,9 +60,27 @@ def interrupted_text(host: str, doing) -> str:
     if doing == "fixtures":
         return (f"interrupted: building the tiny fixtures on {host} was cut short; nothing was evaluated. "
                 f"{again}: it builds them again; a finished build is reused)")
+    if doing == "cache":
+        return (f"interrupted: the demo's cache on {host} is still being built by its extract run (reval ls "
+                f"{host}); nothing was evaluated. {again} finds that cache, or waits for it)")
     if doing == "compare":
         return "interrupted while comparing: both evals are done and pulled (reval ls); nothing is running"
     return f"interrupted: nothing was started on {host}. {again})"
+
+
+def _store_cache(host, prep, fx) -> str:
+    """The fixtures' prompt file (brought here by build_fixtures: --prompts files are this machine's) resolved to
+    its cache in the host's store, with the fixtures' completion cap and the final drafter's layers, as `reval
+    run --prompts` does: built by one extract run (its bar shown) the first time; its path on the host."""
+    with tempfile.TemporaryDirectory(prefix="reval-demo-") as tmp:
+        local = Path(tmp) / "prompts.jsonl"
+        local.write_text(fx.prompts_text, encoding="utf-8")
+        spec = reval.EvalSpec(drafter=f"{fx.dir}/{fx.drafter_good}", target=f"{fx.dir}/{fx.target}",
+                              prompts=[f"demo={local}"], max_new_tokens=fx.max_new_tokens)
+        print(f"\ndemo    the fixtures' prompts -> their cache in {host.name}'s cache store (as reval run --prompts; "
+              "built once, found again by later demos)")
+        spec, _ = resolve_shown(host, spec, prep, 120.0)
+    return spec.cache[-1].path
 
 
 def _demo(args, host, doing: list) -> int:
@@ -74,10 +97,12 @@ def _demo(args, host, doing: list) -> int:
         sys.stderr.write(printable(getattr(e, "stderr", ""), "\t\n"))
         raise
     early = args.early or fx.drafters[min(1, len(fx.drafters) - 1)]  # drafters/step-NNNN in training order
+    doing[0] = "cache"
+    cache = _store_cache(host, prep, fx)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     results, refs = [], []
     for label, drafter in (("early", early), ("final", fx.drafter_good)):
-        spec = fx.spec(drafter, max_blocks=args.max_blocks)
+        spec = dataclasses.replace(fx.spec(drafter, max_blocks=args.max_blocks), cache=cache)
         run = reval.unfinished(host, spec)  # this eval, started by a demo that was interrupted: follow that one
         if run is not None:
             print(f"\ndemo    eval {label} drafter {drafter}: {run.name} from before (its controller stopped) "

@@ -91,7 +91,8 @@ def describe(info, requested_gpus: str) -> str:
     return f"{info.name} on {info.host} · {where} · log {info.run_dir}/eval.log on the server"
 
 
-def _resolve_prompts(host, spec, prep, give_up_s: float):
+def resolve_shown(host, spec, prep, give_up_s: float):
+    """reval.resolve_prompts with the build's bar shown and a line per suite (built or in the store)."""
     sink = make_sink()
     try:
         spec, found = reval.resolve_prompts(host, spec, prepared=prep, on_event=shown_on(sink), give_up_s=give_up_s)
@@ -115,7 +116,7 @@ def cmd_run(args) -> int:
                if synced.files_changed or synced.files_deleted else "unchanged")
     out(f"sync    payload: {changed} · venv: {'reused' if env.reused else 'built'} ({env.key})")
     if spec.prompts:  # each suite's cache from the host's store; the missing ones built first, their bar shown
-        spec, found = _resolve_prompts(host, spec, prep, args.give_up_s)
+        spec, found = resolve_shown(host, spec, prep, args.give_up_s)
     else:
         found = None
     # the same command, started from here by a controller that did not see it end: follow that one instead

@@ -289,11 +289,13 @@ def states_table(states: list[RunState], unreachable: dict[str, str]):
     from rich.table import Table
     from rich.text import Text
     table = Table(box=None, pad_edge=False)
-    for col in ("host", "run", "state", "started", "took", "exit", "gpus", "progress / cause"):
-        table.add_column(col, no_wrap=col in ("state", "started", "took", "exit", "gpus"), overflow="fold")
+    kinds = any(s.kind != "eval" for s in states)  # a kind column once a cache build (extract) is among them
+    for col in ("host", "run", *(["kind"] if kinds else []), "state", "started", "took", "exit", "gpus",
+                "progress / cause"):
+        table.add_column(col, no_wrap=col in ("kind", "state", "started", "took", "exit", "gpus"), overflow="fold")
 
-    def row(*cells) -> None:
-        table.add_row(*(Text(printable(c)) for c in cells))
+    def row(host, run, kind, *cells) -> None:
+        table.add_row(*(Text(printable(c)) for c in (host, run, *([kind] if kinds else []), *cells)))
 
     for s in states:
         st = s.status
@@ -301,11 +303,11 @@ def states_table(states: list[RunState], unreachable: dict[str, str]):
                 else failure_cause(s.host, st) or "" if s.state == FAILED
                 else s.reason if s.state == NO_ANSWER else "")
         # no-answer: the word in the state column, Slurm's why in the cause column (as an unreachable host's)
-        row(s.host, s.name, s.state if s.state == NO_ANSWER else state_text(s), st.get("started_at", ""),
+        row(s.host, s.name, s.kind, s.state if s.state == NO_ANSWER else state_text(s), st.get("started_at", ""),
             duration_text(st) if st.get("finished_at") else "", str(st.get("exit_code", "")),
             ",".join(map(str, st.get("gpus", []))) or (st.get("device") or ""), last)
     for h, why in unreachable.items():
-        row(h, "", "unreachable", "", "", "", "", why)  # the why in the cause column
+        row(h, "", "", "unreachable", "", "", "", "", why)  # the why in the cause column
     return table
 
 

@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "A checkpoint that is not on the host running it is copied to <workdir>/checkpoints/<hash>/ "
                     "there and kept for later sweeps (the laptop's relay copy is deleted once staged); prune "
                     "them by removing <workdir>/checkpoints on the host while no sweep runs. "
+                    "With --prompts NAME=FILE each host resolves the suites to its cache store (reval caches): "
+                    "what is missing is built there once, by one extract run before its first eval. "
                     "Exit 0 ok, 1 an eval failed, 2 partial (a host failed or was unreachable, or no GPU was "
                     "free: the next sweep runs what is left), 3 bad input or config, 4 no host reachable, "
                     "101 interrupted (Ctrl-C) with runs going on, 103 interrupted with none, "

@@ -128,7 +128,24 @@ def test_run_with_prompts_builds_then_evaluates_and_the_next_run_reuses(ssh_host
     res = json.loads((tmp_path / "runs" / "ssh1" / "r1" / "results.json").read_text())
     assert [s["name"] for s in res["suites"]] == ["gsm8k"]
     assert res["suites"][0]["cache"]["path"] == f"{work}/caches/{key}"
+    from orchestrator.hosts.transport import SSHTransport
+    from orchestrator.runs import extracts as ex
+    trips: list[str] = []
+    real_resolve, real_run = ex.resolve_prompts, SSHTransport.run
+
+    def counted(self, cmd, **kw):
+        trips.append(cmd)
+        return real_run(self, cmd, **kw)
+
+    def resolve(*a, **kw):  # the round trips resolving the suites make (issue 30 item 6: one when all is there)
+        monkeypatch.setattr(SSHTransport, "run", counted)
+        try:
+            return real_resolve(*a, **kw)
+        finally:
+            monkeypatch.setattr(SSHTransport, "run", real_run)
+    monkeypatch.setattr(ex, "resolve_prompts", resolve)
     assert run("r2") == 0
     out = capsys.readouterr().out
     assert "cache   gsm8k: in the store" in out and "done    r2 succeeded" in out, out
+    assert len(trips) == 1 and "--plan" in trips[0], trips  # the look and the plan in one command
     assert [p.name for p in (work / "runs").iterdir() if p.name.startswith("extract-")] == extracts

@@ -151,12 +151,15 @@ def extract_argv(prepared: Prepared, spec: ExtractSpec, remote: list[tuple[str, 
     return argv + (["--dtype", "bf16" if device == "cuda" else "fp32"] if device else [])
 
 
+def _payload_cmd(prepared: Prepared, argv: list[str]) -> str:
+    env = " ".join(q(f"{k}={v}") for k, v in prepared.backend.host.env.items())
+    return (f"cd {q(prepared.workdir + '/payload')} && {'env ' + env + ' ' if env else ''}"
+            f"{q(prepared.python)} -m remote_payload {' '.join(q(a) for a in argv)}")
+
+
 def _payload(prepared: Prepared, argv: list[str], *, timeout_s: float = 600):
     """Run `python -m remote_payload ARGV` in the host's payload folder: (rc, stdout, stderr)."""
-    env = " ".join(q(f"{k}={v}") for k, v in prepared.backend.host.env.items())
-    cmd = (f"cd {q(prepared.workdir + '/payload')} && {'env ' + env + ' ' if env else ''}"
-           f"{q(prepared.python)} -m remote_payload {' '.join(q(a) for a in argv)}")
-    p = prepared.backend.transport.run(cmd, check=False, timeout_s=timeout_s)
+    p = prepared.backend.transport.run(_payload_cmd(prepared, argv), check=False, timeout_s=timeout_s)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -173,6 +176,29 @@ def plan(prepared: Prepared, spec: ExtractSpec, remote: list[tuple[str, str]]) -
     `extract --store --plan` JSON; its refusal (bad input, a damaged entry, too little disk) as ConfigError."""
     argv = [*extract_argv(prepared, spec, remote), "--plan"]
     rc, out, err = _payload(prepared, argv)
+    return _plan_of(prepared, rc, out, err)
+
+
+MISSING = "__reval_prompts_missing__"
+
+
+def synced_plan(prepared: Prepared, spec: ExtractSpec) -> tuple[list[tuple[str, str]], dict]:
+    """The prompt files' copy and the plan in one round trip when the host has every file already (the reuse
+    path: the look and the plan are one shell command); else the copy (one more, with what is missing), then
+    the plan. Returns ([(suite, path there)], the plan)."""
+    d = f"{prepared.workdir}/prompts"
+    remote = [(r.name, f"{d}/{prompt_name(r.path)}") for r in spec.prompts]
+    look = " && ".join(f"[ -f {q(p)} ]" for p in sorted({p for _, p in remote}))
+    cmd = f"if {look}; then {_payload_cmd(prepared, [*extract_argv(prepared, spec, remote), '--plan'])}; " \
+          f"else echo {MISSING}; fi"
+    p = prepared.backend.transport.run(cmd, check=False, timeout_s=600)
+    if p.returncode == 0 and p.stdout.strip() == MISSING:
+        remote = sync_prompts(prepared, spec.prompts).remote
+        return remote, plan(prepared, spec, remote)
+    return remote, _plan_of(prepared, p.returncode, p.stdout, p.stderr)
+
+
+def _plan_of(prepared: Prepared, rc: int, out: str, err: str) -> dict:
     if rc != 0:
         raise _refusal(prepared.host, rc, out, err, "extract --plan")
     try:
@@ -215,12 +241,15 @@ def resolve_prompts(prepared: Prepared, spec, *, sink=None, name: str | None = N
     lacks; `synced`: the [(suite, path there)] of a copy made before), the plan asked (the layers: the
     drafter's), the missing caches built by one extract run (followed into `sink`; a failure raises EvalFailed
     naming it), then the spec with those caches as --cache NAME=PATH and no prompts. Returns (spec, {suite:
-    {"key", "built", "file", "recipe"}}); nothing is launched when every cache is there (one round trip for the
-    look, one for the plan). build=False: None when a cache is missing (nothing launched)."""
+    {"key", "built", "file", "recipe"}}); nothing is launched when every cache is there (one round trip: the
+    look and the plan in one command, synced_plan). build=False: None when a cache is missing (nothing launched)."""
     es = ExtractSpec(target=spec.target, prompts=spec.prompts, for_drafter=spec.drafter, gpus=spec.gpus,
                      max_new_tokens=spec.max_new_tokens)
-    remote = synced if synced is not None else sync_prompts(prepared, es.prompts).remote
-    rows = {c["suite"]: c for c in plan(prepared, es, remote)["caches"]}
+    if synced is not None:
+        remote, planned = synced, plan(prepared, es, synced)
+    else:
+        remote, planned = synced_plan(prepared, es)
+    rows = {c["suite"]: c for c in planned["caches"]}
     paths = {s: c["path"] for s, c in rows.items() if c["state"] == "ready"}
     todo = [r for r in es.prompts if r.name not in paths]
     if todo and not build:

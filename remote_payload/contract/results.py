@@ -74,10 +74,12 @@ class Drafter(Record):
     allowed_unknown_config: dict[str, str] | None = doc(
         "config keys reval does not interpret that the user allowed (--allow-unknown-config): key -> its value "
         "as JSON text; null: none", None)
-    family: str | None = doc("drafter family: `dflash` (block drafter) or `eagle3` (EAGLE-3 head, chain drafting); "
+    family: str | None = doc("drafter family: `dflash` (block drafter) or `eagle3` (EAGLE-3 head: chain or tree); "
                              "null in files written before families were recorded (DFlash)", None)
     eagle3: dict[str, Any] | None = doc(
-        "EAGLE-3 only: chain_length (drafts per round), taps_hf_hidden_states (HF output_hidden_states indices of "
+        "EAGLE-3 only: decoding (`chain` or `tree`), chain_length (drafts per round; null for the tree), tree "
+        "({total_token, depth, top_k}: EAGLE's dynamic tree, --eagle-tree; null for the chain), "
+        "taps_hf_hidden_states (HF output_hidden_states indices of "
         "the three tapped states), layer_id_convention, explicit_layer_ids, draft_vocab_size, vocab_size, "
         "embed_source (`checkpoint` or `target`), config_source; null for DFlash", None)
 

@@ -1,4 +1,5 @@
-"""Strict loading of EAGLE-3 heads in the SafeAILab/EAGLE layout, and telling them from DFlash drafters.
+"""Strict loading of EAGLE-3 heads (SafeAILab/EAGLE, SpecForge and speculators layouts: their configs are told
+apart and read by contract/eagle3config.py), and telling them from DFlash drafters.
 
 Layouts (`load_eagle3`):
 - a folder: config.json + model.safetensors, or shards listed in model.safetensors.index.json, or
@@ -9,9 +10,10 @@ Keys: `fc.weight`, `midlayer.{input_layernorm,hidden_norm,post_attention_layerno
 `midlayer.self_attn.{q,k,v,o}_proj.weight`, `midlayer.mlp.{gate,up,down}_proj.weight`, `norm.weight`,
 `lm_head.weight` [Vd, H], `d2t` [Vd] (int offsets), `t2d` [V] (bool; optional: vLLM does not read it, checked
 against d2t when present), `embed_tokens.weight` [V, H] (optional: else the target's embedding, which must be
-[V, H]). vLLM's names are read as ours (`layers.0.` = `midlayer.`, `draft_id_to_target_id` = `d2t`). Every key
-must be one of those with its exact shape: a missing or extra key is a CheckpointError naming it and the closest
-names there are; nothing is evaluated after one.
+[V, H]); with the layout's variants `fc_norm.{0,1,2}.weight` [Ht], `input_norm.weight` [3Ht] (norm_before_fc),
+`fc.bias` [H] (SGLang's bias). vLLM's and speculators' names are read as ours (`layers.0.` = `midlayer.`,
+`draft_id_to_target_id` = `d2t`). Every key must be one of those with its exact shape: a missing or extra key is a
+CheckpointError naming it and the closest names there are; nothing is evaluated after one.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ INT_KEYS = ("d2t", "t2d")
 class Eagle3Info:
     """What results.json records of the head (the fields eval's DrafterInfo has, plus the family's own)."""
     path: str
-    layout: str  # "eagle" (SafeAILab folder / .safetensors) | "eagle-pt" (a torch file)
+    layout: str  # the config's layout (eagle | specforge | speculators), + "-pt" for a torch file
     name: str
     step: int | None
     content_hash: str
@@ -262,7 +264,7 @@ def load_eagle3(path, *, device="cpu", dtype=torch.float32, allow_unknown=(),
              for k in ("fc.weight", "norm.weight", "lm_head.weight")}
     generic = p.stem in ("model", "pytorch_model", "drafter", "state_dict", "checkpoint", "weights")
     info = Eagle3Info(
-        path=str(p), layout="eagle-pt" if files[0].suffix in TORCH_FILES else "eagle",
+        path=str(p), layout=cfg.layout + ("-pt" if files[0].suffix in TORCH_FILES else ""),
         name=p.name if p.is_dir() else (p.parent.name if generic else p.stem), step=parse_step(p),
         content_hash=sha256_files(hashed), num_parameters=sum(v.numel() for k, v in sd.items() if k not in INT_KEYS),
         weight_stats=stats, config_source=cfg_source, weight_files=[str(f) for f in files], renamed=renamed,

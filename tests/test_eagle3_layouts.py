@@ -235,3 +235,8 @@ def test_a_variant_without_its_weights_is_refused_naming_the_key(e3, tmp_path):
     plain = _write(tmp_path, "extra", flat, {**sd, "fc.bias": torch.zeros(64)})
     with pytest.raises(CheckpointError, match="'fc.bias'"):
         load_eagle3(plain, embed=torch.zeros(80, 64))
+    norms = {f"fc_norm.{i}.weight": torch.ones(64 if i else 32) for i in range(3)}
+    short = _write(tmp_path, "short", {**flat, "fc_norm": True}, {**sd, **norms})
+    with pytest.raises(CheckpointError, match=r"'fc_norm.0.weight' has shape \[32\] but .*config.json needs \[64\] "
+                                              r"\(hidden_size 64, target_hidden_size 64"):
+        load_eagle3(short, embed=torch.zeros(80, 64))

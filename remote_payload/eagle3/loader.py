@@ -30,6 +30,7 @@ from remote_payload.contract.errors import CheckpointError, ConfigError
 from remote_payload.contract.runstate import read_regular
 from remote_payload.eagle3.model import Eagle3Drafter
 from remote_payload.eval.checkpoint import PT_WRAPPERS, _closest, _strip_prefixes, torch_load_cpu
+from remote_payload.eval.checkpoint import check_keys as strict_keys
 from remote_payload.eval.safetensors_io import NOTHING_DONE, read_header, read_tensors
 
 TORCH_FILES = (".pt", ".pth", ".bin")
@@ -127,24 +128,12 @@ def expected_shapes(cfg: Eagle3Config) -> dict[str, tuple]:
 
 
 def check_keys(cfg: Eagle3Config, found: dict[str, tuple], source: str, cfg_source: str) -> None:
-    """Every required key present with its shape, nothing else (module doc)."""
-    want = expected_shapes(cfg)
-    missing = [k for k in want if k not in found and k not in OPTIONAL]
-    extra = [k for k in found if k not in want]
-    if missing:
-        more = f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else ""
-        raise CheckpointError(f"EAGLE-3 head needs {missing[0]!r} but {source} has no such key{more}. "
-                              f"Closest: {_closest(missing[0], found)}. {NOTHING_DONE}")
-    if extra:
-        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise CheckpointError(f"{source} has {extra[0]!r}{more}, which the EAGLE-3 head described by {cfg_source} "
-                              f"does not have. Closest: {_closest(extra[0], want)}. {NOTHING_DONE}")
-    for k, shape in found.items():
-        if tuple(shape) != want[k]:
-            raise CheckpointError(f"{source}: {k!r} has shape {list(shape)} but {cfg_source} needs {list(want[k])} "
-                                  f"(hidden_size {cfg.hidden_size}, target_hidden_size {cfg.target_hidden_size}, "
-                                  f"draft_vocab_size {cfg.draft_vocab_size}, vocab_size {cfg.vocab_size}). "
-                                  f"{NOTHING_DONE}")
+    """Every required key present with its shape, nothing else (module doc; eval/checkpoint.check_keys, the
+    DFlash loader's rule)."""
+    sizes = (f" (hidden_size {cfg.hidden_size}, target_hidden_size {cfg.target_hidden_size}, draft_vocab_size "
+             f"{cfg.draft_vocab_size}, vocab_size {cfg.vocab_size})")
+    strict_keys(expected_shapes(cfg), found, source, what="EAGLE-3 head", optional=OPTIONAL, needed_by=cfg_source,
+                described=f"EAGLE-3 head described by {cfg_source}", shape_hint=lambda key: sizes)
 
 
 def check_vocab_map(cfg: Eagle3Config, d2t: Tensor, t2d: Tensor | None, source: str) -> None:

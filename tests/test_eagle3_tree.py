@@ -161,3 +161,12 @@ def test_eval_command_evaluates_the_eagle_tree(e3, tmp_path):
     assert both.returncode == 3 and "--chain 3 and --eagle-tree default" in both.stderr
     bad = _eval([*base, "--eagle-tree", "60,1,2", "--run-dir", str(tmp_path / "r3")], tmp_path)
     assert bad.returncode == 3 and "--eagle-tree 60,1,2" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_eagle_tree_is_refused_for_a_dflash_drafter(tmp_path):
+    d = tmp_path / "dflash"
+    d.mkdir()
+    (d / "config.json").write_text('{"dflash_config": {"mask_token_id": 2}, "hidden_size": 8}')
+    p = _eval(["--drafter", str(d), "--target", str(tmp_path), "--cache", str(tmp_path), "--eagle-tree", "default"],
+              tmp_path)
+    assert p.returncode == 3 and "--eagle-tree default" in p.stderr and "DFlash" in p.stderr

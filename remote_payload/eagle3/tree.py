@@ -82,23 +82,25 @@ def draft_trees(drafter: Eagle3Drafter, feats: Tensor, ids: Tensor, anchors: Ten
                 chunk: int = CHUNK) -> Trees:
     """feats [T, 3Ht], ids [T] (the committed tokens), anchors [n] (1 <= a <= T-1; slot a-1 pairs features a-1
     with token ids[a]) -> the tree each round starting at those anchors would draft (module doc)."""
-    parts = [_draft_chunk(drafter, feats, ids, anchors[i:i + chunk], shape)
-             for i in range(0, anchors.numel(), chunk)]
-    if not parts:
+    if anchors.numel() == 0:
         e = torch.empty((0, shape.total_token - 1), dtype=torch.long)
         return Trees(e, e.clone(), e.clone(), e.float())
+    dev = drafter.fc.weight.device
+    T1 = int(anchors.max())
+    ids = ids.to(dev)
+    u = drafter.project(feats[:T1].to(dev))  # the prefix's slots, once: a slot's K/V depend on its inputs only
+    prefix = (u, *drafter.qkv(drafter.slot_inputs(u, ids[1:T1 + 1]), torch.arange(T1, device=dev)))
+    parts = [_draft_chunk(drafter, prefix, anchors[i:i + chunk], shape) for i in range(0, anchors.numel(), chunk)]
     return Trees(*(torch.cat([getattr(p, f) for p in parts]) for f in ("tokens", "parent", "level", "scores")))
 
 
-def _draft_chunk(drafter: Eagle3Drafter, feats: Tensor, ids: Tensor, anchors: Tensor, shape: TreeShape) -> Trees:
+def _draft_chunk(drafter: Eagle3Drafter, prefix: tuple[Tensor, ...], anchors: Tensor, shape: TreeShape) -> Trees:
     cfg, k = drafter.cfg, shape.top_k
     group = cfg.num_attention_heads // cfg.num_key_value_heads
-    dev = drafter.fc.weight.device
-    n, T1 = anchors.numel(), int(anchors.max())
-    ids, t = ids.to(dev), anchors.to(dev) - 1  # t: the anchor's slot
-    u = drafter.project(feats[:T1].to(dev))
-    pos0 = torch.arange(T1, device=dev)
-    q0, k0, v0 = drafter.qkv(drafter.slot_inputs(u, ids[1:T1 + 1]), pos0)
+    u, q0, k0, v0 = prefix
+    dev, n = u.device, anchors.numel()
+    t = anchors.to(dev) - 1  # the anchor's slot
+    pos0 = torch.arange(u.shape[0], device=dev)
     vis = pos0[None, :] <= t[:, None]  # [n, T1]
     last = drafter.finish(u[t], attend(q0[t], [(k0, vis)], [v0], group))  # [n, H]
     lp = drafter.logits(last).log_softmax(-1)

@@ -58,9 +58,9 @@ def test_config_reads_the_safeailab_layout_and_its_taps():
 
 @pytest.mark.parametrize("change, named", [
     ({"norm_output": True}, "norm_output"),
-    ({"fc_norm": True}, "fc_norm"),
-    ({"norm_before_residual": True}, "norm_before_residual"),
-    ({"bias": True}, "bias"),
+    ({"fc_norm": "yes"}, "fc_norm"),
+    ({"norm_before_residual": 1}, "norm_before_residual"),
+    ({"attention_bias": True}, "attention_bias"),
     ({"num_hidden_layers": 2}, "num_hidden_layers"),
     ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "linear"),
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}, "eagle_aux_hidden_state_layer_ids"),

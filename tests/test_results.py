@@ -63,23 +63,31 @@ def test_old_and_new_runs_stay_comparable_unless_the_attention_differs(tmp_path)
     assert "drafter attention (window / causal inside the block) sliding_attention/4/b" in str(cmp.differences[0])
 
 
-def test_the_drafter_family_is_part_of_the_comparability_key(tmp_path):
-    """A DFlash block and an EAGLE-3 chain are different decoders: not ranked together; a file from before the
-    family was recorded (null) is DFlash's and stays comparable with one."""
+def test_runs_of_two_drafter_families_are_matched_on_their_prompts_and_completions(tmp_path):
+    """A DFlash block and an EAGLE-3 chain read different target layers (different caches) with blocks of their
+    own: ranked together when their prompts and completions (prompt_set), rounds, metrics and regime agree, not
+    otherwise; a file from before the family was recorded (null) is DFlash's: matched on everything with one."""
     base = json.loads(OLD.read_text())
     base.update(schema=R.SCHEMA)
-    for name, family in (("old", None), ("dflash", "dflash"), ("eagle3", "eagle3")):
+    for name, family, change in (("old", None, {}), ("dflash", "dflash", {}),
+                                 ("eagle3", "eagle3", {"cache_fingerprint": "sha256:" + "e" * 64, "block_size": 6}),
+                                 ("eagle3-other", "eagle3", {"prompt_set": "sha256:" + "f" * 64}),
+                                 ("dflash-6", "dflash", {"block_size": 6})):
         d = json.loads(json.dumps(base))
         d["run"] = name
         if family:
             d["drafter"]["family"] = d["comparability"]["family"] = family
+        d["comparability"].update(change)
         write_run(tmp_path, "h", name, R.Result.from_dict(d).to_dict())
-    runs = [compare.load_run(tmp_path / "h" / n) for n in ("old", "dflash", "eagle3")]
-    assert runs[2].result.drafter.family == "eagle3" and runs[0].result.comparability.key()["family"] is None
-    assert not compare.build_comparison(runs[:2]).differences
-    cmp = compare.build_comparison(runs[1:])
-    assert [(d.run, d.field) for d in cmp.differences] == [("eagle3", "family")]
-    assert "drafter family" in str(cmp.differences[0])
+    runs = {n: compare.load_run(tmp_path / "h" / n) for n in ("old", "dflash", "eagle3", "eagle3-other", "dflash-6")}
+    assert runs["eagle3"].result.drafter.family == "eagle3" and runs["old"].result.comparability.key()["family"] is None
+    assert not compare.build_comparison([runs["old"], runs["dflash"]]).differences
+    assert not compare.build_comparison([runs["dflash"], runs["eagle3"]]).differences
+    assert not compare.build_comparison([runs["old"], runs["eagle3"]]).differences
+    other = compare.build_comparison([runs["dflash"], runs["eagle3-other"]])
+    assert [(d.run, d.field) for d in other.differences] == [("eagle3-other", "prompt_set")]
+    same = compare.build_comparison([runs["dflash"], runs["dflash-6"]])  # one family: every field still counts
+    assert [(d.run, d.field) for d in same.differences] == [("dflash-6", "block_size")]
 
 
 def test_missing_field_or_wrong_type_is_one_line_naming_file_and_field(tmp_path, capsys, monkeypatch):

@@ -216,9 +216,12 @@ class Difference:
 def key_differences(key: dict, expected: dict) -> list[tuple[str, Any, Any]]:
     """(field, value, expected) for every comparability field of `key` that differs from `expected` (an
     attention or a drafter family not recorded on either side, a file from before they were, is unknown, not
-    different)."""
+    different; runs of two drafter families are matched on results_json.fields_to_match's fields only)."""
     out = []
+    match = results_json.fields_to_match(key, expected)
     for f, want in expected.items():
+        if f not in match:
+            continue
         if f in ("attention", "family") and (key.get(f) is None or want is None):
             continue
         if key.get(f) != want:
@@ -349,6 +352,10 @@ def short_attention(signature: str | None) -> str:
 
 def comparability_note(cmp: ComparedRuns) -> str:
     if not cmp.differences:
+        families = {r.result.comparability.family or "dflash" for r in cmp.runs if r.result is not None}
+        if len(families) > 1:
+            return (f"comparable across drafter families ({', '.join(sorted(families))}): same prompts and "
+                    "completions, max-blocks, metrics, regime; caches, blocks and attention are each decoder's own")
         sigs = {r.result.comparability.attention for r in cmp.runs if r.result is not None}
         layout = f" ({short_attention(sigs.pop())})" if len(sigs) == 1 else ""
         return f"comparable: same cache, prompts, max-blocks, metrics, drafter attention{layout}"

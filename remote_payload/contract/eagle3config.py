@@ -6,13 +6,22 @@ What each key does here (no key is ignored in silence, as for DFlash in contract
 - read: the sizes, `rms_norm_eps`, `rope_theta` (plain RoPE only), `draft_vocab_size` (default `vocab_size`),
   `target_hidden_size` (default `hidden_size`), `head_dim` (default hidden_size / heads, as SafeAILab),
   `eagle_config.eagle_aux_hidden_state_layer_ids` (the tapped target states; see `tap_ids`);
+- the variants that change the math, each implemented (eagle3/model.py): `fc_norm` (SpecForge / speculators:
+  RMSNorms on the three chunks), `norm_before_fc` (speculators: one RMSNorm on the concatenation),
+  `norm_before_residual` (speculators / vLLM: residual = hidden_norm(u)), SGLang's `bias` (an fc bias);
 - honoured at a neutral value only (`_NEUTRAL`; any other value is refused, exit 3): `hidden_act` silu, no
-  biases (`attention_bias`, `mlp_bias`, SGLang's `bias`), none of the variants that change the math (SpecForge
-  `fc_norm`, speculators `norm_before_fc` / `norm_before_residual`), no sliding window, untied lm_head;
-- `norm_output` is refused whenever present: SpecForge reads it as "norm before lm_head", speculators as "feed
-  the post-norm hidden back" (Eagle 3.1); the SafeAILab layout does not say which;
+  attention / MLP biases, no sliding window, untied lm_head;
+- `norm_output` means opposite things: SpecForge "norm before lm_head" (default true; false = lm_head reads the
+  pre-norm hidden), speculators "feed the post-norm hidden back" (Eagle 3.1). It is read by the layout that says
+  whose it is: a speculators config (`speculators_model_type`), or a flat config with `fc_norm` (SpecForge's: the
+  SafeAILab layout has no such key); in a flat config without `fc_norm` it is refused;
 - bookkeeping keys that change no number (drafterconfig.HARMLESS, `pretraining_tp`: a split of the same GEMMs);
 - anything else is refused by name unless allowed (`--allow-unknown-config KEY`, recorded in results.json).
+
+Layouts (`layout`): `eagle` (SafeAILab's flat LlamaForCausalLMEagle3 config), `specforge` (the same, with SpecForge's
+`fc_norm` key), `speculators` (vllm-project/speculators: `speculators_model_type: eagle3`, the Llama layer's fields in
+`transformer_layer_config`, `draft_vocab_size` / `target_hidden_size` / `eagle_aux_hidden_state_layer_ids` / the
+variants at the top level, `speculators_config` bookkeeping; a non-Llama layer is refused).
 
 Tapped states (spec eagle3.md §2), in HF `output_hidden_states` indexing (entry 0 = the embeddings, entry k =
 the INPUT of decoder layer k): default {2, L//2, L-3} for an L-layer target (SafeAILab, vLLM, SGLang agree).
@@ -39,10 +48,6 @@ _NEUTRAL: dict[str, tuple[tuple, str]] = {
     "hidden_act": (("silu",), "another MLP activation"),
     "attention_bias": ((False,), "q/k/v/o projection biases"),
     "mlp_bias": ((False,), "MLP biases"),
-    "bias": ((False,), "an fc bias (SGLang's `bias`)"),
-    "fc_norm": ((False,), "RMSNorms on the three tapped chunks before fc (SpecForge fc_norm)"),
-    "norm_before_fc": ((False,), "an RMSNorm on the concatenated taps before fc (speculators)"),
-    "norm_before_residual": ((False,), "the residual taken after hidden_norm (speculators / vLLM)"),
     "sliding_window": ((), "a sliding attention window"),
     "use_sliding_window": ((False,), "a sliding attention window"),
     "tie_word_embeddings": ((False,), "an lm_head tied to the embedding"),
@@ -50,11 +55,11 @@ _NEUTRAL: dict[str, tuple[tuple, str]] = {
     "logit_scale": ((1, 1.0), "scaled draft logits"),
     "partial_rotary_factor": ((1, 1.0), "RoPE on part of each head"),
 }
-_AMBIGUOUS = {"norm_output": "SpecForge reads it as 'norm before lm_head', speculators as 'feed the post-norm "
-                             "hidden back' (Eagle 3.1), and this layout does not say which"}
+_VARIANTS = ("fc_norm", "norm_before_fc", "norm_before_residual", "bias")  # read: booleans that change the math
 _READ = {"hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
          "num_hidden_layers", "vocab_size", "draft_vocab_size", "target_hidden_size", "rms_norm_eps", "rope_theta",
-         "rope_scaling", "rope_parameters", "max_position_embeddings", "eagle_config", "layer_types"}
+         "rope_scaling", "rope_parameters", "max_position_embeddings", "eagle_config", "layer_types", "norm_output",
+         *_VARIANTS}
 _HARMLESS = HARMLESS | {"pretraining_tp"}
 _EAGLE_READ = {"eagle_aux_hidden_state_layer_ids"}
 _EAGLE_NEUTRAL = {"use_aux_hidden_state": ((True,), "no fc over the target's tapped states")}
@@ -73,6 +78,13 @@ class Eagle3Config:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     aux_layer_ids: list[int] | None = None  # as written in eagle_config (None: the default taps)
+    fc_norm: bool = False  # SpecForge / speculators: RMSNorms fc_norm.{0,1,2} on the three tapped chunks before fc
+    norm_before_fc: bool = False  # speculators: one RMSNorm input_norm on the concatenated taps before fc
+    norm_before_residual: bool = False  # speculators / vLLM: the attention residual is hidden_norm(u), not u
+    fc_bias: bool = False  # SGLang's `bias`: fc.bias
+    lm_head_norm: bool = True  # SpecForge's norm_output (false: lm_head reads the pre-norm hidden)
+    feed_normed: bool = False  # speculators' norm_output (Eagle 3.1: the post-norm hidden is fed back)
+    layout: str = field(default="eagle", compare=False)  # eagle (SafeAILab) | specforge | speculators (module doc)
     extra: dict = field(default_factory=dict)
     allowed_unknown: list[str] = field(default_factory=list, compare=False)
 
@@ -103,11 +115,21 @@ class Eagle3Config:
         return _parse(d, source, tuple(allow_unknown))
 
     def to_dict(self) -> dict:
-        """The SafeAILab layout; `from_dict(to_dict(c)) == c`."""
+        """The flat (SafeAILab / SpecForge) layout; `from_dict(to_dict(c)) == c` (a speculators config's layout is
+        not kept; its post-norm feedback has no flat form: ValueError)."""
         out = dict(self.extra)
+        skip = ("extra", "allowed_unknown", "aux_layer_ids", "layout", "lm_head_norm", "feed_normed", "fc_bias",
+                *_VARIANTS)
         for f in dataclasses.fields(self):
-            if f.name not in ("extra", "allowed_unknown", "aux_layer_ids"):
+            if f.name not in skip:
                 out[f.name] = getattr(self, f.name)
+        if self.feed_normed:
+            raise ValueError("a head that feeds the post-norm hidden back has no flat (SafeAILab) config")
+        out.update({k: True for k in ("fc_norm", "norm_before_fc", "norm_before_residual") if getattr(self, k)})
+        if self.fc_bias:
+            out["bias"] = True
+        if not self.lm_head_norm:  # SpecForge's norm_output=false, said by its fc_norm key
+            out.update(norm_output=False, fc_norm=self.fc_norm)
         out["num_hidden_layers"] = 1
         if self.aux_layer_ids is not None:
             out["eagle_config"] = {**(out.get("eagle_config") or {}),
@@ -147,6 +169,8 @@ def looks_like_eagle3(d: Any) -> bool:
     """Whether a config.json dict describes an EAGLE-3 head (not a DFlash drafter)."""
     if not isinstance(d, dict) or "dflash_config" in d:
         return False
+    if "speculators_model_type" in d:
+        return d["speculators_model_type"] == "eagle3"
     archs = d.get("architectures") or []
     archs = archs if isinstance(archs, list) else [archs]
     dflash_keys = ("block_size", "mask_token_id", "target_layer_ids")  # a DFlash config's, at its top level
@@ -160,12 +184,23 @@ def _parse(d: Any, source: str, allow: tuple[str, ...]) -> Eagle3Config:
 
     if not isinstance(d, dict):
         raise fail(f"expected a JSON object, got {type(d).__name__}")
+    layout = "eagle"
+    if "speculators_model_type" in d:
+        d, layout = _from_speculators(d, fail), "speculators"
     eagle = d.get("eagle_config") or {}
     if not isinstance(eagle, dict):
         raise fail("'eagle_config' must be an object {eagle_aux_hidden_state_layer_ids: [...]}")
-    for k, why in _AMBIGUOUS.items():
-        if d.get(k) is not None:
-            raise fail(f"{k}={d[k]!r} is refused: {why}; remove it if the head is SafeAILab's plain form")
+    flags = {k: _flag(d, k, fail) for k in (*_VARIANTS, "norm_output")}
+    norm_output = d.get("norm_output")
+    if layout == "eagle" and "fc_norm" in d:
+        layout = "specforge"  # fc_norm in a flat config: SpecForge's (SafeAILab has none; speculators nests)
+    if norm_output is not None and layout == "eagle":
+        raise fail(f"norm_output={norm_output!r} is refused: SpecForge reads it as 'norm before lm_head', speculators "
+                   "as 'feed the post-norm hidden back' (Eagle 3.1), and this config does not say whose it is (a "
+                   "SpecForge config has fc_norm, a speculators config speculators_model_type); remove it if the "
+                   "head is SafeAILab's plain form")
+    if flags["norm_before_fc"] and flags["fc_norm"]:
+        raise fail("norm_before_fc and fc_norm are both true: one norm before fc (speculators refuses both too)")
     _neutral(d, _NEUTRAL, "", fail)
     _neutral(eagle, _EAGLE_NEUTRAL, "eagle_config.", fail)
     allowed = _unknown(d, eagle, allow, fail)
@@ -196,7 +231,11 @@ def _parse(d: Any, source: str, allow: tuple[str, ...]) -> Eagle3Config:
                        draft_vocab_size=get("draft_vocab_size", int, V),
                        target_hidden_size=get("target_hidden_size", int, H),
                        rms_norm_eps=get("rms_norm_eps", float, 1e-6), rope_theta=_rope_theta(d, fail),
-                       aux_layer_ids=_aux_ids(eagle, fail),
+                       aux_layer_ids=_aux_ids(eagle, fail), fc_norm=flags["fc_norm"],
+                       norm_before_fc=flags["norm_before_fc"], norm_before_residual=flags["norm_before_residual"],
+                       fc_bias=flags["bias"],
+                       lm_head_norm=not (layout == "specforge" and norm_output is False),
+                       feed_normed=layout == "speculators" and bool(norm_output), layout=layout,
                        extra={k: v for k, v in d.items() if k not in _READ or k == "eagle_config"},
                        allowed_unknown=allowed)
     cfg.extra.pop("eagle_config", None)
@@ -212,6 +251,43 @@ def _parse(d: Any, source: str, allow: tuple[str, ...]) -> Eagle3Config:
     if types is not None and types != ["full_attention"]:
         raise fail(f"layer_types={types!r}: the EAGLE-3 layer is one full causal attention layer")
     return cfg
+
+
+def _flag(d: dict, k: str, fail) -> bool:
+    v = d.get(k)
+    if v is not None and not isinstance(v, bool):
+        raise fail(f"field {k!r} must be true or false, got {v!r}")
+    return bool(v)
+
+
+_SPECULATORS_TOP = {"draft_vocab_size", "target_hidden_size", "norm_before_residual", "norm_before_fc", "fc_norm",
+                    "norm_output"}  # read from the top level of a speculators config, beside its layer config
+_SPECULATORS_BOOKKEEPING = {"speculators_model_type", "speculators_version", "speculators_config", "architectures",
+                            "embed_requires_grad", "torch_dtype", "dtype", "transformers_version", "model_type",
+                            "has_no_defaults_at_init"}  # change no number the eval computes
+
+
+def _from_speculators(d: dict, fail) -> dict:
+    """A vllm-project/speculators config (speculators_model_type eagle3; the decoder layer's fields in
+    transformer_layer_config, the EAGLE-3 fields at the top level) -> the flat form `_parse` reads."""
+    if d["speculators_model_type"] != "eagle3":
+        raise fail(f"speculators_model_type={d['speculators_model_type']!r}: only eagle3 speculators are EAGLE-3 heads")
+    layer = d.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise fail("a speculators config needs 'transformer_layer_config' (the decoder layer's config) as an object")
+    if layer.get("model_type", "llama") != "llama":
+        raise fail(f"transformer_layer_config.model_type={layer.get('model_type')!r}: reval's EAGLE-3 layer is "
+                   "Llama's (a qwen3 layer has q_norm/k_norm); refusing rather than evaluate another model")
+    known = _SPECULATORS_TOP | _SPECULATORS_BOOKKEEPING | {"transformer_layer_config",
+                                                           "eagle_aux_hidden_state_layer_ids"}
+    flat = {k: v for k, v in layer.items() if k not in ("architectures", "model_type")}
+    clash = sorted(k for k in _SPECULATORS_TOP if k in flat and k in d and flat[k] != d[k])
+    if clash:
+        raise fail(f"{clash[0]} differs between the top level and transformer_layer_config")
+    flat.update({k: v for k, v in d.items() if k not in known or k in _SPECULATORS_TOP})
+    if d.get("eagle_aux_hidden_state_layer_ids") is not None:
+        flat["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": d["eagle_aux_hidden_state_layer_ids"]}
+    return flat
 
 
 def _neutral(src: dict, table: dict, prefix: str, fail) -> None:

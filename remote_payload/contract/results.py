@@ -75,10 +75,12 @@ class Drafter(Record):
     allowed_unknown_config: dict[str, str] | None = doc(
         "config keys reval does not interpret that the user allowed (--allow-unknown-config): key -> its value "
         "as JSON text; null: none", None)
-    family: str | None = doc("drafter family: `dflash` (block drafter) or `eagle3` (EAGLE-3 head, chain drafting); "
+    family: str | None = doc("drafter family: `dflash` (block drafter) or `eagle3` (EAGLE-3 head: chain or tree); "
                              "null in files written before families were recorded (DFlash)", None)
     eagle3: dict[str, Any] | None = doc(
-        "EAGLE-3 only: chain_length (drafts per round), taps_hf_hidden_states (HF output_hidden_states indices of "
+        "EAGLE-3 only: decoding (`chain` or `tree`), chain_length (drafts per round; null for the tree), tree "
+        "({total_token, depth, top_k}: EAGLE's dynamic tree, --eagle-tree; null for the chain), "
+        "taps_hf_hidden_states (HF output_hidden_states indices of "
         "the three tapped states), layer_id_convention, explicit_layer_ids, draft_vocab_size, vocab_size, "
         "embed_source (`checkpoint` or `target`), config_source; null for DFlash", None)
 
@@ -132,7 +134,10 @@ class Options(Record):
 @dataclass(kw_only=True)
 class Comparability(Record):
     cache_fingerprint: str = doc("the cache's fingerprint")
-    prompt_set: str = doc("sha256 of the evaluated prompts' token ids and prompt lengths")
+    prompt_set: str = doc("sha256 of the evaluated prompts' token ids (prompt and completion, ids only) and prompt "
+                          "lengths: the same for any two runs over the same prompts and completions, whatever "
+                          "target layers their caches hold (the fingerprint runs of different drafter families are "
+                          "matched on)")
     num_prompts: int = doc("prompts evaluated")
     max_blocks: int = doc("draft rounds per prompt")
     block_size: int = doc("drafter block size")
@@ -150,10 +155,24 @@ class Comparability(Record):
     KEY_FIELDS = ("cache_fingerprint", "prompt_set", "num_prompts", "max_blocks", "block_size", "metrics_version",
                   "attention", "family", "regime")
 
+    # Runs of two drafter families (a DFlash block, an EAGLE-3 chain or tree) read different target layers, so
+    # their caches differ, and their blocks and attention are the decoders' own: they are ranked against each
+    # other on tau over the same prompts and completions (prompt_set), rounds, metrics and regime.
+    CROSS_FAMILY_FIELDS = ("prompt_set", "num_prompts", "max_blocks", "metrics_version", "regime")
+
     def key(self) -> dict[str, Any]:
         """What must be equal for two results to be ranked against each other (null attention or family:
         unknown)."""
         return {k: getattr(self, k) for k in self.KEY_FIELDS}
+
+
+def fields_to_match(key: dict[str, Any], other: dict[str, Any]) -> tuple[str, ...]:
+    """The comparability fields two keys (Comparability.key()) must agree on: all of them, or, when their
+    drafter families differ (null: DFlash, written before families were recorded),
+    Comparability.CROSS_FAMILY_FIELDS."""
+    if (key.get("family") or "dflash") != (other.get("family") or "dflash"):
+        return Comparability.CROSS_FAMILY_FIELDS
+    return Comparability.KEY_FIELDS
 
 
 @dataclass(kw_only=True)

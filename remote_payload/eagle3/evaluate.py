@@ -5,11 +5,12 @@ family.py). The DFlash eval's five steps and results.json, with the chain in pla
     [4/5] the head (loader.py) + the target's embedding; its three taps resolved against the target's layer
           count and found in the cache (HF hidden_states[k] = cache layer k-1)
     [5/5] the chain of K drafts at every anchor (walk.py: K batched passes per prompt), then the acceptance walk
-          and metrics (eval/metrics.py with block_size = K+1: one bonus token + K drafts per round)
+          and metrics (eval/metrics.py with block_size = K+1: one bonus token + K drafts per round); with
+          --eagle-tree, EAGLE's dynamic tree at every anchor instead (tree.py: block_size = depth+2)
 
 results.json: the DFlash schema, with drafter.family / comparability.family "eagle3", drafter.eagle3 (the taps,
-the chain length, the draft vocabulary, where the embedding came from), options.block_size = K+1, no DDTree or
-width-k trees (their drafts come from one block pass; EAGLE's own tree is not evaluated yet: docs/eagle3.md).
+the chain length or the tree, the draft vocabulary, where the embedding came from), options.block_size = K+1, no
+DDTree or width-k trees (their drafts come from one block pass; EAGLE's own tree is --eagle-tree).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from remote_payload.contract.eagle3config import FAMILY, Eagle3Config, check_tap
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
 from remote_payload.eagle3.loader import load_eagle3, peek_eagle3_config
+from remote_payload.eagle3.tree import TreeShape, accept_lengths, draft_trees, parse_tree
 from remote_payload.eagle3.walk import chain_drafts
 from remote_payload.eval import metrics
 from remote_payload.eval.checkpoint import load_target_head
@@ -60,8 +62,14 @@ DEFINITIONS = {
     "eagle3_chain": "EAGLE-3 greedy chain: per round K drafts from the committed prefix with target features only "
     "(SafeAILab eagenerate with top_k=1, depth=K-1, total_token=K+1); block_size = K+1 (bonus + K drafts); the "
     "walk, tau and histograms as for DFlash",
+    "eagle3_tree": "EAGLE-3 dynamic tree (--eagle-tree total_token,depth,top_k): per round the tree SafeAILab's "
+    "topK_genrate drafts from the committed prefix with target features only (the best total_token-1 nodes by "
+    "cumulative log-prob; the nodes of a level at one position); the longest root-to-node path matching the "
+    "target's greedy tokens is accepted; block_size = depth+2 (bonus + the deepest level)",
     "position_accuracy": "k=1..K, at every anchor: #(draft k == g[a+k]) / #(anchors with a+k < seq_len), draft k "
-    "made with the cached tokens g[a+1..a+k-1] fed back (teacher-forced chain, the TTT form); pooled over anchors",
+    "made with the cached tokens g[a+1..a+k-1] fed back (teacher-forced chain, the TTT form); pooled over anchors. "
+    "With --eagle-tree: k=1..depth+1, at every anchor, #(the tree holds g[a+1..a+k] as a path) / #(anchors with "
+    "a+k < seq_len)",
 }
 
 
@@ -75,6 +83,7 @@ class HeadView:
     allowed_unknown: list[str]
     extra: dict = field(default_factory=dict)
     num_hidden_layers: int = 1
+    tree: TreeShape | None = None  # --eagle-tree; None: the chain of block_size-1
 
     def layer_type(self, i: int) -> str:
         return "full_attention"
@@ -87,6 +96,11 @@ class HeadView:
 
 
 def _refuse_unsupported(opts: EvalOptions) -> None:
+    if opts.chain is not None and opts.eagle_tree is not None:
+        raise PayloadError(f"--chain {opts.chain} and --eagle-tree {opts.eagle_tree}: one decoding per run (the chain "
+                           "of K is the tree K+1,K-1,1); give one")
+    if opts.eagle_tree is not None:
+        parse_tree(opts.eagle_tree)  # a malformed tree: exit 3 before anything is loaded
     for flag, on in (("--online", opts.online), ("--speedup", opts.speedup), ("--cache NAME=PATH (suites)",
                                                                               opts.suites)):
         if on:
@@ -122,9 +136,12 @@ def load_head(opts: EvalOptions, inp: Inputs, device, dtype, rep: Reporter) -> t
     drafter, info = load_eagle3(opts.drafter, device=device, dtype=dtype, allow_unknown=opts.allow_unknown_config,
                                 embed=head.embed)
     load_s = time.perf_counter() - t
-    K = opts.chain or DEFAULT_CHAIN
+    shape = parse_tree(opts.eagle_tree) if opts.eagle_tree is not None else None
+    K = shape.max_accept if shape else opts.chain or DEFAULT_CHAIN
+    how = (f"tree total_token={shape.total_token} depth={shape.depth} top_k={shape.top_k}" if shape
+           else f"chain K={K}")
     rep.line(f"  layout={info.layout} params={info.num_parameters:,} taps HF hidden_states {taps} = cache layers "
-             f"{cache_ids}; draft vocabulary {cfg.draft_vocab_size} of {cfg.vocab_size}; chain K={K}")
+             f"{cache_ids}; draft vocabulary {cfg.draft_vocab_size} of {cfg.vocab_size}; {how}")
     rep.line(f"  embedding: {'the checkpoint' if info.embed_source == 'checkpoint' else 'the target'}'s "
              f"({hinfo.embed_key if info.embed_source == 'target' else 'embed_tokens.weight'})")
     for rule in info.renamed:
@@ -139,10 +156,12 @@ def load_head(opts: EvalOptions, inp: Inputs, device, dtype, rep: Reporter) -> t
     e_std, e_mean = torch.std_mean(drafter.embed.float())
     rep.line(f"  loaded in {load_s:.2f}s", stage="load_drafter", step=4, steps=STEPS)
     view = HeadView(block_size=K + 1, target_layer_ids=cache_ids, fc_layer_ids=cache_ids,
-                    allowed_unknown=list(cfg.allowed_unknown), extra=cfg.extra)
+                    allowed_unknown=list(cfg.allowed_unknown), extra=cfg.extra, tree=shape)
     mod = Loaded(drafter=SimpleNamespace(cfg=view, head=drafter), info=info, head=head, hinfo=hinfo,
                  target_matches=matches, embed_stats={"mean": float(e_mean), "std": float(e_std)}, load_s=load_s)
-    record = {"chain_length": K, "taps_hf_hidden_states": taps, "layer_id_convention": CONVENTION,
+    record = {"decoding": "tree" if shape else "chain", "chain_length": None if shape else K,
+              "tree": dict(zip(("total_token", "depth", "top_k"), shape.as_list())) if shape else None,
+              "taps_hf_hidden_states": taps, "layer_id_convention": CONVENTION,
               "explicit_layer_ids": cfg.aux_layer_ids, "draft_vocab_size": cfg.draft_vocab_size,
               "vocab_size": cfg.vocab_size, "embed_source": info.embed_source, "config_source": info.config_source}
     return mod, record
@@ -151,16 +170,21 @@ def load_head(opts: EvalOptions, inp: Inputs, device, dtype, rep: Reporter) -> t
 def draft_prompts(opts: EvalOptions, inp: Inputs, mod: Loaded, device, dtype, rep: Reporter) -> Drafted:
     """Step 5: the chain at every anchor of every prompt, the walk and the per-prompt metrics."""
     head, K, cache_ids = mod.drafter.head, mod.drafter.cfg.block_size - 1, mod.drafter.cfg.fc_layer_ids
-    bs = K + 1
-    rep.step(5, "eval", f"Evaluating {len(inp.prompts)} prompts x {opts.max_blocks} rounds (EAGLE-3 chain, K={K})...")
+    bs, shape = K + 1, mod.drafter.cfg.tree
+    how = f"EAGLE-3 tree {','.join(map(str, shape.as_list()))}" if shape else f"EAGLE-3 chain, K={K}"
+    rep.step(5, "eval", f"Evaluating {len(inp.prompts)} prompts x {opts.max_blocks} rounds ({how})...")
     per_prompt, all_drafts, all_targets, h, n_total = [], [], [], hashlib.sha256(), 0
     t0 = time.perf_counter()
     for i, p in enumerate(inp.prompts):
         ids, feats = inp.cache.load(i, layer_ids=cache_ids, device=device, dtype=dtype)
         n = (max(0, p.seq_len - 1 - p.prompt_len) if opts.all_anchors
              else metrics.num_anchors(p.prompt_len, p.seq_len, opts.max_blocks, bs))
-        drafts, _ = chain_drafts(head, feats, ids, torch.arange(p.prompt_len, p.prompt_len + n, device=device), K,
-                                 chunk=opts.batch_size or 256)
+        anchors = torch.arange(p.prompt_len, p.prompt_len + n, device=device)
+        if shape is None:
+            drafts, _ = chain_drafts(head, feats, ids, anchors, K, chunk=opts.batch_size or 256)
+        else:  # the path each tree offers the walk: its acceptance is the tree's (tree.accept_lengths)
+            trees = draft_trees(head, feats, ids, anchors, shape, chunk=opts.batch_size or 64)
+            _, drafts = accept_lengths(trees, ids, anchors, width=K)
         g = ids.cpu().numpy()
         h.update(g.astype(np.int64).tobytes() + p.prompt_len.to_bytes(8, "little"))
         d = drafts.numpy()

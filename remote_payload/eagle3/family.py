@@ -1,6 +1,7 @@
 """The `eval` command's family switch: an EAGLE-3 head (its config.json says so: loader.is_eagle3) goes to
 eagle3/evaluate.py, anything else to the DFlash eval (eval/run.py), both under eval/run.py's `main` (the run
-directory, status.json, results.json, exit codes). `--chain` is the EAGLE-3 chain length: refused for DFlash."""
+directory, status.json, results.json, exit codes). `--chain` (the EAGLE-3 chain length) and `--eagle-tree` (EAGLE's
+dynamic tree): refused for DFlash."""
 from __future__ import annotations
 
 import argparse
@@ -22,5 +23,9 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "chain", None) is not None:
         print(f"error: --chain {args.chain}: the chain length is for EAGLE-3 drafters; {args.drafter} is a DFlash "
               "drafter (its block_size is in its config.json)", file=sys.stderr)
+        return protocol.EXIT_BAD_INPUT
+    if getattr(args, "eagle_tree", None) is not None:
+        print(f"error: --eagle-tree {args.eagle_tree}: EAGLE's draft tree is for EAGLE-3 drafters; {args.drafter} "
+              "is a DFlash drafter (its trees: --ddtree-budgets, --tree-widths)", file=sys.stderr)
         return protocol.EXIT_BAD_INPUT
     return run.main(args)

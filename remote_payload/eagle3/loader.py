@@ -1,4 +1,5 @@
-"""Strict loading of EAGLE-3 heads in the SafeAILab/EAGLE layout, and telling them from DFlash drafters.
+"""Strict loading of EAGLE-3 heads (SafeAILab/EAGLE, SpecForge and speculators layouts: their configs are told
+apart and read by contract/eagle3config.py), and telling them from DFlash drafters.
 
 Layouts (`load_eagle3`):
 - a folder: config.json + model.safetensors, or shards listed in model.safetensors.index.json, or
@@ -9,9 +10,10 @@ Keys: `fc.weight`, `midlayer.{input_layernorm,hidden_norm,post_attention_layerno
 `midlayer.self_attn.{q,k,v,o}_proj.weight`, `midlayer.mlp.{gate,up,down}_proj.weight`, `norm.weight`,
 `lm_head.weight` [Vd, H], `d2t` [Vd] (int offsets), `t2d` [V] (bool; optional: vLLM does not read it, checked
 against d2t when present), `embed_tokens.weight` [V, H] (optional: else the target's embedding, which must be
-[V, H]). vLLM's names are read as ours (`layers.0.` = `midlayer.`, `draft_id_to_target_id` = `d2t`). Every key
-must be one of those with its exact shape: a missing or extra key is a CheckpointError naming it and the closest
-names there are; nothing is evaluated after one.
+[V, H]); with the layout's variants `fc_norm.{0,1,2}.weight` [Ht], `input_norm.weight` [3Ht] (norm_before_fc),
+`fc.bias` [H] (SGLang's bias). vLLM's and speculators' names are read as ours (`layers.0.` = `midlayer.`,
+`draft_id_to_target_id` = `d2t`). Every key must be one of those with its exact shape: a missing or extra key is a
+CheckpointError naming it and the closest names there are; nothing is evaluated after one.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from remote_payload.contract.errors import CheckpointError, ConfigError
 from remote_payload.contract.runstate import read_regular
 from remote_payload.eagle3.model import Eagle3Drafter
 from remote_payload.eval.checkpoint import PT_WRAPPERS, _closest, _strip_prefixes, torch_load_cpu
+from remote_payload.eval.checkpoint import check_keys as strict_keys
 from remote_payload.eval.safetensors_io import NOTHING_DONE, read_header, read_tensors
 
 TORCH_FILES = (".pt", ".pth", ".bin")
@@ -41,7 +44,7 @@ INT_KEYS = ("d2t", "t2d")
 class Eagle3Info:
     """What results.json records of the head (the fields eval's DrafterInfo has, plus the family's own)."""
     path: str
-    layout: str  # "eagle" (SafeAILab folder / .safetensors) | "eagle-pt" (a torch file)
+    layout: str  # the config's layout (eagle | specforge | speculators), + "-pt" for a torch file
     name: str
     step: int | None
     content_hash: str
@@ -125,24 +128,12 @@ def expected_shapes(cfg: Eagle3Config) -> dict[str, tuple]:
 
 
 def check_keys(cfg: Eagle3Config, found: dict[str, tuple], source: str, cfg_source: str) -> None:
-    """Every required key present with its shape, nothing else (module doc)."""
-    want = expected_shapes(cfg)
-    missing = [k for k in want if k not in found and k not in OPTIONAL]
-    extra = [k for k in found if k not in want]
-    if missing:
-        more = f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else ""
-        raise CheckpointError(f"EAGLE-3 head needs {missing[0]!r} but {source} has no such key{more}. "
-                              f"Closest: {_closest(missing[0], found)}. {NOTHING_DONE}")
-    if extra:
-        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise CheckpointError(f"{source} has {extra[0]!r}{more}, which the EAGLE-3 head described by {cfg_source} "
-                              f"does not have. Closest: {_closest(extra[0], want)}. {NOTHING_DONE}")
-    for k, shape in found.items():
-        if tuple(shape) != want[k]:
-            raise CheckpointError(f"{source}: {k!r} has shape {list(shape)} but {cfg_source} needs {list(want[k])} "
-                                  f"(hidden_size {cfg.hidden_size}, target_hidden_size {cfg.target_hidden_size}, "
-                                  f"draft_vocab_size {cfg.draft_vocab_size}, vocab_size {cfg.vocab_size}). "
-                                  f"{NOTHING_DONE}")
+    """Every required key present with its shape, nothing else (module doc; eval/checkpoint.check_keys, the
+    DFlash loader's rule)."""
+    sizes = (f" (hidden_size {cfg.hidden_size}, target_hidden_size {cfg.target_hidden_size}, draft_vocab_size "
+             f"{cfg.draft_vocab_size}, vocab_size {cfg.vocab_size})")
+    strict_keys(expected_shapes(cfg), found, source, what="EAGLE-3 head", optional=OPTIONAL, needed_by=cfg_source,
+                described=f"EAGLE-3 head described by {cfg_source}", shape_hint=lambda key: sizes)
 
 
 def check_vocab_map(cfg: Eagle3Config, d2t: Tensor, t2d: Tensor | None, source: str) -> None:
@@ -262,7 +253,7 @@ def load_eagle3(path, *, device="cpu", dtype=torch.float32, allow_unknown=(),
              for k in ("fc.weight", "norm.weight", "lm_head.weight")}
     generic = p.stem in ("model", "pytorch_model", "drafter", "state_dict", "checkpoint", "weights")
     info = Eagle3Info(
-        path=str(p), layout="eagle-pt" if files[0].suffix in TORCH_FILES else "eagle",
+        path=str(p), layout=cfg.layout + ("-pt" if files[0].suffix in TORCH_FILES else ""),
         name=p.name if p.is_dir() else (p.parent.name if generic else p.stem), step=parse_step(p),
         content_hash=sha256_files(hashed), num_parameters=sum(v.numel() for k, v in sd.items() if k not in INT_KEYS),
         weight_stats=stats, config_source=cfg_source, weight_files=[str(f) for f in files], renamed=renamed,

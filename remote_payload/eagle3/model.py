@@ -7,7 +7,10 @@
     m = u + o_proj(attn(z));  g = m + mlp(post_attention_layernorm(m))
     logits = lm_head(norm(g)) over the draft vocabulary; target id = i + d2t[i]
 
-Later chain steps feed back the PRE-norm g in place of u (the residual is that hidden). One layer, so a
+Later chain steps feed back the PRE-norm g in place of u (the residual is that hidden). Layout variants
+(contract/eagle3config.py): fc_norm / input_norm before fc, fc bias, residual = hidden_norm(u)
+(norm_before_residual), the post-norm hidden fed back (speculators' norm_output), no norm before lm_head (SpecForge's
+norm_output false). One layer, so a
 slot's key and value depend on that slot's inputs only: the prefix's K/V are computed once for every slot.
 
 Pieces, shared by the per-round reference (online.py) and the batched walk (walk.py):
@@ -63,7 +66,10 @@ class Eagle3Drafter(nn.Module):
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
         self.cfg = cfg
-        self.fc = nn.Linear(cfg.fc_in_features, cfg.hidden_size, bias=False)
+        self.fc = nn.Linear(cfg.fc_in_features, cfg.hidden_size, bias=cfg.fc_bias)
+        Ht, eps = cfg.target_hidden_size, cfg.rms_norm_eps
+        self.fc_norm = nn.ModuleList([RMSNorm(Ht, eps) for _ in range(3)]) if cfg.fc_norm else None
+        self.input_norm = RMSNorm(3 * Ht, eps) if cfg.norm_before_fc else None
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
@@ -76,8 +82,13 @@ class Eagle3Drafter(nn.Module):
         return self.fc.weight.dtype
 
     def project(self, feats: Tensor) -> Tensor:
-        """feats [..., 3Ht] (the cached taps, low -> mid -> high) -> u [..., H]."""
-        return self.fc(feats.to(self.dtype))
+        """feats [..., 3Ht] (the cached taps, low -> mid -> high) -> u [..., H] (after the layout's norms)."""
+        a = feats.to(self.dtype)
+        if self.input_norm is not None:
+            a = self.input_norm(a)
+        if self.fc_norm is not None:
+            a = torch.cat([norm(c) for norm, c in zip(self.fc_norm, a.chunk(3, dim=-1))], dim=-1)
+        return self.fc(a)
 
     def slot_inputs(self, hidden: Tensor, tokens: Tensor) -> Tensor:
         """hidden [..., H] (u, or a fed-back pre-norm g), tokens [...] target ids -> z [..., 2H]."""
@@ -97,14 +108,19 @@ class Eagle3Drafter(nn.Module):
         return q, k, v
 
     def finish(self, hidden: Tensor, attn: Tensor) -> Tensor:
-        """hidden [..., H] (the residual), attn [..., nh, d] -> g [..., H], the pre-norm output."""
+        """hidden [..., H] (u or the fed-back hidden), attn [..., nh, d] -> the hidden fed to the next step: g
+        [..., H], the pre-norm output (norm(g) when the layout feeds the post-norm hidden back: feed_normed)."""
         layer = self.midlayer
-        m = hidden + layer.self_attn.o_proj(attn.flatten(-2).to(self.dtype))
-        return m + layer.mlp(layer.post_attention_layernorm(m))
+        res = layer.hidden_norm(hidden) if self.cfg.norm_before_residual else hidden
+        m = res + layer.self_attn.o_proj(attn.flatten(-2).to(self.dtype))
+        g = m + layer.mlp(layer.post_attention_layernorm(m))
+        return self.norm(g) if self.cfg.feed_normed else g
 
     def logits(self, g: Tensor) -> Tensor:
-        """g [..., H] -> draft-vocabulary logits [..., Vd] (fp32)."""
-        return self.lm_head(self.norm(g)).float()
+        """g [..., H] (finish's output) -> draft-vocabulary logits [..., Vd] (fp32): lm_head(norm(g)), or
+        lm_head(g) when g is normed already (feed_normed) or the layout has no final norm (lm_head_norm false)."""
+        normed = self.cfg.feed_normed or not self.cfg.lm_head_norm
+        return self.lm_head(g if normed else self.norm(g)).float()
 
     def to_target(self, draft_ids: Tensor) -> Tensor:
         """Draft-vocabulary ids -> target ids (i + d2t[i])."""

@@ -111,27 +111,35 @@ def hash_in_background(paths: list[Path]) -> Future:
     return fut
 
 
-def _check_keys(expected: dict[str, tuple], found: dict[str, tuple], source: str, cfg: DrafterConfig,
-                cfg_source: str) -> None:
-    missing = [k for k in expected if k not in found]
+def check_keys(expected: dict[str, tuple], found: dict[str, tuple], source: str, *, what: str, described: str,
+               needed_by: str, optional=(), shape_hint=lambda key: "") -> None:
+    """The one strict-keys rule of every drafter family: each key of `expected` (all but `optional`) is in `found`
+    with its exact shape, and nothing else is; else a CheckpointError naming the first offender and the closest
+    names there are (`what` needs a key; the `described` model has no such key; `needed_by` fixes a shape,
+    `shape_hint(key)` says why)."""
+    missing = [k for k in expected if k not in found and k not in optional]
     unexpected = [k for k in found if k not in expected]
     if missing:
         more = f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else ""
-        raise CheckpointError(f"drafter needs {missing[0]!r} but {source} has no such key{more}. "
+        raise CheckpointError(f"{what} needs {missing[0]!r} but {source} has no such key{more}. "
                               f"Closest: {_closest(missing[0], found)}. {NOTHING_DONE}")
     if unexpected:
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-        raise CheckpointError(f"{source} has {unexpected[0]!r}{more}, which the drafter described by {cfg_source} "
-                              f"({cfg.num_hidden_layers} layers) does not have. "
+        raise CheckpointError(f"{source} has {unexpected[0]!r}{more}, which the {described} does not have. "
                               f"Closest: {_closest(unexpected[0], expected)}. {NOTHING_DONE}")
     for k, shape in expected.items():
-        if tuple(found[k]) != tuple(shape):
-            hint = ""
-            if k == "fc.weight":
-                hint = (f" (fc.weight is [hidden_size, n_layers*hidden_size]; {cfg_source} says fc_layer_ids="
-                        f"{cfg.fc_layer_ids}, hidden_size={cfg.hidden_size})")
-            raise CheckpointError(f"{source}: {k!r} has shape {list(found[k])} but {cfg_source} needs "
-                                  f"{list(shape)}{hint}. {NOTHING_DONE}")
+        if k in found and tuple(found[k]) != tuple(shape):
+            raise CheckpointError(f"{source}: {k!r} has shape {list(found[k])} but {needed_by} needs "
+                                  f"{list(shape)}{shape_hint(k)}. {NOTHING_DONE}")
+
+
+def _check_keys(expected: dict[str, tuple], found: dict[str, tuple], source: str, cfg: DrafterConfig,
+                cfg_source: str) -> None:
+    def hint(k: str) -> str:
+        return (f" (fc.weight is [hidden_size, n_layers*hidden_size]; {cfg_source} says fc_layer_ids="
+                f"{cfg.fc_layer_ids}, hidden_size={cfg.hidden_size})") if k == "fc.weight" else ""
+    check_keys(expected, found, source, what="drafter", needed_by=cfg_source, shape_hint=hint,
+               described=f"drafter described by {cfg_source} ({cfg.num_hidden_layers} layers)")
 
 
 def _strip_prefixes(sd: dict) -> tuple[dict, str]:

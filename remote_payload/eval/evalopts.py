@@ -35,6 +35,7 @@ class EvalOptions:
     online: int = 0  # first N prompts decoded online with the real target (speculative vs target-only)
     speedup: bool = False  # measure the target's latencies and project the speedup per method
     chain: int | None = None  # EAGLE-3: drafts per round (None: 5); refused for DFlash drafters
+    eagle_tree: str | None = None  # EAGLE-3: EAGLE's dynamic tree "TOTAL_TOKEN,DEPTH,TOP_K" (None: the chain)
     speedup_batches: list[int] = field(default_factory=lambda: [1, 4, 16, 64])  # batch sizes measured
     speedup_repeats: int = 7  # least timed runs per latency
     remeasure: bool = False  # measure again even when the latency table holds the entry
@@ -98,6 +99,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chain", type=int, default=None, metavar="K",
                    help="EAGLE-3 drafters: drafts per round, the greedy chain (default 5; docs/eagle3.md); refused "
                         "for DFlash drafters, whose block_size is in their config.json")
+    p.add_argument("--eagle-tree", default=None, metavar="TOTAL,DEPTH,TOPK",
+                   help="EAGLE-3 drafters: EAGLE's dynamic draft tree instead of the chain: the best TOTAL-1 nodes "
+                        "by cumulative log-prob, DEPTH expansions of the TOPK best nodes per level, TOPK children "
+                        "each (SafeAILab's total_token, depth, top_k; `default` = 60,7,10; docs/eagle3.md); "
+                        "not with --chain; refused for DFlash drafters")
     from remote_payload.eval.speedupopts import add_speedup_arguments
     add_speedup_arguments(p)
     p.add_argument("--draft", choices=spec.DRAFT_RULES, default="greedy",
@@ -131,5 +137,6 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
                        tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
                        strict=args.strict, all_anchors=args.all_anchors,
                        allow_unknown_config=list(args.allow_unknown_config), online=args.online,
-                       speedup=bool(args.speedup), chain=getattr(args, "chain", None), draft=ask.draft,
+                       speedup=bool(args.speedup), chain=getattr(args, "chain", None),
+                       eagle_tree=getattr(args, "eagle_tree", None), draft=ask.draft,
                        **speedup_options(args))

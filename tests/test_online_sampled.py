@@ -3,7 +3,7 @@ the trained tiny fixtures, CPU, fp32, one thread.
 
 - coupled: the online decode whose target samples are a cached completion y's tokens equals the offline walk over y
   (results.json's per-sample acceptance lengths) round by round, greedy drafts, for every sample of a T = 1 cache;
-  DDTree has no online decoder (online.py decodes the block), so the coupled check covers the block;
+  the block only here: the online DDTree decode's coupled check is tests/test_online_tree.py;
 - in law: the online decode's mean tau over K seeds and the offline tau at T over the cache's S samples (greedy
   drafts: the walk; sampled drafts: E[tau | y]) estimate the same number; per prompt the difference of the two
   means, averaged over the prompts, lies within 4 standard errors (online seeds and cache samples independent:

@@ -31,8 +31,8 @@ are a function of what it commits and of its drafts' randomness, as the offline 
 seeds and the offline tau averaged over the cache's samples estimate the same expectation, prompt by prompt.
 
 `coupled=y` (tests): the target's sample at each position is y's token and the end is len(y); with greedy drafts
-the rounds are then the offline walk over y, round by round. DDTree has no online decoder here (online.py decodes
-the plain block): the coupled check covers the block.
+the rounds are then the offline walk over y, round by round. This module decodes the plain block; the online DDTree
+decode, coupled likewise, is online_tree.py.
 """
 from __future__ import annotations
 

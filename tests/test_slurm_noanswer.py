@@ -43,7 +43,7 @@ def _slurm_backend(runs: dict, jobs: dict, unanswered: dict):
 
 
 def _files(status: dict, job: str) -> dict:
-    return {"STATUS": status, "JOB": {"job_id": job}, "EVENT": {}, "SUM": "", "NOW": None}
+    return {"STATUS": status, "JOB": {"job_id": job}, "EVENT": {}, "SUM": "", "NOW": None, "KIND": "eval"}
 
 
 def test_slurm_that_cannot_answer_is_no_answer_and_a_damaged_status_json_is_unknown():

@@ -108,8 +108,8 @@ def test_ctrl_c_in_a_sweep_says_what_keeps_running_and_the_same_command_resumes(
     (tmp_path / "hosts.yaml").write_text(f"hosts:\n  loc1: {{local: true, workdir: {tmp_path / 'loc1'}, python: "
                                          f"{sys.executable}, venv: {{mode: python}}, gpus: none}}\n")
     argv = [sys.executable, "-m", "reval", "sweep", "--checkpoints", f"{ck}/step-*", "--hosts", "loc1",
-            "--payload", "dummy", "--sweep-dir", "sweeps", "--poll-s", "0.2", "--", "--lines", "100",
-            "--interval-s", "0.1"]  # 10 s a run: still going when the Ctrl-C lands on a busy machine
+            "--payload", "dummy", "--sweep-dir", "sweeps", "--poll-s", "0.2", "--", "--lines", "200",
+            "--interval-s", "0.1"]  # 20 s a run: still going when the Ctrl-C lands on a busy machine
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     p = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120

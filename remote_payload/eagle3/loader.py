@@ -29,7 +29,7 @@ from remote_payload.contract.eagle3config import Eagle3Config, looks_like_eagle3
 from remote_payload.contract.errors import CheckpointError, ConfigError
 from remote_payload.contract.runstate import read_regular
 from remote_payload.eagle3.model import Eagle3Drafter
-from remote_payload.eval.checkpoint import PT_WRAPPERS, _closest, _strip_prefixes, torch_load_cpu
+from remote_payload.eval.checkpoint import PT_WRAPPERS, _closest, _strip_prefixes, canonical_names, torch_load_cpu
 from remote_payload.eval.checkpoint import check_keys as strict_keys
 from remote_payload.eval.safetensors_io import NOTHING_DONE, read_header, read_tensors
 
@@ -100,24 +100,6 @@ def peek_eagle3_config(path, allow_unknown=()) -> Eagle3Config:
     if c is None:
         raise ConfigError(f"EAGLE-3 head {p} has no config.json beside its weights")
     return Eagle3Config.from_dict(_read_json(c, "drafter config"), str(c), allow_unknown)
-
-
-def _canonical(keys, source: str) -> tuple[dict[str, str], list[str]]:
-    out, used = {}, []
-    for k in keys:
-        new = k
-        for old, ours in RENAMED:
-            if k.startswith(old):
-                new = ours + k[len(old):]
-                if f"{old} -> {ours}" not in used:
-                    used.append(f"{old} -> {ours}")
-                break
-        if new in out.values():
-            other = next(o for o, v in out.items() if v == new)
-            raise CheckpointError(f"{source} holds {other!r} and {k!r}, two tensors for the head's {new!r}. "
-                                  f"{NOTHING_DONE}")
-        out[k] = new
-    return out, used
 
 
 def expected_shapes(cfg: Eagle3Config) -> dict[str, tuple]:
@@ -225,7 +207,7 @@ def load_eagle3(path, *, device="cpu", dtype=torch.float32, allow_unknown=(),
         if c is None:
             raise ConfigError(f"EAGLE-3 head {p} has no config.json beside its weights (nor a 'config' entry)")
         cfg, cfg_source = Eagle3Config.from_dict(_read_json(c, "drafter config"), str(c), allow_unknown), str(c)
-    names, renamed = _canonical(sd, source)
+    names, renamed = canonical_names(sd, source, RENAMED, "the head's")
     sd = {names[k]: v for k, v in sd.items()}
     check_keys(cfg, {k: tuple(v.shape) for k, v in sd.items()}, source, cfg_source)
     check_vocab_map(cfg, sd["d2t"], sd.get("t2d"), source)

@@ -151,26 +151,29 @@ def _strip_prefixes(sd: dict) -> tuple[dict, str]:
     return sd, stripped
 
 
-def canonical_names(keys, source: str) -> tuple[dict[str, str], list[str]]:
-    """{key as stored: our name} under RENAMED_PREFIXES, and the rules that applied; a key renamed onto
-    another one is a CheckpointError (two tensors for one parameter)."""
-    out, used = {}, []
+def canonical_names(keys, source: str, rules=RENAMED_PREFIXES, whose: str = "the drafter's"
+                    ) -> tuple[dict[str, str], list[str]]:
+    """{key as stored: our name} under `rules` ((stored prefix, ours), first match wins; the DFlash drafter's
+    RENAMED_PREFIXES by default, the EAGLE-3 loader passes its own), and the rules that applied; a key renamed
+    onto another one is a CheckpointError (two tensors for one parameter of `whose`)."""
+    out, used, by = {}, [], {}
     for k in keys:
         new = k
-        for old, ours in RENAMED_PREFIXES:
+        for old, ours in rules:
             if k.startswith(old):
                 new = ours + k[len(old):]
                 rule = f"{old} -> {ours}"
                 if rule not in used:
                     used.append(rule)
+                by[k] = (old, ours)
                 break
         out[k] = new
     clash = sorted({v for v in out.values() if list(out.values()).count(v) > 1})
     if clash:
         both = [k for k, v in out.items() if v == clash[0]]
-        raise CheckpointError(f"{source} holds {both[0]!r} and {both[1]!r}, two tensors for the drafter's "
-                              f"{clash[0]!r} (vLLM reads {RENAMED_PREFIXES[0][0]!r} as "
-                              f"{RENAMED_PREFIXES[0][1]!r}). {NOTHING_DONE}")
+        old, ours = next((by[k] for k in both if k in by), rules[0])
+        raise CheckpointError(f"{source} holds {both[0]!r} and {both[1]!r}, two tensors for {whose} "
+                              f"{clash[0]!r} (vLLM reads {old!r} as {ours!r}). {NOTHING_DONE}")
     return out, used
 
 

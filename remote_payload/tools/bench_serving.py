@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from remote_payload.contract.drafterconfig import DrafterConfig
 from remote_payload.tools.benchrows import T_LATENCY, T_PROJECTION, T_SAMPLED, Sample
 
 SAMPLED = (0.7, 20, 0.95)
@@ -73,28 +72,21 @@ def part_sampled(dev, dtype, repeats: int) -> list[Sample]:
 
 
 def _drafter(size: str, dev, dtype):
-    from remote_payload.eval.drafter import DFlashDrafter, TargetHead
     from remote_payload.tools.bench import PRESETS
+    from remote_payload.tools.bench_speedup import random_drafter
     base = PRESETS["27b" if dev.type == "cuda" else "tiny"]
     if size == "8B-class":  # the 27B drafter's shape at the 8B target's width, depth and vocabulary
         base = {**base, "hidden_size": 4096, "intermediate_size": 12288, "num_target_layers": 36,
                 "vocab_size": 151936, "dflash_config": {"mask_token_id": 151669,
                                                          "target_layer_ids": [1, 9, 17, 25, 33]}}
-    cfg = DrafterConfig.from_dict(base, source=f"bench {size}")
-    torch.manual_seed(0)
-    with torch.device(dev):
-        d = DFlashDrafter(cfg).to(dtype).eval()
-        head = TargetHead(embed=(torch.randn(cfg.vocab_size, cfg.hidden_size) * 0.02).to(dtype),
-                          lm_head=(torch.randn(cfg.vocab_size, cfg.hidden_size) * 0.02).to(dtype))
-    return d.fuse_projections(), head
+    return random_drafter(base, dev, dtype, f"bench {size}")
 
 
 def part_latency(dev, dtype, repeats: int) -> list[Sample]:
     """The latency table of each size class, measured `repeats` times (each a first time: a new table)."""
-    from remote_payload.eval import latency
-    from remote_payload.eval.latencytable import LatencyTable
     from remote_payload.tools.bench_decode import QWEN3_27B, copy_bandwidth
     from remote_payload.tools.bench_extract import QWEN3_8B, TINY, random_target
+    from remote_payload.tools.bench_speedup import measured_and_reused
     sizes = [("8B-class", QWEN3_8B), ("27B-class", QWEN3_27B)] if dev.type == "cuda" else [("tiny", TINY)]
     budgets = BUDGETS if dev.type == "cuda" else [16]
     out = []
@@ -107,16 +99,7 @@ def part_latency(dev, dtype, repeats: int) -> list[Sample]:
               "batches": BATCHES}
         for _ in range(repeats):
             with tempfile.TemporaryDirectory() as tmp:
-                table = LatencyTable(Path(tmp) / "latency.json")
-                t0 = time.perf_counter()
-                lat = latency.measure(target, drafter, head, **kw)
-                first = time.perf_counter() - t0
-                table.put(lat)
-                t0 = time.perf_counter()
-                again = table.get(latency.latency_key(target, drafter, **kw))
-                reuse = time.perf_counter() - t0
-            if again is None:
-                raise RuntimeError("the latency table did not give back the entry just written")
+                lat, first, reuse = measured_and_reused(target, drafter, head, kw, Path(tmp))
             out += [Sample(T_LATENCY, f"{size}: the table's cost", "measure, first time (s)", first),
                     Sample(T_LATENCY, f"{size}: the table's cost", "reuse: key + lookup (ms)", 1e3 * reuse)]
             floor_ms = 1e3 * weight_bytes / copy_bandwidth(dev)  # NaN on a CPU

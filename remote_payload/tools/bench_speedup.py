@@ -29,14 +29,31 @@ from remote_payload.tools.bench_extract import TINY, random_target
 BUDGETS = [16, 32, 64, 128, 256, 512]
 
 
-def _drafter(preset: str, dev, dtype) -> tuple[DFlashDrafter, TargetHead]:
-    cfg = DrafterConfig.from_dict(PRESETS[preset], source=f"preset {preset}")
+def random_drafter(config: dict, dev, dtype, source: str) -> tuple[DFlashDrafter, TargetHead]:
+    """A DFlash drafter of `config` with random weights and a random target head, fused, on dev in dtype."""
+    cfg = DrafterConfig.from_dict(config, source=source)
     torch.manual_seed(0)
     with torch.device(dev):
         d = DFlashDrafter(cfg).to(dtype).eval()
         emb = (torch.randn(cfg.vocab_size, cfg.hidden_size) * 0.02).to(dtype)
         head = TargetHead(embed=emb, lm_head=(torch.randn(cfg.vocab_size, cfg.hidden_size) * 0.02).to(dtype))
     return d.fuse_projections(), head
+
+
+def measured_and_reused(target, drafter, head, kw: dict, root: Path):
+    """latency.measure's entry the first time on a host, then the table lookup that replaces it later:
+    (Latencies, seconds to measure, seconds to look it up), the entry checked to come back whole."""
+    table = LatencyTable(root / "latency.json")
+    t = time.perf_counter()
+    lat = latency.measure(target, drafter, head, **kw)
+    first_s = time.perf_counter() - t
+    table.put(lat)
+    t = time.perf_counter()
+    again = table.get(latency.latency_key(target, drafter, **kw))
+    reuse_s = time.perf_counter() - t
+    if again is None or again.decode_s != lat.decode_s:
+        raise RuntimeError("the latency table did not give back the entry just written")
+    return lat, first_s, reuse_s
 
 
 def hash_rate(dev_dir: Path, nbytes: int = 1 << 30) -> float:
@@ -61,7 +78,7 @@ def main(argv=None) -> int:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     preset, tcfg = ("27b", {**QWEN3_27B, "vocab_size": 248320}) if dev.type == "cuda" else ("tiny", TINY)
-    drafter, head = _drafter(preset, dev, dtype)
+    drafter, head = random_drafter(PRESETS[preset], dev, dtype, f"preset {preset}")
     target = random_target({**tcfg, "vocab_size": drafter.cfg.vocab_size}, dev, dtype)
     weight_bytes = sum(x.numel() * x.element_size() for x in target.parameters())
     budgets = BUDGETS if dev.type == "cuda" else [16, 64]
@@ -70,15 +87,7 @@ def main(argv=None) -> int:
           "batches": batches, "repeats": args.repeats}
     with tempfile.TemporaryDirectory() as tmp:
         rate = hash_rate(Path(tmp))
-        table = LatencyTable(Path(tmp) / "latency.json")
-        t = time.perf_counter()
-        lat = latency.measure(target, drafter, head, **kw)
-        first_s = time.perf_counter() - t
-        table.put(lat)
-        t = time.perf_counter()
-        again = table.get(latency.latency_key(target, drafter, **kw))
-        reuse_s = time.perf_counter() - t
-    assert again is not None and again.decode_s == lat.decode_s
+        lat, first_s, reuse_s = measured_and_reused(target, drafter, head, kw, Path(tmp))
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"--speedup at the {preset} sizes on {name} ({str(dtype).removeprefix('torch.')}), context {args.context}, "
           f"regime {lat.regime}{' (' + lat.note + ')' if lat.note else ''}, batches {batches}")

@@ -170,3 +170,13 @@ def test_eagle_tree_is_refused_for_a_dflash_drafter(tmp_path):
     p = _eval(["--drafter", str(d), "--target", str(tmp_path), "--cache", str(tmp_path), "--eagle-tree", "default"],
               tmp_path)
     assert p.returncode == 3 and "--eagle-tree default" in p.stderr and "DFlash" in p.stderr
+
+
+def test_a_drafter_that_does_not_exist_is_said_so_not_called_dflash(tmp_path):
+    """--eagle-tree / --chain with a drafter path that is not there: the eval's own one line, not a family it
+    cannot have (it used to say '/x is a DFlash drafter')."""
+    for opt in (["--eagle-tree", "default"], ["--chain", "3"]):
+        p = _eval(["--drafter", str(tmp_path / "nope"), "--target", str(tmp_path), "--cache", str(tmp_path),
+                   "--run-dir", str(tmp_path / opt[0].strip("-")), *opt], tmp_path)
+        assert p.returncode == 3 and p.stderr.startswith("error: ") and "DFlash drafter" not in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1  # the eval's own first refusal (here: the empty cache)

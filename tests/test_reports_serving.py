@@ -264,3 +264,24 @@ def test_an_online_check_at_t_shows_its_taus_not_a_none_agreement(tmp_path, monk
     assert online_agreement(d["online"]) == "tau 3.82 online vs 3.85 offline"
     assert online_agreement({"prompts_agreeing": 3, "prompts": 4}) == "3/4 agree"
     assert online_agreement({"prompts_agreeing": None, "prompts": 4}) == ""
+
+
+def test_a_method_name_with_control_characters_is_escaped_in_the_speedup_plot(tmp_path, monkeypatch, capsys):
+    """speedup.by_batch's method names come from a results.json (untrusted): the per-batch table and the HTML's
+    speedup-vs-batch plot (its title and legend) show them escaped, never a raw ESC (matplotlib used to draw the
+    raw name and warn about the missing glyph)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("REVAL_RUNS_DIR", raising=False)
+    d = serving("w", measured=1.5, best=2.0)
+    m = "=cmd|'/c calc'!A1\x1b[31m"
+    d["speedup"]["projected"] = {m: 2.0, "block": 1.5}
+    d["speedup"]["by_batch"] = [{"batch": b, "projected": {m: 2.0 / b, "block": 1.5}, "low": {m: 1.8 / b,
+                                 "block": 1.4}, "high": {m: 2.2 / b, "block": 1.6}, "best_method": None,
+                                 "best_speedup": 2.0 / b, "tied": [m, "block"]} for b in (1, 4)]
+    d["speedup"]["stops_paying"] = {m: 4, "block": None}
+    write_run(tmp_path / "runs", "h", "w", d)
+    rc, out, err = reval(capsys, "compare", "h/w", "--wide")
+    assert rc == 0 and "\x1b" not in out and "\\x1b[31m" in out, err
+    rc, out, err = reval(capsys, "compare", "h/w", "--html", str(tmp_path / "r.html"))
+    page = (tmp_path / "r.html").read_text()
+    assert rc == 0 and "\x1b" not in page and "Glyph" not in err and "\\x1b[31m" in page, err

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..results.compare import ComparedRuns, Result
+from ..words import printable
 from .tables import Cell, Column, Row, Table
 
 BATCH_NOTE = ("projected speedup at each batch size (--speedup-batches): pooled tau x t(decode) / (t(draft) + "
@@ -47,7 +48,7 @@ def series(cmp: ComparedRuns) -> list[Series]:
             continue
         methods = list(dict.fromkeys(m for r in rows for m in r.projected))
         for m in methods:
-            out.append(Series(cmp.label(run), m, [r.batch for r in rows], [r.projected.get(m) for r in rows],
+            out.append(Series(cmp.label(run), printable(m), [r.batch for r in rows], [r.projected.get(m) for r in rows],
                               [r.low.get(m) for r in rows], [r.high.get(m) for r in rows]))
     return out
 

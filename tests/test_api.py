@@ -282,3 +282,16 @@ def test_help_reads_well_and_results_repr_short():
         assert verb in text, verb
     for name in reval.__all__:
         assert getattr(reval, name).__doc__, name
+
+
+def test_extract_spec_names_what_a_prompt_file_is_when_it_is_not_one(tmp_path):
+    """A prompt file is read here and copied to the host: a folder, a FIFO (reading it would block) or a missing
+    path is refused when the spec is made, each named for what it is (the FIFO used to be called missing)."""
+    import os
+    fifo = tmp_path / "p.jsonl"
+    os.mkfifo(fifo)
+    for path, says in ((fifo, "not a regular file"), (tmp_path, "a folder, not a file"),
+                       (tmp_path / "none.jsonl", "no such file here")):
+        with pytest.raises(reval.Error, match=says) as e:
+            reval.ExtractSpec(target="/models/T", prompts=[f"a={path}"], layers="1")
+        assert e.value.exit_code == 3

@@ -77,9 +77,12 @@ class ExtractSpec:
             raise ConfigError(f"--chat-template {self.chat_template} / --dtype {self.dtype}: use "
                               f"{'|'.join(CHAT_TEMPLATES)} / {'|'.join(DTYPES)}")
         for ref in self.prompts:
-            if not Path(ref.path).is_file():
-                raise ConfigError(f"--prompts {ref.text()}: no such file here", hint="prompt files are read on "
-                                  "this machine and copied to the host")
+            f = Path(ref.path)
+            if not f.is_file():
+                what = "no such file here" if not f.exists() else \
+                    "a folder, not a file" if f.is_dir() else "not a regular file (a FIFO or a device?)"
+                raise ConfigError(f"--prompts {ref.text()}: {what}", hint="prompt files are read on "
+                                  "this machine and copied to the host: give a .jsonl or .txt file")
 
     def options_argv(self) -> list[str]:
         """The payload's options that change the data (the sampling flags join here), then --layers."""

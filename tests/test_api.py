@@ -295,3 +295,5 @@ def test_extract_spec_names_what_a_prompt_file_is_when_it_is_not_one(tmp_path):
         with pytest.raises(reval.Error, match=says) as e:
             reval.ExtractSpec(target="/models/T", prompts=[f"a={path}"], layers="1")
         assert e.value.exit_code == 3
+        with pytest.raises(reval.Error, match=says):  # run/sweep --prompts: refused when the spec is made (a
+            reval.EvalSpec(drafter="/d", target="/t", prompts=[f"a={path}"])  # sweep hashed the FIFO: it hung)

@@ -34,7 +34,7 @@ from ..backends.base import Submission
 from ..errors import ConfigError, EvalFailed, RemoteCommandError, RevalError
 from ..hosts.gpuspec import normalize_gpus
 from ..hosts.transport import q
-from .lifecycle import Prepared, failure_exit_code, submit_submission
+from .lifecycle import Prepared, check_prompt_file, failure_exit_code, submit_submission
 
 CHAT_TEMPLATES = ("auto", "on", "off")
 DTYPES = ("auto", "bf16", "fp32", "fp16")
@@ -77,12 +77,7 @@ class ExtractSpec:
             raise ConfigError(f"--chat-template {self.chat_template} / --dtype {self.dtype}: use "
                               f"{'|'.join(CHAT_TEMPLATES)} / {'|'.join(DTYPES)}")
         for ref in self.prompts:
-            f = Path(ref.path)
-            if not f.is_file():
-                what = "no such file here" if not f.exists() else \
-                    "a folder, not a file" if f.is_dir() else "not a regular file (a FIFO or a device?)"
-                raise ConfigError(f"--prompts {ref.text()}: {what}", hint="prompt files are read on "
-                                  "this machine and copied to the host: give a .jsonl or .txt file")
+            check_prompt_file(ref)
 
     def options_argv(self) -> list[str]:
         """The payload's options that change the data (the sampling flags join here), then --layers."""
@@ -105,6 +100,8 @@ def store_dir(workdir: str) -> str:
 
 def prompt_name(path: str | os.PathLike) -> str:
     """The host's name of a prompt file: its sha256 and its suffix (.jsonl or .txt decides how it is read)."""
+    if not Path(path).is_file():  # never a read that blocks (a FIFO); the specs refuse these with the suite's name
+        raise ConfigError(f"prompt file {path}: not a regular file here", hint="give a .jsonl or .txt file")
     data = Path(path).read_bytes()
     suffix = Path(path).suffix if Path(path).suffix in (".jsonl", ".txt") else ".txt"
     return hashlib.sha256(data).hexdigest() + suffix

@@ -65,6 +65,19 @@ class EvalSpec(_spec.EvalSpec):
             super().__post_init__()
         except _spec.SpecError as e:
             raise ConfigError(str(e), hint=e.hint) from None
+        for ref in self.prompts:  # read here (hashed, copied to the host): refused now, before anything blocks
+            check_prompt_file(ref)
+
+
+def check_prompt_file(ref: _spec.PromptRef) -> None:
+    """A prompt file is read on this machine: a regular file, else ConfigError naming what it is (a FIFO or a
+    device would block the read)."""
+    f = Path(ref.path)
+    if not f.is_file():
+        what = "no such file here" if not f.exists() else \
+            "a folder, not a file" if f.is_dir() else "not a regular file (a FIFO or a device?)"
+        raise ConfigError(f"--prompts {ref.text()}: {what}", hint="prompt files are read on this machine and "
+                          "copied to the host: give a .jsonl or .txt file")
 
 
 def default_run_name(spec: EvalSpec) -> str:

@@ -264,3 +264,13 @@ def test_reval_run_passes_speedup_and_online_to_the_host(fx, halves, here, capsy
     assert on["measured_speedup"] == pytest.approx(on["target_only_s"] / on["spec_s"], rel=2e-2)  # the medians
     tables = list((here / ".reval").rglob("latency.json"))  # <workdir>/latency.json on the host
     assert len(tables) == 1 and sp["table"] == str(tables[0].resolve())
+
+
+def test_the_eval_log_shows_the_online_speedups_spread():
+    """The eval's summary line for --online: the measured speedup beside the range of its timed runs (a median
+    alone hid a 1.12x-3.57x swing, issue 29 3b)."""
+    from remote_payload.eval.summary import _online
+    o = {"measured_speedup": 1.8, "measured_speedup_runs": [1.2, 1.8, 3.5], "rounds_agreeing": 4, "rounds": 4,
+         "regime": None}
+    assert _online(o) == "4/4 rounds = offline · measured speedup 1.80x (median of 3 timed runs, 1.20-3.50x)"
+    assert _online({**o, "measured_speedup_runs": None}).endswith("measured speedup 1.80x")

@@ -90,7 +90,9 @@ def _regime(r: dict, m: dict) -> str:
 
 
 def _online(o: dict) -> str:
-    speed = f"measured speedup {fmt(o['measured_speedup'], 2)}x"
+    runs = [x for x in o.get("measured_speedup_runs") or [] if x is not None]
+    spread = f" (median of {len(runs)} timed runs, {min(runs):.2f}-{max(runs):.2f}x)" if len(runs) > 1 else ""
+    speed = f"measured speedup {fmt(o['measured_speedup'], 2)}x{spread}"
     if not o.get("regime"):
         return f"{o['rounds_agreeing']}/{o['rounds']} rounds = offline · {speed}"
     ci = (lambda x: "" if not x else f" [{x[0]:.2f}, {x[1]:.2f}]")

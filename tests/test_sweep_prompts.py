@@ -82,7 +82,7 @@ def test_sweep_with_prompts_and_the_dummy_payload_is_refused(tmp_path, monkeypat
     assert rc == 3 and "--payload dummy reads none" in capsys.readouterr().err
 
 
-def test_a_failed_cache_build_is_not_tried_again_on_that_host(monkeypatch):
+def test_a_failed_cache_build_is_not_tried_again_on_that_host(monkeypatch, tmp_path):
     """The seam: runs/extracts.resolve_prompts (the real one: the sweep above). A build that failed on a host
     fails that checkpoint; the host's next checkpoints only look (a plan: their caches may be there) and fail
     in one line saying why, instead of one failing extract run each."""
@@ -100,7 +100,8 @@ def test_a_failed_cache_build_is_not_tried_again_on_that_host(monkeypatch):
     monkeypatch.setattr(stage.extracts, "resolve_prompts", resolve)
     pool = HostPool(SweepOptions(checkpoints=[], hosts=["h"]), None)
     hs = HostSession(Host(name="h", local=True), None, None)
-    spec = EvalSpec(target="/t", prompts=["gsm8k=/p.jsonl"])
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n')  # a prompt file is read here: it must be one
+    spec = EvalSpec(target="/t", prompts=[f"gsm8k={tmp_path / 'p.jsonl'}"])
     with pytest.raises(EvalFailed, match="building the caches of gsm8k failed"):
         pool.resolve_caches(hs, dataclasses.replace(spec, drafter="/c/1"), run="r1")
     with pytest.raises(EvalFailed, match="failed there before .* not tried again until the next sweep"):

@@ -22,45 +22,23 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from remote_payload.contract import spec
 from remote_payload.contract.errors import PayloadError
+from remote_payload.contract.spec import TreeShape
 from remote_payload.eagle3.model import Eagle3Drafter, attend
 
-DEFAULT_TREE = (60, 7, 10)  # SafeAILab EaModel.from_pretrained(total_token=60, depth=7, top_k=10)
+DEFAULT_TREE = spec.DEFAULT_EAGLE_TREE  # SafeAILab EaModel.from_pretrained(total_token=60, depth=7, top_k=10)
 NO_NODE = -2  # a path row past the tree's end (-1 is metrics' 'past the sequence end': never equal)
 CHUNK = 64  # anchors per batch (a frontier pass is CHUNK * top_k queries)
 
 
-@dataclass(frozen=True)
-class TreeShape:
-    total_token: int
-    depth: int
-    top_k: int
-
-    @property
-    def max_accept(self) -> int:
-        """The deepest level a tree can hold (drafts accepted in a round, at most)."""
-        return min(self.depth + 1, self.total_token - 1)
-
-    def as_list(self) -> list[int]:
-        return [self.total_token, self.depth, self.top_k]
-
-
 def parse_tree(text: str) -> TreeShape:
-    """`--eagle-tree TOTAL,DEPTH,TOPK` (or `default`) -> TreeShape; PayloadError (exit 3) naming what is wrong."""
-    if text.strip() == "default":
-        return TreeShape(*DEFAULT_TREE)
+    """`--eagle-tree TOTAL,DEPTH,TOPK` (or `default`) -> TreeShape: the contract's one parse (contract/spec.py, which
+    the laptop's spec uses too), its refusal a PayloadError (exit 3) naming what is wrong."""
     try:
-        total, depth, k = (int(x) for x in text.split(","))
-    except ValueError:
-        raise PayloadError(f"--eagle-tree {text!r}: expected TOTAL_TOKEN,DEPTH,TOP_K (e.g. 60,7,10) or default")
-    shape = TreeShape(total, depth, k)
-    if total < 2 or depth < 0 or k < 1:
-        raise PayloadError(f"--eagle-tree {text}: need total_token >= 2, depth >= 0, top_k >= 1")
-    most = k + depth * k * k
-    if total - 1 > most:
-        raise PayloadError(f"--eagle-tree {text}: total_token - 1 = {total - 1} nodes but depth {depth} and top_k "
-                           f"{k} score only {most} candidates (top_k + depth * top_k^2); lower total_token")
-    return shape
+        return spec.parse_tree(text)
+    except spec.SpecError as e:
+        raise PayloadError(str(e)) from None
 
 
 @dataclass

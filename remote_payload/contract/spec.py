@@ -266,11 +266,11 @@ class EvalSpec:
     def _check_decoding(self) -> None:
         """--chain / --eagle-tree: checked and the tree written out (`default` and 60,7,10 are one spec)."""
         _count("chain", self.chain, zero_ok=False)
-        if self.eagle_tree is not None:
-            object.__setattr__(self, "eagle_tree", parse_tree(self.eagle_tree).text())
         if self.chain is not None and self.eagle_tree is not None:
             raise SpecError(f"--chain {self.chain} and --eagle-tree {self.eagle_tree}: one decoding per run (the "
                             "chain of K is the tree K+1,K-1,1); give one")
+        if self.eagle_tree is not None:
+            object.__setattr__(self, "eagle_tree", parse_tree(self.eagle_tree).text())
         if self.payload != "eval" and (self.chain is not None or self.eagle_tree is not None):
             raise SpecError(f"--{'chain' if self.chain is not None else 'eagle-tree'} is an option of the eval "
                             f"(EAGLE-3 drafters); the {self.payload} payload has no decoding to set",

@@ -126,7 +126,9 @@ def _draft_chunk(drafter: Eagle3Drafter, prefix: tuple[Tensor, ...], anchors: Te
 def accept_lengths(trees: Trees, g: Tensor, anchors: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
     """-> (acc [n]: drafts accepted at each anchor, the deepest node whose path is g[a+1], g[a+2], ...;
     path [n, width or the deepest level] target ids: that path, then the best-scoring descendants past it,
-    NO_NODE where the tree ends): the walk reads acc, the position metrics read path as a row of drafts."""
+    NO_NODE where the tree ends): the walk reads acc, the position metrics read path as a row of drafts.
+    Tensor ops over all anchors and nodes at once: D sweeps settle `ok` (parents precede children), then one step
+    per level moves every anchor's cursor to its matching child, else its best-scoring child (the first on a tie)."""
     n, M = trees.tokens.shape
     D = int(trees.level.max()) if M else 0
     g = g.cpu().long()
@@ -139,14 +141,14 @@ def accept_lengths(trees: Trees, g: Tensor, anchors: Tensor, width: int | None =
         ok[:, 1:] = hit & ok.gather(1, trees.parent)
     acc = torch.where(ok[:, 1:], trees.level, 0).amax(1) if M else torch.zeros(n, dtype=torch.long)
     path = torch.full((n, max(D, width or 0)), NO_NODE, dtype=torch.long)
-    for j in range(n):
-        node = 0
-        for lvl in range(D):
-            kids = (trees.parent[j] == node).nonzero()[:, 0]
-            if kids.numel() == 0:
-                break
-            match = kids[ok[j, kids + 1]]
-            nxt = int(match[0]) if match.numel() else int(kids[trees.scores[j, kids].argmax()])
-            path[j, lvl] = int(trees.tokens[j, nxt])
-            node = nxt + 1
+    cur = torch.zeros(n, dtype=torch.long)  # each anchor's node on its path (0 = the root; -1: the tree ended)
+    for lvl in range(D):
+        kid = trees.parent == cur[:, None]  # [n, M] the cursor's children (none once it is -1)
+        has = kid.any(1)
+        match = kid & ok[:, 1:]  # at most one: siblings hold distinct tokens
+        masked = torch.where(kid, trees.scores, -torch.inf)
+        best = kid & (masked >= masked.amax(1, keepdim=True))  # the best-scoring children (-inf scores too)
+        nxt = torch.where(match.any(1), match.byte().argmax(1), best.byte().argmax(1))  # argmax: the first True
+        path[:, lvl] = torch.where(has, trees.tokens.gather(1, nxt[:, None])[:, 0], NO_NODE)
+        cur = torch.where(has, nxt + 1, -1)
     return acc, path

@@ -126,7 +126,8 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
         ask = spec.EvalSpec(drafter=args.drafter, target=args.target, cache=args.cache,
                             num_prompts=args.num_prompts, max_blocks=args.max_blocks, online=args.online,
                             speedup=bool(args.speedup), allow_unknown_config=args.allow_unknown_config,
-                            draft=args.draft)
+                            draft=args.draft, chain=getattr(args, "chain", None),
+                            eagle_tree=getattr(args, "eagle_tree", None))
     except spec.SpecError as e:
         raise PayloadError(str(e)) from None
     cache, suites = ask.cache_label(), ask.suites()
@@ -137,6 +138,5 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
                        tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
                        strict=args.strict, all_anchors=args.all_anchors,
                        allow_unknown_config=list(args.allow_unknown_config), online=args.online,
-                       speedup=bool(args.speedup), chain=getattr(args, "chain", None),
-                       eagle_tree=getattr(args, "eagle_tree", None), draft=ask.draft,
+                       speedup=bool(args.speedup), chain=ask.chain, eagle_tree=ask.eagle_tree, draft=ask.draft,
                        **speedup_options(args))

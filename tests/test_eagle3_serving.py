@@ -160,3 +160,19 @@ def test_a_cache_mislabelling_its_layers_is_caught_by_the_online_check(runs):
     assert on.rounds_agreeing < on.rounds and on.prompts_agreeing < on.prompts
     log = (runs / "mislabelled" / "events.jsonl").read_text()
     assert "online rounds differ from the offline walk" in log
+
+
+def test_the_eagle3_bench_part_produces_its_rows_at_the_tiny_size():
+    """benchdoc's `eagle3` part (bench_eagle3.py) on CPU at the tiny size: rounds/s and % of peak for the chain and
+    the tree, the DFlash row beside them; a tree round's FLOPs are its forwards' (1 + depth x top_k)."""
+    from remote_payload.tools import bench_eagle3
+    from remote_payload.tools.benchdoc import PARTS
+    from remote_payload.tools.benchrows import T_EAGLE3
+    out = bench_eagle3.part_eagle3(torch.device("cpu"), torch.float32, 2, 1.0, lambda: (10, 0.5, 1e9), size="tiny")
+    rows = {(s.row, s.col) for s in out}
+    assert rows == {(r, c) for r in ("EAGLE-3 chain K=5 (tiny)", "EAGLE-3 tree 60,7,10 (tiny)",
+                                     "DFlash block (the payload part's seeds row)") for c in ("rounds/s", "% of peak")}
+    assert len(out) == 12 and all(s.table == T_EAGLE3 and s.value > 0 for s in out) and "eagle3" in PARTS
+    cfg = bench_eagle3.random_head("tiny", torch.device("cpu"), torch.float32).cfg
+    one = bench_eagle3.anchor_flops(cfg, 100, [1])
+    assert bench_eagle3.anchor_flops(cfg, 100, [1, 10, 10]) > 20 * one > bench_eagle3.anchor_flops(cfg, 100, [1] * 5)

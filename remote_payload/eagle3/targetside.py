@@ -20,6 +20,9 @@ DFlash entry is never reused for EAGLE-3, nor a chain's for a tree's).
 """
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import torch
 
 from remote_payload.eagle3.model import Eagle3Drafter
@@ -58,7 +61,8 @@ def draft_step(head: Eagle3Drafter, shape: TreeShape, context_len: int, batch: i
 
 
 def family_args(opts, mod) -> dict:
-    """targetchecks.target_checks's plan, check and method for this EAGLE-3 head (mod: evaluate.load_head's)."""
+    """targetchecks.target_checks's plan, check and method for this EAGLE-3 head (mod: evaluate.load_head's). The
+    latency key hashes every field of the head's config (its to_dict refuses a post-norm-feedback layout)."""
     head, view = mod.drafter.head, mod.drafter.cfg
     shape, K = view.tree, view.block_size - 1
     method = method_name(shape, K)
@@ -69,7 +73,8 @@ def family_args(opts, mod) -> dict:
         return draft_step(head, steps, context_len, batch, g, dev)
     how = (f"the tree's verify of {len(parents)} tokens under its mask, the head's {shape.depth + 1} sequential level "
            f"steps" if shape else f"the chain's verify of {K + 1} tokens, the head's {K} sequential steps")
-    plan = Plan(drafter=head, custom=Custom(method, parents, draft),
+    keyed = SimpleNamespace(cfg=SimpleNamespace(to_dict=lambda: dataclasses.asdict(head.cfg)), dtype=head.dtype)
+    plan = Plan(drafter=keyed, custom=Custom(method, parents, draft),
                 methods=lambda records: {method: pooled([r.get("acceptance_lengths") or [] for r in records])},
                 what=f"decode, {how}")
 

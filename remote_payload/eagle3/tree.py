@@ -69,10 +69,12 @@ def draft_trees(drafter: Eagle3Drafter, feats: Tensor, ids: Tensor, anchors: Ten
     u = drafter.project(feats[:T1].to(dev))  # the prefix's slots, once: a slot's K/V depend on its inputs only
     prefix = (u, *drafter.qkv(drafter.slot_inputs(u, ids[1:T1 + 1]), torch.arange(T1, device=dev)))
     parts = [_draft_chunk(drafter, prefix, anchors[i:i + chunk], shape) for i in range(0, anchors.numel(), chunk)]
-    return Trees(*(torch.cat([getattr(p, f) for p in parts]) for f in ("tokens", "parent", "level", "scores")))
+    return Trees(*(torch.cat([getattr(p, f).cpu() for p in parts]) for f in ("tokens", "parent", "level", "scores")))
 
 
 def _draft_chunk(drafter: Eagle3Drafter, prefix: tuple[Tensor, ...], anchors: Tensor, shape: TreeShape) -> Trees:
+    """prefix (u, q, k, v) of the slots 0..T1-1, anchors [n] (slot a-1 < T1) -> the n trees, on the drafter's
+    device (no host sync: eagle3/speedup.py captures it in a CUDA graph; online.py grows the prefix per round)."""
     cfg, k = drafter.cfg, shape.top_k
     group = cfg.num_attention_heads // cfg.num_key_value_heads
     u, q0, k0, v0 = prefix
@@ -119,8 +121,7 @@ def _draft_chunk(drafter: Eagle3Drafter, prefix: tuple[Tensor, ...], anchors: Te
     # the parent's index among the kept nodes (+1; 0 = root): a parent always scores above its child, so is kept
     parent = torch.searchsorted(keep, (par_flat - 1).clamp(min=0)) + 1
     parent = torch.where(par_flat == 0, 0, parent)
-    return Trees(all_tokens.gather(1, keep).cpu(), parent.cpu(), _level_of(keep, k).cpu(),
-                 all_scores.gather(1, keep).float().cpu())
+    return Trees(all_tokens.gather(1, keep), parent, _level_of(keep, k), all_scores.gather(1, keep).float())
 
 
 def accept_lengths(trees: Trees, g: Tensor, anchors: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:

@@ -91,11 +91,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "target's posterior sampled at the cache's T/top-k/top-p, --draft's rule, --online-seeds "
                         "decodes a prompt, their mean tau beside the offline tau with 95%% intervals. Either way the "
                         "measured speedup over target-only decoding (with suites: the first suite's prompts; N "
-                        "above the prompts there are decodes them all, said in the log and results.json's notes)")
+                        "above the prompts there are decodes them all, said in the log and results.json's notes). "
+                        "An EAGLE-3 head (greedy caches): its chain or --eagle-tree tree, verified under the tree "
+                        "mask")
     p.add_argument("--speedup", action="store_true",
                    help="load the whole target and measure at batch 1 on this device: a decode step, the verify "
-                        "forward of a block and of each DDTree budget's tree, one drafter block; results.json "
-                        "then holds the projected speedup per method (tau x t(decode) / (t(draft) + t(verify)))")
+                        "forward of a block and of each DDTree budget's tree, one drafter block (an EAGLE-3 head: "
+                        "its K sequential chain steps or the tree's depth+1 level steps, and the verify of K+1 "
+                        "tokens or of the tree's total_token); results.json then holds the projected speedup per "
+                        "method (tau x t(decode) / (t(draft) + t(verify)))")
     p.add_argument("--chain", type=int, default=None, metavar="K",
                    help="EAGLE-3 drafters: drafts per round, the greedy chain (default 5; docs/eagle3.md); refused "
                         "for DFlash drafters, whose block_size is in their config.json")

@@ -20,6 +20,8 @@ range [min-max] of n runs, the header saying when, on which GPU, driver, CUDA an
   serving   bench_serving.py's parts: sampled (extraction sampled against greedy), projection (the projected
             speedup against the online decode, fixtures), latency-table (at batch 1..64, 8B and 27B class, its
             cost first time and reused)
+  eagle3    bench_eagle3.py: the EAGLE-3 eval stage (an 8B-class head, random weights) at the seeds' shape, the
+            chain K=5 and the default tree (60,7,10), rounds/s and % of peak, beside the DFlash seeds row
 Run on the GPU host: `python3 -m remote_payload.tools.benchdoc --json m.json` measures and writes the section;
 `--from-json m.json` writes the section from a saved run (another machine's) without measuring.
 """
@@ -54,7 +56,7 @@ END = "<!-- bench-doc:end -->"
 HISTORY = "## Payload measurements (history)"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 PARTS = ("payload", "process", "extract", "decode", "process-2k", "decode-512", "sampled", "projection",
-         "latency-table")
+         "latency-table", "eagle3")
 SERVING = ("sampled", "projection", "latency-table")  # --parts serving
 DEFAULT_PARTS = ("payload", "process", "extract", "decode")
 MIN_RUNS = 3

@@ -84,6 +84,8 @@ def test_from_json_writes_the_page_and_bad_input_is_exit_3(tmp_path, capsys):
     assert benchdoc.main(["--from-json", str(tmp_path / "bad.json"), "--doc", str(doc)]) == 3
     assert benchdoc.main(["--repeats", "2", "--doc", str(doc)]) == 3
     assert "error: --repeats must be >= 3" in capsys.readouterr().err
+    assert benchdoc.main(["--knobs", "REVAL_SDPA=torch,REVAL_FAST=1", "--doc", str(doc)]) == 3
+    assert "error: --knobs REVAL_SDPA=torch,REVAL_FAST=1: each one of REVAL_WARMUP=off" in capsys.readouterr().err
 
 
 # A speed claim: a number followed by one of these (what the docs used to cite by hand).

@@ -240,6 +240,12 @@ def _process_lines(rows: dict[str, dict[str, list[float]]]) -> list[str]:
     return lines
 
 
+def bench_process_variants() -> list:
+    """The process parts' knob rows (bench_process.VARIANTS: imported here lazily, it imports torch)."""
+    from remote_payload.tools.bench_process import VARIANTS
+    return VARIANTS
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m remote_payload.tools.benchdoc", description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=MIN_RUNS, help=f"runs of each row (at least {MIN_RUNS})")
@@ -251,8 +257,16 @@ def main(argv: list[str] | None = None) -> int:
                         "earlier one's); measure nothing")
     p.add_argument("--doc", default=None, help="the page to write (default docs/benchmarks.md; on a CPU: none)")
     p.add_argument("--workdir", default=None, help="where the random checkpoint is written (default: a temp dir)")
+    p.add_argument("--knobs", default=None,
+                   help="the process parts' knob rows to run, a comma list of "
+                        f"{', '.join(v for v, _ in bench_process_variants())} (default: all)")
     args = p.parse_args(argv)
     parts = [y for x in args.parts.split(",") if x for y in (SERVING if x == "serving" else [x])]
+    knobs = None if args.knobs is None else [k for k in args.knobs.split(",") if k]
+    known = [v for v, _ in bench_process_variants()]
+    if knobs is not None and any(k not in known for k in knobs):
+        print(f"error: --knobs {args.knobs}: each one of {', '.join(known)}", file=sys.stderr)
+        return protocol.EXIT_BAD_INPUT
     if args.repeats < MIN_RUNS or any(x not in PARTS for x in parts):
         print(f"error: --repeats must be >= {MIN_RUNS} and --parts among {', '.join(PARTS)} "
               f"(got {args.repeats}, {args.parts})", file=sys.stderr)
@@ -267,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from remote_payload.tools.benchparts import measure_all
         env = environment()
-        samples = measure_all(parts, args.repeats, env, args.json, args.workdir)
+        samples = measure_all(parts, args.repeats, env, args.json, args.workdir, knobs)
     section = render_section(env, samples, process_verdicts(samples), sessions)
     print(section)
     on_cpu = any(e.get("gpu", "CPU").startswith("CPU") for e in (env if isinstance(env, list) else [env]))

@@ -74,7 +74,7 @@ def part_payload(ctx: Ctx, repeats: int) -> list[Sample]:
     return out
 
 
-def part_process(ctx: Ctx, repeats: int, shape: str = "seeds") -> list[Sample]:
+def part_process(ctx: Ctx, repeats: int, shape: str = "seeds", knobs: list[str] | None = None) -> list[Sample]:
     sh = bench_process.SHAPES[shape]
     table = f"{T_PROCESS}: {'the seeds run' if shape == 'seeds' else '2k context'} " \
             f"({sh['prompts']} prompts x {sh['prompt_len']:,} + {sh['completion']} tokens, {sh['max_blocks']} blocks)"
@@ -86,8 +86,9 @@ def part_process(ctx: Ctx, repeats: int, shape: str = "seeds") -> list[Sample]:
         torch.cuda.empty_cache()
     out: list[Sample] = []
     floor = float("nan")
+    variants = [v for v in bench_process.VARIANTS if knobs is None or v[0] in knobs]
     for _r, label, wall, t in bench_process.rounds(argv, ctx.dev, ctx.root / f"runs-{shape}", repeats,
-                                                   fresh=shape == "seeds"):
+                                                   variants=variants, fresh=shape == "seeds"):
         if label == "init":
             floor = wall + ctx.raw_s + statistics.median(warm)
             out += [Sample(table, "bare init (import torch, CUDA context)", "wall (s)", wall),
@@ -154,7 +155,8 @@ def part_eagle3(ctx: Ctx, repeats: int) -> list[Sample]:
     return bench_eagle3.part_eagle3(ctx.dev, ctx.dtype, repeats, bench.measure_peak(ctx.dev), dflash)
 
 
-def measure_all(parts: list[str], repeats: int, env: dict, json_path: str | None, workdir: str | None) -> list:
+def measure_all(parts: list[str], repeats: int, env: dict, json_path: str | None, workdir: str | None,
+                knobs: list[str] | None = None) -> list:
     samples: list[Sample] = []
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         t = time.perf_counter()
@@ -166,7 +168,7 @@ def measure_all(parts: list[str], repeats: int, env: dict, json_path: str | None
             if part == "payload":
                 samples += part_payload(ctx, repeats)
             elif part in ("process", "process-2k"):
-                samples += part_process(ctx, repeats, "seeds" if part == "process" else "2k")
+                samples += part_process(ctx, repeats, "seeds" if part == "process" else "2k", knobs)
             elif part == "extract":
                 samples += part_extract(ctx, repeats)
             elif part == "decode":

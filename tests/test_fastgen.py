@@ -72,9 +72,10 @@ def test_grouped_decode_attention_equals_the_models_own_and_is_restored(monkeypa
 
 
 def _split_kv_cases() -> None:
-    """Run under TRITON_INTERPRET=1 (Triton's interpreter: the kernels on the CPU): fastgen._split_decode (the
+    """Run under TRITON_INTERPRET=1 (Triton's interpreter: the kernels on the CPU): splitkv._split_decode (the
     split-KV kernels + their launch) against grouped_decode_attention over the filled slots only."""
     import remote_payload.extract.fastgen as fg
+    from remote_payload.extract import splitkv
 
     class Module:
         config = object()
@@ -93,7 +94,7 @@ def _split_kv_cases() -> None:
         mask = torch.zeros(B, 1, 1, L, dtype=dt)
         mask[0, ..., :3] = torch.finfo(dt).min  # row 0's left padding
         mask[..., cp + 1:] = torch.finfo(dt).min
-        got = fg._split_decode(q, k, v, mask, torch.tensor([cp]), d ** -0.5, splits=S)
+        got = splitkv._split_decode(q, k, v, mask, torch.tensor([cp]), d ** -0.5, splits=S)
         want, _ = fg.grouped_decode_attention(Module(), q.float(), k[:, :, :cp + 1].float(),
                                               v[:, :, :cp + 1].float(), mask[..., :cp + 1].float())
         assert got.shape == (B, 1, H, d) and got.dtype == dt
@@ -224,3 +225,97 @@ def test_transformers_static_cache_ignores_cache_position():
     cache.update(kv, kv, 0, cache_position=torch.tensor([5]), kwargs={"cache_position": torch.tensor([5])})
     keys = cache.layers[0].keys[0, :, :, 0]  # [heads, slots]
     assert keys[:, 0].eq(1).all() and keys[:, 5].eq(0).all(), "StaticCache wrote at cache_position"
+
+
+def test_one_shape_is_captured_once_and_reused_batch_after_batch(monkeypatch):
+    """extract's batches of one shape share one decode state (fastgen._Shape: one StaticCache, one set of step
+    buffers, on CUDA one graph): each batch resets the cache (K/V zeroed, the write counter back to 0 in place) and
+    loads its own values. Three batches of one shape (greedy, then sampled) give the tokens and leave the cache
+    holding the K/V that a fresh state per batch gives, and before every step the cache's counter, the decoder's
+    slot and the mask's visible slot agree (the first step after a reset at P). Another shape drops the kept one."""
+    import remote_payload.extract.fastgen as fg
+    from remote_payload.eval.regime import Regime
+    from remote_payload.extract.decode import draws
+    model = random_target(TINY, torch.device("cpu"), torch.float32)
+    made, seen = [], []
+    real_cache, real_call = fg._static_cache, fg._StaticStep.__call__
+
+    def step_spy(self):
+        visible = (self.mask[:, 0, 0] == 0).int()
+        seen.append((int(self.cp), [int(x.cumulative_length) for x in self.cache.layers],
+                     bool(visible[:, int(self.cp)].all()), int(visible[:, int(self.cp) + 1:].sum())))
+        return real_call(self)
+    monkeypatch.setattr(fg, "_static_cache", lambda *a, **k: made.append(real_cache(*a, **k)) or made[-1])
+    monkeypatch.setattr(fg._StaticStep, "__call__", step_spy)
+    batches = [_prompts(TINY["vocab_size"], lens, seed=s) for s, lens in
+               enumerate(((3, 40, 17), (33, 9, 5), (64, 1, 20)))]  # every batch: 3 rows, P = 64
+    sampler = draws(Regime(temperature=0.8, top_p=0.9, seed=3), [("a", 0), ("b", 0), ("c", 1)], 6)
+    greedy_rows = []
+    for kw in ({}, {"sampler": sampler}):
+        fresh = []
+        for b in batches:
+            fresh.append((greedy_static(model, b, 6, set(), reuse=False, **kw),
+                          [(x.keys.clone(), x.values.clone()) for x in made[-1].layers]))
+        assert "_reval_decode" not in model.__dict__
+        made.clear()
+        seen.clear()
+        for b, (tokens, kv) in zip(batches, fresh):
+            assert greedy_static(model, b, 6, set(), **kw) == tokens
+            cache = model._reval_decode.cache
+            assert all(torch.equal(x.keys, k) and torch.equal(x.values, v) for x, (k, v) in zip(cache.layers, kv))
+        assert len(made) == 1 and len(seen) == 3 * 5
+        assert [cp for cp, _, _, _ in seen] == list(range(64, 69)) * 3
+        assert all(counters == [cp] * TINY["num_hidden_layers"] and at_cp and after == 0
+                   for cp, counters, at_cp, after in seen), seen
+        if kw:  # the sampled rows are not greedy's
+            assert all(tokens != greedy for (tokens, _), greedy in zip(fresh, greedy_rows))
+        greedy_rows = [tokens for tokens, _ in fresh]
+    made.clear()
+    greedy_static(model, batches[0][:2], 6, set())  # 2 rows: a shape of its own, the kept one dropped
+    assert len(made) == 1 and model._reval_decode.key[0] == 2
+
+
+def test_fused_projections_equal_the_separate_ones_fp32(monkeypatch):
+    """q/k/v and gate/up as one GEMM each (fusedproj.Projections, in FusedLayers; CUDA in a 16-bit dtype, here
+    forced on the CPU in fp32 with the model's own layers otherwise): every attention and MLP takes the fused
+    GEMMs, a decode step's hidden states and the decoded tokens equal the separate GEMMs', the Linears' weights
+    become views of the concatenated ones (the same values, no second copy), the model's own forward gives the
+    same numbers after, and the record says so."""
+    import remote_payload.extract.fastgen as fg
+    import remote_payload.extract.fusedproj as fp
+    model = random_target(TINY, torch.device("cpu"), torch.float32)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    before = {n: getattr(attn, n).weight.clone() for n in fp.QKV} | {n: getattr(mlp, n).weight.clone()
+                                                                      for n in fp.GATE_UP}
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    prompts = _prompts(TINY["vocab_size"], (3, 9, 20), seed=5)
+    ids = torch.tensor([p[:3] for p in prompts])
+    own = model(ids, output_hidden_states=True).hidden_states
+    want = greedy_static(model, prompts, 8, set(), reuse=False)
+    step = torch.tensor([[7], [8], [9]])
+    monkeypatch.setattr(fp, "projections_available", lambda device, dtype: True)
+    fl = fg.FusedLayers(model)
+    assert fl.projections and not fl.active  # the Triton passes stay off on the CPU
+    with torch.no_grad():
+        separate = model(step, output_hidden_states=True).hidden_states
+        with fl:
+            fused = model(step, output_hidden_states=True).hidden_states
+    L = TINY["num_hidden_layers"]
+    assert fl.counts == {"mlp": L, "qkv": L}
+    assert all(torch.equal(a, b) for a, b in zip(separate, fused))
+    assert greedy_static(model, prompts, 8, set(), reuse=False) == want
+    qkv, gate_up = attn.__dict__["_reval_cat_q_proj"][0], mlp.__dict__["_reval_cat_gate_proj"][0]
+    for n, w in before.items():
+        lin = getattr(attn if n in fp.QKV else mlp, n)
+        whole = qkv if n in fp.QKV else gate_up
+        assert torch.equal(lin.weight, w) and lin.weight.untyped_storage().data_ptr() == whole.data_ptr()
+    assert sum(p.numel() * p.element_size() for p in model.parameters()) == nbytes
+    assert all(torch.equal(a, b) for a, b in zip(own, model(ids, output_hidden_states=True).hidden_states))
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert fg.decode_fused_name(model) == f"q/k/v x{L} and gate/up x{L} one GEMM each (fastgen.FusedLayers)"
+    monkeypatch.undo()
+    assert fg.decode_fused_name(model) is None  # on the CPU: neither
+    cuda = torch.device("cuda")
+    assert fp.projections_available(cuda, torch.bfloat16) and not fp.projections_available(cuda, torch.float32)
+    monkeypatch.setenv("REVAL_DECODE_PROJ", "separate")
+    assert not fp.projections_available(cuda, torch.bfloat16)

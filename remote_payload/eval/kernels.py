@@ -339,22 +339,42 @@ def _rows(t: Tensor) -> Tensor | None:
         return None
 
 
+def _head_rows(x: Tensor) -> tuple[int, int, int] | None:
+    """(inner, outer stride, inner stride) addressing x's rows of its last dimension: contiguous x, or
+    [..., heads, n] with unit stride in n, evenly strided heads and leading dimensions; None otherwise."""
+    n = x.shape[-1]
+    if x.is_contiguous():
+        return 1, n, n
+    if x.dim() < 2 or (x.stride(-1) != 1 and n > 1):
+        return None
+    heads = x.shape[-2]
+    try:
+        x3 = x.view(-1, heads, n)
+    except RuntimeError:
+        return None
+    return heads, x3.stride(0), x3.stride(1)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float, *, always: bool = False) -> Tensor | None:
     """transformers' RMSNorm (`weight * (x * rsqrt(mean(x^2) + eps)).to(dtype)`, fp32 inside) over x's last
-    dimension in one Triton pass: x contiguous bf16 (or fp32), weight [n] of x's dtype. Its roundings are torch's;
-    the mean's summation order is Triton's (so a bf16 output may rarely be one ulp from torch's). None where it
-    does not apply. always: see `_triton_now`."""
+    dimension in one Triton pass: x bf16 (or fp32), contiguous or [..., heads, n] with unit-strided rows evenly
+    strided within and across the leading dimensions (a head slice of a fused q/k/v projection), weight [n] of
+    x's dtype; the output contiguous. Its roundings are torch's; the mean's summation order is Triton's (so a
+    bf16 output may rarely be one ulp from torch's). None where it does not apply. always: see `_triton_now`."""
     if x.dim() < 1 or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return None
     n = x.shape[-1]
+    rows3 = _head_rows(x)
     if not (fast_kernels_enabled(x) and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float32)
-            and weight.shape == (n,) and weight.is_contiguous() and x.is_contiguous() and 0 < n <= 16384
+            and weight.shape == (n,) and weight.is_contiguous() and rows3 is not None and 0 < n <= 16384
             and weight.device == x.device and _triton_now(always)):
         return None
-    out = torch.empty_like(x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rows = x.numel() // n
     if rows:
         block = 1 << (n - 1).bit_length()
-        _load_triton()["rms_norm"][(rows,)](x, weight, out, n, 1.0 / n, float(eps), BLOCK=block,
-                                            BF16=x.dtype == torch.bfloat16, num_warps=4 if block <= 2048 else 8)
+        inner, s_outer, s_inner = rows3
+        _load_triton()["rms_norm"][(rows,)](x, weight, out, n, 1.0 / n, float(eps), inner, s_outer, s_inner,
+                                            BLOCK=block, BF16=x.dtype == torch.bfloat16,
+                                            num_warps=4 if block <= 2048 else 8)
     return out

@@ -77,14 +77,17 @@ def silu_mul_kernel(g_ptr, u_ptr, out_ptr, n_cols, g_stride, u_stride, BLOCK: tl
 
 
 @triton.jit
-def rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, inv_n, eps, BLOCK: tl.constexpr, BF16: tl.constexpr):
+def rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, inv_n, eps, inner, s_outer, s_inner, BLOCK: tl.constexpr,
+                    BF16: tl.constexpr):
     # one row of [rows, n]: transformers' RMSNorm (fp32 mean of squares, rsqrt, x * r rounded to the input's
     # dtype, times the weight rounded again): the same roundings; the sum's order is Triton's, so the mean may
-    # be an fp32 ulp from torch's reduction (and a bf16 output a ulp apart, rarely)
+    # be an fp32 ulp from torch's reduction (and a bf16 output a ulp apart, rarely). x's row r is at
+    # (r // inner) * s_outer + (r % inner) * s_inner (heads of a fused projection's slice); out is contiguous
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
-    x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+    at = (row // inner) * s_outer + (row % inner) * s_inner
+    x = tl.load(x_ptr + at + offs, mask=mask, other=0.0).to(tl.float32)
     r = tl.math.rsqrt(tl.sum(x * x, 0) * inv_n + eps)  # torch: rsqrtf, the same approximation
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if BF16:

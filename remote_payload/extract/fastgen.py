@@ -13,11 +13,16 @@ decoder token for token.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
+import torch.nn.functional as F
 
 from remote_payload.eval.kernels import _load_triton
+from remote_payload.extract.fusedproj import Projections
+from remote_payload.extract.splitkv import split_decode_attention, split_kv_available, split_kv_runs
+from remote_payload.extract.staticcache import reset_static_cache
 from remote_payload.extract.staticcache import static_cache as _static_cache
 
 
@@ -96,70 +101,6 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout:
 
 _ORIGINAL: dict[int, str] = {}  # id(config) -> its own attention implementation while greedy_static runs
 _FILLED: dict[int, torch.Tensor] = {}  # id(config) -> the decode step's cache position (device) for split-KV
-
-def split_kv_available(device, dtype, head_dim: int) -> bool:
-    """Whether the decode steps can attend with the split-KV Triton kernels: CUDA, a 16-bit dtype, a power-of-two
-    head size, Triton installed, REVAL_DECODE_ATTENTION not `grouped`."""
-    return (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and head_dim >= 16
-            and head_dim & (head_dim - 1) == 0 and os.environ.get("REVAL_DECODE_ATTENTION") != "grouped"
-            and bool(_load_triton()))
-
-
-def split_kv_runs(query, key, value) -> bool:
-    return (split_kv_available(query.device, query.dtype, query.shape[-1]) and key.dtype == query.dtype
-            and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1)
-
-
-def _splits(programs: int, device) -> int:
-    """Parts each row's filled slots are cut into: enough programs for ~4 per SM, at most 16."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(16, -(-4 * sms // programs)))
-
-
-def _split_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-                  filled: torch.Tensor, scale: float, splits: int = 0) -> torch.Tensor:
-    kernels = _load_triton()
-    B, H, _, d = query.shape
-    Hkv = key.shape[1]
-    G = H // Hkv
-    S = splits or _splits(B * Hkv, query.device)
-    gp = max(16, 1 << (G - 1).bit_length())
-    part = torch.empty(B * Hkv * S * G * d, dtype=torch.float32, device=query.device)
-    ml = torch.empty(B * Hkv * S * 2 * G, dtype=torch.float32, device=query.device)
-    out = torch.empty((B, 1, H, d), dtype=query.dtype, device=query.device)
-    m2 = mask[:, 0, -1, :]  # [B, >= L] additive
-    kernels["decode_split"][(B * Hkv, S)](
-        query, key, value, m2, filled, part, ml, query.stride(0), query.stride(1), key.stride(0), key.stride(1),
-        key.stride(2), value.stride(0), value.stride(1), value.stride(2), m2.stride(0), m2.stride(1), scale,
-        HKV=Hkv, G=G, GP=gp, D=d, S=S, BLOCK_N=64)
-    kernels["decode_combine"][(B * Hkv,)](part, ml, out, out.stride(0), out.stride(2), HKV=Hkv, G=G, GP=gp, D=d, S=S)
-    return out
-
-
-def _split_decode_fake(query, key, value, mask, filled, scale):
-    B, H, _, d = query.shape
-    return query.new_empty((B, 1, H, d))
-
-
-_split_op = None
-
-
-def split_decode_attention(query, key, value, mask, filled, scale: float):
-    """One new token per row over the static cache, reading its filled slots only (`filled` = the step's cache
-    position, on the device: graph-safe): [B, 1, H, d]. A torch custom op where torch has them, so that
-    torch.compile calls it as one opaque kernel."""
-    global _split_op
-    if _split_op is None:
-        _split_op = _split_decode
-        lib = getattr(torch, "library", None)
-        if hasattr(lib, "custom_op"):
-            try:
-                op = lib.custom_op("reval::split_decode_attention", mutates_args=())(_split_decode)
-                op.register_fake(_split_decode_fake)
-                _split_op = op
-            except Exception:  # noqa: BLE001 - registered already (a reload) or an older API: call it directly
-                _split_op = _split_decode
-    return _split_op(query, key, value, mask, filled, float(scale))
 
 
 def _resolve(name):
@@ -275,40 +216,49 @@ class FusedLayers:
         self.counts: dict[str, int] = {}
         p = next(model.parameters())
         self.active = enabled and fused_available(p.device, p.dtype)
+        self.proj = Projections(model, enabled)  # q/k/v and gate/up as one GEMM each (fusedproj.py)
+        self.projections = self.proj.active
 
     def plan(self) -> list[tuple]:
-        """(kind, module or modeling module, replacement) for what this model would have replaced."""
-        from remote_payload.eval import kernels
+        """(kind, module or modeling module) for what this model would have replaced: the Triton passes where
+        `active`, the MLPs' one gate/up GEMM where only `projections` is."""
         norms, mlps = _fusable()
         out, modeling = [], set()
         for m in self.model.modules():
             if "forward" in m.__dict__:
                 continue
-            if type(m) in norms:
-                out.append(("norm", m, _norm_forward(m, kernels)))
-            elif type(m) in mlps and _silu(m.act_fn):
-                out.append(("mlp", m, _mlp_forward(m, kernels)))
+            if type(m) in norms and self.active:
+                out.append(("norm", m))
+            elif type(m) in mlps and _silu(m.act_fn) and (self.active or self.proj.gate_up(m) is not None):
+                out.append(("mlp", m))
             if type(m) in norms or type(m) in mlps:
                 modeling.add(norms.get(type(m)) or mlps.get(type(m)))
         for mod in sorted(modeling, key=lambda x: x.__name__):
-            if callable(getattr(mod, "apply_rotary_pos_emb", None)):
-                out.append(("rope", mod, _rope_function(mod.apply_rotary_pos_emb, kernels)))
+            if self.active and callable(getattr(mod, "apply_rotary_pos_emb", None)):
+                out.append(("rope", mod))
         return out
 
     def __enter__(self):
-        if not self.active:
+        from remote_payload.eval import kernels
+        if not (self.active or self.projections):
             return self
-        for kind, target, fn in self.plan():
+        triton = kernels if self.active else None
+        for kind, target in self.plan():
             if kind == "rope":
                 self.globals.append((target, target.apply_rotary_pos_emb))
-                target.apply_rotary_pos_emb = fn
+                target.apply_rotary_pos_emb = _rope_function(target.apply_rotary_pos_emb, kernels)
             else:
-                target.forward = fn
+                target.forward = (_norm_forward(target, kernels) if kind == "norm"
+                                  else _mlp_forward(target, triton, self.proj.gate_up(target)))
                 self.swapped.append(target)
             self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.proj.__enter__()
+        if self.proj.swapped:
+            self.counts["qkv"] = len(self.proj.swapped) // 3
         return self
 
     def __exit__(self, *exc):
+        self.proj.__exit__(*exc)
         for m in self.swapped:
             m.__dict__.pop("forward", None)
         for mod, fn in self.globals:
@@ -323,10 +273,15 @@ def _norm_forward(m, kernels):
     return forward
 
 
-def _mlp_forward(m, kernels):
+def _mlp_forward(m, kernels, gate_up=None):
+    """down(silu(gate) * up): silu * up one Triton pass (kernels given), gate and up one GEMM (gate_up given:
+    fusedproj.concatenated's weight, bias, sizes)."""
     def forward(x):
-        gate, up = m.gate_proj(x), m.up_proj(x)
-        act = kernels.silu_and_mul(gate, up, always=True)
+        if gate_up is not None:
+            gate, up = F.linear(x, gate_up[0], gate_up[1]).split(gate_up[2], dim=-1)
+        else:
+            gate, up = m.gate_proj(x), m.up_proj(x)
+        act = None if kernels is None else kernels.silu_and_mul(gate, up, always=True)
         return m.down_proj(act if act is not None else m.act_fn(gate) * up)
     return forward
 
@@ -350,14 +305,17 @@ def decode_fused_name(model, compile: bool = False) -> str | None:
     if compile:
         return None
     fl = FusedLayers(model)
-    if not fl.active:
-        return None
     counts: dict[str, int] = {}
-    for kind, _, _ in fl.plan():
+    for kind, _ in fl.plan():
         counts[kind] = counts.get(kind, 0) + 1
-    names = {"norm": "RMSNorm x{}", "mlp": "SiLU * up x{}", "rope": "RoPE"}
-    return ", ".join(names[k].format(n) for k, n in counts.items()) + " as Triton passes (fastgen.FusedLayers)" \
-        if counts else None
+    parts = []
+    if fl.active and counts:
+        names = {"norm": "RMSNorm x{}", "mlp": "SiLU * up x{}", "rope": "RoPE"}
+        parts.append(", ".join(names[k].format(n) for k, n in counts.items()) + " as Triton passes")
+    qkv = len(fl.proj.attentions()) if fl.projections else 0
+    if qkv or (fl.projections and counts.get("mlp")):
+        parts.append(f"q/k/v x{qkv} and gate/up x{counts.get('mlp', 0)} one GEMM each")
+    return "; ".join(parts) + " (fastgen.FusedLayers)" if parts else None
 
 
 def _compiled(model):
@@ -390,7 +348,7 @@ class _Phases:
 def greedy_static(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int], pad_id: int = 0, *,
                   graphs: bool | None = None, compile: bool = False, eos_every: int = 16,
                   bucket: int = 64, phases: dict | None = None, grouped_attention: bool = True,
-                  fused: bool = True, sampler=None) -> list[list[int]]:
+                  fused: bool = True, sampler=None, reuse: bool = True) -> list[list[int]]:
     """Greedy completions of `prompts` (token id lists) at once; rows as `greedy_complete_batch` returns them.
 
     graphs: capture the decode step as a CUDA graph (default: on CUDA). eos_every: steps between the host's
@@ -403,16 +361,64 @@ def greedy_static(model, prompts: list[list[int]], max_new_tokens: int, eos_ids:
     slots only; REVAL_DECODE_ATTENTION=grouped keeps the torch matmuls). fused: the decode steps' RMSNorms, SiLU
     MLPs and RoPE as one Triton pass each (`FusedLayers`: CUDA, bf16; not with compile, which fuses them itself;
     REVAL_DECODE_FUSED=0 keeps the model's own). sampler: decode.Sampler, the sampled regime's pick (in the graph:
-    its uniforms are on the device before the loop) instead of the argmax."""
+    its uniforms are on the device before the loop) instead of the argmax. reuse: keep the static cache, the
+    step's buffers and its captured graph on the model for the next call of the same shape (`_Shape`: one capture
+    per extract, one shape's cache held between calls; the same tokens as a fresh state); False: made and freed
+    per call."""
     with _DecodeAttention(model, grouped_attention) as attention:
         return _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, graphs=graphs, compile=compile,
                               eos_every=eos_every, bucket=bucket, phases=phases, attention=attention,
-                              fused=FusedLayers(model, enabled=fused and not compile), sampler=sampler)
+                              fused=FusedLayers(model, enabled=fused and not compile), sampler=sampler,
+                              reuse=reuse)
+
+
+class _Shape:
+    """One decode shape's fixed state: the StaticCache, the step's buffers (token, position, slot, mask, output,
+    the sampler's uniforms) and, once captured, the step's CUDA graph. Kept on the model (`_reval_decode`) and
+    reused by every later batch of the same key (batch rows, padded prompt, cache length, the step's kernels):
+    one capture per extract, not per batch. Each batch resets the cache and loads its own values into these
+    very tensors, which the graph reads and advances."""
+
+    def __init__(self, key: tuple, model, B: int, P: int, L: int, max_new: int, dev, dtype, pick, forward):
+        self.key, self.P = key, P
+        self.cache = _static_cache(model, B, L, dev, dtype)
+        self.tok, self.pos = (torch.zeros((B, 1), dtype=torch.long, device=dev) for _ in range(2))
+        self.cp = torch.zeros(1, dtype=torch.long, device=dev)
+        self.mask = torch.zeros((B, 1, 1, L), dtype=dtype, device=dev)
+        self.out = torch.zeros((B, max_new), dtype=torch.long, device=dev)
+        self.pick = None if pick is None else dataclasses.replace(pick, uniforms=torch.empty_like(pick.uniforms))
+        self.step = _StaticStep(model, self.cache, self.tok, self.pos, self.cp, self.mask, self.out,
+                                P - 1, forward=forward, pick=self.pick)  # step k writes column cp - (P - 1)
+        self.used = False
+
+    def load(self, first, lens, real, neg: float, pad_id: int, pick) -> None:
+        """A batch's decode values, in place: after the prefill of P slots the first completion token is fed at
+        slot P (visible), its position the prompt's length; slots after P masked until their step."""
+        P = self.P
+        self.tok.copy_(first)
+        self.pos.copy_(lens.to(self.pos.device)[:, None])
+        self.cp.fill_(P)
+        self.mask.zero_().masked_fill_(~real[:, None, None, :], neg)
+        self.mask[..., P] = 0.0  # slot P: the first completion token, fed by the first step
+        self.out.fill_(pad_id)
+        self.out[:, :1] = first
+        if pick is not None:
+            self.pick.uniforms.copy_(pick.uniforms)
+
+
+def _shape_for(model, key: tuple, reuse: bool, make) -> _Shape:
+    """The kept state of `key` with its cache reset (staticcache.reset_static_cache), or a new one (the kept
+    state of another key is dropped first: one cache at a time)."""
+    kept = model.__dict__.pop("_reval_decode", None)
+    if reuse and kept is not None and kept.key == key and reset_static_cache(kept.cache):
+        return kept
+    del kept
+    return make()
 
 
 @torch.no_grad()
 def _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, *, graphs, compile, eos_every, bucket, phases,
-                   attention, fused, sampler):
+                   attention, fused, sampler, reuse):
     clock = _Phases(phases, next(model.parameters()).device)
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
@@ -436,34 +442,28 @@ def _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, *, graphs, c
     pre_mask = torch.zeros((B, 1, P, L), dtype=dtype, device=dev).masked_fill_(
         ~torch.cat([vis, torch.zeros((B, P, L - P), dtype=torch.bool, device=dev)], 2)[:, None], neg)
     pos = (real[:, :P].long().cumsum(1) - 1).clamp(min=0)  # [B, P]
-    cache = _static_cache(model, B, L, dev, dtype)
-    logits = model(input_ids=ids, attention_mask=pre_mask, position_ids=pos, cache_position=torch.arange(P, device=dev),
-                   use_cache=True, logits_to_keep=1, **{cache_kw(model): cache}).logits
     pick = None if sampler is None else sampler.to(dev)
+    key = (B, P, L, max_new_tokens, dtype, graphs, compile, attention.active, fused.active, fused.projections,
+           os.environ.get("REVAL_DECODE_ATTENTION"), None if pick is None else pick.transform)
+    state = _shape_for(model, key, reuse, lambda: _Shape(key, model, B, P, L, max_new_tokens, dev, dtype, pick,
+                                                         _compiled(model) if compile else None))
+    logits = model(input_ids=ids, attention_mask=pre_mask, position_ids=pos, cache_position=torch.arange(P, device=dev),
+                   use_cache=True, logits_to_keep=1, **{cache_kw(model): state.cache}).logits
     first = (logits[:, -1].argmax(-1) if pick is None else pick(logits[:, -1], 0))[:, None]  # [B, 1]
     clock("prefill_s")
 
     with fused:  # the decode steps only: the prefill (and its first token) is the model's own code
-        # decode buffers (fixed for the whole loop): the token to feed, its position, its cache slot, the mask
-        tok = first.clone()
-        posb = (lens.to(dev)[:, None]).clone()  # the first completion token's position = the prompt's length
-        cp = torch.tensor([P], dtype=torch.long, device=dev)
-        attention.filled(cp)
-        mask = torch.zeros((B, 1, 1, L), dtype=dtype, device=dev).masked_fill_(~real[:, None, None, :], neg)
-        mask[..., P] = 0.0  # slot P: the first completion token, fed by the first step
-        out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=dev)
-        out[:, :1] = first
-        step = _StaticStep(model, cache, tok, posb, cp, mask, out, P - 1,  # step k writes column cp - (P - 1)
-                           forward=_compiled(model) if compile else None, pick=pick)
-        done = 1
-        if graphs and max_new_tokens > 3:
+        state.load(first, lens, real, neg, pad_id, pick)
+        attention.filled(state.cp)
+        step, out, done, captured = state.step, state.out, 1, False
+        if graphs and max_new_tokens > 3 and step.graph is None:
             side = torch.cuda.Stream()  # warm-up (allocations, kernel choice, compilation): 2 real steps
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 step()
                 step()
             torch.cuda.current_stream().wait_stream(side)
-            done = 3
+            done, captured = 3, True
             step.capture()
         clock("capture_s")
         eos = torch.tensor(sorted(eos_ids) or [-1], device=dev)
@@ -476,8 +476,11 @@ def _greedy_static(model, prompts, max_new_tokens, eos_ids, pad_id, *, graphs, c
                 break
     rows = out[:, :done].tolist()
     clock("decode_s")
+    if reuse:
+        model._reval_decode = state
     if phases is not None:
-        phases["decode_steps"] = done - (3 if step.graph is not None else 1)
+        phases["decode_steps"] = done - (3 if captured else 1)
+        phases["captured"] = captured
     result = []
     for p, r in zip(prompts, rows):
         comp = []

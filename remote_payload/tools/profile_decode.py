@@ -2,7 +2,8 @@
 
 On a random-weight target of the 8B or 27B class (bf16; the tiny one on a CPU), batch --batch prompts, --new new
 tokens: (1) the whole call's phases as extract runs it (prefill, warm-up + capture, decode; graphs on), each the
-median of --repeats calls; (2) one profiled eager call's GPU kernels, grouped (GEMMs, attention, norms / SiLU /
+median of --repeats calls (`--compare`: before / after rows at each of --new 64,512);
+(2) one profiled eager call's GPU kernels, grouped (GEMMs, attention, norms / SiLU /
 RoPE passes, the sampler, copies, other), per decode step, against the graph step and the weights' floor (their
 bytes at the device copy rate). What the graph step spends beyond the kernels' sum is launch and idle time the
 graph did not remove; what the GEMMs spend beyond the floor is the GEMMs' own shortfall.
@@ -34,15 +35,42 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def phases(model, prompts, new: int, repeats: int) -> dict[str, float]:
+def phases(model, prompts, new: int, repeats: int, reuse: bool = True) -> dict[str, float]:
+    """The median of `repeats` calls' phases after one warm-up call; reuse (extract's default): the calls after
+    the first replay its captured graph (a later batch of the shape); False: each call captures its own."""
     runs: dict[str, list[float]] = defaultdict(list)
-    greedy_static(model, prompts, new, set())  # warm-up: kernels, allocator
+    greedy_static(model, prompts, new, set(), reuse=reuse)  # warm-up: kernels, allocator, the shape's capture
     for _ in range(repeats):
         ph: dict = {}
-        greedy_static(model, prompts, new, set(), phases=ph)
+        greedy_static(model, prompts, new, set(), phases=ph, reuse=reuse)
         for k, v in ph.items():
             runs[k].append(float(v))
     return {k: statistics.median(v) for k, v in runs.items()}
+
+
+def whole_line(label: str, ph: dict, new: int, floor_ms: float) -> str:
+    whole = ph.get("prefill_s", 0) + ph.get("capture_s", 0) + ph.get("decode_s", 0)
+    step_ms = 1e3 * ph["decode_s"] / ph["decode_steps"]
+    return (f"{label:<44} {new:>4} new: whole {1e3 * whole:8.1f} ms = {new * floor_ms / (1e3 * whole):6.1%} of the "
+            f"floor (prefill {1e3 * ph['prefill_s']:.1f}, capture {1e3 * ph['capture_s']:.1f}, decode "
+            f"{1e3 * ph['decode_s']:.1f} ms); step {step_ms:.3f} ms = {floor_ms / step_ms:.1%}")
+
+
+def compare(model, prompts, news: list[int], repeats: int, floor_ms: float) -> None:
+    """Before (a capture per call, q/k/v and gate/up separate GEMMs: REVAL_DECODE_PROJ=separate) against
+    extract's default (fused projections; a shape's first batch captures, later ones replay), per length."""
+    import os
+    for new in news:
+        os.environ["REVAL_DECODE_PROJ"] = "separate"
+        try:
+            print(whole_line("before: capture per call, separate GEMMs", phases(model, prompts, new, repeats, False),
+                             new, floor_ms), flush=True)
+        finally:
+            del os.environ["REVAL_DECODE_PROJ"]
+        print(whole_line("fused GEMMs, a shape's first batch", phases(model, prompts, new, repeats, False), new,
+                         floor_ms), flush=True)
+        print(whole_line("fused GEMMs, later batches (graph reused)", phases(model, prompts, new, repeats), new,
+                         floor_ms), flush=True)
 
 
 def kernels(model, prompts, steps: int) -> tuple[dict[str, float], list[tuple[str, float]]]:
@@ -77,10 +105,14 @@ def main(argv=None) -> int:
                                 description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=("8b", "27b"), default="8b")
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--new", default="64", help="new tokens; several comma-separated with --compare")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--profile-steps", type=int, default=16)
+    p.add_argument("--compare", action="store_true",
+                   help="before/after rows only: a capture per call with separate q/k/v, gate/up GEMMs against "
+                        "extract's default (fused GEMMs, the graph reused by later batches of a shape)")
     args = p.parse_args(argv)
+    news = [int(x) for x in args.new.split(",")]
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cfg = (QWEN3_8B if args.size == "8b" else QWEN3_27B) if dev.type == "cuda" else TINY
@@ -88,13 +120,18 @@ def main(argv=None) -> int:
     prompts = _prompts(cfg, args.batch)
     wb = sum(x.numel() * x.element_size() for x in model.parameters())
     floor_ms = 1e3 * wb / copy_bandwidth(dev)
-    ph = phases(model, prompts, args.new, args.repeats)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    print(f"{args.size} class on {name}: batch {args.batch}, weights {wb / 1e9:.1f} GB, floor {floor_ms:.2f} ms a "
+          f"step (median of {args.repeats} calls)", flush=True)
+    if args.compare:
+        compare(model, prompts, news, args.repeats, floor_ms)
+        return 0
+    new = news[0]
+    ph = phases(model, prompts, new, args.repeats)
     whole = ph.get("prefill_s", 0) + ph.get("capture_s", 0) + ph.get("decode_s", 0)
     step_ms = 1e3 * ph["decode_s"] / ph["decode_steps"]
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
-    print(f"{args.size} class on {name}: batch {args.batch}, {args.new} new tokens, weights {wb / 1e9:.1f} GB, "
-          f"floor {floor_ms:.2f} ms a step (median of {args.repeats} calls)")
-    print(f"whole call {1e3 * whole:.1f} ms = {args.new * floor_ms / (1e3 * whole):.1%} of the decode floor")
+    print(f"whole call {1e3 * whole:.1f} ms = {new * floor_ms / (1e3 * whole):.1%} of the decode floor, {new} new "
+          "tokens (a later batch of the shape: its graph reused)")
     for k in ("prefill_s", "capture_s", "decode_s"):
         print(f"  {k[:-2]:<10} {1e3 * ph[k]:8.1f} ms  {ph[k] / whole:6.1%}")
     print(f"graph step {step_ms:.3f} ms = {floor_ms / step_ms:.1%} of the floor")

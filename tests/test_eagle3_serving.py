@@ -104,6 +104,24 @@ def test_the_head_runs_k_sequential_steps_a_round(models):
     assert keys[0]["method"] == "eagle3-chain-5" and "method" not in keys[1] and keys[0] != keys[1]
 
 
+def test_the_draft_step_reads_no_value_on_the_host(models):
+    """--speedup captures the draft step in a CUDA graph (latency.py's "auto" on CUDA), which a host sync breaks
+    (the note then says eager). On the meta device (tensors without values) an .item(), .tolist(), int(t), a
+    boolean-mask index or a value-dependent shape raises: the chain's and the tree's step run there whole."""
+    import copy
+
+    from remote_payload.eagle3.onlinecheck import chain_shape
+    from remote_payload.eagle3.targetside import draft_step
+    from remote_payload.eagle3.tree import TreeShape
+    _, head = models
+    meta = copy.deepcopy(head).to("meta")
+    meta.embed = head.embed.to("meta")
+    for shape in (chain_shape(5), TreeShape(60, 7, 10)):
+        with torch.inference_mode():
+            out = draft_step(meta, shape, 64, 3, torch.Generator().manual_seed(0), torch.device("meta"))()
+        assert out.device.type == "meta" and out.shape == (3, shape.total_token - 1)
+
+
 @pytest.fixture(scope="module")
 def runs(e3, tmp_path_factory):
     root, _ = e3

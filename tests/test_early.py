@@ -1,5 +1,5 @@
 """eval/early.py's choices without a GPU: which device an eval's argv starts early (none for cpu, --gpus, --help
-or REVAL_EARLY=0), the hand-over of the cubin to rtc.py only for the device and architecture it was made for, a
+or without REVAL_EARLY=1), the hand-over of the cubin to rtc.py only for the device and architecture it was made for, a
 thread that finds no driver ending quietly, and NVRTC's and torch's CUDA version found without importing torch.
 The GPU path itself: tests/gpu/test_early_cuda.py."""
 from __future__ import annotations
@@ -19,12 +19,17 @@ from remote_payload.eval import cudac, early
     (["--gpus", "0,1"], None), (["--gpus=0,1"], None), (["--help"], None), (["-h"], None),
 ])
 def test_the_device_an_eval_starts_early(argv, index, monkeypatch):
-    monkeypatch.delenv("REVAL_EARLY", raising=False)
+    monkeypatch.setenv("REVAL_EARLY", "1")
     assert early.device_index(["--drafter", "d", *argv]) == index
 
 
-def test_reval_early_0_starts_nothing(monkeypatch):
-    monkeypatch.setenv("REVAL_EARLY", "0")
+@pytest.mark.parametrize("value", [None, "0", "yes"])
+def test_without_reval_early_1_nothing_starts(value, monkeypatch):
+    """Off by default (docs/benchmarks.md: the REVAL_EARLY row)."""
+    if value is None:
+        monkeypatch.delenv("REVAL_EARLY", raising=False)
+    else:
+        monkeypatch.setenv("REVAL_EARLY", value)
     assert early.device_index(["--device", "cuda"]) is None
 
 
@@ -49,7 +54,8 @@ def test_a_thread_that_fails_resolves_to_none(monkeypatch):
 
 def test_without_a_driver_the_eval_process_starts_as_before():
     """A process without libcuda (this CPU machine): start() runs its thread, which ends with None, no error."""
-    code = ("from remote_payload.eval import early; assert early.start(['--device', 'cuda']); "
+    code = ("import os; os.environ['REVAL_EARLY'] = '1'; from remote_payload.eval import early; "
+            "assert early.start(['--device', 'cuda']); "
             "print(early._job['cubin'].result(timeout=60)); import sys; print('torch' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert p.returncode == 0 and p.stdout.split() == ["None", "False"], p.stdout + p.stderr

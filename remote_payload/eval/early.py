@@ -1,6 +1,6 @@
-"""The GPU's start, beside `import torch` (ctypes and the standard library only): `python -m remote_payload eval`
-calls `start(argv)` before it imports torch and the eval (3 s on an H200 host, most of it torch's import), and
-a thread of its own meanwhile
+"""The GPU's start, beside `import torch` (ctypes and the standard library only), with REVAL_EARLY=1: `python -m
+remote_payload eval` calls `start(argv)` before it imports torch and the eval (3 s on an H200 host, most of it
+torch's import), and a thread of its own meanwhile
 
   1. initialises the CUDA driver and makes the eval's device's primary context (the context torch then finds
      and uses: it is the device's primary one), a few tenths of a second a process pays otherwise at its first
@@ -9,9 +9,12 @@ a thread of its own meanwhile
      the library found beside torch without importing it), which rtc.py otherwise does beside the weight load,
      where it competes with the load and the warm-up.
 
-Both calls hold no GIL (ctypes releases it), so the import does not wait for them. The device is the eval's
+Both calls hold no GIL (ctypes releases it), but the driver's start contends with torch's import for the dynamic
+loader (torch loads its CUDA libraries as it imports): measured on an H200 (docs/benchmarks.md, the process table's
+REVAL_EARLY row, n = 3) the import took 0.7 s longer with the thread, more than it saved after the imports, so it
+is off by default. The device is the eval's
 `--device` (auto and cuda: the first visible GPU; cuda:N: that one); nothing starts for --device cpu, for
---gpus (each worker its own device), for --help, or with REVAL_EARLY=0 (the bench's variant measuring it). Any
+--gpus (each worker its own device), for --help, or unless REVAL_EARLY=1 (the bench's variant measuring it). Any
 failure (no driver, no GPU, no NVRTC) ends the thread quietly: rtc.py and torch then do their own start as
 before, and say what fails. `cubin(index)` hands rtc.py the cubin's Future for that device, or None.
 """
@@ -32,7 +35,7 @@ _times: dict = {}  # "context" -> seconds the driver's init and the primary cont
 
 def device_index(argv: list[str]) -> int | None:
     """The CUDA ordinal the eval in `argv` will use, or None where nothing should start early."""
-    if os.environ.get("REVAL_EARLY", "1") == "0" or any(a in ("-h", "--help") or a.startswith("--gpus")
+    if os.environ.get("REVAL_EARLY", "0") != "1" or any(a in ("-h", "--help") or a.startswith("--gpus")
                                                         for a in argv):
         return None
     value = "auto"

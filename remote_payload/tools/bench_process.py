@@ -38,9 +38,10 @@ from remote_payload.contract.drafterconfig import DrafterConfig
 from remote_payload.extract.writer import CacheWriter
 
 # each knob's other value: the warm-up (anchors.warmup_mode) off; the CUDA C passes (rtc.py) off; the GPU's
-# context and the cubin not started beside torch's import (eval/early.py); torch's attention kernel (kernels.sdpa)
+# context and the cubin started beside torch's import (eval/early.py, off by default); torch's attention kernel
+# (kernels.sdpa)
 VARIANTS = [("REVAL_WARMUP=off", {"REVAL_WARMUP": "off"}), ("REVAL_RTC=0", {"REVAL_RTC": "0"}),
-            ("REVAL_EARLY=0", {"REVAL_EARLY": "0"}), ("REVAL_SDPA=torch", {"REVAL_SDPA": "torch"})]
+            ("REVAL_EARLY=1", {"REVAL_EARLY": "1"}), ("REVAL_SDPA=torch", {"REVAL_SDPA": "torch"})]
 REPEATS = 5  # rounds in `bench`'s rows (benchdoc passes its own count)
 SHAPES = {"seeds": {"prompts": 10, "prompt_len": 60, "completion": 480, "max_blocks": 30},
           "2k": {"prompts": 8, "prompt_len": 2000, "completion": 512, "max_blocks": 32}}

@@ -9,7 +9,7 @@ range [min-max] of n runs, the header saying when, on which GPU, driver, CUDA an
   process   bench_process.py: `eval` as a subprocess against its floor, and where its seconds go (a stamped
             timeline from spawn to exit) for a fresh host (empty kernel caches), its rerun, a fresh host after
             `warm` and the warm default;
-            each default knob's other value (REVAL_WARMUP=off, REVAL_RTC=0, REVAL_EARLY=0,
+            each default knob's other value (REVAL_WARMUP=off, REVAL_RTC=0, REVAL_EARLY=1,
             REVAL_SDPA=torch), the table saying which wins
   process-2k  the same at 2k context (8 prompts x 2,000 + 512 tokens), no fresh-host runs
   extract   bench_extract.py: extraction's three paths (batch-1, batched, fast) on an 8B-class target
@@ -91,16 +91,24 @@ def runs_of(rows: dict[str, dict[str, list[float]]]) -> str:
     return f"n = {ns[0]}" if len(ns) == 1 else f"n = {ns[0]}-{ns[-1]}"
 
 
-def verdict(knob: str, default: list[float], other: list[float], what: str, higher_better: bool = False) -> str:
-    """Which of a knob's two values wins on `what`: a clear win only where the two ranges do not overlap."""
+def verdict(knob: str, default: list[float], other: list[float], what: str, higher_better: bool = False,
+            other_name: str = "off") -> str:
+    """Which of a knob's two values wins on `what`: a clear win only where the two ranges do not overlap.
+    `other_name`: the other value's words ("off", or e.g. "REVAL_SDPA=torch" for a knob that is not a switch)."""
     d, o = statistics.median(default), statistics.median(other)
     sign = -1 if higher_better else 1  # sign * x: lower is better
+    other_wins = "turning it off" if other_name == "off" else other_name
     if max(sign * x for x in default) < min(sign * x for x in other):
-        return f"{knob}: the default wins ({what} {fmt(d)} vs {fmt(o)} off, the ranges apart)"
+        return f"{knob}: the default wins ({what} {fmt(d)} vs {fmt(o)} {other_name}, the ranges apart)"
     if max(sign * x for x in other) < min(sign * x for x in default):
-        return f"{knob}: turning it off wins ({what} {fmt(o)} vs the default's {fmt(d)}, the ranges apart)"
-    lead = "the default" if sign * d <= sign * o else "turning it off"
-    return f"{knob}: within the spread ({what} {fmt(d)} default vs {fmt(o)} off; the medians favour {lead})"
+        return f"{knob}: {other_wins} wins ({what} {fmt(o)} vs the default's {fmt(d)}, the ranges apart)"
+    lead = "the default" if sign * d <= sign * o else other_wins
+    return f"{knob}: within the spread ({what} {fmt(d)} default vs {fmt(o)} {other_name}; the medians favour {lead})"
+
+
+def other_name(knob: str) -> str:
+    """A knob row's label (REVAL_X=value) as `verdict` words its value: "off" for 0/off, else the setting."""
+    return "off" if knob.split("=", 1)[-1] in ("0", "off") else knob
 
 
 def render_table(title: str, rows: dict[str, dict[str, list[float]]], verdicts: list[str],
@@ -215,7 +223,8 @@ def process_verdicts(samples: list[Sample]) -> dict[str, list[str]]:
                 base = rows.get(scenario, {}).get("% of peak")
                 if knob and base and cols.get("% of peak"):
                     out.setdefault(title, []).append(verdict(f"{scenario}: {knob.split('=')[0]}", base,
-                                                             cols["% of peak"], "% of peak", higher_better=True))
+                                                             cols["% of peak"], "% of peak", higher_better=True,
+                                                             other_name=other_name(knob)))
     return out
 
 
@@ -231,12 +240,13 @@ def _process_lines(rows: dict[str, dict[str, list[float]]]) -> list[str]:
         if ratios:
             lines.append(f"{row}: {' and '.join(ratios)} of the warm default's median")
     both = (("wall (s)", "wall s"), (AFTER_IMPORTS, "after the imports s"))
-    # REVAL_EARLY moves work into the imports (that is its point): its verdict is the wall's
-    for knob, cols in (("REVAL_WARMUP=off", both), ("REVAL_RTC=0", both), ("REVAL_EARLY=0", both[:1]),
+    # REVAL_EARLY=1 moves work into the imports (that is its point): its verdict is the wall's
+    for knob, cols in (("REVAL_WARMUP=off", both), ("REVAL_RTC=0", both), ("REVAL_EARLY=1", both[:1]),
                        ("REVAL_SDPA=torch", both)):
         for col, what in cols:
             if base.get(col) and rows.get(knob, {}).get(col):
-                lines.append(verdict(knob.split("=")[0], base[col], rows[knob][col], what))
+                lines.append(verdict(knob.split("=")[0], base[col], rows[knob][col], what,
+                                     other_name=other_name(knob)))
     return lines
 
 

@@ -1,6 +1,6 @@
-"""eval/early.py on a GPU: `python -m remote_payload eval` makes the device's context and reads or compiles the CUDA
-C cubin beside torch's import; the eval then uses that cubin (the log says so), its numbers equal those of an eval
-with REVAL_EARLY=0, and a fresh kernel cache is filled by the early thread."""
+"""eval/early.py on a GPU (REVAL_EARLY=1): `python -m remote_payload eval` makes the device's context and reads or
+compiles the CUDA C cubin beside torch's import; the eval then uses that cubin (the log says so), its numbers equal
+those of an eval without it (the default), and a fresh kernel cache is filled by the early thread."""
 from __future__ import annotations
 
 import json
@@ -36,12 +36,13 @@ def test_the_early_thread_compiles_the_cubin_the_eval_then_uses(tmp_path):
                                       {"prompts": 2, "prompt_len": 16, "completion": 64, "max_blocks": 4})
     env = {k: v for k, v in os.environ.items() if k not in kcache.VARIABLES and k != "REVAL_EARLY"}
     env[kcache.ROOT_ENV] = str(tmp_path / "caches")
+    env["REVAL_EARLY"] = "1"
     first, r1 = _eval(tmp_path, ddir, tdir, cache, "first", env)
     assert "CUDA C kernels (compiled by NVRTC in " in first and "beside the imports" in first, first[-2000:]
     assert list((tmp_path / "caches" / "reval").glob("*.cubin"))
     again, r2 = _eval(tmp_path, ddir, tdir, cache, "again", env)
     assert "CUDA C kernels (from the kernel cache beside the imports)" in again, again[-2000:]
-    off, r3 = _eval(tmp_path, ddir, tdir, cache, "off", {**env, "REVAL_EARLY": "0"})
+    off, r3 = _eval(tmp_path, ddir, tdir, cache, "off", {k: v for k, v in env.items() if k != "REVAL_EARLY"})
     assert "CUDA C kernels (from the kernel cache)" in off, off[-2000:]
     lengths = [[p["acceptance_lengths"] for p in r["per_prompt"]] for r in (r1, r2, r3)]
     assert lengths[0] == lengths[1] == lengths[2] and r1["metrics"]["tau"] == r3["metrics"]["tau"]

@@ -85,6 +85,7 @@ class HeadView:
     extra: dict = field(default_factory=dict)
     num_hidden_layers: int = 1
     tree: TreeShape | None = None  # --eagle-tree; None: the chain of block_size-1
+    family: str = FAMILY  # results.json's drafter.family and comparability.family (eval/record.py)
 
     def layer_type(self, i: int) -> str:
         return "full_attention"
@@ -102,8 +103,7 @@ def _refuse_unsupported(opts: EvalOptions) -> None:
                            "of K is the tree K+1,K-1,1); give one")
     if opts.eagle_tree is not None:
         parse_tree(opts.eagle_tree)  # a malformed tree: exit 3 before anything is loaded
-    for flag, on in (("--online", opts.online), ("--speedup", opts.speedup), ("--cache NAME=PATH (suites)",
-                                                                              opts.suites)):
+    for flag, on in (("--online", opts.online), ("--speedup", opts.speedup)):
         if on:
             raise PayloadError(f"{flag} is not implemented for EAGLE-3 drafters yet (docs/eagle3.md); run without it")
 
@@ -215,6 +215,12 @@ def draft_prompts(opts: EvalOptions, inp: Inputs, mod: Loaded, device, dtype, re
                    n_total, time.perf_counter() - t0, opts.batch_size or 256)
 
 
+def finish_results(results: dict, record: dict) -> None:
+    """results.json's EAGLE-3 fields: drafter.eagle3 (load_head's record) and the definitions."""
+    results["drafter"].update(family=FAMILY, eagle3=record)
+    results["definitions"] = {**results["definitions"], **DEFINITIONS}
+
+
 def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     """The eval of an EAGLE-3 head (module doc) -> results.json's dict."""
     t0 = time.perf_counter()
@@ -226,6 +232,9 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     rep.line(f"EAGLE-3 drafter eval · {opts.name} · device {device} ({dtype_name(dtype)})")
     tok = load_tokenizer(opts.target)
     try:
+        if opts.suites:  # several caches, the head loaded once (suites.py)
+            from remote_payload.eagle3.suites import evaluate_suites
+            return evaluate_suites(opts, rep, device, dtype, t0, tok)
         tok, cache, prompts = open_inputs(opts, rep, tok)
         inp = Inputs(tok, cache, prompts, feature_pass(opts, cache, prompts, rep))
         mod, record = load_head(opts, inp, device, dtype, rep)
@@ -242,9 +251,7 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     finally:
         if tok is not None:
             tok.close()
-    results["drafter"].update(family=FAMILY, eagle3=record)
-    results["comparability"]["family"] = FAMILY
-    results["definitions"] = {**results["definitions"], **DEFINITIONS}
+    finish_results(results, record)
     print_summary(results)
     rep.event(stage="done", step=STEPS, steps=STEPS, metrics=headline(results))
     return results

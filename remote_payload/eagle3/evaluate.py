@@ -221,8 +221,9 @@ def finish_results(results: dict, record: dict) -> None:
     results["definitions"] = {**results["definitions"], **DEFINITIONS}
 
 
-def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
-    """The eval of an EAGLE-3 head (module doc) -> results.json's dict."""
+def prepare(opts: EvalOptions, rep: Reporter) -> tuple[float, torch.device, torch.dtype]:
+    """The options' refusals (exit 3, before anything is loaded), the device: (start time, device, dtype). Shared
+    with the several-suite eval (suites.py)."""
     t0 = time.perf_counter()
     _refuse_unsupported(opts)
     refuse_tree(opts.eagle_tree, opts.draft)
@@ -230,11 +231,14 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
         raise PayloadError(f"--chain {opts.chain}: need at least 1 draft per round")
     device, dtype = resolve_device_dtype(opts.device, opts.dtype)
     rep.line(f"EAGLE-3 drafter eval · {opts.name} · device {device} ({dtype_name(dtype)})")
+    return t0, device, dtype
+
+
+def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
+    """The eval of an EAGLE-3 head over one cache (module doc) -> results.json's dict (several: suites.py)."""
+    t0, device, dtype = prepare(opts, rep)
     tok = load_tokenizer(opts.target)
     try:
-        if opts.suites:  # several caches, the head loaded once (suites.py)
-            from remote_payload.eagle3.suites import evaluate_suites
-            return evaluate_suites(opts, rep, device, dtype, t0, tok)
         tok, cache, prompts = open_inputs(opts, rep, tok)
         inp = Inputs(tok, cache, prompts, feature_pass(opts, cache, prompts, rep))
         mod, record = load_head(opts, inp, device, dtype, rep)

@@ -14,11 +14,11 @@ import dataclasses
 import torch
 
 from remote_payload.contract.errors import PayloadError
-from remote_payload.eagle3.evaluate import draft_prompts, finish_results, load_head, resolve_taps
+from remote_payload.eagle3.evaluate import draft_prompts, finish_results, load_head, prepare, resolve_taps
+from remote_payload.eval import run
 from remote_payload.eval.evalopts import EvalOptions
-from remote_payload.eval.run import SuiteSteps
-from remote_payload.eval.run import evaluate_suites as evaluate_suites_of
 from remote_payload.eval.steps import Inputs, Loaded, Reporter, feature_pass
+from remote_payload.eval.summary import load_tokenizer
 
 
 def _features(so: EvalOptions, rep: Reporter, tok, cache, prompts, mod: Loaded | None, device, dtype):
@@ -46,15 +46,21 @@ def _no_target_checks(opts, results, mod, inp, device, dtype, rep) -> None:
     """--online / --speedup never reach here (evaluate_suites refuses them with suites)."""
 
 
-STEPS = SuiteSteps(features=_features, draft=_draft, record_opts=_no_trees,
+STEPS = run.SuiteSteps(features=_features, draft=_draft, record_opts=_no_trees,
                    finish=lambda results, mod: finish_results(results, mod.drafter.record), checks=_no_target_checks)
 
 
-def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtype: torch.dtype, t0: float,
-                    tok) -> dict:
-    """results.json's dict of an EAGLE-3 eval over several suites (module doc)."""
+def evaluate_suites(opts: EvalOptions, rep: Reporter) -> dict:
+    """results.json's dict of an EAGLE-3 eval over several suites (module doc; family.py sends `--cache NAME=PATH`
+    repeated here, one cache to evaluate.evaluate)."""
+    t0, device, dtype = prepare(opts, rep)
     for flag, on in (("--online", opts.online), ("--speedup", opts.speedup)):
         if on:
             raise PayloadError(f"{flag} with several suites (--cache NAME=PATH) is not implemented for EAGLE-3 "
                                "drafters; run it on one suite's cache")
-    return evaluate_suites_of(opts, rep, device, dtype, t0, tok, steps=STEPS)
+    tok = load_tokenizer(opts.target)
+    try:
+        return run.evaluate_suites(opts, rep, device, dtype, t0, tok, steps=STEPS)
+    finally:
+        if tok is not None:
+            tok.close()

@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         note = kcache.setup()
         if note:
             print(note, file=sys.stderr, flush=True)
+    if wanted == "eval":  # the GPU's context and the CUDA C cubin beside torch's import (eval/early.py)
+        from remote_payload.eval import early
+        early.start(argv[argv.index("eval") + 1:])
     for name, (mod, help_) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_, description=help_)
         if name == wanted:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from remote_payload.contract import results as results_json
+from tests import browser
 from tests.tiny_models import random_drafter, tiny_drafter_config, write_zlab_drafter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +26,8 @@ def _eval(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    """(DFlash run dir, EAGLE-3 run dir, DFlash run over fewer prompts) on the EAGLE-3 fixture's target."""
+    """{dflash, eagle3 (the chain of 5), eagle3-tree (EAGLE's tree 20,3,4), dflash-5 (fewer prompts)}: run dirs on
+    the EAGLE-3 fixture's target."""
     from remote_payload.extract.command import extract
     from remote_payload.tools import eagle3_fixtures
     root = ROOT / ".cache" / "eagle3-fixtures"
@@ -45,6 +47,8 @@ def two_runs(tmp_path_factory):
     runs = {}
     for name, extra in (("dflash", ["--drafter", str(dflash), "--cache", str(tmp / "cache-dflash")]),
                         ("eagle3", ["--drafter", str(root / "eagle3"), "--cache", str(root / "cache")]),
+                        ("eagle3-tree", ["--drafter", str(root / "eagle3"), "--cache", str(root / "cache"),
+                                         "--eagle-tree", "20,3,4"]),
                         ("dflash-5", ["--drafter", str(dflash), "--cache", str(tmp / "cache-dflash"),
                                       "--num-prompts", "5"])):
         p = _eval([*common, *extra, "--run-dir", str(tmp / "runs" / name)], tmp)
@@ -68,6 +72,7 @@ def test_a_dflash_and_an_eagle3_run_over_the_same_prompts_are_compared(two_runs,
     rc = cli.main(["compare", str(two_runs["eagle3"]), str(two_runs["dflash"])])
     out = capsys.readouterr().out
     assert rc == 0 and "eagle3" in out and "dflash" in out and "NOT comparable" not in out
+    assert "EAGLE-3 chain 5" in out and "DFlash block 8" in out  # each row's family and decoding, by default
     assert e.metrics.tau > d.metrics.tau  # the trained head ranks above the random DFlash drafter
 
 
@@ -79,3 +84,30 @@ def test_other_prompts_are_refused_across_families_too(two_runs):
     same_family = compare.build_comparison([compare.load_run(two_runs["dflash"]),
                                             compare.load_run(two_runs["dflash-5"])])
     assert {d.field for d in same_family.differences} == {"prompt_set", "num_prompts"}
+
+
+def test_the_html_report_puts_a_dflash_and_an_eagle3_tree_run_in_one_table(two_runs, tmp_path, capsys):
+    """`reval compare --html` with a DFlash run and an EAGLE-3 tree run, rendered by a real headless Chromium: both
+    rows in the one comparison table, each naming its family and decoding, ranked against each other."""
+    from reval import cli
+    html5lib = pytest.importorskip("html5lib", reason="html5lib is a dev dependency (pyproject [dev])")
+    if browser.chromium_path() is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)")
+    page = tmp_path / "families.html"
+    rc = cli.main(["compare", str(two_runs["dflash"]), str(two_runs["eagle3-tree"]), "--html", str(page)])
+    assert rc == 0, capsys.readouterr().err
+    html5lib.HTMLParser(strict=True).parse(page.read_text())
+    probe = ("JSON.stringify([...document.querySelectorAll('#comparison table')].map(t => ({"
+             "head: [...t.querySelectorAll('th')].map(h => h.innerText.replace(/\\s+/g, ' ')), "
+             "rows: [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.innerText.trim()))})))")
+    rep = browser.open_page(page.as_uri(), probe)
+    assert rep.console_errors == [] and rep.exceptions == [] and rep.requests == [page.as_uri()]
+    first, *_ = json.loads(rep.probe)  # the runs table: the first of the comparison section
+    col = first["head"].index("family decoding")
+    rows = {r[0].split()[0]: r for r in first["rows"]}  # the run's name, its marks aside (the random one: SUSPECT)
+    assert set(rows) == {"dflash", "eagle3-tree"}, rows
+    assert rows["dflash"][col] == "DFlash block 8" and rows["eagle3-tree"][col] == "EAGLE-3 tree 20,3,4"
+    tau = first["head"].index("tau tok/round")
+    best = [r for r in first["rows"] if r[tau]]
+    assert len(best) == 2  # both ranked: a tau in each row
+    assert "comparable across drafter families (dflash, eagle3)" in page.read_text()

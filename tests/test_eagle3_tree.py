@@ -12,7 +12,7 @@ import torch
 
 from remote_payload.contract.errors import PayloadError
 from remote_payload.eagle3.loader import load_eagle3
-from remote_payload.eagle3.tree import TreeShape, accept_lengths, draft_trees, parse_tree
+from remote_payload.eagle3.tree import NO_NODE, Trees, TreeShape, accept_lengths, draft_trees, parse_tree
 from remote_payload.eval import metrics
 from remote_payload.eval.cache import open_cache
 
@@ -90,6 +90,63 @@ def test_a_one_child_tree_is_the_chain(e3):
         p = cache.prompts[i]
         assert acc.tolist() == metrics.accept_lengths_vanilla(chain.numpy(), ids.numpy(), p.prompt_len).tolist()
         assert acc.tolist() == metrics.accept_lengths_vanilla(path.numpy(), ids.numpy(), p.prompt_len).tolist()
+
+
+def _accept_lengths_loop(trees: Trees, g, anchors, width: int | None = None):
+    """The reference: tree.accept_lengths as it was, a Python walk per anchor and level (the matching child, else
+    the best-scoring one, the first on a tie)."""
+    n, M = trees.tokens.shape
+    D = int(trees.level.max()) if M else 0
+    g = g.cpu().long()
+    want_pos = anchors.cpu()[:, None] + trees.level
+    want = torch.where(want_pos < g.numel(), g[want_pos.clamp(max=g.numel() - 1)], -1)
+    hit = trees.tokens == want
+    ok = torch.zeros((n, M + 1), dtype=torch.bool)
+    ok[:, 0] = True
+    for _ in range(D):
+        ok[:, 1:] = hit & ok.gather(1, trees.parent)
+    acc = torch.where(ok[:, 1:], trees.level, 0).amax(1)
+    path = torch.full((n, max(D, width or 0)), NO_NODE, dtype=torch.long)
+    for j in range(n):
+        node = 0
+        for lvl in range(D):
+            kids = (trees.parent[j] == node).nonzero()[:, 0]
+            if kids.numel() == 0:
+                break
+            match = kids[ok[j, kids + 1]]
+            nxt = int(match[0]) if match.numel() else int(kids[trees.scores[j, kids].argmax()])
+            path[j, lvl] = int(trees.tokens[j, nxt])
+            node = nxt + 1
+    return acc, path
+
+
+@torch.no_grad()
+def test_accept_lengths_equals_the_per_anchor_loop(e3):
+    """The vectorised accept_lengths (all anchors and nodes at once) equals the per-anchor loop it replaced, on the
+    fixture's trees at every anchor of three prompts (default, 20,3,4, the one-child 6,4,1; width past the depth),
+    and on the same trees with ties and -inf among the scores and tokens forced to match deep paths (siblings that
+    both match: the first)."""
+    root, meta, _, head = e3
+    cache = open_cache(root / "cache")
+    gen = torch.Generator().manual_seed(0)
+    for shape in (TreeShape(60, 7, 10), TreeShape(20, 3, 4), TreeShape(6, 4, 1)):
+        for i in range(3):
+            ids, feats = cache.load(i, layer_ids=[t - 1 for t in meta["taps"]], device="cpu", dtype=torch.float32)
+            p = cache.prompts[i]
+            anchors = torch.arange(p.prompt_len, p.seq_len - 1)
+            trees = draft_trees(head, feats, ids, anchors, shape, chunk=32)
+            for width in (shape.max_accept, shape.max_accept + 2):
+                got, want = accept_lengths(trees, ids, anchors, width), _accept_lengths_loop(trees, ids, anchors,
+                                                                                            width)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (shape, i, width)
+            tied = Trees(trees.tokens.clone(), trees.parent, trees.level,
+                         (trees.scores * 2).round() / 2)  # coarse scores: many ties among siblings
+            tied.scores[torch.rand(tied.scores.shape, generator=gen) < 0.1] = -torch.inf
+            deep = torch.rand(tied.tokens.shape, generator=gen) < 0.5  # a node made to match g where it may
+            pos = (anchors[:, None] + tied.level).clamp(max=ids.numel() - 1)
+            tied.tokens[deep] = ids[pos][deep]
+            got, want = accept_lengths(tied, ids, anchors, 9), _accept_lengths_loop(tied, ids, anchors, 9)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (shape, i, "tied")
 
 
 def _path_logprob(head, feats, tokens, path: list[int]) -> float:

@@ -179,10 +179,10 @@ def test_the_cubin_cache_is_whole_under_two_concurrent_writers(tmp_path):
     """Two processes (two nodes sharing the venv's cache) write the same cubin over and over while this one
     reads it: every read finds the whole file or none, and no temp file is left. (Written in place, a reader
     finds half files: checked by hand against a writer that truncates and writes.)"""
-    from remote_payload.eval import rtc
+    from remote_payload.eval import cudac, rtc
     path = tmp_path / "reval" / "reval-kernels-sm_90-x.cubin"
     cubin = os.urandom(4 << 20)
-    blob = rtc._MAGIC + __import__("hashlib").sha256(cubin).digest() + cubin
+    blob = cudac._MAGIC + __import__("hashlib").sha256(cubin).digest() + cubin
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_writer, args=(str(path), cubin, 40)) for _ in range(2)]
     for p in procs:

@@ -131,7 +131,7 @@ def test_cuda_c_kernel_cache_compiles_once_keeps_a_whole_cubin_and_recompiles_a_
     """rtc.py's cubin cache (the compile itself runs in tests/gpu): the first call compiles and keeps the cubin,
     the next reads it back; a truncated or altered file is compiled again and rewritten whole; a cache folder
     that cannot be written still gives the cubin. The key changes with the arch and NVRTC's version."""
-    from remote_payload.eval import rtc
+    from remote_payload.eval import cudac, rtc
     monkeypatch.setenv("REVAL_KERNEL_CACHE", str(tmp_path / "k"))
     compiled = []
 
@@ -153,7 +153,7 @@ def test_cuda_c_kernel_cache_compiles_once_keeps_a_whole_cubin_and_recompiles_a_
         assert rtc.cubin_for("sm_90", "13.0", fake_compile) == (cubin, False) and compiled == ["sm_90"]
         assert path.read_bytes() == blob
         compiled.clear()
-    path.write_bytes(blob + b"\0" * (rtc.MAX_CUBIN_BYTES + 1))  # not a cubin of ours: never read whole
+    path.write_bytes(blob + b"\0" * (cudac.MAX_CUBIN_BYTES + 1))  # not a cubin of ours: never read whole
     assert rtc.read_cached(path) is None and rtc.cubin_for("sm_90", "13.0", fake_compile) == (cubin, False)
     assert path.read_bytes() == blob and [p.name for p in path.parent.iterdir()] == [path.name]
     for planted in ("fifo", "/dev/zero"):  # neither may block the read or never end it: compiled again
@@ -180,3 +180,18 @@ def test_cuda_c_pass_says_why_it_does_not_run_off_cuda(monkeypatch):
     assert rtc.enabled()
     monkeypatch.setenv("REVAL_TORCH_KERNELS", "1")
     assert not rtc.enabled()
+
+
+def test_reval_sdpa_names_a_kernel_or_the_eval_refuses_it(monkeypatch):
+    """REVAL_SDPA picks the drafter's attention kernel on CUDA (tests/gpu/test_cuda.py checks each one's numbers);
+    a value that names none is bad input, refused in one line naming the variable and the choices."""
+    from remote_payload.contract.errors import PayloadError
+    from remote_payload.eval import kernels
+    monkeypatch.delenv("REVAL_SDPA", raising=False)
+    assert kernels.sdpa_backend() == "efficient"
+    monkeypatch.setenv("REVAL_SDPA", " Torch ")
+    assert kernels.sdpa_backend() == "torch"
+    monkeypatch.setenv("REVAL_SDPA", "fast")
+    with pytest.raises(PayloadError, match=r"REVAL_SDPA='fast': not an attention kernel choice; set one of "
+                                           r"efficient, torch, cudnn, flash, math"):
+        kernels.sdpa_backend()

@@ -109,7 +109,8 @@ def script_refusal(host: str, out: str, *, workdir: str, name: str, what: str) -
         lines = [ln for ln in out.split("@@PREFLIGHT", 1)[1].strip().splitlines() if ln.strip()]
         why = next((ln.removeprefix("error: ") for ln in reversed(lines) if ln.startswith("error: ")),
                    lines[-1] if lines else "the eval's inputs were refused")
-        return ConfigError(f"{host}: {why}", hint="nothing was started; fix the path (on the host) and run again")
+        return ConfigError(f"{host}: {why}",
+                           hint="nothing was started; fix it (the path on the host, or the option) and run again")
     if "@@EXISTS" in out:
         used = (out.split("@@EXISTS", 1)[1].split() or [name])[0]
         return RunExists(f"run name {used!r} is already used on {host}",

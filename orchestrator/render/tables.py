@@ -21,6 +21,7 @@ from ..results.intervals import metric_values
 from ..results.stats import Estimate, Paired
 from ..rundir.registry import iso_s
 from ..words import online_agreement
+from .families import decoding_text, families
 
 
 def format_duration(seconds: float | None) -> str:
@@ -173,6 +174,9 @@ def main_table(cmp: ComparedRuns, threshold: float = 0.1) -> Table:
             Column("drafter", "drafter", digits=None, headline=False),
             Column("step", "step", digits=None, headline=False),
             Column("size", "prompts\nx blocks", digits=None)]
+    fams = families(cmp.runs)
+    if "eagle3" in fams:  # which decoder each row is: shown by default when families mix
+        cols.append(Column("decoding", "family\ndecoding", digits=None, headline=len(fams) > 1))
     cols += metric_columns(cmp.runs)
     cols += [Column("best_ddtree_budget", "DDTree\nbest at", digits=None, headline=False)]
     cols += serving_columns(cmp.runs)
@@ -195,7 +199,7 @@ def main_table(cmp: ComparedRuns, threshold: float = 0.1) -> Table:
                  "host": Cell(run.host, run.host),
                  "drafter": Cell(name, name or ""),
                  "step": Cell(step, "" if step is None else str(step)),
-                 "size": Cell(size or None, size)}
+                 "size": Cell(size or None, size), "decoding": Cell(decoding_text(res) or None, decoding_text(res))}
         vals = metric_values(res) if res else {}
         est, pair = cmp.estimates(run), cmp.paired(run)
         for c in cols:

@@ -42,7 +42,8 @@ class OnlineRegime(Record):
 
 @dataclass(kw_only=True)
 class Online(Record):
-    method: str = doc("`block`: the plain DFlash block, verified by the target over its KV cache")
+    method: str = doc("`block`: the plain DFlash block, verified by the target over its KV cache; an EAGLE-3 head's "
+                      "`eagle3-chain-<K>` or `eagle3-tree-<total_token>,<depth>,<top_k>`")
     regime: OnlineRegime | None = doc("null: greedy (the check of the walk round by round); on a sampled cache "
                                       "the online decode's regime", None)
     device: str = doc("where it ran")
@@ -145,7 +146,8 @@ class Speedup(Record):
                        "batches, repeats) instead of measured by this run")
     measure_s: float = doc("seconds this run spent measuring (0 when reused)")
     note: str = doc("why the regime fell back to eager, when it did", "")
-    projected: dict[str, float | None] = doc("per method (`block`, `ddtree_<B>`): tau x t(decode) / (t(draft) + "
+    projected: dict[str, float | None] = doc("per method (`block`, `ddtree_<B>`; an EAGLE-3 head's `eagle3-chain-<K>` "
+                                             "or `eagle3-tree-<T>,<D>,<K>`): tau x t(decode) / (t(draft) + "
                                              "t(verify)) over all prompts, at the first batch")
     best_method: str | None = doc("the method with the highest projected speedup (the DDTree budget that pays, "
                                   "not the largest one), named when its lead exceeds the latencies' spread (else "

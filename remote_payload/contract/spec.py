@@ -23,10 +23,11 @@ DEFAULT_MAX_BLOCKS = 30                       # draft rounds per prompt when --m
 DEFAULT_DDTREE_BUDGETS = (16, 32, 64, 128, 256, 512)
 DEFAULT_TREE_WIDTHS = (4, 8)
 DRAFT_RULES = ("greedy", "sampled")           # --draft: how drafts are made and verified on a sampled cache
+DEFAULT_EAGLE_TREE = (60, 7, 10)              # SafeAILab EaModel.from_pretrained(total_token=60, depth=7, top_k=10)
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # eval options the spec owns: given among the payload's extra arguments they would be a second, unchecked copy
 OWNED_OPTIONS = ("--drafter", "--target", "--cache", "--num-prompts", "--max-blocks", "--speedup", "--online",
-                 "--allow-unknown-config", "--name", "--run-dir", "--draft")
+                 "--allow-unknown-config", "--name", "--run-dir", "--draft", "--chain", "--eagle-tree")
 
 
 class SpecError(ValueError):
@@ -125,6 +126,62 @@ def parse_prompts(values) -> tuple[PromptRef, ...]:
     return refs
 
 
+@dataclass(frozen=True)
+class TreeShape:
+    """EAGLE's dynamic draft tree (--eagle-tree): SafeAILab's total_token, depth, top_k (docs/eagle3.md)."""
+    total_token: int
+    depth: int
+    top_k: int
+
+    @property
+    def max_accept(self) -> int:
+        """The deepest level a tree can hold (drafts accepted in a round, at most)."""
+        return min(self.depth + 1, self.total_token - 1)
+
+    def as_list(self) -> list[int]:
+        return [self.total_token, self.depth, self.top_k]
+
+    def text(self) -> str:
+        """The --eagle-tree argument that parses back to this shape ('default' written out)."""
+        return ",".join(map(str, self.as_list()))
+
+
+def parse_tree(text) -> TreeShape:
+    """`--eagle-tree TOTAL,DEPTH,TOPK` (or `default`; the API also takes three ints) -> TreeShape; SpecError
+    (exit 3) naming what is wrong. The one parse of both halves (eagle3/tree.py's is this one)."""
+    if isinstance(text, TreeShape):
+        return text
+    if isinstance(text, str) and text.strip() == "default":
+        return TreeShape(*DEFAULT_EAGLE_TREE)
+    try:
+        parts = text.split(",") if isinstance(text, str) else list(text)
+        if len(parts) != 3 or any(isinstance(x, bool | float) for x in parts):
+            raise ValueError
+        total, depth, k = (int(x) for x in parts)
+    except (TypeError, ValueError):
+        raise SpecError(f"--eagle-tree {text!r}: expected TOTAL_TOKEN,DEPTH,TOP_K (e.g. 60,7,10) or default") \
+            from None
+    shape = TreeShape(total, depth, k)
+    if total < 2 or depth < 0 or k < 1:
+        raise SpecError(f"--eagle-tree {shape.text()}: need total_token >= 2, depth >= 0, top_k >= 1")
+    most = k + depth * k * k
+    if total - 1 > most:
+        raise SpecError(f"--eagle-tree {shape.text()}: total_token - 1 = {total - 1} nodes but depth {depth} and "
+                        f"top_k {k} score only {most} candidates (top_k + depth * top_k^2); lower total_token")
+    return shape
+
+
+def refuse_eagle3_decoding(drafter: str, chain: int | None, eagle_tree: str | None) -> None:
+    """--chain / --eagle-tree asked of a DFlash drafter: SpecError, the one line the user sees (the host's preflight
+    when the drafter's config.json says its family; else the eval's own switch, eagle3/family.py)."""
+    if chain is not None:
+        raise SpecError(f"--chain {chain}: the chain length is for EAGLE-3 drafters; {drafter} is a DFlash "
+                        "drafter (its block_size is in its config.json)")
+    if eagle_tree is not None:
+        raise SpecError(f"--eagle-tree {eagle_tree}: EAGLE's draft tree is for EAGLE-3 drafters; {drafter} is a "
+                        "DFlash drafter (its trees: --ddtree-budgets, --tree-widths)")
+
+
 def joined_fingerprint(named: list[tuple[str, str]]) -> str:
     """Several suites' caches as one fingerprint: sha256 over 'name\\0fingerprint\\n' per suite, in order."""
     blob = "".join(f"{name}\0{fp}\n" for name, fp in named)
@@ -145,7 +202,10 @@ class EvalSpec:
     `cache` takes a path, NAME=PATH, or a list of them, and holds the parsed tuple of CacheRef.
     `payload="dummy"` runs the torch-free stand-in; `extra`: more `python -m remote_payload eval` options.
     `draft`: the draft rule on a sampled cache (DRAFT_RULES; the payload refuses `sampled` where no cache is sampled,
-    and over suites applies it to the sampled ones)."""
+    and over suites applies it to the sampled ones). `chain` / `eagle_tree`: an EAGLE-3 drafter's decoding (the chain
+    of K drafts per round, default 5; EAGLE's dynamic tree "TOTAL,DEPTH,TOPK" or "default", held written out); one
+    of them at most, and the payload (and the host's preflight, when the drafter's config.json says) refuses both
+    for a DFlash drafter."""
     drafter: str | None = None
     target: str | None = None
     cache: tuple[CacheRef, ...] = ()
@@ -162,6 +222,8 @@ class EvalSpec:
     # store (built first when missing) and hands the payload those caches (--cache NAME=PATH)
     prompts: tuple[PromptRef, ...] = ()
     max_new_tokens: int | None = None  # with prompts: the completion cap of the caches built for them (recipe)
+    chain: int | None = None  # EAGLE-3: drafts per round, the greedy chain (None: the payload's default, 5)
+    eagle_tree: str | None = None  # EAGLE-3: EAGLE's dynamic tree, "TOTAL,DEPTH,TOPK" (None: the chain)
 
     def __post_init__(self):
         put = object.__setattr__
@@ -186,6 +248,7 @@ class EvalSpec:
         if self.max_new_tokens is not None and not self.prompts:
             raise SpecError("--max-new-tokens is the completion cap of caches built from --prompts; give "
                             "--prompts NAME=FILE, or leave it out")
+        self._check_decoding()
         if self.draft not in DRAFT_RULES:
             raise SpecError(f"--draft {self.draft!r}: use {' or '.join(DRAFT_RULES)}")
         if not isinstance(self.speedup, bool):
@@ -199,6 +262,24 @@ class EvalSpec:
                 opt = owned[0].split("=", 1)[0]
                 raise SpecError(f"{opt} among the payload's extra arguments: it is an option of the spec",
                                 hint=f"give {opt} before --, as an option of reval run / reval sweep")
+
+    def _check_decoding(self) -> None:
+        """--chain / --eagle-tree: checked and the tree written out (`default` and 60,7,10 are one spec)."""
+        _count("chain", self.chain, zero_ok=False)
+        if self.chain is not None and self.eagle_tree is not None:
+            raise SpecError(f"--chain {self.chain} and --eagle-tree {self.eagle_tree}: one decoding per run (the "
+                            "chain of K is the tree K+1,K-1,1); give one")
+        if self.eagle_tree is not None:
+            object.__setattr__(self, "eagle_tree", parse_tree(self.eagle_tree).text())
+        if self.payload != "eval" and (self.chain is not None or self.eagle_tree is not None):
+            raise SpecError(f"--{'chain' if self.chain is not None else 'eagle-tree'} is an option of the eval "
+                            f"(EAGLE-3 drafters); the {self.payload} payload has no decoding to set",
+                            hint="leave it out, or run --payload eval")
+
+    def decoding_argv(self) -> list[str]:
+        """--chain K / --eagle-tree T,D,K as the payload's eval and preflight take them ([] when not given)."""
+        return (["--chain", str(self.chain)] if self.chain is not None else []) + \
+            (["--eagle-tree", self.eagle_tree] if self.eagle_tree is not None else [])
 
     # -- what is asked ------------------------------------------------------------------------------------
     def missing(self) -> list[str]:
@@ -240,14 +321,14 @@ class EvalSpec:
         argv += ["--speedup"] if self.speedup else []
         argv += ["--online", str(self.online)] if self.online else []
         argv += ["--draft", self.draft] if self.draft != "greedy" else []
-        return argv + self._allow_argv() + list(self.extra)
+        return argv + self.decoding_argv() + self._allow_argv() + list(self.extra)
 
     def preflight_argv(self) -> list[str] | None:
         """`python -m remote_payload preflight ...`: the paths checked on the host before anything starts."""
         if self.payload != "eval":
             return None
         return ["preflight", "--drafter", str(self.drafter), "--target", str(self.target), *self._cache_argv(),
-                *self._allow_argv()]
+                *self.decoding_argv(), *self._allow_argv()]
 
     def _cache_argv(self) -> list[str]:
         return [a for c in self.cache for a in ("--cache", c.text())]
@@ -272,6 +353,10 @@ class EvalSpec:
             key["allow_unknown_config"] = sorted(self.allow_unknown_config)
         if self.draft != "greedy":  # absent when greedy: keys of sweeps made before --draft stay the same
             key["draft"] = self.draft
+        if self.chain is not None:  # absent when not given: keys of sweeps made before --chain stay the same
+            key["chain"] = self.chain
+        if self.eagle_tree is not None:  # written out: --eagle-tree default and 60,7,10 are one entry
+            key["eagle_tree"] = self.eagle_tree
         if self.prompts:  # suites by their prompt files (absent otherwise: the keys of --cache sweeps stay)
             key.update(prompts=[p.text() for p in self.prompts], max_new_tokens=self.max_new_tokens)
         return key

@@ -30,6 +30,7 @@ from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
 from remote_payload.eagle3.loader import load_eagle3, peek_eagle3_config
 from remote_payload.eagle3.sampled import chain_logq, refuse_tree
+from remote_payload.eagle3.targetside import family_args
 from remote_payload.eagle3.tree import TreeShape, accept_lengths, draft_trees, parse_tree
 from remote_payload.eagle3.walk import chain_drafts
 from remote_payload.eval import metrics, samples
@@ -56,6 +57,7 @@ from remote_payload.eval.summary import (
     load_tokenizer,
     print_summary,
 )
+from remote_payload.eval.targetchecks import check_online_target, target_checks
 
 DEFAULT_CHAIN = 5
 CONVENTION = "vllm"  # explicit eagle_aux_hidden_state_layer_ids read as HF hidden_states indices (config.py)
@@ -103,9 +105,7 @@ def _refuse_unsupported(opts: EvalOptions) -> None:
                            "of K is the tree K+1,K-1,1); give one")
     if opts.eagle_tree is not None:
         parse_tree(opts.eagle_tree)  # a malformed tree: exit 3 before anything is loaded
-    for flag, on in (("--online", opts.online), ("--speedup", opts.speedup)):
-        if on:
-            raise PayloadError(f"{flag} is not implemented for EAGLE-3 drafters yet (docs/eagle3.md); run without it")
+    check_online_target(opts)
 
 
 def resolve_taps(cfg: Eagle3Config, target: str, cache) -> tuple[list[int], list[int]]:
@@ -256,6 +256,7 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
         if tok is not None:
             tok.close()
     finish_results(results, record)
+    target_checks(opts, results, mod, inp, device, dtype, rep, **family_args(opts, mod))  # --speedup, --online N
     print_summary(results)
     rep.event(stage="done", step=STEPS, steps=STEPS, metrics=headline(results))
     return results

@@ -9,6 +9,7 @@ import os
 import sys
 
 from remote_payload.contract import protocol
+from remote_payload.contract.spec import SpecError, refuse_eagle3_decoding
 from remote_payload.eagle3.evaluate import evaluate
 from remote_payload.eagle3.loader import is_eagle3
 from remote_payload.eagle3.suites import evaluate_suites
@@ -24,12 +25,9 @@ def main(args: argparse.Namespace) -> int:
         return run.main(args, evaluate_fn=lambda opts, rep: (evaluate_suites if opts.suites else evaluate)(opts, rep))
     if not os.path.exists(args.drafter):  # no family to speak of: the DFlash eval's own "does not exist" line
         return run.main(args)
-    if getattr(args, "chain", None) is not None:
-        print(f"error: --chain {args.chain}: the chain length is for EAGLE-3 drafters; {args.drafter} is a DFlash "
-              "drafter (its block_size is in its config.json)", file=sys.stderr)
-        return protocol.EXIT_BAD_INPUT
-    if getattr(args, "eagle_tree", None) is not None:
-        print(f"error: --eagle-tree {args.eagle_tree}: EAGLE's draft tree is for EAGLE-3 drafters; {args.drafter} "
-              "is a DFlash drafter (its trees: --ddtree-budgets, --tree-widths)", file=sys.stderr)
+    try:
+        refuse_eagle3_decoding(args.drafter, getattr(args, "chain", None), getattr(args, "eagle_tree", None))
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
         return protocol.EXIT_BAD_INPUT
     return run.main(args)

@@ -22,45 +22,23 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from remote_payload.contract import spec
 from remote_payload.contract.errors import PayloadError
+from remote_payload.contract.spec import TreeShape
 from remote_payload.eagle3.model import Eagle3Drafter, attend
 
-DEFAULT_TREE = (60, 7, 10)  # SafeAILab EaModel.from_pretrained(total_token=60, depth=7, top_k=10)
+DEFAULT_TREE = spec.DEFAULT_EAGLE_TREE  # SafeAILab EaModel.from_pretrained(total_token=60, depth=7, top_k=10)
 NO_NODE = -2  # a path row past the tree's end (-1 is metrics' 'past the sequence end': never equal)
 CHUNK = 64  # anchors per batch (a frontier pass is CHUNK * top_k queries)
 
 
-@dataclass(frozen=True)
-class TreeShape:
-    total_token: int
-    depth: int
-    top_k: int
-
-    @property
-    def max_accept(self) -> int:
-        """The deepest level a tree can hold (drafts accepted in a round, at most)."""
-        return min(self.depth + 1, self.total_token - 1)
-
-    def as_list(self) -> list[int]:
-        return [self.total_token, self.depth, self.top_k]
-
-
 def parse_tree(text: str) -> TreeShape:
-    """`--eagle-tree TOTAL,DEPTH,TOPK` (or `default`) -> TreeShape; PayloadError (exit 3) naming what is wrong."""
-    if text.strip() == "default":
-        return TreeShape(*DEFAULT_TREE)
+    """`--eagle-tree TOTAL,DEPTH,TOPK` (or `default`) -> TreeShape: the contract's one parse (contract/spec.py, which
+    the laptop's spec uses too), its refusal a PayloadError (exit 3) naming what is wrong."""
     try:
-        total, depth, k = (int(x) for x in text.split(","))
-    except ValueError:
-        raise PayloadError(f"--eagle-tree {text!r}: expected TOTAL_TOKEN,DEPTH,TOP_K (e.g. 60,7,10) or default")
-    shape = TreeShape(total, depth, k)
-    if total < 2 or depth < 0 or k < 1:
-        raise PayloadError(f"--eagle-tree {text}: need total_token >= 2, depth >= 0, top_k >= 1")
-    most = k + depth * k * k
-    if total - 1 > most:
-        raise PayloadError(f"--eagle-tree {text}: total_token - 1 = {total - 1} nodes but depth {depth} and top_k "
-                           f"{k} score only {most} candidates (top_k + depth * top_k^2); lower total_token")
-    return shape
+        return spec.parse_tree(text)
+    except spec.SpecError as e:
+        raise PayloadError(str(e)) from None
 
 
 @dataclass
@@ -91,10 +69,12 @@ def draft_trees(drafter: Eagle3Drafter, feats: Tensor, ids: Tensor, anchors: Ten
     u = drafter.project(feats[:T1].to(dev))  # the prefix's slots, once: a slot's K/V depend on its inputs only
     prefix = (u, *drafter.qkv(drafter.slot_inputs(u, ids[1:T1 + 1]), torch.arange(T1, device=dev)))
     parts = [_draft_chunk(drafter, prefix, anchors[i:i + chunk], shape) for i in range(0, anchors.numel(), chunk)]
-    return Trees(*(torch.cat([getattr(p, f) for p in parts]) for f in ("tokens", "parent", "level", "scores")))
+    return Trees(*(torch.cat([getattr(p, f).cpu() for p in parts]) for f in ("tokens", "parent", "level", "scores")))
 
 
 def _draft_chunk(drafter: Eagle3Drafter, prefix: tuple[Tensor, ...], anchors: Tensor, shape: TreeShape) -> Trees:
+    """prefix (u, q, k, v) of the slots 0..T1-1, anchors [n] (slot a-1 < T1) -> the n trees, on the drafter's
+    device (no host sync: eagle3/speedup.py captures it in a CUDA graph; online.py grows the prefix per round)."""
     cfg, k = drafter.cfg, shape.top_k
     group = cfg.num_attention_heads // cfg.num_key_value_heads
     u, q0, k0, v0 = prefix
@@ -141,14 +121,15 @@ def _draft_chunk(drafter: Eagle3Drafter, prefix: tuple[Tensor, ...], anchors: Te
     # the parent's index among the kept nodes (+1; 0 = root): a parent always scores above its child, so is kept
     parent = torch.searchsorted(keep, (par_flat - 1).clamp(min=0)) + 1
     parent = torch.where(par_flat == 0, 0, parent)
-    return Trees(all_tokens.gather(1, keep).cpu(), parent.cpu(), _level_of(keep, k).cpu(),
-                 all_scores.gather(1, keep).float().cpu())
+    return Trees(all_tokens.gather(1, keep), parent, _level_of(keep, k), all_scores.gather(1, keep).float())
 
 
 def accept_lengths(trees: Trees, g: Tensor, anchors: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
     """-> (acc [n]: drafts accepted at each anchor, the deepest node whose path is g[a+1], g[a+2], ...;
     path [n, width or the deepest level] target ids: that path, then the best-scoring descendants past it,
-    NO_NODE where the tree ends): the walk reads acc, the position metrics read path as a row of drafts."""
+    NO_NODE where the tree ends): the walk reads acc, the position metrics read path as a row of drafts.
+    Tensor ops over all anchors and nodes at once: D sweeps settle `ok` (parents precede children), then one step
+    per level moves every anchor's cursor to its matching child, else its best-scoring child (the first on a tie)."""
     n, M = trees.tokens.shape
     D = int(trees.level.max()) if M else 0
     g = g.cpu().long()
@@ -161,14 +142,14 @@ def accept_lengths(trees: Trees, g: Tensor, anchors: Tensor, width: int | None =
         ok[:, 1:] = hit & ok.gather(1, trees.parent)
     acc = torch.where(ok[:, 1:], trees.level, 0).amax(1) if M else torch.zeros(n, dtype=torch.long)
     path = torch.full((n, max(D, width or 0)), NO_NODE, dtype=torch.long)
-    for j in range(n):
-        node = 0
-        for lvl in range(D):
-            kids = (trees.parent[j] == node).nonzero()[:, 0]
-            if kids.numel() == 0:
-                break
-            match = kids[ok[j, kids + 1]]
-            nxt = int(match[0]) if match.numel() else int(kids[trees.scores[j, kids].argmax()])
-            path[j, lvl] = int(trees.tokens[j, nxt])
-            node = nxt + 1
+    cur = torch.zeros(n, dtype=torch.long)  # each anchor's node on its path (0 = the root; -1: the tree ended)
+    for lvl in range(D):
+        kid = trees.parent == cur[:, None]  # [n, M] the cursor's children (none once it is -1)
+        has = kid.any(1)
+        match = kid & ok[:, 1:]  # at most one: siblings hold distinct tokens
+        masked = torch.where(kid, trees.scores, -torch.inf)
+        best = kid & (masked >= masked.amax(1, keepdim=True))  # the best-scoring children (-inf scores too)
+        nxt = torch.where(match.any(1), match.byte().argmax(1), best.byte().argmax(1))  # argmax: the first True
+        path[:, lvl] = torch.where(has, trees.tokens.gather(1, nxt[:, None])[:, 0], NO_NODE)
+        cur = torch.where(has, nxt + 1, -1)
     return acc, path

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from remote_payload.contract.drafterconfig import DrafterConfig
-from remote_payload.eval.kernels import fast_kernels_enabled, lse_topk, rope, silu_mul
+from remote_payload.eval.kernels import fast_kernels_enabled, lse_topk, rope, sdpa, silu_mul
 
 
 @dataclass
@@ -325,7 +325,7 @@ class DFlashDrafter(nn.Module):
                            vb.view(B, ng, G * bs, kvh, d).transpose(2, 3)], dim=3).flatten(0, 1)
             # GQA without repeating K/V: the g query heads sharing a kv head become extra query rows.
             qg = q.view(B, ng, G, bs, kvh, g, d).permute(0, 1, 4, 2, 5, 3, 6).reshape(B * ng, kvh, G * g * bs, d)
-            o = F.scaled_dot_product_attention(qg, K, V, attn_mask=mask, scale=d**-0.5)
+            o = sdpa(qg, K, V, mask, d**-0.5)
             o = o.view(B, ng, kvh, G, g, bs, d).permute(0, 1, 3, 5, 2, 4, 6).reshape(B * mp * bs, nh * d)
             x = x + att.o_proj(o)
             x = x + layer.mlp(layer.post_attention_layernorm(x))

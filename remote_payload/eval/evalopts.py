@@ -91,11 +91,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "target's posterior sampled at the cache's T/top-k/top-p, --draft's rule, --online-seeds "
                         "decodes a prompt, their mean tau beside the offline tau with 95%% intervals. Either way the "
                         "measured speedup over target-only decoding (with suites: the first suite's prompts; N "
-                        "above the prompts there are decodes them all, said in the log and results.json's notes)")
+                        "above the prompts there are decodes them all, said in the log and results.json's notes). "
+                        "An EAGLE-3 head (greedy caches): its chain or --eagle-tree tree, verified under the tree "
+                        "mask")
     p.add_argument("--speedup", action="store_true",
                    help="load the whole target and measure at batch 1 on this device: a decode step, the verify "
-                        "forward of a block and of each DDTree budget's tree, one drafter block; results.json "
-                        "then holds the projected speedup per method (tau x t(decode) / (t(draft) + t(verify)))")
+                        "forward of a block and of each DDTree budget's tree, one drafter block (an EAGLE-3 head: "
+                        "its K sequential chain steps or the tree's depth+1 level steps, and the verify of K+1 "
+                        "tokens or of the tree's total_token); results.json then holds the projected speedup per "
+                        "method (tau x t(decode) / (t(draft) + t(verify)))")
     p.add_argument("--chain", type=int, default=None, metavar="K",
                    help="EAGLE-3 drafters: drafts per round, the greedy chain (default 5; docs/eagle3.md); refused "
                         "for DFlash drafters, whose block_size is in their config.json")
@@ -127,7 +131,8 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
         ask = spec.EvalSpec(drafter=args.drafter, target=args.target, cache=args.cache,
                             num_prompts=args.num_prompts, max_blocks=args.max_blocks, online=args.online,
                             speedup=bool(args.speedup), allow_unknown_config=args.allow_unknown_config,
-                            draft=args.draft)
+                            draft=args.draft, chain=getattr(args, "chain", None),
+                            eagle_tree=getattr(args, "eagle_tree", None))
     except spec.SpecError as e:
         raise PayloadError(str(e)) from None
     cache, suites = ask.cache_label(), ask.suites()
@@ -138,6 +143,5 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
                        tree_widths=sorted(set(args.tree_widths)), cache_layers=args.cache_layers,
                        strict=args.strict, all_anchors=args.all_anchors,
                        allow_unknown_config=list(args.allow_unknown_config), online=args.online,
-                       speedup=bool(args.speedup), chain=getattr(args, "chain", None),
-                       eagle_tree=getattr(args, "eagle_tree", None), draft=ask.draft,
+                       speedup=bool(args.speedup), chain=ask.chain, eagle_tree=ask.eagle_tree, draft=ask.draft,
                        **speedup_options(args))

@@ -27,7 +27,39 @@ import os
 import torch
 from torch import Tensor
 
+from remote_payload.contract.errors import PayloadError
 from remote_payload.eval import rtc
+
+# REVAL_SDPA: the attention kernel of the drafter's forward on CUDA. efficient (default): the memory-efficient kernel
+# first (then cuDNN's, then the math one, where a shape rules it out); torch: torch's own choice, cuDNN's on an
+# H100/H200, whose kernel CUDA compiles at run time on a host's first run; cudnn | flash | math: that one only.
+# On an H200 the efficient kernel's eval stage was as fast as cuDNN's or faster, and a fresh host's first eval
+# compiles nothing for it (docs/benchmarks.md: the process table's REVAL_SDPA row).
+SDPA_CHOICES = ("efficient", "torch", "cudnn", "flash", "math")
+
+
+def sdpa_backend() -> str:
+    v = os.environ.get("REVAL_SDPA", "").strip().lower() or "efficient"
+    if v not in SDPA_CHOICES:
+        raise PayloadError(f"REVAL_SDPA={v!r}: not an attention kernel choice; set one of {', '.join(SDPA_CHOICES)} "
+                           "or unset it (default efficient)")
+    return v
+
+
+def _backends(which: str) -> list:
+    from torch.nn.attention import SDPBackend as B
+    return {"efficient": [B.EFFICIENT_ATTENTION, B.CUDNN_ATTENTION, B.MATH], "cudnn": [B.CUDNN_ATTENTION],
+            "flash": [B.FLASH_ATTENTION], "math": [B.MATH]}[which]
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """F.scaled_dot_product_attention with the kernels REVAL_SDPA names, in its order (`sdpa_backend`)."""
+    which = sdpa_backend()
+    if which == "torch" or not q.is_cuda:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    from torch.nn.attention import sdpa_kernel
+    with sdpa_kernel(_backends(which), set_priority=True):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 _triton = None
 

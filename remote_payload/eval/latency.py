@@ -288,9 +288,12 @@ def _verify_sizes(budgets, block_size: int) -> list[int]:
 
 
 def latency_key(target_model, drafter, *, context_len: int, budgets, block_size: int, regime: str = "auto",
-                target_hash: str | None = None, batches=(1,), repeats: int = DEFAULT_REPEATS) -> dict:
+                target_hash: str | None = None, batches=(1,), repeats: int = DEFAULT_REPEATS,
+                method: str | None = None) -> dict:
     """What a measurement depends on; `measure(...)` with the same arguments returns Latencies with this key,
-    so a caller can look a table up before measuring. `regime` is the one asked for ("auto" included)."""
+    so a caller can look a table up before measuring. `regime` is the one asked for ("auto" included).
+    method: another drafter family's method (`Custom.method`, e.g. "eagle3-chain-5"), in the key as "method" (a
+    DFlash key has none, so neither family's entry is ever reused for the other)."""
     import transformers
 
     import remote_payload
@@ -320,19 +323,35 @@ def latency_key(target_model, drafter, *, context_len: int, budgets, block_size:
     if dev.type == "cpu":  # a CPU's numbers depend on which CPU and how many threads
         key["cpu"] = platform.processor() or platform.machine()
         key["threads"] = torch.get_num_threads()
+    if method is not None:
+        key["method"] = method
     return key
+
+
+@dataclass(frozen=True)
+class Custom:
+    """Another drafter family's steps for `measure`: its method's name (in the key), the tree its verify feeds
+    (parents as treeverify.tree_mask's, root first: len(parents) = block_size, the verify's tokens) and its draft
+    step (`draft(context_len, batch, generator, device)` -> a callable running one round's draft for `batch`
+    sequences at context_len, capturable in a CUDA graph: no host sync)."""
+    method: str
+    parents: list[int]
+    draft: object
 
 
 def measure(target_model, drafter, head, *, context_len: int, budgets: list[int], block_size: int,
             repeats: int = DEFAULT_REPEATS, regime: str = "auto", target_hash: str | None = None,
-            min_repeat_s: float = 0.01, seed: int = 0, batches=(1,), max_repeats: int | None = None) -> Latencies:
+            min_repeat_s: float = 0.01, seed: int = 0, batches=(1,), max_repeats: int | None = None,
+            custom: Custom | None = None) -> Latencies:
     """At each of `batches` in the models' dtype on their device (module doc): decode (1 token a sequence);
     verify[n] for n = block_size (a causal block) and each budget B + 1 (the DDTree of `ddtree_tree`, under
     `tree_mask`, at positions context_len + depth); draft: `draft_hidden` at one anchor a sequence (context K/V
     of context_len positions precomputed) + `logits_topk` with k = the largest budget.
     regime "auto": CUDA graphs on CUDA when capture works, else eager (the reason in `note`); eager on CPU.
     target_hash: the target's content hash, when the caller has it (else computed from the model's folder).
-    A budget B with B + 1 == block_size shares the block's entry (the same n tokens: the same cost)."""
+    A budget B with B + 1 == block_size shares the block's entry (the same n tokens: the same cost).
+    custom: another family's verify tree and draft step in place of the DFlash block's (`Custom`); block_size is
+    then its verify's tokens and budgets are refused."""
     if regime not in ("auto", *REGIMES):
         raise ValueError(f"regime {regime!r}: use auto, eager or cuda-graphs")
     batches = sorted({int(b) for b in batches})
@@ -340,13 +359,17 @@ def measure(target_model, drafter, head, *, context_len: int, budgets: list[int]
             or batches[0] < 1:
         raise ValueError(f"measure: context_len {context_len} >= 1, block_size {block_size} >= 2, repeats "
                          f"{repeats} >= 1, budgets {list(budgets)} >= 1 and batches {batches} >= 1, please")
+    if custom is not None and (budgets or len(custom.parents) != block_size):
+        raise ValueError(f"measure: {custom.method} verifies {len(custom.parents)} tokens (block_size {block_size}) "
+                         f"and takes no DDTree budgets ({list(budgets)})")
     dev = next(target_model.parameters()).device
     if regime == "cuda-graphs" and dev.type != "cuda":
         raise ValueError(f"regime cuda-graphs needs a CUDA device; the target is on {dev}")
     key = latency_key(target_model, drafter, context_len=context_len, budgets=budgets, block_size=block_size,
-                      regime=regime, target_hash=target_hash, batches=batches, repeats=repeats)
+                      regime=regime, target_hash=target_hash, batches=batches, repeats=repeats,
+                      method=custom.method if custom else None)
     args = (target_model, drafter, head, context_len, budgets, block_size, (repeats, min_repeat_s, max_repeats),
-            seed, key, batches)
+            seed, key, batches, custom)
     note, t0 = "", time.perf_counter()
     if regime == "cuda-graphs" or (regime == "auto" and dev.type == "cuda"):
         try:
@@ -373,13 +396,13 @@ def _measure(*args, graphs: bool, t0: float, note: str = "") -> Latencies:
 
 
 @torch.inference_mode()
-def _measure_once(model, drafter, head, context_len, budgets, block_size, timing, seed, key, batches, *,
+def _measure_once(model, drafter, head, context_len, budgets, block_size, timing, seed, key, batches, custom, *,
                   graphs: bool, note: str) -> Latencies:
     p = next(model.parameters())
     dev, dtype = p.device, p.dtype
     vocab = int(model.config.get_text_config().vocab_size)
     g = torch.Generator().manual_seed(seed)
-    trees = {1: chain(1), block_size: chain(block_size)}
+    trees = {1: chain(1), block_size: list(custom.parents) if custom else chain(block_size)}
     for b in sorted({int(b) for b in budgets}):
         trees.setdefault(b + 1, ddtree_tree(b, block_size))
     impl = key["attention"]
@@ -401,7 +424,8 @@ def _measure_once(model, drafter, head, context_len, budgets, block_size, timing
                 step = _Step(model, cache, ids[n], parents, context_len, groups, batch=batch)
                 secs[n][batch] = timed(lambda step=step: step().argmax(-1))  # the verify's answer: a token a node
             del cache
-    draft = {b: timed(_draft_fn(drafter, head, context_len, budgets, b, g, dev)) for b in batches}
+    draft = {b: timed(custom.draft(context_len, b, g, dev) if custom
+                      else _draft_fn(drafter, head, context_len, budgets, b, g, dev)) for b in batches}
     return Latencies(device=str(dev), gpu=key["gpu"], dtype=str(dtype).removeprefix("torch."),
                      regime="cuda-graphs" if graphs else "eager", context_len=int(context_len), batches=list(batches),
                      decode=secs[1], verify={n: secs[n] for n in _verify_sizes(budgets, block_size)}, draft=draft,

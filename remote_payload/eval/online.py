@@ -311,15 +311,28 @@ def online_check(target_model, drafter: DFlashDrafter, head: TargetHead, layer_i
     layer_ids_in_cache_order: the target layers the offline features came from (the cache's layer ids, or the
     drafter's fc_layer_ids themselves); the drafter's fc layers must be among them. Online, hs[l+1] is tapped
     for l in drafter.cfg.fc_layer_ids, in fc's input order. None: the drafter's fc_layer_ids.
+    rehearse, repeats: as `timed_check`.
+    Raises ValueError when `refusal(target_model)` refuses, or on layers the target lacks."""
+    fc, _dev = check_inputs(target_model, drafter, head, layer_ids_in_cache_order, repeats)
+    return timed_check(target_model, prompts,
+                       lambda g, P: _speculative(target_model, drafter, head, fc, g, P, max_blocks),
+                       rehearse=rehearse, repeats=repeats, progress=progress)
+
+
+@torch.no_grad()
+def timed_check(target_model, prompts: list[tuple[str, list[int], int, list[int]]], speculative, *,
+                rehearse: bool = True, repeats: int = 1, progress=None) -> list[OnlinePrompt]:
+    """Each prompt (as `online_check`'s) decoded by `speculative(g, P) -> (acceptance lengths, the target's tokens
+    P..)` (a drafter family's greedy speculative decode) and target-only, timed, beside its offline walk.
     rehearse: decode each prompt once untimed (both ways) before the timed runs. On CUDA every new attention
     shape (query length x KV length) costs a kernel plan the first time (many times the decoding itself:
     docs/benchmarks.md), so without it the first prompts' times measure plan building, not decoding. The
     rehearsal's acceptance lengths must equal the timed run's (a note if not).
     repeats: timed runs of each prompt, each way (spec_runs, target_only_runs); spec_s and target_only_s are
-    their medians (the decode is deterministic: every run decodes the same tokens).
-    Raises ValueError when `refusal(target_model)` refuses, or on layers the target lacks."""
-    fc, dev = check_inputs(target_model, drafter, head, layer_ids_in_cache_order, repeats)
-
+    their medians (the decode is deterministic: every run decodes the same tokens)."""
+    if repeats < 1:
+        raise ValueError(f"repeats {repeats} must be >= 1")
+    dev = next(target_model.parameters()).device
     results = []
     for name, g, P, offline in prompts:
         g, offline = [int(t) for t in g], [int(x) for x in offline]
@@ -327,13 +340,13 @@ def online_check(target_model, drafter: DFlashDrafter, head: TargetHead, layer_i
             raise ValueError(f"prompt {name!r}: prompt_len {P} outside 1..{len(g)} (its cached ids)")
         notes = []
         if rehearse:
-            rehearsal, _ = _speculative(target_model, drafter, head, fc, g, P, max_blocks)
+            rehearsal, _ = speculative(g, P)
             _target_only(target_model, g, P, sum(rehearsal))
         spec_runs, plain_runs = [], []
         for _ in range(repeats):
             _sync(dev)
             t0 = time.perf_counter()
-            lengths, produced = _speculative(target_model, drafter, head, fc, g, P, max_blocks)
+            lengths, produced = speculative(g, P)
             _sync(dev)
             spec_runs.append(time.perf_counter() - t0)
             tokens = sum(lengths)

@@ -43,7 +43,8 @@ def pooled_taus(per_prompt: list[dict]) -> dict[str, float | None]:
 
 def project(lat, method: str, tau: float, batch: int) -> Projected | None:
     """One method at one batch; None when the latencies lack its verify size or the figure is not finite."""
-    n = lat.tokens(block_size=None) if method == "block" else int(method.removeprefix("ddtree_")) + 1
+    # ddtree_<B>: B + 1 tokens; `block` or another family's own method (eagle3-...): the key's verify size
+    n = int(method.removeprefix("ddtree_")) + 1 if method.startswith("ddtree_") else lat.tokens()
     if n not in lat.verify or batch not in lat.verify[n] or tau is None:
         return None
     d, dr, v = lat.decode[batch], lat.draft[batch], lat.verify[n][batch]

@@ -39,7 +39,7 @@ from remote_payload.contract import results as R
 from remote_payload.contract.drafterconfig import check_features
 from remote_payload.contract.errors import FeatureMismatchError, PayloadError
 from remote_payload.contract.spec import joined_fingerprint
-from remote_payload.eval import samples
+from remote_payload.eval import kernels, samples
 from remote_payload.eval import suiteregimes as SR
 from remote_payload.eval.cache import open_cache
 from remote_payload.eval.devices import resolve_device_dtype
@@ -156,6 +156,7 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     """The five steps (module doc), then the walks' aggregate, the health guard and results.json's dict.
     With suites (`--cache NAME=PATH` repeated) steps 2, 3 and 5 run per suite on the weights loaded once."""
     t0 = time.perf_counter()
+    kernels.sdpa_backend()  # a bad REVAL_SDPA: exit 3 before anything is read
     device, dtype = resolve_device_dtype(opts.device, opts.dtype)
     rep.line(f"DFlash drafter eval · {opts.name} · device {device} ({dtype_name(dtype)})")
     if device.type == "cuda" and device.index is not None:

@@ -119,7 +119,8 @@ def print_summary(results: dict) -> None:
                for x in results.get("suites") or []],
              *([("tau, mean over suites", fmt(results["suite_mean"]["tau"], 2))] if results.get("suite_mean") else []),
              *(speedup_rows(results["speedup"]) if results.get("speedup") else []),
-             *([("online (block)", _online(results["online"]))] if results.get("online") else []),
+             *([(f"online ({results['online'].get('method') or 'block'})", _online(results["online"]))]
+               if results.get("online") else []),
              ("load / eval", f"{results['timing']['load_s']:.2f}s / {results['timing']['eval_s']:.2f}s"),
              ("suspect", "YES: " + "; ".join(results["health"]["reasons"]) if results["health"]["suspect"] else "no")]
     w = max(len(k) for k, _ in rows)

@@ -4,6 +4,7 @@ results.json (latency.py measures, online.py decodes).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,9 +33,11 @@ def check_online_target(opts: EvalOptions) -> None:
 
 
 def target_checks(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, device: torch.device,
-                  dtype: torch.dtype, rep: Reporter) -> None:
+                  dtype: torch.dtype, rep: Reporter, plan: Plan | None = None, check=None, method: str = "block"
+                  ) -> None:
     """--speedup and --online N, with the whole target loaded once (after the offline eval: its taus are what
-    the projection uses and its walks what the online decoder is checked against)."""
+    the projection uses and its walks what the online decoder is checked against). plan, check, method: another
+    drafter family's (`speedup_section`, `online_section`; None: the DFlash block's)."""
     if not (opts.online or opts.speedup):
         return
     from remote_payload.target.load import load_target
@@ -42,9 +45,9 @@ def target_checks(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, de
                                     f"--online {opts.online}" if opts.online else "") if x)
     rep.line(f"\nLoading the whole target {opts.target} for {what}...", stage="target")
     model = load_target(opts.target, device, dtype)
-    lat = speedup_section(opts, results, mod, model, rep) if opts.speedup else None
+    lat = speedup_section(opts, results, mod, model, rep, plan) if opts.speedup else None
     if opts.online:
-        online_section(opts, results, mod, inp, model, device, dtype, rep, lat)
+        online_section(opts, results, mod, inp, model, device, dtype, rep, lat, check, method)
 
 
 def latency_table_path(opts: EvalOptions) -> Path:
@@ -54,31 +57,47 @@ def latency_table_path(opts: EvalOptions) -> Path:
     return table_path(opts.latency_table)
 
 
-def _latencies(opts: EvalOptions, mod: Loaded, model, ctx: int, rep: Reporter):
+DFLASH_STEPS = "decode, verify of the block and of each DDTree budget's tree, one drafter block"
+
+
+@dataclass
+class Plan:
+    """Another drafter family's --speedup (EAGLE-3: eagle3/targetside.py): the drafter the latency key hashes (its
+    cfg.to_dict() and dtype), its steps (latency.Custom: the method, the verify's tree, the draft step), the
+    per-method pooled taus of a list of results.json per_prompt records, and what is measured (the log)."""
+    drafter: object
+    custom: object
+    methods: object
+    what: str
+
+
+def _latencies(opts: EvalOptions, mod: Loaded, model, ctx: int, rep: Reporter, plan: Plan | None = None):
     """(Latencies, reused, the table, the target's hash, why measured): the table's entry for this key unless
     --remeasure or it is missing or refused, else measured now (and kept)."""
     from remote_payload.eval import latency
     from remote_payload.eval.latencytable import LatencyTable, target_content_hash, target_signature
-    bs = mod.drafter.cfg.block_size
+    bs = len(plan.custom.parents) if plan else mod.drafter.cfg.block_size
+    budgets, drafter = ([], plan.drafter) if plan else (opts.ddtree_budgets, mod.drafter)
     table = LatencyTable(latency_table_path(opts))
     signature = target_signature(opts.target)  # unchanged files: their hash from the table, no re-read
     target_hash = table.known_hash(signature) or target_content_hash(opts.target)
-    key = latency.latency_key(model, mod.drafter, context_len=ctx, budgets=opts.ddtree_budgets, block_size=bs,
-                              target_hash=target_hash, batches=opts.speedup_batches, repeats=opts.speedup_repeats)
+    key = latency.latency_key(model, drafter, context_len=ctx, budgets=budgets, block_size=bs,
+                              target_hash=target_hash, batches=opts.speedup_batches, repeats=opts.speedup_repeats,
+                              method=plan.custom.method if plan else None)
     lat = None if opts.remeasure else table.get(key)
     if lat is not None:
         return lat, True, table, target_hash, None
     why = "--remeasure" if opts.remeasure else table.refused or "no entry for this GPU, target, dtype and shape"
     rep.line(f"  measuring the target's latencies at batch {','.join(map(str, opts.speedup_batches))}, context "
-             f"{ctx}, at least {opts.speedup_repeats} runs each (decode, verify of the block and of each DDTree "
-             f"budget's tree, one drafter block; {why})...", stage="speedup")
+             f"{ctx}, at least {opts.speedup_repeats} runs each ({plan.what if plan else DFLASH_STEPS}; {why})...",
+             stage="speedup")
     try:
-        lat = latency.measure(model, mod.drafter, mod.head, context_len=ctx, budgets=opts.ddtree_budgets,
-                              block_size=bs, target_hash=target_hash, batches=opts.speedup_batches,
-                              repeats=opts.speedup_repeats)
+        lat = latency.measure(model, drafter, mod.head, context_len=ctx, budgets=budgets, block_size=bs,
+                              target_hash=target_hash, batches=opts.speedup_batches, repeats=opts.speedup_repeats,
+                              custom=plan.custom if plan else None)
     except torch.cuda.OutOfMemoryError:
         raise PayloadError(f"--speedup: out of GPU memory measuring batches {opts.speedup_batches} with budgets "
-                           f"{opts.ddtree_budgets}: give smaller --speedup-batches or --ddtree-budgets") from None
+                           f"{budgets}: give smaller --speedup-batches or --ddtree-budgets") from None
     if not table.put(lat, signature, target_hash):
         rep.line(f"  warning: {table.error}: the latencies are not kept for later runs", stage="warning")
     return lat, False, table, target_hash, why
@@ -97,20 +116,22 @@ def _methods(opts: EvalOptions, per_prompt: list[dict]) -> dict:
     return {m: t for m, t in taus.items() if m == "block" or int(m.removeprefix("ddtree_")) in opts.ddtree_budgets}
 
 
-def speedup_section(opts: EvalOptions, results: dict, mod: Loaded, model, rep: Reporter):
-    """results["speedup"] (the projection per method and batch from the pooled tau) -> the Latencies."""
+def speedup_section(opts: EvalOptions, results: dict, mod: Loaded, model, rep: Reporter, plan: Plan | None = None):
+    """results["speedup"] (the projection per method and batch from the pooled tau) -> the Latencies. plan:
+    another drafter family's steps and methods (None: the DFlash block and its DDTree budgets)."""
     from remote_payload.eval import projection as P
     lens = [p["seq_len"] for p in results["per_prompt"]]
     ctx = max(64, round(sum(lens) / len(lens) / 64) * 64)  # buckets of 64: runs on one cache share it
-    lat, reused, table, target_hash, why = _latencies(opts, mod, model, ctx, rep)
-    rows = P.by_batch(lat, _methods(opts, results["per_prompt"]))
+    lat, reused, table, target_hash, why = _latencies(opts, mod, model, ctx, rep, plan)
+    methods = plan.methods if plan else (lambda records: _methods(opts, records))
+    rows = P.by_batch(lat, methods(results["per_prompt"]))
     first = rows[0]
     by_suite = None
     if results.get("suites"):
         by_suite = []
         for s in results["suites"]:
             lo, hi = s["prompt_range"]
-            (row,) = P.by_batch(_first_batch(lat), _methods(opts, results["per_prompt"][lo:hi]))
+            (row,) = P.by_batch(_first_batch(lat), methods(results["per_prompt"][lo:hi]))
             by_suite.append(R.SuiteSpeedup(name=s["name"], projected=row["projected"], best_method=row["best_method"],
                                            tied=row["tied"]))
     results["speedup"] = R.Speedup(
@@ -122,7 +143,7 @@ def speedup_section(opts: EvalOptions, results: dict, mod: Loaded, model, rep: R
         repeats=int(lat.key.get("repeats") or 0) or None, latencies=_step_rows(lat),
         by_batch=[R.BatchSpeedup(**r) for r in rows], stops_paying=P.stops_paying(rows),
         measured_at=lat.measured_at or None, table=str(table.path), table_note=why).to_dict()
-    bs = mod.drafter.cfg.block_size
+    bs = lat.tokens()  # the verify's tokens of the drafter's own method (the block, an EAGLE-3 chain or tree)
     where = f"reused from {table.path}, measured {lat.measured_at}" if reused else f"kept in {table.path}"
     rep.line(f"  latencies ({lat.regime}, {where}; median [q1-q3] of n runs, ms):", stage="speedup")
     for b in lat.batches:
@@ -146,7 +167,7 @@ def _first_batch(lat):
 
 
 def _tokens(method: str, bs: int) -> int:
-    return bs if method == "block" else int(method.removeprefix("ddtree_")) + 1
+    return int(method.removeprefix("ddtree_")) + 1 if method.startswith("ddtree_") else bs
 
 
 def _ms(s) -> str:
@@ -154,12 +175,17 @@ def _ms(s) -> str:
 
 
 def online_section(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, model, device: torch.device,
-                   dtype: torch.dtype, rep: Reporter, lat=None) -> None:
+                   dtype: torch.dtype, rep: Reporter, lat=None, check=None, method: str = "block") -> None:
     """results["online"]: the first N prompts decoded online, timed --online-repeats times each way; beside it the
-    block's projection at batch 1 over THE SAME prompts from their pooled offline tau (when --speedup ran)."""
+    method's projection at batch 1 over THE SAME prompts from their pooled offline tau (when --speedup ran).
+    check(model, prompts, repeats, progress) -> [online.OnlinePrompt]: another drafter family's decode (EAGLE-3:
+    eagle3/targetside.py; greedy caches only), `method` its name; None: the DFlash block (online.online_check)."""
     from remote_payload.eval import online
     from remote_payload.eval.online_section import available_prompts, online_section_at_t
     sampled = inp.cache.regime is not None
+    if sampled and check is not None:
+        raise PayloadError(f"--online on a sampled cache ({inp.cache.regime.label()}) is not implemented for "
+                           f"{method}; run it on a greedy cache, or without --online")
     n = min(opts.online, len(available_prompts(inp.cache, len(inp.prompts)) if sampled else inp.prompts))
     if opts.online > n:  # said, not silently fewer
         where = f"suite {opts.suites[0][0]} (the first)" if opts.suites else "the eval"
@@ -173,21 +199,23 @@ def online_section(opts: EvalOptions, results: dict, mod: Loaded, inp: Inputs, m
         ids, _feats = inp.cache.load(i)
         rec = results["per_prompt"][i]
         prompts.append((rec["name"], [int(x) for x in ids], inp.prompts[i].prompt_len, rec["acceptance_lengths"]))
+    def progress(i, n, name):
+        rep.line(f"  online [{i}/{n}] {name}", stage="online", i=i, n=n)
     try:
-        got = online.online_check(model, mod.drafter, mod.head, list(inp.cache.layer_ids), prompts, opts.max_blocks,
-                                  repeats=opts.online_repeats,
-                                  progress=lambda i, n, name: rep.line(f"  online [{i}/{n}] {name}", stage="online",
-                                                                       i=i, n=n))
+        if check is None:
+            got = online.online_check(model, mod.drafter, mod.head, list(inp.cache.layer_ids), prompts,
+                                      opts.max_blocks, repeats=opts.online_repeats, progress=progress)
+        else:
+            got = check(model, prompts, opts.online_repeats, progress)
     except ValueError as e:
         raise PayloadError(f"--online: {e}") from None
     s = online.summarize(got)
     tau_same, projected = s["tau_pooled_offline"], None
     if lat is not None and tau_same is not None:
-        projected = round(lat.speedup(tau_same, block_size=mod.drafter.cfg.block_size,
-                                      batch=1 if 1 in lat.batches else None), 4)
+        projected = round(lat.speedup(tau_same, batch=1 if 1 in lat.batches else None), 4)
     runs = s["speedup_runs"]
     results["online"] = R.Online(
-        method="block", device=str(device), dtype=dtype_name(dtype), prompts=s["prompts"],
+        method=method, device=str(device), dtype=dtype_name(dtype), prompts=s["prompts"],
         prompts_agreeing=s["prompts_agreeing"], rounds=s["rounds"], rounds_agreeing=s["rounds_agreeing"],
         tau_pooled_online=s["tau_pooled_online"], tau_pooled_offline=tau_same, tokens=s["tokens"],
         spec_s=round(s["spec_s"], 4), target_only_s=round(s["target_only_s"], 4),

@@ -5,7 +5,8 @@ Checks the drafter's layout (a z-lab folder: config.json + index or model.safete
 or a .pt/.safetensors file), the target's weights index (embed/lm_head are borrowed from it), the cache's
 index (cache.json or the seeds' completions.json, every prompt file present) and, when both configs say
 so, that the drafter's fc layers and hidden size are in the cache (an EAGLE-3 head: its three taps on the target,
-contract/eagle3config.py). Bad input: one line on stderr, exit 3.
+contract/eagle3config.py), and that an EAGLE-3 decoding (`--chain`, `--eagle-tree`) is not asked of a DFlash drafter.
+Bad input: one line on stderr, exit 3.
 The eval repeats every check on the real data; this only makes sure a bad path never becomes a run.
 """
 from __future__ import annotations
@@ -30,6 +31,8 @@ def add_arguments(p) -> None:
     p.add_argument("--drafter", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--cache", required=True, action="append", metavar="[NAME=]PATH")
+    p.add_argument("--chain", type=int, default=None)
+    p.add_argument("--eagle-tree", default=None)
     add_allow_unknown(p)
 
 
@@ -117,8 +120,11 @@ def cache_layers(path: str) -> tuple[list[int] | None, int | None, int]:
                        "create one with `python -m remote_payload extract`")
 
 
-def check(drafter: str, target: str, cache: str, allow_unknown=()) -> None:
+def check(drafter: str, target: str, cache: str, allow_unknown=(), chain: int | None = None,
+          eagle_tree: str | None = None) -> None:
     cfg = drafter_config(drafter, allow_unknown)
+    if isinstance(cfg, DrafterConfig):  # a .pt file (cfg None) says its family only to the eval
+        spec.refuse_eagle3_decoding(drafter, chain, eagle_tree)
     check_target(target)
     layers, hidden, _ = cache_layers(cache)
     if isinstance(cfg, Eagle3Config) and layers is not None and hidden is not None:
@@ -132,7 +138,7 @@ def main(args) -> int:
         refs = spec.parse_caches(args.cache)
         for ref in refs:
             try:
-                check(args.drafter, args.target, ref.path, args.allow_unknown_config)
+                check(args.drafter, args.target, ref.path, args.allow_unknown_config, args.chain, args.eagle_tree)
             except PayloadError as e:  # which suite's cache, when there are several
                 if len(refs) > 1 or ref.name:
                     raise type(e)(f"suite {ref.suite}: {e}") from None

@@ -8,7 +8,8 @@ to disk as safetensors (drafter folder + a target folder with an index and the m
   large     128 prompts x 64 blocks
   2k        32 prompts of a 2,000-token prompt + 512-token completion x 32 blocks; on CUDA again with one
             fast path off (ABLATIONS: REVAL_STREAMS=1; REVAL_RTC=0, Triton's passes instead of the CUDA C
-            ones), so each run shows what they earn; seeds again with REVAL_RTC=0 (too short a run for
+            ones; REVAL_SDPA=torch, torch's attention kernel choice instead of the efficient one), so each
+            run shows what they earn; seeds again with REVAL_RTC=0 (too short a run for
             `kernels.plan` to start Triton: torch's log-softmax and elementwise kernels)
   naive     one prompt, one round at a time, whole context recomputed (`naive_block`): the baseline
 Prints drafter rounds/s (one round = one anchor's 16-token block), achieved TFLOP/s (useful FLOPs: block
@@ -62,9 +63,9 @@ SCENARIOS = {
 BUDGETS = [16, 32, 64, 128, 256, 512]
 # the 2k row again with one fast path off (CUDA): one stream (anchors._Lanes), Triton's passes (kernels.plan)
 # instead of the CUDA C ones (rtc.py)
-ABLATIONS = [("REVAL_STREAMS", "1"), ("REVAL_RTC", "0")]
+ABLATIONS = [("REVAL_STREAMS", "1"), ("REVAL_RTC", "0"), ("REVAL_SDPA", "torch")]
 # the seeds row again without the CUDA C passes (rtc.py): torch's log-softmax, RoPE and SiLU kernels then
-SEEDS_ABLATIONS = [("REVAL_RTC", "0")]
+SEEDS_ABLATIONS = [("REVAL_RTC", "0"), ("REVAL_SDPA", "torch")]
 
 
 @contextlib.contextmanager

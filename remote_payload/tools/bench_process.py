@@ -37,18 +37,22 @@ import torch
 from remote_payload.contract.drafterconfig import DrafterConfig
 from remote_payload.extract.writer import CacheWriter
 
-# each knob's other value: the warm-up (anchors.warmup_mode) off; the CUDA C passes (rtc.py) off
-VARIANTS = [("REVAL_WARMUP=off", {"REVAL_WARMUP": "off"}), ("REVAL_RTC=0", {"REVAL_RTC": "0"})]
+# each knob's other value: the warm-up (anchors.warmup_mode) off; the CUDA C passes (rtc.py) off; the GPU's
+# context and the cubin not started beside torch's import (eval/early.py); torch's attention kernel (kernels.sdpa)
+VARIANTS = [("REVAL_WARMUP=off", {"REVAL_WARMUP": "off"}), ("REVAL_RTC=0", {"REVAL_RTC": "0"}),
+            ("REVAL_EARLY=0", {"REVAL_EARLY": "0"}), ("REVAL_SDPA=torch", {"REVAL_SDPA": "torch"})]
 REPEATS = 5  # rounds in `bench`'s rows (benchdoc passes its own count)
 SHAPES = {"seeds": {"prompts": 10, "prompt_len": 60, "completion": 480, "max_blocks": 30},
           "2k": {"prompts": 8, "prompt_len": 2000, "completion": 512, "max_blocks": 32}}
 SEEDS_RUN = SHAPES["seeds"]
-# the eval process, stamped: what `python -m remote_payload eval ...` runs (the kernel caches set before torch),
-# its imports timed on the way
+# the eval process, stamped: what `python -m remote_payload eval ...` runs (the kernel caches set and the early
+# thread started before torch), its imports timed on the way
 STAMPED = ("import json, os, sys, time\n"
            "T = {'main': time.time()}\n"
            "from remote_payload.runtime import kcache\n"
            "kcache.setup()\n"
+           "from remote_payload.eval import early\n"
+           "early.start(sys.argv[2:])\n"
            "import torch\n"
            "T['torch'] = time.time()\n"
            "import remote_payload.__main__ as m\n"

@@ -5,11 +5,12 @@ Every performance figure the docs give comes from this section: a table per benc
 range [min-max] of n runs, the header saying when, on which GPU, driver, CUDA and library versions. Parts:
   payload   bench.py in this process: the weight load against a raw read, the eval stage of the seeds' run,
             128x64 and 2k against the bf16 matmul peak (the median of 5 readings, each run its own), and each
-            fast path off (REVAL_RTC=0, REVAL_STREAMS=1), against the naive loop
+            fast path off (REVAL_RTC=0, REVAL_STREAMS=1, REVAL_SDPA=torch), against the naive loop
   process   bench_process.py: `eval` as a subprocess against its floor, and where its seconds go (a stamped
             timeline from spawn to exit) for a fresh host (empty kernel caches), its rerun, a fresh host after
             `warm` and the warm default;
-            each default knob's other value (REVAL_WARMUP=off, REVAL_RTC=0), the table saying which wins
+            each default knob's other value (REVAL_WARMUP=off, REVAL_RTC=0, REVAL_EARLY=0,
+            REVAL_SDPA=torch), the table saying which wins
   process-2k  the same at 2k context (8 prompts x 2,000 + 512 tokens), no fresh-host runs
   extract   bench_extract.py: extraction's three paths (batch-1, batched, fast) on an 8B-class target
   decode    bench_decode.py: greedy decoding's whole call and one step against the memory-bandwidth floor
@@ -19,6 +20,8 @@ range [min-max] of n runs, the header saying when, on which GPU, driver, CUDA an
   serving   bench_serving.py's parts: sampled (extraction sampled against greedy), projection (the projected
             speedup against the online decode, fixtures), latency-table (at batch 1..64, 8B and 27B class, its
             cost first time and reused)
+  eagle3    bench_eagle3.py: the EAGLE-3 eval stage (an 8B-class head, random weights) at the seeds' shape, the
+            chain K=5 and the default tree (60,7,10), rounds/s and % of peak, beside the DFlash seeds row
 Run on the GPU host: `python3 -m remote_payload.tools.benchdoc --json m.json` measures and writes the section;
 `--from-json m.json` writes the section from a saved run (another machine's) without measuring.
 """
@@ -53,7 +56,7 @@ END = "<!-- bench-doc:end -->"
 HISTORY = "## Payload measurements (history)"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 PARTS = ("payload", "process", "extract", "decode", "process-2k", "decode-512", "sampled", "projection",
-         "latency-table")
+         "latency-table", "eagle3")
 SERVING = ("sampled", "projection", "latency-table")  # --parts serving
 DEFAULT_PARTS = ("payload", "process", "extract", "decode")
 MIN_RUNS = 3
@@ -227,8 +230,11 @@ def _process_lines(rows: dict[str, dict[str, list[float]]]) -> list[str]:
                   if rows.get(row, {}).get(c) and base.get(c)]
         if ratios:
             lines.append(f"{row}: {' and '.join(ratios)} of the warm default's median")
-    for knob in ("REVAL_WARMUP=off", "REVAL_RTC=0"):
-        for col, what in (("wall (s)", "wall s"), (AFTER_IMPORTS, "after the imports s")):
+    both = (("wall (s)", "wall s"), (AFTER_IMPORTS, "after the imports s"))
+    # REVAL_EARLY moves work into the imports (that is its point): its verdict is the wall's
+    for knob, cols in (("REVAL_WARMUP=off", both), ("REVAL_RTC=0", both), ("REVAL_EARLY=0", both[:1]),
+                       ("REVAL_SDPA=torch", both)):
+        for col, what in cols:
             if base.get(col) and rows.get(knob, {}).get(col):
                 lines.append(verdict(knob.split("=")[0], base[col], rows[knob][col], what))
     return lines

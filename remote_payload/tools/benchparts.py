@@ -141,6 +141,19 @@ def part_decode(ctx: Ctx, repeats: int, new: int = 64) -> list[Sample]:
     return out
 
 
+def part_eagle3(ctx: Ctx, repeats: int) -> list[Sample]:
+    """The EAGLE-3 rows (bench_eagle3.py) beside the DFlash payload part's seeds row on this run's checkpoint."""
+    from remote_payload.tools import bench_eagle3
+    _rows, drafter, head = bench.bench_load(ctx.ddir, ctx.tdir, ctx.cfg, ctx.dev, ctx.dtype)
+    name, prompts, blocks, plen, comp = bench.SCENARIOS[ctx.preset][0]
+    batch = 128 if ctx.dev.type == "cuda" else 32
+
+    def dflash():
+        r = bench.bench_eval(name, drafter, head, ctx.cfg, ctx.dev, ctx.dtype, prompts, blocks, plen, comp, batch)
+        return r.rounds, r.seconds, r.flops
+    return bench_eagle3.part_eagle3(ctx.dev, ctx.dtype, repeats, bench.measure_peak(ctx.dev), dflash)
+
+
 def measure_all(parts: list[str], repeats: int, env: dict, json_path: str | None, workdir: str | None) -> list:
     samples: list[Sample] = []
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
@@ -164,6 +177,8 @@ def measure_all(parts: list[str], repeats: int, env: dict, json_path: str | None
                 samples += bench_serving.part_sampled(ctx.dev, ctx.dtype, repeats)
             elif part == "projection":
                 samples += bench_serving.part_projection(ctx.dev, repeats)
+            elif part == "eagle3":
+                samples += part_eagle3(ctx, repeats)
             elif part == "latency-table":
                 samples += bench_serving.part_latency(ctx.dev, ctx.dtype, repeats)
             if ctx.dev.type == "cuda":

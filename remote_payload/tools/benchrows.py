@@ -38,6 +38,7 @@ T_EXTRACT = "Extraction, end to end (8B-class target, random weights)"
 T_DECODE = "Extraction's greedy decoding"  # + " (batch 32, N new tokens)"
 T_SAMPLED = "Sampled extraction against greedy (8B-class target, random weights)"
 T_LATENCY = "The latency table at batch sizes (eval --speedup; random weights, bf16, context 1,024)"
+T_EAGLE3 = "The EAGLE-3 eval stage in-process (8B-class head, random weights)"
 T_PROJECTION = "Projected speedup against the online decode (tiny trained fixtures, batch 1)"
 SERVING_NOTES = {
     T_SAMPLED: "Completion tokens per second of extract's fast path, disk writes left out; the two regimes "
@@ -77,6 +78,12 @@ NOTES = {
     T_DECODE: "Whole call: prefill, capture and decode, what extract pays (tokens/s and the fraction of the floor). "
               "A step: one decode step after the warm-up. Floor: the weights' bytes over the device copy bandwidth "
               "measured in the same run (each step reads them once).",
+    T_EAGLE3: "One round = one anchor's chain (K=5: 5 sequential head forwards) or EAGLE's default tree (60,7,10: 8 "
+              "level steps of up to 10 forwards), drafted at every anchor of the seeds' run (10 prompts x 540 tokens, "
+              "random features and ids) and walked (bench_eagle3.py). Useful FLOPs only (the prefix's fc and K/V once "
+              "a prompt; per forward q/k/v, attention, o_proj, MLP, lm_head over the 32,000-token draft vocabulary). "
+              "The DFlash row: the payload part's seeds scenario on this run's DFlash checkpoint (its own sizes, "
+              "27B-class on CUDA), for scale.",
 }
 
 

@@ -45,6 +45,13 @@ def add_spec_options(p: argparse.ArgumentParser, *, drafter: bool = True, payloa
                         "walk over every sample (default); sampled = drafts drawn from the drafter, verified by "
                         "rejection sampling: the exact expected tau; over suites it applies to the sampled ones, "
                         "a greedy suite staying greedy (at T=0 the rule is irrelevant) (docs/sampling.md)")
+    p.add_argument("--chain", type=positive_int, metavar="K",
+                   help="EAGLE-3 drafters: K drafts per round, the greedy chain (default 5); refused for a DFlash "
+                        "drafter (its block_size is in its config.json) (docs/eagle3.md)")
+    p.add_argument("--eagle-tree", metavar="TOTAL,DEPTH,TOPK",
+                   help="EAGLE-3 drafters: EAGLE's dynamic draft tree instead of the chain, SafeAILab's total_token, "
+                        "depth, top_k (`default` = 60,7,10); not with --chain; refused for a DFlash drafter; part "
+                        "of the run's spec and of a sweep's ledger key (docs/eagle3.md)")
     p.add_argument("--payload", choices=("eval", "dummy"), default="eval",
                    help=payload_help or "what to run: the eval, or a torch-free stand-in (tests, demos of the "
                                         "plumbing)")
@@ -56,4 +63,5 @@ def spec_from_args(args: argparse.Namespace, extra: list[str], gpus: str | None 
                           num_prompts=args.num_prompts, max_blocks=args.max_blocks, extra=list(extra),
                           payload=args.payload, gpus=gpus, allow_unknown_config=list(args.allow_unknown_config),
                           speedup=bool(args.speedup), online=args.online or 0, prompts=args.prompts or (),
-                          max_new_tokens=args.max_new_tokens, draft=args.draft)
+                          max_new_tokens=args.max_new_tokens, draft=args.draft, chain=args.chain,
+                          eagle_tree=args.eagle_tree)

@@ -311,3 +311,22 @@ def test_cuda_c_logsumexp_and_chunk_maxima_equal_the_references(tmp_path, monkey
     assert kernels.plan(1e12, dev) is True and kernels.plan(1e9, dev) is False
     torch.testing.assert_close(rtc.lse_cmax(cases[2])[0], torch.logsumexp(cases[2].float(), -1, keepdim=True),
                                rtol=1e-6, atol=1e-5)
+
+
+def test_each_reval_sdpa_kernel_gives_the_math_kernels_attention(monkeypatch):
+    """kernels.sdpa under each REVAL_SDPA choice (the drafter's masked, GQA-folded attention shape, bf16) equals
+    the math kernel's output within bf16 rounding; the default (efficient) is what the eval runs."""
+    from remote_payload.eval import kernels
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(8, 4, 16 * 4, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(8, 4, 384, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(8, 4, 384, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    vis = torch.rand(8, 1, 64, 384, device="cuda", generator=g) > 0.3
+    vis[..., 0] = True  # every query sees a key
+    mask = torch.zeros(vis.shape, dtype=torch.bfloat16, device="cuda").masked_fill_(~vis, float("-inf"))
+    monkeypatch.setenv("REVAL_SDPA", "math")
+    ref = kernels.sdpa(q, k, v, mask, 128 ** -0.5).float()
+    for choice in ("efficient", "torch", "cudnn"):
+        monkeypatch.setenv("REVAL_SDPA", choice)
+        out = kernels.sdpa(q, k, v, mask, 128 ** -0.5).float()
+        assert (out - ref).abs().max().item() < 3e-2, choice

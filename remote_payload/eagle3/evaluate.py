@@ -29,10 +29,11 @@ from remote_payload.contract.eagle3config import FAMILY, Eagle3Config, check_tap
 from remote_payload.contract.errors import PayloadError
 from remote_payload.contract.runstate import read_regular
 from remote_payload.eagle3.loader import load_eagle3, peek_eagle3_config
+from remote_payload.eagle3.sampled import chain_logq, refuse_tree
 from remote_payload.eagle3.targetside import family_args
 from remote_payload.eagle3.tree import TreeShape, accept_lengths, draft_trees, parse_tree
 from remote_payload.eagle3.walk import chain_drafts
-from remote_payload.eval import metrics
+from remote_payload.eval import metrics, samples
 from remote_payload.eval.checkpoint import load_target_head
 from remote_payload.eval.devices import resolve_device_dtype
 from remote_payload.eval.evalopts import EvalOptions
@@ -86,6 +87,7 @@ class HeadView:
     extra: dict = field(default_factory=dict)
     num_hidden_layers: int = 1
     tree: TreeShape | None = None  # --eagle-tree; None: the chain of block_size-1
+    family: str = FAMILY  # results.json's drafter.family and comparability.family (eval/record.py)
 
     def layer_type(self, i: int) -> str:
         return "full_attention"
@@ -103,9 +105,6 @@ def _refuse_unsupported(opts: EvalOptions) -> None:
                            "of K is the tree K+1,K-1,1); give one")
     if opts.eagle_tree is not None:
         parse_tree(opts.eagle_tree)  # a malformed tree: exit 3 before anything is loaded
-    if opts.suites:
-        raise PayloadError("--cache NAME=PATH (suites) is not implemented for EAGLE-3 drafters yet (docs/eagle3.md); "
-                           "run without it")
     check_online_target(opts)
 
 
@@ -176,13 +175,17 @@ def draft_prompts(opts: EvalOptions, inp: Inputs, mod: Loaded, device, dtype, re
     how = f"EAGLE-3 tree {','.join(map(str, shape.as_list()))}" if shape else f"EAGLE-3 chain, K={K}"
     rep.step(5, "eval", f"Evaluating {len(inp.prompts)} prompts x {opts.max_blocks} rounds ({how})...")
     per_prompt, all_drafts, all_targets, h, n_total = [], [], [], hashlib.sha256(), 0
+    regime = inp.cache.regime  # a sampled cache: each entry one sample, grouped into prompts at the end
+    transform = regime.transform if regime is not None and opts.draft == "sampled" else None
     t0 = time.perf_counter()
     for i, p in enumerate(inp.prompts):
         ids, feats = inp.cache.load(i, layer_ids=cache_ids, device=device, dtype=dtype)
         n = (max(0, p.seq_len - 1 - p.prompt_len) if opts.all_anchors
              else metrics.num_anchors(p.prompt_len, p.seq_len, opts.max_blocks, bs))
         anchors = torch.arange(p.prompt_len, p.prompt_len + n, device=device)
-        if shape is None:
+        if transform is not None:  # sampled drafts: q along y too (sampled.py)
+            drafts, logq = chain_logq(head, feats, ids, anchors, K, transform, chunk=opts.batch_size or 256)
+        elif shape is None:
             drafts, _ = chain_drafts(head, feats, ids, anchors, K, chunk=opts.batch_size or 256)
         else:  # the path each tree offers the walk: its acceptance is the tree's (tree.accept_lengths)
             trees = draft_trees(head, feats, ids, anchors, shape, chunk=opts.batch_size or 64)
@@ -194,25 +197,46 @@ def draft_prompts(opts: EvalOptions, inp: Inputs, mod: Loaded, device, dtype, re
         targets = metrics.target_tokens(g, p.prompt_len, n, K)
         first = {"draft": decode(inp.tok, d[0]) if n else "", "target": decode(inp.tok, targets[0]) if n else ""}
         per_prompt.append({"name": p.name, "num_anchors": n, **rec, "first_block": first})
+        if transform is not None:  # E[tau | y] (eval/expect.py), as the DFlash eval's steps.eval_prompts
+            per_prompt[-1]["expected"] = samples.expected(logq.numpy(), inp.cache.load_logp(i), p.prompt_len,
+                                                          p.seq_len, opts.max_blocks, bs)
+            rec = {**rec, "tau": per_prompt[-1]["expected"]["tau"]}
         all_drafts.append(d)
         all_targets.append(targets)
         n_total += n
         rep.line(f"  [{i + 1}/{len(inp.prompts)}] {p.name}: {p.seq_len} tokens · {len(rec['acceptance_lengths'])} "
-                 f"rounds · tau {fmt(rec['tau'])} · position-1 accuracy {fmt(rec['position_accuracy'][0])}",
+                 f"rounds · {'E[tau | y]' if transform else 'tau'} {fmt(rec['tau'])} · position-1 accuracy "
+                 f"{fmt(rec['position_accuracy'][0])}",
                  stage="eval_prompt", i=i + 1, n=len(inp.prompts),
                  metrics={"tau": rec["tau"], "position_1_accuracy": rec["position_accuracy"][0]})
+    if regime is not None:  # one record per prompt, its samples inside (the cluster bootstrap: samples.by_prompt)
+        per_prompt = samples.by_prompt(per_prompt, [inp.cache.sample_of(i) for i in range(len(inp.prompts))])
     return Drafted(per_prompt, np.concatenate(all_drafts), np.concatenate(all_targets), "sha256:" + h.hexdigest(),
                    n_total, time.perf_counter() - t0, opts.batch_size or 256)
 
 
-def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
-    """The eval of an EAGLE-3 head (module doc) -> results.json's dict."""
+def finish_results(results: dict, record: dict) -> None:
+    """results.json's EAGLE-3 fields: drafter.eagle3 (load_head's record) and the definitions."""
+    results["drafter"].update(family=FAMILY, eagle3=record)
+    results["definitions"] = {**results["definitions"], **DEFINITIONS}
+
+
+def prepare(opts: EvalOptions, rep: Reporter) -> tuple[float, torch.device, torch.dtype]:
+    """The options' refusals (exit 3, before anything is loaded), the device: (start time, device, dtype). Shared
+    with the several-suite eval (suites.py)."""
     t0 = time.perf_counter()
     _refuse_unsupported(opts)
+    refuse_tree(opts.eagle_tree, opts.draft)
     if opts.chain is not None and opts.chain < 1:
         raise PayloadError(f"--chain {opts.chain}: need at least 1 draft per round")
     device, dtype = resolve_device_dtype(opts.device, opts.dtype)
     rep.line(f"EAGLE-3 drafter eval · {opts.name} · device {device} ({dtype_name(dtype)})")
+    return t0, device, dtype
+
+
+def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
+    """The eval of an EAGLE-3 head over one cache (module doc) -> results.json's dict (several: suites.py)."""
+    t0, device, dtype = prepare(opts, rep)
     tok = load_tokenizer(opts.target)
     try:
         tok, cache, prompts = open_inputs(opts, rep, tok)
@@ -221,7 +245,7 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
         with torch.no_grad():
             ev = draft_prompts(opts, inp, mod, device, dtype, rep)
         bs = mod.drafter.cfg.block_size
-        m = metrics.aggregate(ev.per_prompt, bs)
+        m = samples.aggregate(ev.per_prompt, bs)
         health = assess_health(m, ev.drafts, ev.targets, tok, rep)
         cache_exactness(cache, health, rep)
         health.update(feature_stats=inp.feature_stats, weight_stats=mod.info.weight_stats,
@@ -231,9 +255,7 @@ def evaluate(opts: EvalOptions, rep: Reporter) -> dict:
     finally:
         if tok is not None:
             tok.close()
-    results["drafter"].update(family=FAMILY, eagle3=record)
-    results["comparability"]["family"] = FAMILY
-    results["definitions"] = {**results["definitions"], **DEFINITIONS}
+    finish_results(results, record)
     target_checks(opts, results, mod, inp, device, dtype, rep, **family_args(opts, mod))  # --speedup, --online N
     print_summary(results)
     rep.event(stage="done", step=STEPS, steps=STEPS, metrics=headline(results))

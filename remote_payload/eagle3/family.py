@@ -1,7 +1,7 @@
 """The `eval` command's family switch: an EAGLE-3 head (its config.json says so: loader.is_eagle3) goes to
-eagle3/evaluate.py, anything else to the DFlash eval (eval/run.py), both under eval/run.py's `main` (the run
-directory, status.json, results.json, exit codes). `--chain` (the EAGLE-3 chain length) and `--eagle-tree` (EAGLE's
-dynamic tree): refused for DFlash."""
+eagle3/evaluate.py (several suites: eagle3/suites.py), anything else to the DFlash eval (eval/run.py), all under
+eval/run.py's `main` (the run directory, status.json, results.json, exit codes). `--chain` (the EAGLE-3 chain
+length) and `--eagle-tree` (EAGLE's dynamic tree): refused for DFlash."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,7 @@ from remote_payload.contract import protocol
 from remote_payload.contract.spec import SpecError, refuse_eagle3_decoding
 from remote_payload.eagle3.evaluate import evaluate
 from remote_payload.eagle3.loader import is_eagle3
+from remote_payload.eagle3.suites import evaluate_suites
 from remote_payload.eval import run
 
 __all__ = ["add_arguments", "main"]
@@ -20,8 +21,8 @@ add_arguments = run.add_arguments
 
 
 def main(args: argparse.Namespace) -> int:
-    if is_eagle3(args.drafter):
-        return run.main(args, evaluate_fn=evaluate)
+    if is_eagle3(args.drafter):  # one cache: evaluate.py; `--cache NAME=PATH` repeated: suites.py
+        return run.main(args, evaluate_fn=lambda opts, rep: (evaluate_suites if opts.suites else evaluate)(opts, rep))
     if not os.path.exists(args.drafter):  # no family to speak of: the DFlash eval's own "does not exist" line
         return run.main(args)
     try:

@@ -13,6 +13,8 @@ its prefix every round (the same numbers as SafeAILab's `stable_kv`: a slot's K/
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -20,8 +22,11 @@ from remote_payload.eagle3.model import Eagle3Drafter, attend
 
 
 @torch.no_grad()
-def draft_chain(drafter: Eagle3Drafter, feats: Tensor, tokens: Tensor, K: int) -> list[int]:
-    """feats [p, 3Ht] (target features of slots 0..p-1), tokens [p] (y[1..p]) -> the K drafted target ids."""
+def draft_chain(drafter: Eagle3Drafter, feats: Tensor, tokens: Tensor, K: int,
+                choose: Callable[[Tensor], Tensor] | None = None) -> list[int]:
+    """feats [p, 3Ht] (target features of slots 0..p-1), tokens [p] (y[1..p]) -> the K drafted target ids.
+    choose: draft-vocabulary logits [1, Vd] -> the draft index [1] drafted (None: the argmax; online_sampled.py
+    draws it)."""
     cfg = drafter.cfg
     group = cfg.num_attention_heads // cfg.num_key_value_heads
     dev = drafter.fc.weight.device
@@ -35,7 +40,8 @@ def draft_chain(drafter: Eagle3Drafter, feats: Tensor, tokens: Tensor, K: int) -
     keys, values = [k], [v]
     out = []
     for s in range(1, K + 1):
-        d = drafter.to_target(drafter.logits(h).argmax(-1))  # [1]
+        logits = drafter.logits(h)
+        d = drafter.to_target(logits.argmax(-1) if choose is None else choose(logits))  # [1]
         out.append(int(d))
         if s == K:
             break

@@ -107,13 +107,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="EAGLE-3 drafters: EAGLE's dynamic draft tree instead of the chain: the best TOTAL-1 nodes "
                         "by cumulative log-prob, DEPTH expansions of the TOPK best nodes per level, TOPK children "
                         "each (SafeAILab's total_token, depth, top_k; `default` = 60,7,10; docs/eagle3.md); "
-                        "not with --chain; refused for DFlash drafters")
+                        "not with --chain or --draft sampled; refused for DFlash drafters")
     from remote_payload.eval.speedupopts import add_speedup_arguments
     add_speedup_arguments(p)
     p.add_argument("--draft", choices=spec.DRAFT_RULES, default="greedy",
                    help="on a sampled cache (extract --temperature T): greedy = the drafter's argmax drafts, the walk "
                         "over every sample (default, as vLLM); sampled = drafts drawn from the drafter at the "
-                        "cache's transform, verified by rejection sampling: the exact E[tau | y]. Over suites of "
+                        "cache's transform, verified by rejection sampling: the exact E[tau | y] (EAGLE-3: q of the "
+                        "chain fed y's tokens, the draft vocabulary's; docs/eagle3.md). Over suites of "
                         "several regimes it applies to the sampled ones; a greedy suite is draft greedy (at T=0 "
                         "the rule is irrelevant) (docs/sampling.md)")
     p.add_argument("--all-anchors", action="store_true",

@@ -49,6 +49,7 @@ def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: d
     fingerprint = cache.fingerprint
     attention = layer_attention(cfg)
     regime = regime_record(getattr(cache, "regime", None), opts.draft)
+    family = getattr(cfg, "family", "dflash")  # an EAGLE-3 head's view (eagle3/evaluate.HeadView) says eagle3
     n_prompts = len(ev.per_prompt)  # a sampled cache: prompts, each with its samples
     result = R.Result(
         schema=R.SCHEMA, run=opts.name, created_at=protocol.now_iso(),
@@ -57,7 +58,7 @@ def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: d
                           fc_layer_ids=list(cfg.fc_layer_ids), num_parameters=info.num_parameters,
                           attention=attention, mask_embedding=info.mask_embedding,
                           renamed_weights=list(info.renamed) or None,
-                          allowed_unknown_config=_allowed(cfg) or None, family="dflash"),
+                          allowed_unknown_config=_allowed(cfg) or None, family=family),
         target=R.Target(path=str(opts.target), embed_key=hinfo.embed_key,
                         lm_head_key=None if hinfo.tied else hinfo.lm_head_key, tied=hinfo.tied,
                         config_matches_cache=mod.target_matches),
@@ -73,7 +74,7 @@ def build_results(opts: EvalOptions, inp: Inputs, mod: Loaded, ev: Drafted, m: d
             cache_fingerprint=fingerprint, prompt_set=ev.prompt_set,
             num_prompts=n_prompts, max_blocks=opts.max_blocks, block_size=bs,
             metrics_version=protocol.METRICS_VERSION + ("+all-anchors" if opts.all_anchors else ""),
-            attention=R.attention_signature(attention), family="dflash",
+            attention=R.attention_signature(attention), family=family,
             regime=regime.signature()),
         definitions=metrics.DEFINITIONS,
         metrics=R.Metrics.from_dict(m, "metrics"),

@@ -26,6 +26,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -195,11 +196,25 @@ def _suite_features(so: EvalOptions, rep: Reporter, tok, cache, prompts, mod, de
     return Inputs(tok, cache, prompts, feature_pass(so, cache, prompts, rep)), mod
 
 
+@dataclasses.dataclass(frozen=True)
+class SuiteSteps:
+    """A drafter family's steps in `evaluate_suites` (DFlash's below; EAGLE-3's in eagle3/suites.py)."""
+    features: Callable  # (so, rep, tok, cache, prompts, mod or None, device, dtype) -> (Inputs, Loaded)
+    draft: Callable  # (so, inp, mod, device, dtype, rep) -> Drafted
+    record_opts: Callable = lambda o: o  # the options results.json records (build_results)
+    finish: Callable = lambda results, mod: None  # the family's own results.json fields
+    checks: Callable = target_checks  # --speedup / --online after the offline eval
+
+
+DFLASH_STEPS = SuiteSteps(features=_suite_features, draft=eval_prompts)
+
+
 def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtype: torch.dtype, t0: float,
-                    tok) -> dict:
+                    tok, steps: SuiteSteps = DFLASH_STEPS) -> dict:
     """One drafter over several caches: each suite evaluated as a one-cache eval would be (the same functions,
     its own cache), the weights loaded once; results.json = every prompt pooled at the top level (names
-    `<suite>/<prompt>`), per-suite metrics and comparability in `suites`, their unweighted mean in `suite_mean`."""
+    `<suite>/<prompt>`), per-suite metrics and comparability in `suites`, their unweighted mean in `suite_mean`.
+    steps: the family's load/draft/record (`SuiteSteps`)."""
     names = [n for n, _ in opts.suites]
     rep.line(f"  suites: {', '.join(names)}" + (f" (--num-prompts {opts.num_prompts} applies per suite: the first "
                                                 f"{opts.num_prompts} prompts of each)" if opts.num_prompts else ""))
@@ -219,15 +234,16 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
                                "(give each cache once)")
         seen[cache.fingerprint] = name
         try:
-            inp, mod = _suite_features(so, rep, tok, cache, prompts, mod, device, dtype)
+            inp, mod = steps.features(so, rep, tok, cache, prompts, mod, device, dtype)
         except FeatureMismatchError as e:  # which suite's cache is the wrong one
             raise FeatureMismatchError(f"suite {name} (--cache {name}={path}): {e}") from None
-        done.append((name, so, inp, eval_prompts(so, inp, mod, device, dtype, rep)))
+        done.append((name, so, inp, steps.draft(so, inp, mod, device, dtype, rep)))
     bs = mod.drafter.cfg.block_size
     suites, per_prompt, feature_stats = [], [], {}
     for name, so, inp, ev in done:
         m = samples.aggregate(ev.per_prompt, bs)
-        one = build_results(so, inp, mod, ev, m, {"suspect": False, "reasons": [], "hints": []}, device, dtype, 0.0)
+        one = build_results(steps.record_opts(so), inp, mod, ev, m, {"suspect": False, "reasons": [], "hints": []},
+                            device, dtype, 0.0)
         suites.append(R.Suite(name=name, cache=R.CacheInfo.from_dict(one["cache"], "cache"),
                               comparability=R.Comparability.from_dict(one["comparability"], "comparability"),
                               metrics=R.Metrics.from_dict(one["metrics"], "metrics"),
@@ -251,7 +267,8 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
                          layer_ids=list(first.cache.layer_ids),
                          prompts=[p for d in done for p in d[2].cache.prompts], meta=None)
     inp_all = Inputs(first.tok, joined, [p for d in done for p in d[2].prompts], feature_stats)
-    results = build_results(opts, inp_all, mod, ev_all, m, health, device, dtype, time.perf_counter() - t0)
+    results = build_results(steps.record_opts(opts), inp_all, mod, ev_all, m, health, device, dtype,
+                            time.perf_counter() - t0)
     results["cache"]["num_prompts_total"] = sum(s.cache.num_prompts_total for s in suites)  # not sample entries
     results["comparability"]["regime"] = signature
     results["regime"] = (SR.mixed_regime(opts.draft) if mixed else suites[0].regime).to_dict()
@@ -259,7 +276,8 @@ def evaluate_suites(opts: EvalOptions, rep: Reporter, device: torch.device, dtyp
     results["suite_mean"] = None if mixed else suite_mean(suites).to_dict()
     if mixed:
         results["notes"] = (results.get("notes") or []) + [SR.MIXED_NOTE]
-    target_checks(opts, results, mod, done[0][2], device, dtype, rep)
+    steps.finish(results, mod)
+    steps.checks(opts, results, mod, done[0][2], device, dtype, rep)
     print_summary(results)
     rep.event(stage="done", step=STEPS, steps=STEPS, metrics=headline(results))
     return results

@@ -143,3 +143,14 @@ def test_sweeps_that_differ_only_in_the_tree_are_two_ledger_entries_over_sshd(ss
                          str(fx["target"]), "--cache", str(fx["cache"]), "--chain", "3", "--name", "dflash-k3")
     assert rc == 3 and "ssh1: --chain 3: the chain length is for EAGLE-3 drafters" in err, err
     assert "Traceback" not in err and not (work / "runs" / "dflash-k3").exists()
+
+
+def test_the_spec_refuses_the_tree_with_sampled_drafts_before_a_launch():
+    """EAGLE's tree at T > 0 is not evaluated: reval's spec refuses --eagle-tree with --draft sampled when it is
+    made (one line, the payload's own words), so nothing is launched to fail on the host."""
+    from remote_payload.contract.spec import TREE_SAMPLED_REFUSED, EvalSpec, SpecError
+    with pytest.raises(SpecError) as e:
+        EvalSpec(drafter="/ckpt/e3", target="/t", cache="/c", eagle_tree="default", draft="sampled")
+    assert str(e.value) == TREE_SAMPLED_REFUSED
+    assert EvalSpec(drafter="/ckpt/e3", target="/t", cache="/c", chain=3, draft="sampled").chain == 3
+    assert EvalSpec(drafter="/ckpt/e3", target="/t", cache="/c", eagle_tree="default").eagle_tree == "60,7,10"

@@ -171,6 +171,13 @@ def parse_tree(text) -> TreeShape:
     return shape
 
 
+# EAGLE's tree at T > 0 (recursive rejection over a node's children) is not evaluated: the spec refuses the pair
+# before anything is launched, the payload's eval (eagle3/sampled.py) in the same words
+TREE_SAMPLED_REFUSED = ("--eagle-tree with --draft sampled: EAGLE's tree at T > 0 samples by recursive rejection "
+                        "over a node's children, which reval does not evaluate; run the tree with --draft greedy (the "
+                        "walk over every sample) or the chain (--chain K) with --draft sampled")
+
+
 def refuse_eagle3_decoding(drafter: str, chain: int | None, eagle_tree: str | None) -> None:
     """--chain / --eagle-tree asked of a DFlash drafter: SpecError, the one line the user sees (the host's preflight
     when the drafter's config.json says its family; else the eval's own switch, eagle3/family.py)."""
@@ -271,6 +278,8 @@ class EvalSpec:
                             "chain of K is the tree K+1,K-1,1); give one")
         if self.eagle_tree is not None:
             object.__setattr__(self, "eagle_tree", parse_tree(self.eagle_tree).text())
+            if self.draft == "sampled":
+                raise SpecError(TREE_SAMPLED_REFUSED)
         if self.payload != "eval" and (self.chain is not None or self.eagle_tree is not None):
             raise SpecError(f"--{'chain' if self.chain is not None else 'eagle-tree'} is an option of the eval "
                             f"(EAGLE-3 drafters); the {self.payload} payload has no decoding to set",

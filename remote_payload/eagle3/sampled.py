@@ -28,13 +28,12 @@ import torch
 from torch import Tensor
 
 from remote_payload.contract.errors import PayloadError
+from remote_payload.contract.spec import TREE_SAMPLED_REFUSED
 from remote_payload.eagle3.model import Eagle3Drafter
 from remote_payload.eagle3.walk import CHUNK, ttt_steps
 from remote_payload.eval.sampling import NEG_INF, transform_logprobs
 
-TREE_REFUSED = ("--eagle-tree with --draft sampled: EAGLE's tree at T > 0 samples by recursive rejection over a "
-                "node's children, which reval does not evaluate; run the tree with --draft greedy (the walk over "
-                "every sample) or the chain (--chain K) with --draft sampled")
+TREE_REFUSED = TREE_SAMPLED_REFUSED  # the laptop's spec refuses the pair in the same words before a launch
 
 
 def refuse_tree(eagle_tree: str | None, draft: str) -> None:
